@@ -1,0 +1,54 @@
+/*
+ * grid: rank arithmetic and communicators (after HPL's grid_init/grid_exit).
+ */
+#include "grid.h"
+
+#include <stdio.h>
+
+void grid_mpi_fail(int rc, const char *call, const char *file, int line) {
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0, rank = -1;
+    MPI_Error_string(rc, msg, &len);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    fprintf(stderr, "modtrain: rank %d: %s failed at %s:%d: %s\n", rank, call, file, line, msg);
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+int grid_init(Grid *g, int tp, int pp) {
+    MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &g->world));
+    MPI_CHECK(MPI_Comm_set_errhandler(g->world, MPI_ERRORS_RETURN));
+    MPI_CHECK(MPI_Comm_size(g->world, &g->world_size));
+    MPI_CHECK(MPI_Comm_rank(g->world, &g->world_rank));
+    g->tp_comm = g->dp_comm = g->pp_comm = MPI_COMM_NULL;
+    if (g->world_size % (tp * pp) != 0) {
+        if (g->world_rank == 0)
+            fprintf(stderr,
+                    "modtrain: layout: %d ranks are not divisible by tp x pp = %d x %d (run a "
+                    "multiple of %d ranks)\n",
+                    g->world_size, tp, pp, tp * pp);
+        MPI_Comm_free(&g->world);
+        return -1;
+    }
+    g->tp = tp;
+    g->pp = pp;
+    g->dp = g->world_size / (tp * pp);
+    g->tp_rank = g->world_rank % tp;
+    g->dp_rank = (g->world_rank / tp) % g->dp;
+    g->pp_rank = g->world_rank / (tp * g->dp);
+    MPI_CHECK(MPI_Comm_split(g->world, g->pp_rank * g->dp + g->dp_rank, g->tp_rank, &g->tp_comm));
+    MPI_CHECK(MPI_Comm_split(g->world, g->pp_rank * tp + g->tp_rank, g->dp_rank, &g->dp_comm));
+    MPI_CHECK(MPI_Comm_split(g->world, g->dp_rank * tp + g->tp_rank, g->pp_rank, &g->pp_comm));
+    MPI_Comm node;
+    MPI_CHECK(MPI_Comm_split_type(g->world, MPI_COMM_TYPE_SHARED, g->world_rank, MPI_INFO_NULL,
+                                  &node));
+    MPI_CHECK(MPI_Comm_size(node, &g->local_ranks));
+    MPI_CHECK(MPI_Comm_free(&node));
+    return 0;
+}
+
+void grid_free(Grid *g) {
+    MPI_Comm *comms[] = {&g->tp_comm, &g->dp_comm, &g->pp_comm, &g->world};
+    for (int i = 0; i < 4; i++)
+        if (*comms[i] != MPI_COMM_NULL) MPI_Comm_free(comms[i]);
+}

@@ -1,0 +1,395 @@
+/*
+ * config: a table of keys drives parsing, range checks, --help and printing.
+ * Errors are one line each and name the source, the key, the value and the
+ * accepted range, because a job that dies an hour into a queue wait over a
+ * typo is the most expensive kind of error.
+ */
+#define _GNU_SOURCE
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+typedef enum { K_INT, K_I64, K_FLOAT, K_STR, K_ENUM } KeyType;
+
+typedef struct {
+    const char *name;
+    KeyType type;
+    size_t offset;
+    const char *def;
+    double min, max;     /* inclusive range for numbers */
+    int min_open;        /* 1: min itself is excluded */
+    const char *choices; /* K_ENUM: "a|b|c", index is the stored value */
+    const char *help;
+} KeySpec;
+
+#define OFF(f) offsetof(Config, f)
+#define BIG 1e18
+
+static const KeySpec keys[] = {
+    {"seq_len", K_INT, OFF(seq_len), "256", 1, 1 << 20, 0, NULL, "tokens per sequence (T)"},
+    {"n_layer", K_INT, OFF(n_layer), "4", 1, 4096, 0, NULL, "transformer blocks (L)"},
+    {"n_head", K_INT, OFF(n_head), "4", 1, 4096, 0, NULL, "attention heads (NH)"},
+    {"d_model", K_INT, OFF(d_model), "128", 1, 1 << 16, 0, NULL, "channels (C)"},
+    {"vocab_size", K_INT, OFF(vocab_size), "0", 0, 65536, 0, NULL,
+     "vocabulary (V); 0 = from the data"},
+    {"capacity", K_FLOAT, OFF(capacity), "0.125", 0, 1, 1, NULL,
+     "fraction of tokens a routed block processes"},
+    {"route_every", K_INT, OFF(route_every), "2", 0, 4096, 0, NULL,
+     "every n-th block is routed; 0 = dense"},
+    {"router_gate", K_ENUM, OFF(router_gate), "raw", 0, 0, 0, "raw|sigmoid",
+     "gate g(r) on the routed block's output"},
+    {"causal_router", K_ENUM, OFF(causal_router), "aux_loss", 0, 0, 0, "aux_loss|predictor",
+     "causal routing decision used for sampling"},
+    {"aux_weight", K_FLOAT, OFF(aux_weight), "0.01", 0, BIG, 0, NULL, "weight of the router BCE loss"},
+    {"predictor_hidden", K_INT, OFF(predictor_hidden), "64", 1, 1 << 16, 0, NULL,
+     "hidden width of the causal predictor"},
+    {"batch_size", K_INT, OFF(batch_size), "8", 1, 1 << 24, 0, NULL, "global sequences per step"},
+    {"micro_batch", K_INT, OFF(micro_batch), "0", 0, 1 << 24, 0, NULL,
+     "sequences per micro-batch; 0 = the whole batch"},
+    {"steps", K_INT, OFF(steps), "100", 0, 1 << 30, 0, NULL, "optimizer steps"},
+    {"lr", K_FLOAT, OFF(lr), "6e-4", 0, 10, 0, NULL, "peak learning rate"},
+    {"min_lr", K_FLOAT, OFF(min_lr), "6e-5", 0, 10, 0, NULL, "final learning rate of the cosine"},
+    {"warmup_steps", K_INT, OFF(warmup_steps), "10", 0, 1 << 30, 0, NULL, "linear warmup steps"},
+    {"weight_decay", K_FLOAT, OFF(weight_decay), "0.1", 0, 10, 0, NULL,
+     "AdamW decoupled decay (matrices only)"},
+    {"beta1", K_FLOAT, OFF(beta1), "0.9", 0, 0.999999, 0, NULL, "AdamW beta1"},
+    {"beta2", K_FLOAT, OFF(beta2), "0.95", 0, 0.999999, 0, NULL, "AdamW beta2"},
+    {"grad_clip", K_FLOAT, OFF(grad_clip), "1.0", 0, BIG, 0, NULL, "max gradient norm; 0 = off"},
+    {"seed", K_I64, OFF(seed), "1337", 0, 9.2e18, 0, NULL, "seed of the init and the data order"},
+    {"train_data", K_STR, OFF(train_data), "data/train.bin", 0, 0, 0, NULL, "training token shard"},
+    {"val_data", K_STR, OFF(val_data), "data/val.bin", 0, 0, 0, NULL,
+     "validation token shard; empty = none"},
+    {"eval_every", K_INT, OFF(eval_every), "50", 0, 1 << 30, 0, NULL,
+     "validation every n steps; 0 = only at the end"},
+    {"eval_batches", K_INT, OFF(eval_batches), "8", 1, 1 << 24, 0, NULL,
+     "micro-batches per validation"},
+    {"tp", K_INT, OFF(tp), "1", 1, 4096, 0, NULL, "tensor-parallel ranks"},
+    {"pp", K_INT, OFF(pp), "1", 1, 4096, 0, NULL, "pipeline stages"},
+    {"schedule", K_ENUM, OFF(schedule), "1f1b", 0, 0, 0, "1f1b|gpipe", "pipeline schedule"},
+    {"ckpt_dir", K_STR, OFF(ckpt_dir), "", 0, 0, 0, NULL, "checkpoints; empty = run_dir/ckpt"},
+    {"ckpt_every", K_INT, OFF(ckpt_every), "500", 0, 1 << 30, 0, NULL,
+     "checkpoint every n steps; 0 = only at the end"},
+    {"ckpt_keep", K_INT, OFF(ckpt_keep), "3", 1, 1 << 20, 0, NULL, "checkpoints kept"},
+    {"ckpt_level", K_INT, OFF(ckpt_level), "6", 0, 9, 0, NULL, "zlib level"},
+    {"resume", K_STR, OFF(resume), "auto", 0, 0, 0, NULL, "auto | never | checkpoint path"},
+    {"run_dir", K_STR, OFF(run_dir), "runs/default", 0, 0, 0, NULL, "metrics.jsonl goes here"},
+    {"log_every", K_INT, OFF(log_every), "10", 1, 1 << 30, 0, NULL, "progress line every n steps"},
+    {"threads", K_INT, OFF(threads), "0", 0, 4096, 0, NULL,
+     "threads per rank; 0 = cores / ranks per node"},
+    {"peak_gflops", K_FLOAT, OFF(peak_gflops), "0", 0, BIG, 0, NULL,
+     "sgemm peak for MFU; 0 = measure at start"},
+    {"blis_arch", K_STR, OFF(blis_arch), "auto", 0, 0, 0, NULL,
+     "BLIS kernels: auto (skx on AVX-512), or a BLIS arch name"},
+};
+#define NKEYS (sizeof keys / sizeof keys[0])
+
+const char *const config_model_keys[] = {"n_layer", "n_head", "d_model", "seq_len",
+                                         "vocab_size", "capacity", "route_every",
+                                         "router_gate", "causal_router", "predictor_hidden",
+                                         NULL};
+
+int config_edit_distance(const char *a, const char *b) {
+    size_t n = strlen(a), m = strlen(b);
+    int row[256];
+    if (m >= 255) m = 255;
+    for (size_t j = 0; j <= m; j++) row[j] = (int)j;
+    for (size_t i = 1; i <= n; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= m; j++) {
+            int up = row[j];
+            int cost = a[i - 1] == b[j - 1] ? 0 : 1;
+            int best = diag + cost;
+            if (up + 1 < best) best = up + 1;
+            if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[m];
+}
+
+static const KeySpec *find_key(const char *name) {
+    for (size_t i = 0; i < NKEYS; i++)
+        if (strcmp(keys[i].name, name) == 0) return &keys[i];
+    return NULL;
+}
+
+/* Normalises "--Eval-Every" style names to "eval_every". */
+static void norm_key(char *dst, size_t n, const char *src) {
+    size_t i = 0;
+    for (; *src && i + 1 < n; src++, i++) dst[i] = *src == '-' ? '_' : (char)tolower(*src);
+    dst[i] = '\0';
+}
+
+static void unknown_key(const char *key, const char *where) {
+    const char *best = NULL;
+    int bestd = 1 << 30;
+    for (size_t i = 0; i < NKEYS; i++) {
+        int d = config_edit_distance(key, keys[i].name);
+        if (d < bestd) bestd = d, best = keys[i].name;
+    }
+    int limit = (int)strlen(key) / 3 + 1;
+    if (best && bestd <= limit)
+        errorf("%s: unknown key '%s' (did you mean '%s'?)", where, key, best);
+    else
+        errorf("%s: unknown key '%s' (see 'modtrain train --help' for the keys)", where, key);
+}
+
+static void range_text(const KeySpec *k, char *buf, size_t n) {
+    if (k->max >= BIG / 2)
+        snprintf(buf, n, "%s %g", k->min_open ? ">" : ">=", k->min);
+    else
+        snprintf(buf, n, "in %s%g, %g]", k->min_open ? "(" : "[", k->min, k->max);
+}
+
+int config_set(Config *c, const char *rawkey, const char *value, const char *where) {
+    char key[128];
+    norm_key(key, sizeof key, rawkey);
+    const KeySpec *k = find_key(key);
+    if (!k) {
+        unknown_key(key, where);
+        return -1;
+    }
+    char *field = (char *)c + k->offset;
+    char range[96];
+    range_text(k, range, sizeof range);
+    switch (k->type) {
+    case K_INT:
+    case K_I64: {
+        char *end;
+        errno = 0;
+        long long v = strtoll(value, &end, 10);
+        if (end == value || *end != '\0' || errno) {
+            errorf("%s: %s = '%s' is not an integer (expected an integer %s)", where, key, value,
+                   range);
+            return -1;
+        }
+        if ((double)v < k->min || (double)v > k->max) {
+            errorf("%s: %s = %lld is out of range (expected an integer %s)", where, key, v, range);
+            return -1;
+        }
+        if (k->type == K_INT) *(int *)field = (int)v;
+        else *(long long *)field = v;
+        return 0;
+    }
+    case K_FLOAT: {
+        char *end;
+        errno = 0;
+        double v = strtod(value, &end);
+        if (end == value || *end != '\0' || errno || !isfinite(v)) {
+            errorf("%s: %s = '%s' is not a number (expected a number %s)", where, key, value, range);
+            return -1;
+        }
+        if (v < k->min || v > k->max || (k->min_open && v == k->min)) {
+            errorf("%s: %s = %g is out of range (expected a number %s)", where, key, v, range);
+            return -1;
+        }
+        *(double *)field = v;
+        return 0;
+    }
+    case K_STR: {
+        size_t cap = strcmp(key, "blis_arch") == 0 ? 64 : CONFIG_STR;
+        if (strlen(value) >= cap) {
+            errorf("%s: %s is longer than %zu characters", where, key, cap - 1);
+            return -1;
+        }
+        memcpy(field, value, strlen(value) + 1);
+        return 0;
+    }
+    case K_ENUM: {
+        int idx = 0;
+        const char *p = k->choices;
+        size_t vl = strlen(value);
+        while (p && *p) {
+            const char *bar = strchr(p, '|');
+            size_t len = bar ? (size_t)(bar - p) : strlen(p);
+            if (len == vl && strncmp(p, value, len) == 0) {
+                *(int *)field = idx;
+                return 0;
+            }
+            idx++;
+            p = bar ? bar + 1 : NULL;
+        }
+        char alts[128];
+        snprintf(alts, sizeof alts, "%s", k->choices);
+        for (char *q = alts; *q; q++)
+            if (*q == '|') *q = '/';
+        errorf("%s: %s = '%s' is not one of %s", where, key, value, alts);
+        return -1;
+    }
+    }
+    return -1;
+}
+
+void config_defaults(Config *c) {
+    memset(c, 0, sizeof *c);
+    for (size_t i = 0; i < NKEYS; i++)
+        if (config_set(c, keys[i].name, keys[i].def, "default") != 0) abort();
+}
+
+static char *trim(char *s) {
+    while (isspace((unsigned char)*s)) s++;
+    char *e = s + strlen(s);
+    while (e > s && isspace((unsigned char)e[-1])) *--e = '\0';
+    return s;
+}
+
+int config_load_file(Config *c, const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        errorf("config: cannot open '%s': %s (pass an existing file to --config)", path,
+               strerror(errno));
+        return -1;
+    }
+    char line[2048], where[1100];
+    int lineno = 0, rc = 0;
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        snprintf(where, sizeof where, "%s:%d", path, lineno);
+        char *hash = strchr(line, '#');
+        if (hash) *hash = '\0';
+        char *s = trim(line);
+        if (!*s) continue;
+        char *eq = strchr(s, '=');
+        if (!eq) {
+            errorf("%s: expected 'key = value', got '%s'", where, s);
+            rc = -1;
+            break;
+        }
+        *eq = '\0';
+        char *key = trim(s), *val = trim(eq + 1);
+        if (!*key) {
+            errorf("%s: missing key before '='", where);
+            rc = -1;
+            break;
+        }
+        if (config_set(c, key, val, where) != 0) {
+            rc = -1;
+            break;
+        }
+    }
+    fclose(f);
+    return rc;
+}
+
+int config_from_args(Config *c, int argc, char **argv) {
+    /* The file first, so that command-line keys override it wherever they are. */
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--config") == 0) {
+            if (i + 1 >= argc) {
+                errorf("--config: missing file name");
+                return -1;
+            }
+            if (config_load_file(c, argv[i + 1]) != 0) return -1;
+        } else if (strncmp(argv[i], "--config=", 9) == 0) {
+            if (config_load_file(c, argv[i] + 9) != 0) return -1;
+        }
+    }
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--config") == 0) {
+            i++;
+            continue;
+        }
+        if (strncmp(a, "--config=", 9) == 0) continue;
+        if (strncmp(a, "--", 2) != 0 || !a[2]) {
+            errorf("unexpected argument '%s' (expected --key value)", a);
+            return -1;
+        }
+        char key[128], where[160];
+        const char *eq = strchr(a, '=');
+        const char *val;
+        if (eq) {
+            snprintf(key, sizeof key, "%.*s", (int)(eq - a - 2), a + 2);
+            val = eq + 1;
+        } else {
+            snprintf(key, sizeof key, "%s", a + 2);
+            if (i + 1 >= argc) {
+                errorf("--%s: missing value", key);
+                return -1;
+            }
+            val = argv[++i];
+        }
+        snprintf(where, sizeof where, "--%s", key);
+        if (config_set(c, key, val, where) != 0) return -1;
+    }
+    return 0;
+}
+
+int config_validate(const Config *c) {
+    if (c->d_model % c->n_head != 0) {
+        errorf("config: d_model = %d is not divisible by n_head = %d (choose d_model a multiple "
+               "of n_head, e.g. %d)",
+               c->d_model, c->n_head, (c->d_model / c->n_head + 1) * c->n_head);
+        return -1;
+    }
+    if (c->min_lr > c->lr) {
+        errorf("config: min_lr = %g is above lr = %g (expected min_lr <= lr)", c->min_lr, c->lr);
+        return -1;
+    }
+    if (c->micro_batch > 0 && c->batch_size % c->micro_batch != 0) {
+        errorf("config: batch_size = %d is not divisible by micro_batch = %d (choose a divisor of "
+               "batch_size)",
+               c->batch_size, c->micro_batch);
+        return -1;
+    }
+    if (c->route_every > 0) {
+        errorf("config: route_every = %d asks for Mixture-of-Depths routing, which this build "
+               "does not have yet (set route_every = 0 for the dense model)",
+               c->route_every);
+        return -1;
+    }
+    if (c->tp != 1 || c->pp != 1) {
+        errorf("config: tp = %d, pp = %d: tensor and pipeline parallelism are not built yet "
+               "(use tp = 1, pp = 1)",
+               c->tp, c->pp);
+        return -1;
+    }
+    if (c->vocab_size > 0 && c->vocab_size < 2) {
+        errorf("config: vocab_size = %d is too small (expected >= 2, or 0 for the data's)",
+               c->vocab_size);
+        return -1;
+    }
+    return 0;
+}
+
+int config_get(const Config *c, const char *key, char *buf, size_t n) {
+    const KeySpec *k = find_key(key);
+    if (!k) return -1;
+    const char *field = (const char *)c + k->offset;
+    switch (k->type) {
+    case K_INT: snprintf(buf, n, "%d", *(const int *)field); break;
+    case K_I64: snprintf(buf, n, "%lld", *(const long long *)field); break;
+    case K_FLOAT: snprintf(buf, n, "%.17g", *(const double *)field); break;
+    case K_STR: snprintf(buf, n, "%s", field); break;
+    case K_ENUM: {
+        int idx = *(const int *)field;
+        const char *p = k->choices;
+        for (int i = 0; i < idx && p; i++) {
+            p = strchr(p, '|');
+            if (p) p++;
+        }
+        const char *bar = p ? strchr(p, '|') : NULL;
+        snprintf(buf, n, "%.*s", p ? (bar ? (int)(bar - p) : (int)strlen(p)) : 0, p ? p : "");
+        break;
+    }
+    }
+    return 0;
+}
+
+void config_print_help(void) {
+    printf("Config keys (--key value on the command line, key = value in a --config file):\n");
+    for (size_t i = 0; i < NKEYS; i++) {
+        char def[64];
+        snprintf(def, sizeof def, "(%s)", keys[i].def[0] ? keys[i].def : "\"\"");
+        printf("  %-17s %-16s %s\n", keys[i].name, def, keys[i].help);
+    }
+}

@@ -1,0 +1,82 @@
+/*
+ * config: the training configuration. Every key is one row of a table
+ * (config.c) giving its type, default, range and help, so parsing, validation,
+ * --help and the checkpoint's record of the config all read the same table.
+ */
+#ifndef MODTRAIN_CONFIG_H
+#define MODTRAIN_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CONFIG_STR 512
+
+typedef enum { GATE_RAW = 0, GATE_SIGMOID = 1 } RouterGate;
+typedef enum { CAUSAL_AUX_LOSS = 0, CAUSAL_PREDICTOR = 1 } CausalRouter;
+typedef enum { SCHED_1F1B = 0, SCHED_GPIPE = 1 } Schedule;
+
+typedef struct {
+    /* model */
+    int seq_len, n_layer, n_head, d_model, vocab_size;
+    double capacity;
+    int route_every;
+    int router_gate;   /* RouterGate */
+    int causal_router; /* CausalRouter */
+    double aux_weight;
+    int predictor_hidden;
+    /* optimisation */
+    int batch_size, micro_batch, steps;
+    double lr, min_lr;
+    int warmup_steps;
+    double weight_decay, beta1, beta2, grad_clip;
+    long long seed;
+    /* data and evaluation */
+    char train_data[CONFIG_STR], val_data[CONFIG_STR];
+    int eval_every, eval_batches;
+    /* parallel layout */
+    int tp, pp;
+    int schedule; /* Schedule */
+    /* checkpoints and output */
+    char ckpt_dir[CONFIG_STR];
+    int ckpt_every, ckpt_keep, ckpt_level;
+    char resume[CONFIG_STR];
+    char run_dir[CONFIG_STR];
+    int log_every;
+    /* machine */
+    int threads;
+    double peak_gflops;
+    char blis_arch[64];
+} Config;
+
+/* Fills every key with its default. */
+void config_defaults(Config *c);
+
+/* Sets one key from text. `where` names the source for messages
+ * ("run.conf:12" or "--lr"). Returns 0, or -1 after printing one line that
+ * names the key, the value and what would be right. */
+int config_set(Config *c, const char *key, const char *value, const char *where);
+
+/* Reads `key = value` lines (# comments) from path. Returns 0 or -1. */
+int config_load_file(Config *c, const char *path);
+
+/* Applies argv: `--config FILE` first, then every `--key value` or
+ * `--key=value` in order. Returns 0 or -1. */
+int config_from_args(Config *c, int argc, char **argv);
+
+/* Checks relations between keys (d_model % n_head, batch split, ...).
+ * Returns 0 or -1 after printing the first problem. */
+int config_validate(const Config *c);
+
+/* Writes the value of key into buf; returns 0, or -1 for an unknown key. */
+int config_get(const Config *c, const char *key, char *buf, size_t n);
+
+/* Prints the key table (name, default, help) for --help. */
+void config_print_help(void);
+
+/* The model keys that must match between a checkpoint and a run. */
+extern const char *const config_model_keys[];
+
+/* Levenshtein distance; exposed for the tests. */
+int config_edit_distance(const char *a, const char *b);
+
+#endif

@@ -1,0 +1,214 @@
+/*
+ * data: shard I/O, the seeded data order, and the byte-level prep.
+ */
+#define _GNU_SOURCE
+#include "data.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "rng.h"
+#include "util.h"
+
+int shard_load(Shard *s, const char *path) {
+    memset(s, 0, sizeof *s);
+    snprintf(s->path, sizeof s->path, "%s", path);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        errorf("data: cannot open '%s': %s (run 'modtrain prep' or fix the path)", path,
+               strerror(errno));
+        return -1;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) goto io_fail;
+    int32_t hdr[SHARD_HEADER_INTS];
+    size_t hbytes = sizeof hdr;
+    if ((size_t)st.st_size < hbytes || fread(hdr, 1, hbytes, f) != hbytes) {
+        errorf("data: '%s' is %lld bytes, shorter than the %zu-byte shard header (not a token "
+               "shard?)",
+               path, (long long)st.st_size, hbytes);
+        goto fail;
+    }
+    if (hdr[0] != SHARD_MAGIC) {
+        errorf("data: '%s' has magic %d, expected %d (an llm.c token shard)", path, hdr[0],
+               SHARD_MAGIC);
+        goto fail;
+    }
+    if (hdr[1] != SHARD_VERSION) {
+        errorf("data: '%s' has version %d, expected %d (uint16 tokens)", path, hdr[1],
+               SHARD_VERSION);
+        goto fail;
+    }
+    if (hdr[2] < 0) {
+        errorf("data: '%s' has a negative token count %d", path, hdr[2]);
+        goto fail;
+    }
+    size_t n = (size_t)hdr[2];
+    size_t expect = hbytes + n * sizeof(uint16_t);
+    if ((size_t)st.st_size != expect) {
+        errorf("data: '%s' is %lld bytes but its header promises %zu tokens (%zu bytes): "
+               "truncated or corrupt",
+               path, (long long)st.st_size, n, expect);
+        goto fail;
+    }
+    if (n < 2) {
+        errorf("data: '%s' holds %zu tokens, too few to train on (expected at least 2)", path, n);
+        goto fail;
+    }
+    s->tokens = xmalloc(n * sizeof(uint16_t));
+    if (fread(s->tokens, sizeof(uint16_t), n, f) != n) goto io_fail;
+    fclose(f);
+    s->n_tokens = n;
+    s->vocab_hint = hdr[3] > 0 && hdr[3] <= 65536 ? hdr[3] : 0;
+    s->max_token = 0;
+    for (size_t i = 0; i < n; i++)
+        if (s->tokens[i] > s->max_token) s->max_token = s->tokens[i];
+    return 0;
+io_fail:
+    errorf("data: cannot read '%s': %s", path, strerror(errno ? errno : EIO));
+fail:
+    fclose(f);
+    free(s->tokens);
+    s->tokens = NULL;
+    return -1;
+}
+
+void shard_free(Shard *s) {
+    free(s->tokens);
+    s->tokens = NULL;
+}
+
+int shard_write(const char *path, const uint16_t *tokens, size_t n, int vocab_size) {
+    if (n > INT32_MAX) {
+        errorf("data: %zu tokens do not fit one shard (max %d)", n, INT32_MAX);
+        return -1;
+    }
+    size_t bytes = SHARD_HEADER_INTS * sizeof(int32_t) + n * sizeof(uint16_t);
+    char *buf = xcalloc(1, bytes);
+    int32_t *hdr = (int32_t *)buf;
+    hdr[0] = SHARD_MAGIC;
+    hdr[1] = SHARD_VERSION;
+    hdr[2] = (int32_t)n;
+    hdr[3] = vocab_size;
+    memcpy(buf + SHARD_HEADER_INTS * sizeof(int32_t), tokens, n * sizeof(uint16_t));
+    int rc = write_file_atomic(path, buf, bytes);
+    free(buf);
+    return rc;
+}
+
+size_t shard_num_seqs(const Shard *s, int T) {
+    return s->n_tokens > (size_t)T ? (s->n_tokens - 1) / (size_t)T : 0;
+}
+
+void shard_get_seq(const Shard *s, size_t w, int T, int *inputs, int *targets) {
+    const uint16_t *p = s->tokens + w * (size_t)T;
+    for (int t = 0; t < T; t++) {
+        inputs[t] = p[t];
+        targets[t] = p[t + 1];
+    }
+}
+
+void order_init(DataOrder *o, uint64_t seed, size_t n_seqs) {
+    o->seed = seed;
+    o->n_seqs = n_seqs;
+    o->epoch = -1;
+    o->perm = xmalloc(n_seqs * sizeof(size_t));
+}
+
+void order_free(DataOrder *o) {
+    free(o->perm);
+    o->perm = NULL;
+}
+
+size_t order_window(DataOrder *o, uint64_t g) {
+    long long epoch = (long long)(g / o->n_seqs);
+    if (epoch != o->epoch) {
+        /* Fisher-Yates driven by the counter RNG of (seed, "data", epoch). */
+        uint64_t stream = rng_hash_str("data-order") ^ (uint64_t)epoch * 0x9e3779b97f4a7c15ULL;
+        for (size_t i = 0; i < o->n_seqs; i++) o->perm[i] = i;
+        for (size_t i = o->n_seqs - 1; i > 0; i--) {
+            size_t j = (size_t)(rng_u64(o->seed, stream, i) % (i + 1));
+            size_t t = o->perm[i];
+            o->perm[i] = o->perm[j];
+            o->perm[j] = t;
+        }
+        o->epoch = epoch;
+    }
+    return o->perm[g % o->n_seqs];
+}
+
+#define PREP_CHUNK 4096
+
+int prep_byte_files(char **files, int nfiles, const char *out_dir, double val_fraction) {
+    size_t cap = 1 << 20, n = 0;
+    uint8_t *text = xmalloc(cap);
+    for (int i = 0; i < nfiles; i++) {
+        size_t len;
+        errno = 0;
+        char *buf = read_file(files[i], &len);
+        if (!buf) {
+            errorf("prep: cannot read '%s': %s", files[i], strerror(errno ? errno : EIO));
+            free(text);
+            return -1;
+        }
+        if (len == 0) {
+            errorf("prep: '%s' is empty (expected text to tokenise)", files[i]);
+            free(buf);
+            free(text);
+            return -1;
+        }
+        if (n + len > cap) {
+            while (n + len > cap) cap *= 2;
+            uint8_t *bigger = xmalloc(cap);
+            memcpy(bigger, text, n);
+            free(text);
+            text = bigger;
+        }
+        memcpy(text + n, buf, len);
+        n += len;
+        free(buf);
+    }
+    size_t n_chunks = (n + PREP_CHUNK - 1) / PREP_CHUNK;
+    uint16_t *train = xmalloc(n * sizeof(uint16_t)), *val = xmalloc(n * sizeof(uint16_t));
+    size_t nt = 0, nv = 0;
+    for (size_t c = 0; c < n_chunks; c++) {
+        /* Chunk c goes to val when the running count floor(c * f) steps up:
+         * exactly a fraction f of the chunks, spread evenly over the text. */
+        int to_val = floor((double)(c + 1) * val_fraction) > floor((double)c * val_fraction);
+        size_t lo = c * PREP_CHUNK, hi = lo + PREP_CHUNK < n ? lo + PREP_CHUNK : n;
+        for (size_t i = lo; i < hi; i++) {
+            if (to_val) val[nv++] = text[i];
+            else train[nt++] = text[i];
+        }
+    }
+    free(text);
+    int rc = -1;
+    if (nt < 2 || (val_fraction > 0 && nv < 2)) {
+        errorf("prep: %zu bytes of text give %zu train and %zu val tokens; need at least 2 each "
+               "(give more text or change --val-fraction)",
+               n, nt, nv);
+        goto done;
+    }
+    if (mkdirs(out_dir) != 0) {
+        errorf("prep: cannot create '%s': %s", out_dir, strerror(errno));
+        goto done;
+    }
+    char path[1024];
+    snprintf(path, sizeof path, "%s/train.bin", out_dir);
+    if (shard_write(path, train, nt, 256) != 0) goto done;
+    log0("prep: wrote %s (%zu tokens)\n", path, nt);
+    if (nv > 0) {
+        snprintf(path, sizeof path, "%s/val.bin", out_dir);
+        if (shard_write(path, val, nv, 256) != 0) goto done;
+        log0("prep: wrote %s (%zu tokens)\n", path, nv);
+    }
+    rc = 0;
+done:
+    free(train);
+    free(val);
+    return rc;
+}

@@ -1,0 +1,60 @@
+/*
+ * data: llm.c token shards and the deterministic order in which training
+ * reads them.
+ *
+ * A shard is a 256-int32 header (magic 20240520, version 1, token count; slot
+ * 3 holds the vocabulary size when modtrain wrote it, 0 from llm.c) followed by
+ * uint16 tokens. A sequence is a window of T+1 tokens starting at a multiple of
+ * T; the global batch of step s is the sequences s*batch .. s*batch+batch-1 of
+ * an epoch-wise seeded permutation, so what a step sees depends on the seed
+ * alone, never on the parallel layout.
+ */
+#ifndef MODTRAIN_DATA_H
+#define MODTRAIN_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SHARD_MAGIC 20240520
+#define SHARD_VERSION 1
+#define SHARD_HEADER_INTS 256
+
+typedef struct {
+    char path[512];
+    uint16_t *tokens; /* (n_tokens) */
+    size_t n_tokens;
+    int vocab_hint;   /* header slot 3, 0 when absent */
+    int max_token;
+} Shard;
+
+/* Loads and checks a shard (magic, version, count against file size).
+ * Returns 0, or -1 after printing a line naming the file and the problem. */
+int shard_load(Shard *s, const char *path);
+void shard_free(Shard *s);
+/* Writes tokens as a shard, atomically. Returns 0 or -1. */
+int shard_write(const char *path, const uint16_t *tokens, size_t n, int vocab_size);
+
+/* Sequence windows of length T (plus one target) in a shard. */
+size_t shard_num_seqs(const Shard *s, int T);
+/* Copies window w: inputs (T) and targets (T). */
+void shard_get_seq(const Shard *s, size_t w, int T, int *inputs, int *targets);
+
+/* Deterministic order of training windows. */
+typedef struct {
+    uint64_t seed;
+    size_t n_seqs;
+    long long epoch; /* epoch the permutation below belongs to, -1 none */
+    size_t *perm;    /* (n_seqs) */
+} DataOrder;
+
+void order_init(DataOrder *o, uint64_t seed, size_t n_seqs);
+void order_free(DataOrder *o);
+/* Window of global sequence index g (= step * batch_size + j). */
+size_t order_window(DataOrder *o, uint64_t g);
+
+/* `modtrain prep`: byte-tokenises the files, splits them into train and val
+ * by 4096-token chunks (a val_fraction of the chunks, spread evenly), writes
+ * out_dir/train.bin and out_dir/val.bin. Returns 0 or -1. */
+int prep_byte_files(char **files, int nfiles, const char *out_dir, double val_fraction);
+
+#endif

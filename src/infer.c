@@ -1,0 +1,200 @@
+/*
+ * infer: `modtrain eval` and `modtrain sample` on a checkpoint.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../checkpoint/ckpt.h"
+#include "cli.h"
+#include "data.h"
+#include "kernels.h"
+#include "model.h"
+#include "rng.h"
+#include "train.h"
+#include "util.h"
+
+int eval_main(int argc, char **argv) {
+    const char *ckpt = NULL, *data = NULL, *grads = NULL;
+    int json = 0, batches = 0, micro = 8, threads = 0;
+    CliOpt opts[] = {
+        {"ckpt", CLI_STR, &ckpt, "checkpoint: a ckpt_dir (its newest) or a step directory"},
+        {"data", CLI_STR, &data, "token shard to evaluate on"},
+        {"json", CLI_FLAG, &json, "print one JSON object"},
+        {"batches", CLI_INT, &batches, "micro-batches to evaluate; 0 = the whole shard (0)"},
+        {"micro_batch", CLI_INT, &micro, "sequences per forward (8)"},
+        {"threads", CLI_INT, &threads, "threads; 0 = all cores (0)"},
+        {"grads", CLI_STR, &grads, "also write the loss gradients as safetensors to this file"},
+        {NULL, 0, NULL, NULL}};
+    int h = cli_parse("eval", "modtrain eval --ckpt DIR --data FILE [--json]",
+                      "Mean next-token loss of a checkpoint on a token shard.", opts, argc, argv);
+    if (h != 1) return h == 0 ? 0 : 2;
+    if (!ckpt || !data) {
+        errorf("eval: --ckpt and --data are required (see modtrain eval --help)");
+        return 2;
+    }
+    if (micro < 1 || batches < 0 || threads < 0) {
+        errorf("eval: --micro_batch must be >= 1, --batches and --threads >= 0");
+        return 2;
+    }
+    kernels_init(threads ? threads : default_threads(1), "auto");
+    Config cfg;
+    config_defaults(&cfg);
+    Model m;
+    int step = 0;
+    Shard s;
+    if (shard_load(&s, data) != 0) return 2;
+    if (ckpt_open_model(ckpt, &m, &cfg, micro, &step) != 0) {
+        shard_free(&s);
+        return 2;
+    }
+    int rc = 2;
+    const int T = cfg.seq_len;
+    size_t n_seqs = shard_num_seqs(&s, T);
+    int *inputs = xmalloc((size_t)micro * T * sizeof(int)), *targets = xmalloc((size_t)micro * T * sizeof(int));
+    if (s.max_token >= m.d.V) {
+        errorf("eval: '%s' holds token %d, outside the model's vocab_size = %d", data, s.max_token,
+               m.d.V);
+        goto out;
+    }
+    if (n_seqs == 0) {
+        errorf("eval: '%s' has %zu tokens, fewer than the model's seq_len + 1 = %d", data,
+               s.n_tokens, T + 1);
+        goto out;
+    }
+    size_t total_seqs = batches ? (size_t)batches * micro : n_seqs;
+    if (total_seqs > n_seqs) total_seqs = n_seqs;
+    const double tokens = (double)total_seqs * T;
+    double loss = 0;
+    if (grads) model_zero_grad(&m);
+    for (size_t w = 0; w < total_seqs;) {
+        int B = 0;
+        for (; B < micro && w < total_seqs; B++, w++)
+            shard_get_seq(&s, w, T, inputs + (size_t)B * T, targets + (size_t)B * T);
+        loss += model_forward(&m, inputs, targets, B, T) * (double)B * T;
+        if (grads) model_backward(&m, (float)(1.0 / tokens));
+    }
+    loss /= tokens;
+    if (grads && ckpt_export_grads(grads, &m, &cfg) != 0) goto out;
+    if (json)
+        printf("{\"loss\":%.6f,\"tokens\":%.0f,\"sequences\":%zu,\"step\":%d}\n", loss, tokens,
+               total_seqs, step);
+    else
+        printf("eval: loss %.4f over %.0f tokens (%zu sequences), checkpoint step %d\n", loss,
+               tokens, total_seqs, step);
+    rc = 0;
+out:
+    free(inputs);
+    free(targets);
+    shard_free(&s);
+    model_free(&m);
+    return rc;
+}
+
+/* Draws a token from the last position's logits. */
+static int draw(float *logits, int V, double temperature, int top_k, Rng *rng) {
+    if (temperature <= 0) {
+        int best = 0;
+        for (int j = 1; j < V; j++)
+            if (logits[j] > logits[best]) best = j;
+        return best;
+    }
+    float cutoff = -INFINITY;
+    if (top_k > 0 && top_k < V) {
+        /* the k-th largest logit: partial selection on a copy */
+        float *tmp = xmalloc((size_t)V * sizeof(float));
+        memcpy(tmp, logits, (size_t)V * sizeof(float));
+        for (int i = 0; i < top_k; i++) {
+            int b = i;
+            for (int j = i + 1; j < V; j++)
+                if (tmp[j] > tmp[b]) b = j;
+            float t = tmp[i];
+            tmp[i] = tmp[b];
+            tmp[b] = t;
+        }
+        cutoff = tmp[top_k - 1];
+        free(tmp);
+    }
+    float mx = -INFINITY;
+    for (int j = 0; j < V; j++) mx = logits[j] > mx ? logits[j] : mx;
+    double sum = 0;
+    for (int j = 0; j < V; j++) {
+        double p = logits[j] >= cutoff ? exp((logits[j] - mx) / temperature) : 0.0;
+        logits[j] = (float)p;
+        sum += p;
+    }
+    double u = rng_next_uniform(rng) * sum, acc = 0;
+    for (int j = 0; j < V; j++) {
+        acc += logits[j];
+        if (u < acc) return j;
+    }
+    return V - 1;
+}
+
+int sample_main(int argc, char **argv) {
+    const char *ckpt = NULL, *prompt = "";
+    int tokens = 256, top_k = 0, threads = 0, stats = 0;
+    double temperature = 1.0;
+    long long seed = 42;
+    CliOpt opts[] = {
+        {"ckpt", CLI_STR, &ckpt, "checkpoint: a ckpt_dir (its newest) or a step directory"},
+        {"prompt", CLI_STR, &prompt, "text to continue (\"\")"},
+        {"tokens", CLI_INT, &tokens, "tokens to generate (256)"},
+        {"temperature", CLI_FLOAT, &temperature, "softmax temperature; 0 = greedy (1.0)"},
+        {"top_k", CLI_INT, &top_k, "sample from the k likeliest tokens; 0 = all (0)"},
+        {"seed", CLI_I64, &seed, "sampling seed (42)"},
+        {"threads", CLI_INT, &threads, "threads; 0 = all cores (0)"},
+        {"stats", CLI_FLAG, &stats, "print tokens/s to stderr at the end"},
+        {NULL, 0, NULL, NULL}};
+    int h = cli_parse("sample", "modtrain sample --ckpt DIR [--prompt TEXT] [--tokens N]",
+                      "Generates text from a checkpoint (byte tokenizer).", opts, argc, argv);
+    if (h != 1) return h == 0 ? 0 : 2;
+    if (!ckpt) {
+        errorf("sample: --ckpt is required (see modtrain sample --help)");
+        return 2;
+    }
+    if (tokens < 0 || top_k < 0 || temperature < 0 || threads < 0) {
+        errorf("sample: --tokens, --top_k, --temperature and --threads must be >= 0");
+        return 2;
+    }
+    kernels_init(threads ? threads : default_threads(1), "auto");
+    Config cfg;
+    config_defaults(&cfg);
+    Model m;
+    if (ckpt_open_model(ckpt, &m, &cfg, 1, NULL) != 0) return 2;
+    if (m.d.V != 256) {
+        errorf("sample: the model has vocab_size = %d; text prompts need the byte tokenizer "
+               "(vocab_size = 256)",
+               m.d.V);
+        model_free(&m);
+        return 2;
+    }
+    const int T = m.d.maxT;
+    size_t plen = strlen(prompt);
+    size_t cap = plen + (size_t)tokens + 1;
+    int *seq = xmalloc(cap * sizeof(int));
+    size_t n = 0;
+    if (plen == 0) seq[n++] = '\n'; /* a newline starts a fresh passage */
+    for (size_t i = 0; i < plen; i++) seq[n++] = (unsigned char)prompt[i];
+    fwrite(prompt, 1, plen, stdout);
+    Rng rng;
+    rng_seed(&rng, (uint64_t)seed);
+    double t0 = now_s();
+    for (int i = 0; i < tokens; i++) {
+        size_t ctx = n < (size_t)T ? n : (size_t)T;
+        model_forward(&m, seq + (n - ctx), NULL, 1, (int)ctx);
+        int tok = draw(m.logits + (ctx - 1) * (size_t)m.d.Vl, m.d.V, temperature, top_k, &rng);
+        seq[n++] = tok;
+        putchar(tok);
+        fflush(stdout);
+    }
+    putchar('\n');
+    double dt = now_s() - t0;
+    if (stats) fprintf(stderr, "sample: %d tokens in %.2fs, %.1f tokens/s\n", tokens, dt, tokens / (dt > 0 ? dt : 1e-9));
+    free(seq);
+    model_free(&m);
+    return 0;
+}

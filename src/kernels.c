@@ -1,0 +1,335 @@
+/*
+ * kernels: layer math on float32. Large products use BLIS's own threads;
+ * the many small per-head products of attention run one per OpenMP thread,
+ * each on single-threaded BLIS. Every reduction has a fixed order for a fixed
+ * thread count, so runs are bitwise repeatable.
+ */
+#define _GNU_SOURCE
+#include "kernels.h"
+
+#include <blis.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+static int g_threads = 1;
+
+void kernels_init(int threads, const char *blis_arch) {
+    g_threads = threads > 0 ? threads : 1;
+    /* BLIS reads BLIS_ARCH_TYPE (a numeric arch id) once, at its first call. */
+    if (blis_arch && strcmp(blis_arch, "auto") != 0) {
+        for (int id = 0; id < BLIS_NUM_ARCHS; id++) {
+            if (strcmp(bli_arch_string((arch_t)id), blis_arch) == 0) {
+                char v[16];
+                snprintf(v, sizeof v, "%d", id);
+                setenv("BLIS_ARCH_TYPE", v, 1);
+                break;
+            }
+        }
+    } else if (!getenv("BLIS_ARCH_TYPE")) {
+        __builtin_cpu_init();
+        /* BLIS 0.9 falls back to haswell on AVX-512 CPUs whose FMA unit count
+         * it cannot read (common under VMs); skx measured ~1.5x faster. */
+        if (__builtin_cpu_supports("avx512f")) {
+            char v[16];
+            snprintf(v, sizeof v, "%d", (int)BLIS_ARCH_SKX);
+            setenv("BLIS_ARCH_TYPE", v, 1);
+        }
+    }
+    bli_thread_set_num_threads(g_threads);
+    omp_set_num_threads(g_threads);
+}
+
+int kernels_threads(void) { return g_threads; }
+
+const char *kernels_blis_arch(void) { return bli_arch_string(bli_arch_query_id()); }
+
+static void blis_gemm(int nt, int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                      int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        /* BLIS treats k = 0 as C = beta * C; keep that explicit. */
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.f ? 0.f : beta * C[(size_t)i * ldc + j];
+        return;
+    }
+    inc_t rsa = ta ? 1 : lda, csa = ta ? lda : 1;
+    inc_t rsb = tb ? 1 : ldb, csb = tb ? ldb : 1;
+    rntm_t rntm = BLIS_RNTM_INITIALIZER;
+    bli_rntm_set_num_threads(nt, &rntm);
+    bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, M, N, K, &alpha, (float *)A, rsa, csa,
+                 (float *)B, rsb, csb, &beta, C, ldc, 1, NULL, &rntm);
+}
+
+void mm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+        const float *B, int ldb, float beta, float *C, int ldc) {
+    blis_gemm(g_threads, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void mm1(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+         const float *B, int ldb, float beta, float *C, int ldc) {
+    blis_gemm(1, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void mm_ref(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+            const float *B, int ldb, float beta, float *C, int ldc) {
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = 0;
+            for (int k = 0; k < K; k++) {
+                double a = ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];
+                double b = tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j];
+                s += a * b;
+            }
+            float *c = &C[(size_t)i * ldc + j];
+            *c = (float)(alpha * s + (beta == 0.f ? 0.0 : (double)beta * *c));
+        }
+}
+
+double kernels_measure_peak_gflops(void) {
+    const int n = 1024, k = 512;
+    float *a = xmalloc((size_t)n * k * sizeof(float));
+    float *b = xmalloc((size_t)k * n * sizeof(float));
+    float *c = xmalloc((size_t)n * n * sizeof(float));
+    for (size_t i = 0; i < (size_t)n * k; i++) a[i] = b[i] = (float)((i % 17) - 8) * 0.01f;
+    mm(0, 0, n, n, k, 1.f, a, k, b, n, 0.f, c, n); /* warm-up: packs buffers, spins threads */
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = now_s();
+        mm(0, 0, n, n, k, 1.f, a, k, b, n, 0.f, c, n);
+        double dt = now_s() - t0;
+        double g = 2.0 * n * n * k / dt * 1e-9;
+        if (g > best) best = g;
+    }
+    free(a);
+    free(b);
+    free(c);
+    return best;
+}
+
+void bias_add(float *out, const float *bias, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        float *o = out + (size_t)i * C;
+        for (int j = 0; j < C; j++) o[j] += bias[j];
+    }
+}
+
+void linear_forward(float *out, const float *inp, const float *w, const float *bias, int N, int C,
+                    int OC) {
+    mm(0, 0, N, OC, C, 1.f, inp, C, w, OC, 0.f, out, OC);
+    if (bias) bias_add(out, bias, N, OC);
+}
+
+static float *ones_vector(int n) {
+    static float *ones = NULL;
+    static int cap = 0;
+    if (n > cap) {
+        free(ones);
+        ones = xmalloc((size_t)n * sizeof(float));
+        for (int i = 0; i < n; i++) ones[i] = 1.f;
+        cap = n;
+    }
+    return ones;
+}
+
+void linear_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                     const float *w, int N, int C, int OC) {
+    if (dinp) mm(0, 1, N, C, OC, 1.f, dout, OC, w, OC, 1.f, dinp, C);
+    mm(1, 0, C, OC, N, 1.f, inp, C, dout, OC, 1.f, dw, OC);
+    /* Column sums as a (1,N) @ (N,OC) product: BLIS, fixed order. */
+    if (dbias) mm(0, 0, 1, OC, N, 1.f, ones_vector(N), N, dout, OC, 1.f, dbias, OC);
+}
+
+void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                       const float *b, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * C;
+        float m = 0.f;
+        for (int c = 0; c < C; c++) m += x[c];
+        m /= C;
+        float v = 0.f;
+        for (int c = 0; c < C; c++) {
+            float d = x[c] - m;
+            v += d * d;
+        }
+        v /= C;
+        float s = 1.f / sqrtf(v + 1e-5f);
+        float *o = out + (size_t)i * C;
+        for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + b[c];
+        mean[i] = m;
+        rstd[i] = s;
+    }
+}
+
+void layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                        const float *w, const float *mean, const float *rstd, int N, int C) {
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int i = 0; i < N; i++) {
+            const float *x = inp + (size_t)i * C, *dy = dout + (size_t)i * C;
+            float m = mean[i], s = rstd[i];
+            float dnorm_mean = 0.f, dnorm_norm_mean = 0.f;
+            for (int c = 0; c < C; c++) {
+                float dnorm = w[c] * dy[c];
+                dnorm_mean += dnorm;
+                dnorm_norm_mean += dnorm * (x[c] - m) * s;
+            }
+            dnorm_mean /= C;
+            dnorm_norm_mean /= C;
+            float *dx = dinp + (size_t)i * C;
+            for (int c = 0; c < C; c++) {
+                float norm = (x[c] - m) * s;
+                dx[c] += (w[c] * dy[c] - dnorm_mean - norm * dnorm_norm_mean) * s;
+            }
+        }
+        /* Parameter gradients: each thread owns a block of channels and walks
+         * the rows in order, so the sums never depend on the thread count. */
+        int nth = omp_get_num_threads(), th = omp_get_thread_num();
+        int c0 = (int)((long)C * th / nth), c1 = (int)((long)C * (th + 1) / nth);
+        for (int i = 0; i < N; i++) {
+            const float *x = inp + (size_t)i * C, *dy = dout + (size_t)i * C;
+            float m = mean[i], s = rstd[i];
+            for (int c = c0; c < c1; c++) {
+                dw[c] += dy[c] * (x[c] - m) * s;
+                db[c] += dy[c];
+            }
+        }
+    }
+}
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+void gelu_forward(float *out, const float *inp, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        out[i] = 0.5f * x * (1.f + tanhf(GELU_K * (x + 0.044715f * x * x * x)));
+    }
+}
+
+void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float u = GELU_K * (x + 0.044715f * x * x * x);
+        float th = tanhf(u);
+        float sech2 = 1.f - th * th;
+        float g = 0.5f * (1.f + th) + 0.5f * x * sech2 * GELU_K * (1.f + 3.f * 0.044715f * x * x);
+        dinp[i] += g * dout[i];
+    }
+}
+
+void attention_forward(float *out, float *att, const float *qkv, int B, int T, int NH, int hs) {
+    const int C = NH * hs, C3 = 3 * C;
+    const float scale = 1.f / sqrtf((float)hs);
+#pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        const float *q = qkv + (size_t)b * T * C3 + h * hs;
+        const float *k = q + C, *v = q + 2 * C;
+        float *p = att + (size_t)bh * T * T;
+        /* scores = scale * q @ k^T, then a causal softmax row by row */
+        mm1(0, 1, T, T, hs, scale, q, C3, k, C3, 0.f, p, T);
+        for (int t = 0; t < T; t++) {
+            float *row = p + (size_t)t * T;
+            float mx = row[0];
+            for (int j = 1; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
+            float sum = 0.f;
+            for (int j = 0; j <= t; j++) {
+                row[j] = expf(row[j] - mx);
+                sum += row[j];
+            }
+            float inv = 1.f / sum;
+            for (int j = 0; j <= t; j++) row[j] *= inv;
+            for (int j = t + 1; j < T; j++) row[j] = 0.f;
+        }
+        mm1(0, 0, T, hs, T, 1.f, p, T, v, C3, 0.f, out + (size_t)b * T * C + h * hs, C);
+    }
+}
+
+void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, int B,
+                        int T, int NH, int hs) {
+    const int C = NH * hs, C3 = 3 * C;
+    const float scale = 1.f / sqrtf((float)hs);
+#pragma omp parallel
+    {
+        float *dp = xmalloc((size_t)T * T * sizeof(float));
+#pragma omp for schedule(static)
+        for (int bh = 0; bh < B * NH; bh++) {
+            int b = bh / NH, h = bh % NH;
+            const float *q = qkv + (size_t)b * T * C3 + h * hs;
+            const float *k = q + C, *v = q + 2 * C;
+            float *dq = dqkv + (size_t)b * T * C3 + h * hs;
+            float *dk = dq + C, *dv = dq + 2 * C;
+            const float *p = att + (size_t)bh * T * T;
+            const float *dy = dout + (size_t)b * T * C + h * hs;
+            mm1(0, 1, T, T, hs, 1.f, dy, C, v, C3, 0.f, dp, T); /* dP = dY @ V^T */
+            mm1(1, 0, T, hs, T, 1.f, p, T, dy, C, 0.f, dv, C3); /* dV = P^T @ dY */
+            for (int t = 0; t < T; t++) {                        /* softmax backward */
+                float *drow = dp + (size_t)t * T;
+                const float *prow = p + (size_t)t * T;
+                float dot = 0.f;
+                for (int j = 0; j <= t; j++) dot += prow[j] * drow[j];
+                for (int j = 0; j <= t; j++) drow[j] = prow[j] * (drow[j] - dot) * scale;
+                for (int j = t + 1; j < T; j++) drow[j] = 0.f;
+            }
+            mm1(0, 0, T, hs, T, 1.f, dp, T, k, C3, 0.f, dq, C3); /* dQ = dS @ K */
+            mm1(1, 0, T, hs, T, 1.f, dp, T, q, C3, 0.f, dk, C3); /* dK = dS^T @ Q */
+        }
+        free(dp);
+    }
+}
+
+void embed_forward(float *out, const int *tokens, const float *wte, int v0, int Vl, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        int v = tokens[i] - v0;
+        float *o = out + (size_t)i * C;
+        if (v >= 0 && v < Vl) memcpy(o, wte + (size_t)v * C, (size_t)C * sizeof(float));
+        else memset(o, 0, (size_t)C * sizeof(float));
+    }
+}
+
+void embed_backward(float *dwte, const float *dout, const int *tokens, int v0, int Vl, int N,
+                    int C) {
+    /* Rows of dwte collide when tokens repeat: one pass in token order. */
+    for (int i = 0; i < N; i++) {
+        int v = tokens[i] - v0;
+        if (v < 0 || v >= Vl) continue;
+        float *d = dwte + (size_t)v * C;
+        const float *g = dout + (size_t)i * C;
+        for (int c = 0; c < C; c++) d[c] += g[c];
+    }
+}
+
+void pos_forward(float *out, const float *wpe, int B, int T, int C) {
+#pragma omp parallel for schedule(static)
+    for (int bt = 0; bt < B * T; bt++) {
+        float *o = out + (size_t)bt * C;
+        const float *p = wpe + (size_t)(bt % T) * C;
+        for (int c = 0; c < C; c++) o[c] += p[c];
+    }
+}
+
+void pos_backward(float *dwpe, const float *dout, int B, int T, int C) {
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) {
+        float *d = dwpe + (size_t)t * C;
+        for (int b = 0; b < B; b++) {
+            const float *g = dout + ((size_t)b * T + t) * C;
+            for (int c = 0; c < C; c++) d[c] += g[c];
+        }
+    }
+}
+
+void residual_forward(float *out, const float *a, const float *b, size_t n) {
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}

@@ -1,0 +1,74 @@
+/*
+ * kernels: the numerical building blocks of the model, each a forward and a
+ * backward in a pair (llm.c style: outputs first, then inputs, then sizes;
+ * backward adds into its gradients, so zeroing is one explicit step).
+ *
+ *   N  rows (B*T tokens)   C  channels   OC output channels
+ *   B  sequences           T  positions  NH heads (local)   hs head size
+ *
+ * Every matrix product goes through BLIS via mm(); mm_ref() is the slow,
+ * obvious reference the tests compare it against.
+ */
+#ifndef MODTRAIN_KERNELS_H
+#define MODTRAIN_KERNELS_H
+
+#include <stddef.h>
+
+/* Sets BLIS and OpenMP threads once; picks BLIS kernels (blis_arch: "auto"
+ * chooses skx on AVX-512 CPUs). Call before any other kernel. */
+void kernels_init(int threads, const char *blis_arch);
+int kernels_threads(void);
+/* The BLIS configuration in use, for the run's log ("skx", "haswell", ...). */
+const char *kernels_blis_arch(void);
+/* Best-of-several sgemm rate in GFLOP/s at the current thread count. */
+double kernels_measure_peak_gflops(void);
+
+/* Row-major C(M,N) = alpha * op(A)(M,K) @ op(B)(K,N) + beta * C.
+ * ta/tb: 1 = the stored matrix is transposed (A stored (K,M) with lda). */
+void mm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+        const float *B, int ldb, float beta, float *C, int ldc);
+/* The same on one thread, for calls made inside a parallel region. */
+void mm1(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+         const float *B, int ldb, float beta, float *C, int ldc);
+/* Naive triple loop in double; the tests' reference. */
+void mm_ref(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+            const float *B, int ldb, float beta, float *C, int ldc);
+
+/* out(N,OC) = inp(N,C) @ w(C,OC) [+ bias(OC)]. */
+void linear_forward(float *out, const float *inp, const float *w, const float *bias, int N, int C,
+                    int OC);
+/* dinp(N,C) += dout @ w^T (when dinp), dw(C,OC) += inp^T @ dout,
+ * dbias(OC) += column sums of dout (when dbias). */
+void linear_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                     const float *w, int N, int C, int OC);
+
+void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                       const float *b, int N, int C);
+void layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                        const float *w, const float *mean, const float *rstd, int N, int C);
+
+void gelu_forward(float *out, const float *inp, size_t n);
+void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+
+/* Causal self-attention of NH heads on qkv(B,T,3*NH*hs) laid out [q|k|v].
+ * out(B,T,NH*hs); att(B,NH,T,T) keeps the probabilities for backward. */
+void attention_forward(float *out, float *att, const float *qkv, int B, int T, int NH, int hs);
+/* dqkv(B,T,3*NH*hs) is overwritten (not accumulated). */
+void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, int B,
+                        int T, int NH, int hs);
+
+/* out(N,C) = wte[tok - v0] for tokens in [v0, v0+Vl), else 0 (vocab-parallel
+ * lookup; the caller sums over tensor-parallel ranks). */
+void embed_forward(float *out, const int *tokens, const float *wte, int v0, int Vl, int N, int C);
+void embed_backward(float *dwte, const float *dout, const int *tokens, int v0, int Vl, int N,
+                    int C);
+/* out(B,T,C) += wpe(T,C) per sequence; backward sums over B. */
+void pos_forward(float *out, const float *wpe, int B, int T, int C);
+void pos_backward(float *dwpe, const float *dout, int B, int T, int C);
+
+/* y = a + b elementwise. */
+void residual_forward(float *out, const float *a, const float *b, size_t n);
+/* out(N,C) += bias(C). */
+void bias_add(float *out, const float *bias, int N, int C);
+
+#endif

@@ -1,0 +1,270 @@
+/*
+ * train: the training loop. A step takes the fixed global batch of the data
+ * order, runs it as micro-batches with gradient accumulation, clips, steps
+ * AdamW, logs, evaluates and checkpoints.
+ */
+#define _GNU_SOURCE
+#include "train.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../checkpoint/ckpt.h"
+#include "../mpi/grid.h"
+#include "config.h"
+#include "data.h"
+#include "kernels.h"
+#include "model.h"
+#include "optim.h"
+#include "util.h"
+
+int default_threads(int local_ranks) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1) cores = 1;
+    int t = (int)(cores / (local_ranks > 0 ? local_ranks : 1));
+    return t > 0 ? t : 1;
+}
+
+/* Loads the validation shard's first n_batches micro-batches and returns the
+ * mean loss over their tokens. */
+static double evaluate(Model *m, const Shard *val, int T, int micro, int n_batches, int *inputs,
+                       int *targets) {
+    size_t n_seqs = shard_num_seqs(val, T), w = 0;
+    double total = 0;
+    size_t tokens = 0;
+    for (int b = 0; b < n_batches && w < n_seqs; b++) {
+        int B = 0;
+        for (; B < micro && w < n_seqs; B++, w++)
+            shard_get_seq(val, w, T, inputs + (size_t)B * T, targets + (size_t)B * T);
+        total += (double)model_forward(m, inputs, targets, B, T) * B * T;
+        tokens += (size_t)B * T;
+    }
+    return total / (double)tokens;
+}
+
+/* Decides what `resume` means here: returns 1 with the step directory in
+ * dir when a checkpoint should be loaded, 0 to start fresh, -1 on error. */
+static int resume_target(const Config *c, const char *ckpt_dir, char *dir, size_t n) {
+    if (strcmp(c->resume, "never") == 0) return 0;
+    if (strcmp(c->resume, "auto") == 0) {
+        char latest[1100];
+        snprintf(latest, sizeof latest, "%s/latest", ckpt_dir);
+        if (access(latest, F_OK) != 0) return 0;
+        return ckpt_resolve(ckpt_dir, dir, n) == 0 ? 1 : -1;
+    }
+    return ckpt_resolve(c->resume, dir, n) == 0 ? 1 : -1;
+}
+
+static int check_tokens(const Shard *s, int V) {
+    if (s->max_token >= V) {
+        errorf("data: '%s' holds token %d, outside vocab_size = %d (set vocab_size > %d)",
+               s->path, s->max_token, V, s->max_token);
+        return -1;
+    }
+    return 0;
+}
+
+int train_main(int argc, char **argv) {
+    for (int i = 0; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            if (util_rank == 0) {
+                printf("usage: modtrain train [--config FILE] [--key value ...]\n"
+                       "Trains a model; run alone or under mpirun/srun.\n\n");
+                config_print_help();
+            }
+            return 0;
+        }
+    Config cfg;
+    config_defaults(&cfg);
+    if (config_from_args(&cfg, argc, argv) != 0 || config_validate(&cfg) != 0) return 2;
+
+    Grid grid;
+    if (grid_init(&grid, cfg.tp, cfg.pp) != 0) return 2;
+    int rc = 2;
+    if (grid.world_size != 1) {
+        if (grid.world_rank == 0)
+            errorf("layout: %d ranks, but data, tensor and pipeline parallelism are not built "
+                   "yet (run one process)",
+                   grid.world_size);
+        grid_free(&grid);
+        return 2;
+    }
+    int threads = cfg.threads ? cfg.threads : default_threads(grid.local_ranks);
+    kernels_init(threads, cfg.blis_arch);
+
+    char ckpt_dir[CONFIG_STR + 8];
+    if (cfg.ckpt_dir[0]) snprintf(ckpt_dir, sizeof ckpt_dir, "%s", cfg.ckpt_dir);
+    else snprintf(ckpt_dir, sizeof ckpt_dir, "%s/ckpt", cfg.run_dir);
+
+    Shard train = {0}, val = {0};
+    int have_val = cfg.val_data[0] != '\0';
+    if (shard_load(&train, cfg.train_data) != 0) return 2;
+    if (have_val && shard_load(&val, cfg.val_data) != 0) {
+        shard_free(&train);
+        return 2;
+    }
+    const int T = cfg.seq_len;
+    int V = cfg.vocab_size ? cfg.vocab_size
+                           : train.vocab_hint ? train.vocab_hint
+                                              : (train.max_token < 256 ? 256 : 50257);
+    cfg.vocab_size = V;
+    const int micro = cfg.micro_batch ? cfg.micro_batch : cfg.batch_size;
+    size_t n_train = shard_num_seqs(&train, T);
+    Model m;
+    AdamW opt;
+    DataOrder order;
+    int *inputs = NULL, *targets = NULL;
+    FILE *metrics = NULL;
+    int model_ready = 0;
+    if (check_tokens(&train, V) != 0 || (have_val && check_tokens(&val, V) != 0)) goto out;
+    if (n_train == 0) {
+        errorf("data: '%s' has %zu tokens, fewer than seq_len + 1 = %d (lower seq_len or give "
+               "more text)",
+               cfg.train_data, train.n_tokens, T + 1);
+        goto out;
+    }
+    if (have_val && shard_num_seqs(&val, T) == 0) {
+        errorf("data: '%s' has %zu tokens, fewer than seq_len + 1 = %d (lower seq_len or give "
+               "more validation text)",
+               cfg.val_data, val.n_tokens, T + 1);
+        goto out;
+    }
+
+    ModelDims d;
+    model_dims(&d, V, T, cfg.n_layer, cfg.n_head, cfg.d_model, 1, 0);
+    model_init(&m, &d, micro, NULL);
+    adamw_init(&opt, &m);
+    model_ready = 1;
+    int start = 0;
+    char stepdir[1100];
+    int r = resume_target(&cfg, ckpt_dir, stepdir, sizeof stepdir);
+    if (r < 0) goto out;
+    if (r == 1) {
+        Config ck = cfg;
+        char file[1200];
+        snprintf(file, sizeof file, "%s/model.safetensors", stepdir);
+        if (ckpt_read_config(stepdir, &ck, &start) != 0 ||
+            ckpt_check_model_config(&ck, &cfg, stepdir) != 0 || ckpt_load_weights(file, &m) != 0)
+            goto out;
+        snprintf(file, sizeof file, "%s/optim.safetensors", stepdir);
+        if (access(file, F_OK) == 0) {
+            if (ckpt_load_optim(stepdir, &m, &opt) != 0) goto out;
+        } else {
+            log0("resume: %s has no optimizer state; AdamW starts from zero moments\n", stepdir);
+        }
+        log0("resume: loaded %s (step %d)\n", stepdir, start);
+    } else {
+        model_init_weights(&m, (uint64_t)cfg.seed);
+    }
+
+    double peak = cfg.peak_gflops > 0 ? cfg.peak_gflops : kernels_measure_peak_gflops();
+    double fpt = model_flops_per_token(&d, T);
+    log0("modtrain %s | %.2fM parameters | L=%d C=%d NH=%d T=%d V=%d | batch %d x %d tokens, "
+         "micro-batch %d\n",
+         PACKAGE_VERSION, model_num_params(&m) / 1e6, d.L, d.C, d.NH, T, V, cfg.batch_size, T,
+         micro);
+    log0("layout dp=%d tp=%d pp=%d | %d threads | BLIS %s kernels | sgemm peak %.1f GFLOP/s%s\n",
+         grid.dp, grid.tp, grid.pp, threads, kernels_blis_arch(), peak,
+         cfg.peak_gflops > 0 ? " (given)" : " (measured)");
+
+    if (mkdirs(cfg.run_dir) != 0) {
+        errorf("run_dir: cannot create '%s': %s", cfg.run_dir, strerror(errno));
+        goto out;
+    }
+    char mpath[CONFIG_STR + 32];
+    snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", cfg.run_dir);
+    metrics = fopen(mpath, "a");
+    if (!metrics) {
+        errorf("run_dir: cannot open '%s': %s", mpath, strerror(errno));
+        goto out;
+    }
+
+    order_init(&order, (uint64_t)cfg.seed, n_train);
+    inputs = xmalloc((size_t)micro * T * sizeof(int));
+    targets = xmalloc((size_t)micro * T * sizeof(int));
+    const int n_micro = cfg.batch_size / micro;
+    const double step_tokens = (double)cfg.batch_size * T;
+    double t_start = now_s();
+    int steps_timed = 0;
+    double time_timed = 0;
+
+    for (int step = start; step < cfg.steps; step++) {
+        double t0 = now_s();
+        model_zero_grad(&m);
+        double loss = 0;
+        for (int mb = 0; mb < n_micro; mb++) {
+            for (int b = 0; b < micro; b++) {
+                uint64_t g = (uint64_t)step * cfg.batch_size + (uint64_t)mb * micro + b;
+                shard_get_seq(&train, order_window(&order, g), T, inputs + (size_t)b * T,
+                              targets + (size_t)b * T);
+            }
+            loss += model_forward(&m, inputs, targets, micro, T) * (double)micro * T;
+            model_backward(&m, (float)(1.0 / step_tokens));
+        }
+        loss /= step_tokens;
+        double norm = grad_norm(&m);
+        float scale = cfg.grad_clip > 0 && norm > cfg.grad_clip ? (float)(cfg.grad_clip / norm)
+                                                                  : 1.f;
+        double lr = lr_at(&cfg, step);
+        adamw_step(&opt, &m, lr, cfg.beta1, cfg.beta2, 1e-8, cfg.weight_decay, step + 1, scale);
+        double dt = now_s() - t0;
+        if (step > start) { /* the first step pays for warm-up; leave it out of the ETA */
+            steps_timed++;
+            time_timed += dt;
+        }
+        double tps = step_tokens / dt;
+        double mfu = fpt * tps / (peak * 1e9);
+        int done = step + 1;
+        if (!isfinite(loss)) {
+            errorf("train: loss is %f at step %d (lower lr, or check the data)", loss, done);
+            goto out;
+        }
+        fprintf(metrics,
+                "{\"step\":%d,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,"
+                "\"step_time_ms\":%.3f,\"mfu\":%.4f,\"flops_per_token\":%.0f}\n",
+                done, loss, lr, norm, tps, dt * 1e3, mfu, fpt);
+        if (done % cfg.log_every == 0 || done == cfg.steps || step == start) {
+            char eta[32];
+            double per = steps_timed ? time_timed / steps_timed : dt;
+            format_duration(eta, sizeof eta, per * (cfg.steps - done));
+            log0("step %*d/%d | loss %.4f | lr %.2e | %.0f tok/s | MFU %.1f%% | ETA %s\n",
+                 (int)snprintf(NULL, 0, "%d", cfg.steps), done, cfg.steps, loss, lr, tps,
+                 100 * mfu, eta);
+        }
+        int last = done == cfg.steps;
+        if (have_val && ((cfg.eval_every && done % cfg.eval_every == 0) || last)) {
+            double vl = evaluate(&m, &val, T, micro, cfg.eval_batches, inputs, targets);
+            fprintf(metrics, "{\"step\":%d,\"val_loss\":%.6f}\n", done, vl);
+            log0("step %d | val_loss %.4f\n", done, vl);
+        }
+        fflush(metrics);
+        if (cfg.ckpt_every && done % cfg.ckpt_every == 0 && !last) {
+            if (ckpt_save(ckpt_dir, &m, &opt, &cfg, done, cfg.ckpt_keep) != 0) goto out;
+            log0("checkpoint: %s/step-%08d\n", ckpt_dir, done);
+        }
+    }
+    if (ckpt_save(ckpt_dir, &m, &opt, &cfg, cfg.steps > start ? cfg.steps : start,
+                  cfg.ckpt_keep) != 0)
+        goto out;
+    log0("checkpoint: %s/step-%08d | %.1fs in all\n", ckpt_dir, cfg.steps > start ? cfg.steps : start,
+         now_s() - t_start);
+    rc = 0;
+out:
+    if (metrics) fclose(metrics);
+    if (inputs) order_free(&order);
+    free(inputs);
+    free(targets);
+    if (model_ready) {
+        adamw_free(&opt);
+        model_free(&m);
+    }
+    shard_free(&train);
+    shard_free(&val);
+    grid_free(&grid);
+    return rc;
+}

@@ -1,0 +1,19 @@
+/*
+ * train: the training driver and the inference commands: the only code,
+ * with the CLI, that sees the config, the grid, the data, the model, the
+ * optimizer and the checkpoints together.
+ */
+#ifndef MODTRAIN_TRAIN_H
+#define MODTRAIN_TRAIN_H
+
+/* `modtrain train [--config FILE] [--key value ...]`; returns the exit code. */
+int train_main(int argc, char **argv);
+/* `modtrain eval --ckpt DIR --data FILE [--json] ...`; returns the exit code. */
+int eval_main(int argc, char **argv);
+/* `modtrain sample --ckpt DIR [--prompt TEXT] ...`; returns the exit code. */
+int sample_main(int argc, char **argv);
+
+/* Number of threads for "threads = 0": the node's cores over its ranks. */
+int default_threads(int local_ranks);
+
+#endif

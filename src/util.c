@@ -1,0 +1,165 @@
+/*
+ * util: shared helpers. Nothing here knows about the model or MPI beyond the
+ * rank number used to keep output to one process.
+ */
+#define _GNU_SOURCE
+#include "util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+int util_rank = 0;
+
+void *xmalloc(size_t size) {
+    void *p = NULL;
+    if (size == 0) size = 64;
+    size = (size + 63) & ~(size_t)63;
+    if (posix_memalign(&p, 64, size) != 0) {
+        errorf("out of memory allocating %zu bytes", size);
+        exit(EXIT_FAILURE);
+    }
+    return p;
+}
+
+void *xcalloc(size_t count, size_t size) {
+    size_t total = count * size;
+    void *p = xmalloc(total);
+    memset(p, 0, total ? total : 64);
+    return p;
+}
+
+char *xstrdup(const char *s) {
+    char *d = strdup(s);
+    if (!d) {
+        errorf("out of memory");
+        exit(EXIT_FAILURE);
+    }
+    return d;
+}
+
+void log0(const char *fmt, ...) {
+    if (util_rank != 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stdout, fmt, ap);
+    va_end(ap);
+    fflush(stdout);
+}
+
+void errorf(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("modtrain: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    fflush(stderr);
+}
+
+double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int fsync_dir(const char *path) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+int write_file_atomic(const char *path, const void *data, size_t len) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        errorf("cannot create %s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    const char *p = data;
+    size_t left = len;
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            errorf("cannot write %s: %s", tmp, strerror(errno));
+            goto fail;
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (fsync(fd) != 0) {
+        errorf("cannot fsync %s: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    if (close(fd) != 0) {
+        fd = -1;
+        errorf("cannot close %s: %s", tmp, strerror(errno));
+        goto fail;
+    }
+    fd = -1;
+    if (rename(tmp, path) != 0) {
+        errorf("cannot rename %s to %s: %s", tmp, path, strerror(errno));
+        goto fail;
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    fsync_dir(dirname(dir));
+    return 0;
+fail:
+    if (fd >= 0) close(fd);
+    unlink(tmp);
+    return -1;
+}
+
+char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    if (fseek(f, 0, SEEK_END) != 0) goto fail;
+    long n = ftell(f);
+    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) goto fail;
+    char *buf = malloc((size_t)n + 1);
+    if (!buf) goto fail;
+    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        goto fail;
+    }
+    buf[n] = '\0';
+    fclose(f);
+    if (len) *len = (size_t)n;
+    return buf;
+fail:
+    fclose(f);
+    if (!errno) errno = EIO;
+    return NULL;
+}
+
+int mkdirs(const char *path) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
+    return 0;
+}
+
+void format_duration(char *buf, size_t n, double s) {
+    if (s < 0) s = 0;
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+    else if (t >= 60) snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(buf, n, "%lds", t);
+}

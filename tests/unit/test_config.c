@@ -1,0 +1,102 @@
+/*
+ * test_config: key parsing, ranges, files, command-line overrides and the
+ * checks between keys.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../../src/config.h"
+#include "testutil.h"
+
+static void test_defaults_follow_design(void) {
+    Config c;
+    config_defaults(&c);
+    CU_ASSERT_DOUBLE_EQUAL(c.capacity, 0.125, 0);
+    CU_ASSERT_EQUAL(c.route_every, 2);
+    CU_ASSERT_EQUAL(c.tp, 1);
+    CU_ASSERT_EQUAL(c.pp, 1);
+    CU_ASSERT_EQUAL(c.schedule, SCHED_1F1B);
+    CU_ASSERT_STRING_EQUAL(c.resume, "auto");
+}
+
+static void test_set_types_and_ranges(void) {
+    Config c;
+    config_defaults(&c);
+    CU_ASSERT_EQUAL(config_set(&c, "batch_size", "16", "t"), 0);
+    CU_ASSERT_EQUAL(c.batch_size, 16);
+    CU_ASSERT_EQUAL(config_set(&c, "batch-size", "12", "t"), 0); /* dashes */
+    CU_ASSERT_EQUAL(c.batch_size, 12);
+    CU_ASSERT_EQUAL(config_set(&c, "batch_size", "12x", "t"), -1);
+    CU_ASSERT_EQUAL(config_set(&c, "batch_size", "0", "t"), -1);
+    CU_ASSERT_EQUAL(c.batch_size, 12); /* a rejected value leaves the key alone */
+    CU_ASSERT_EQUAL(config_set(&c, "lr", "3e-4", "t"), 0);
+    CU_ASSERT_DOUBLE_EQUAL(c.lr, 3e-4, 0);
+    CU_ASSERT_EQUAL(config_set(&c, "lr", "nan", "t"), -1);
+    CU_ASSERT_EQUAL(config_set(&c, "capacity", "0", "t"), -1); /* open interval */
+    CU_ASSERT_EQUAL(config_set(&c, "capacity", "1", "t"), 0);
+    CU_ASSERT_EQUAL(config_set(&c, "router_gate", "sigmoid", "t"), 0);
+    CU_ASSERT_EQUAL(c.router_gate, GATE_SIGMOID);
+    CU_ASSERT_EQUAL(config_set(&c, "router_gate", "relu", "t"), -1);
+    CU_ASSERT_EQUAL(config_set(&c, "no_such_key", "1", "t"), -1);
+    char buf[64];
+    CU_ASSERT_EQUAL(config_get(&c, "router_gate", buf, sizeof buf), 0);
+    CU_ASSERT_STRING_EQUAL(buf, "sigmoid");
+}
+
+static void test_edit_distance(void) {
+    CU_ASSERT_EQUAL(config_edit_distance("eval_evry", "eval_every"), 1);
+    CU_ASSERT_EQUAL(config_edit_distance("lr", "lr"), 0);
+    CU_ASSERT_EQUAL(config_edit_distance("abc", ""), 3);
+}
+
+static void test_file_and_overrides(void) {
+    char path[] = "/tmp/modtrain-test-XXXXXX";
+    int fd = mkstemp(path);
+    CU_ASSERT_FATAL(fd >= 0);
+    const char *text = "# a comment\n  n_layer = 3   # trailing comment\n\nlr=0.01\n";
+    CU_ASSERT(write(fd, text, strlen(text)) == (ssize_t)strlen(text));
+    close(fd);
+    Config c;
+    config_defaults(&c);
+    char *argv[] = {"--lr", "0.5", "--config", path, "--n-head=2"};
+    CU_ASSERT_EQUAL(config_from_args(&c, 5, argv), 0);
+    CU_ASSERT_EQUAL(c.n_layer, 3);
+    CU_ASSERT_DOUBLE_EQUAL(c.lr, 0.5, 0); /* the command line wins wherever it stands */
+    CU_ASSERT_EQUAL(c.n_head, 2);
+    char *missing[] = {"--steps"};
+    CU_ASSERT_EQUAL(config_from_args(&c, 1, missing), -1);
+    char *stray[] = {"steps", "3"};
+    CU_ASSERT_EQUAL(config_from_args(&c, 2, stray), -1);
+    FILE *f = fopen(path, "w");
+    fputs("n_layer 3\n", f); /* no '=' */
+    fclose(f);
+    CU_ASSERT_EQUAL(config_load_file(&c, path), -1);
+    unlink(path);
+    CU_ASSERT_EQUAL(config_load_file(&c, path), -1); /* missing file */
+}
+
+static void test_validate(void) {
+    Config c;
+    config_defaults(&c);
+    c.route_every = 0;
+    CU_ASSERT_EQUAL(config_validate(&c), 0);
+    c.d_model = 130; /* n_head = 4 */
+    CU_ASSERT_EQUAL(config_validate(&c), -1);
+    c.d_model = 128;
+    c.micro_batch = 3; /* batch_size = 8 */
+    CU_ASSERT_EQUAL(config_validate(&c), -1);
+    c.micro_batch = 4;
+    c.min_lr = 1;
+    CU_ASSERT_EQUAL(config_validate(&c), -1);
+}
+
+int main(void) {
+    CU_TestInfo tests[] = {{"defaults follow DESIGN.md", test_defaults_follow_design},
+                           {"types, ranges, enums, unknown keys", test_set_types_and_ranges},
+                           {"edit distance for suggestions", test_edit_distance},
+                           {"files, comments and overrides", test_file_and_overrides},
+                           {"relations between keys", test_validate},
+                           CU_TEST_INFO_NULL};
+    return run_suite("config", tests);
+}

@@ -1,0 +1,128 @@
+/*
+ * test_data: shard round trips, every way a shard can be bad, the seeded
+ * data order and the prep split.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../../src/data.h"
+#include "../../src/util.h"
+#include "testutil.h"
+
+static char dir[] = "/tmp/modtrain-data-XXXXXX";
+
+static void path_in(char *buf, size_t n, const char *name) { snprintf(buf, n, "%s/%s", dir, name); }
+
+static void test_roundtrip(void) {
+    uint16_t tok[100];
+    for (int i = 0; i < 100; i++) tok[i] = (uint16_t)(i * 37 % 300);
+    char p[256];
+    path_in(p, sizeof p, "a.bin");
+    CU_ASSERT_EQUAL(shard_write(p, tok, 100, 300), 0);
+    Shard s;
+    CU_ASSERT_EQUAL_FATAL(shard_load(&s, p), 0);
+    CU_ASSERT_EQUAL(s.n_tokens, 100);
+    CU_ASSERT_EQUAL(s.vocab_hint, 300);
+    CU_ASSERT_EQUAL(memcmp(s.tokens, tok, sizeof tok), 0);
+    CU_ASSERT_EQUAL(shard_num_seqs(&s, 10), 9); /* windows need T+1 tokens */
+    int in[10], tg[10];
+    shard_get_seq(&s, 2, 10, in, tg);
+    CU_ASSERT_EQUAL(in[0], tok[20]);
+    CU_ASSERT_EQUAL(tg[9], tok[30]);
+    shard_free(&s);
+}
+
+static void write_raw(const char *p, const void *data, size_t n) {
+    FILE *f = fopen(p, "wb");
+    fwrite(data, 1, n, f);
+    fclose(f);
+}
+
+static void test_bad_shards(void) {
+    int32_t hdr[256] = {SHARD_MAGIC, SHARD_VERSION, 50};
+    uint16_t tok[50] = {0};
+    char buf[sizeof hdr + sizeof tok];
+    memcpy(buf, hdr, sizeof hdr);
+    memcpy(buf + sizeof hdr, tok, sizeof tok);
+    char p[256];
+    path_in(p, sizeof p, "bad.bin");
+    Shard s;
+    write_raw(p, buf, sizeof buf);
+    CU_ASSERT_EQUAL(shard_load(&s, p), 0); /* the good one, made by hand like llm.c */
+    CU_ASSERT_EQUAL(s.vocab_hint, 0);
+    shard_free(&s);
+    write_raw(p, buf, sizeof buf - 2); /* truncated */
+    CU_ASSERT_EQUAL(shard_load(&s, p), -1);
+    write_raw(p, buf, 100); /* shorter than the header */
+    CU_ASSERT_EQUAL(shard_load(&s, p), -1);
+    ((int32_t *)buf)[0] = 12345; /* wrong magic */
+    write_raw(p, buf, sizeof buf);
+    CU_ASSERT_EQUAL(shard_load(&s, p), -1);
+    ((int32_t *)buf)[0] = SHARD_MAGIC;
+    ((int32_t *)buf)[1] = 2; /* wrong version */
+    write_raw(p, buf, sizeof buf);
+    CU_ASSERT_EQUAL(shard_load(&s, p), -1);
+    path_in(p, sizeof p, "missing.bin");
+    CU_ASSERT_EQUAL(shard_load(&s, p), -1);
+}
+
+static void test_order(void) {
+    const size_t n = 17;
+    DataOrder a, b, c;
+    order_init(&a, 1, n), order_init(&b, 1, n), order_init(&c, 2, n);
+    int seen[17] = {0}, differs = 0;
+    for (uint64_t g = 0; g < n; g++) {
+        size_t w = order_window(&a, g);
+        CU_ASSERT(w < n);
+        seen[w]++;
+        differs += w != order_window(&c, g);
+    }
+    for (size_t i = 0; i < n; i++) CU_ASSERT_EQUAL(seen[i], 1); /* an epoch is a permutation */
+    CU_ASSERT(differs > 0);                                      /* the seed matters */
+    /* random access gives the same answer as sequential access */
+    for (uint64_t g = 3 * n + 5; g > 0; g -= 4)
+        CU_ASSERT_EQUAL(order_window(&a, g), order_window(&b, g));
+    order_free(&a), order_free(&b), order_free(&c);
+}
+
+static void test_prep_split(void) {
+    char txt[256], out[256];
+    path_in(txt, sizeof txt, "t.txt");
+    path_in(out, sizeof out, "prep");
+    size_t n = 10 * 4096;
+    char *text = xmalloc(n);
+    for (size_t i = 0; i < n; i++) text[i] = (char)('a' + (i / 4096));
+    write_raw(txt, text, n);
+    char *files[] = {txt};
+    CU_ASSERT_EQUAL_FATAL(prep_byte_files(files, 1, out, 0.2), 0);
+    char p[300];
+    Shard tr, va;
+    snprintf(p, sizeof p, "%s/train.bin", out);
+    CU_ASSERT_EQUAL_FATAL(shard_load(&tr, p), 0);
+    snprintf(p, sizeof p, "%s/val.bin", out);
+    CU_ASSERT_EQUAL_FATAL(shard_load(&va, p), 0);
+    CU_ASSERT_EQUAL(va.n_tokens, 2 * 4096); /* 2 of 10 chunks */
+    CU_ASSERT_EQUAL(tr.n_tokens + va.n_tokens, n);
+    CU_ASSERT_EQUAL(va.tokens[0], 'e');   /* chunks 4 and 9, spread out */
+    CU_ASSERT_EQUAL(va.tokens[4096], 'j');
+    shard_free(&tr), shard_free(&va);
+    write_raw(txt, "", 0); /* an empty file is an error */
+    CU_ASSERT_EQUAL(prep_byte_files(files, 1, out, 0.2), -1);
+    free(text);
+}
+
+int main(void) {
+    if (!mkdtemp(dir)) return 99;
+    CU_TestInfo tests[] = {{"shard round trip", test_roundtrip},
+                           {"truncated, short, wrong magic, wrong version, missing", test_bad_shards},
+                           {"seeded order: permutations, random access", test_order},
+                           {"prep splits a fraction of chunks evenly", test_prep_split},
+                           CU_TEST_INFO_NULL};
+    int rc = run_suite("data", tests);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) rc = rc ? rc : 99;
+    return rc;
+}

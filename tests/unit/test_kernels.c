@@ -1,0 +1,254 @@
+/*
+ * test_kernels: BLIS products against the naive reference, and every layer's
+ * backward against central finite differences of sum(out * r) for a random r.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "../../src/kernels.h"
+#include "../../src/util.h"
+#include "testutil.h"
+
+/* float32 forward passes give FD noise near 1e-4 relative; a wrong backward
+ * is off by O(1). */
+#define FD_TOL 2e-3
+
+static void check_mm(int ta, int tb, float beta, int single) {
+    const int M = 37, N = 53, K = 29, pad = 3;
+    int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+    size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
+    float *A = xmalloc(na * 4), *B = xmalloc(nb * 4), *C1 = xmalloc(nc * 4), *C2 = xmalloc(nc * 4);
+    fill_normal(A, na, 1, 1.f);
+    fill_normal(B, nb, 2, 1.f);
+    fill_normal(C1, nc, 3, 1.f);
+    memcpy(C2, C1, nc * 4);
+    if (single) mm1(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C1, ldc);
+    else mm(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C1, ldc);
+    mm_ref(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C2, ldc);
+    double worst = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < ldc; j++) {
+            size_t k = (size_t)i * ldc + j;
+            double d = fabs(C1[k] - C2[k]) / (1 + fabs(C2[k]));
+            if (j >= N) d = C1[k] == C2[k] ? 0 : 1; /* padding columns untouched */
+            if (d > worst) worst = d;
+        }
+    CU_ASSERT(worst < 1e-5);
+    if (worst >= 1e-5) printf("\n  mm ta=%d tb=%d beta=%g single=%d: worst %g\n", ta, tb, beta, single, worst);
+    free(A);
+    free(B);
+    free(C1);
+    free(C2);
+}
+
+static void test_mm_matches_reference(void) {
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int single = 0; single < 2; single++) {
+                check_mm(ta, tb, 0.f, single);
+                check_mm(ta, tb, 1.3f, single);
+            }
+}
+
+static void test_mm_reference_is_a_product(void) {
+    /* the reference itself, on a product known by hand */
+    float A[] = {1, 2, 3, 4, 5, 6}; /* 2x3 */
+    float B[] = {1, 0, 0, 1, 1, 1}; /* 3x2 */
+    float C[4] = {0};
+    mm_ref(0, 0, 2, 2, 3, 1.f, A, 3, B, 2, 0.f, C, 2);
+    CU_ASSERT_EQUAL(C[0], 4);
+    CU_ASSERT_EQUAL(C[1], 5);
+    CU_ASSERT_EQUAL(C[2], 10);
+    CU_ASSERT_EQUAL(C[3], 11);
+}
+
+/* ---- a generic harness: forward writes out, loss = sum(out * r) ---- */
+
+typedef struct {
+    void (*forward)(void *);
+    float *out, *r;
+    size_t nout;
+} Probe;
+
+static double probe_loss(void *ctx) {
+    Probe *p = ctx;
+    p->forward(ctx);
+    double s = 0;
+    for (size_t i = 0; i < p->nout; i++) s += (double)p->out[i] * p->r[i];
+    return s;
+}
+
+static double fd_error(Probe *p, float *x, size_t n, const float *analytic, float eps) {
+    double *num = xmalloc(n * sizeof(double));
+    finite_diff(probe_loss, p, x, n, eps, num);
+    double e = rel_err(analytic, num, n);
+    free(num);
+    return e;
+}
+
+/* linear */
+typedef struct {
+    Probe p;
+    float *inp, *w, *b;
+    int N, C, OC;
+} LinCtx;
+
+static void lin_fwd(void *ctx) {
+    LinCtx *c = ctx;
+    linear_forward(c->p.out, c->inp, c->w, c->b, c->N, c->C, c->OC);
+}
+
+static void test_linear_backward(void) {
+    LinCtx c = {.N = 7, .C = 5, .OC = 6};
+    size_t ni = 35, nw = 30, no = 42;
+    c.inp = xmalloc(ni * 4), c.w = xmalloc(nw * 4), c.b = xmalloc(6 * 4);
+    c.p = (Probe){lin_fwd, xmalloc(no * 4), xmalloc(no * 4), no};
+    fill_normal(c.inp, ni, 1, 1), fill_normal(c.w, nw, 2, 1), fill_normal(c.b, 6, 3, 1);
+    fill_normal(c.p.r, no, 4, 1);
+    float *di = xcalloc(ni, 4), *dw = xcalloc(nw, 4), *db = xcalloc(6, 4);
+    linear_backward(di, dw, db, c.p.r, c.inp, c.w, c.N, c.C, c.OC);
+    CU_ASSERT(fd_error(&c.p, c.inp, ni, di, 1e-2f) < FD_TOL);
+    CU_ASSERT(fd_error(&c.p, c.w, nw, dw, 1e-2f) < FD_TOL);
+    CU_ASSERT(fd_error(&c.p, c.b, 6, db, 1e-2f) < FD_TOL);
+    /* backward adds: a second call doubles the gradients */
+    float w0 = dw[3];
+    linear_backward(di, dw, db, c.p.r, c.inp, c.w, c.N, c.C, c.OC);
+    CU_ASSERT(fabsf(dw[3] - 2 * w0) <= 1e-5f * (1 + fabsf(w0)));
+    free(c.inp), free(c.w), free(c.b), free(c.p.out), free(c.p.r), free(di), free(dw), free(db);
+}
+
+/* layernorm */
+typedef struct {
+    Probe p;
+    float *inp, *w, *b, *mean, *rstd;
+    int N, C;
+} LnCtx;
+
+static void ln_fwd(void *ctx) {
+    LnCtx *c = ctx;
+    layernorm_forward(c->p.out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C);
+}
+
+static void test_layernorm_backward(void) {
+    LnCtx c = {.N = 6, .C = 9};
+    size_t n = 54;
+    c.inp = xmalloc(n * 4), c.w = xmalloc(9 * 4), c.b = xmalloc(9 * 4);
+    c.mean = xmalloc(6 * 4), c.rstd = xmalloc(6 * 4);
+    c.p = (Probe){ln_fwd, xmalloc(n * 4), xmalloc(n * 4), n};
+    fill_normal(c.inp, n, 1, 1), fill_normal(c.w, 9, 2, 1), fill_normal(c.b, 9, 3, 1);
+    fill_normal(c.p.r, n, 4, 1);
+    ln_fwd(&c);
+    float *di = xcalloc(n, 4), *dw = xcalloc(9, 4), *db = xcalloc(9, 4);
+    layernorm_backward(di, dw, db, c.p.r, c.inp, c.w, c.mean, c.rstd, c.N, c.C);
+    CU_ASSERT(fd_error(&c.p, c.inp, n, di, 1e-2f) < FD_TOL);
+    CU_ASSERT(fd_error(&c.p, c.w, 9, dw, 1e-2f) < FD_TOL);
+    CU_ASSERT(fd_error(&c.p, c.b, 9, db, 1e-2f) < FD_TOL);
+    free(c.inp), free(c.w), free(c.b), free(c.mean), free(c.rstd), free(c.p.out), free(c.p.r);
+    free(di), free(dw), free(db);
+}
+
+/* gelu */
+typedef struct {
+    Probe p;
+    float *inp;
+} GeluCtx;
+
+static void gelu_fwd(void *ctx) {
+    GeluCtx *c = ctx;
+    gelu_forward(c->p.out, c->inp, c->p.nout);
+}
+
+static void test_gelu_backward(void) {
+    size_t n = 40;
+    GeluCtx c = {{gelu_fwd, xmalloc(n * 4), xmalloc(n * 4), n}, xmalloc(n * 4)};
+    fill_normal(c.inp, n, 1, 2), fill_normal(c.p.r, n, 2, 1);
+    float *di = xcalloc(n, 4);
+    gelu_backward(di, c.inp, c.p.r, n);
+    CU_ASSERT(fd_error(&c.p, c.inp, n, di, 1e-2f) < FD_TOL);
+    /* a known value: gelu(1) = 0.8411920 (tanh form) */
+    float one = 1.f, g;
+    gelu_forward(&g, &one, 1);
+    CU_ASSERT(fabsf(g - 0.841192f) < 1e-5f);
+    free(c.p.out), free(c.p.r), free(c.inp), free(di);
+}
+
+/* attention */
+typedef struct {
+    Probe p;
+    float *qkv, *att;
+    int B, T, NH, hs;
+} AttCtx;
+
+static void att_fwd(void *ctx) {
+    AttCtx *c = ctx;
+    attention_forward(c->p.out, c->att, c->qkv, c->B, c->T, c->NH, c->hs);
+}
+
+static void test_attention_backward(void) {
+    AttCtx c = {.B = 2, .T = 5, .NH = 2, .hs = 3};
+    size_t nq = 2 * 5 * 18, no = 2 * 5 * 6;
+    c.qkv = xmalloc(nq * 4), c.att = xmalloc(2 * 2 * 25 * 4);
+    c.p = (Probe){att_fwd, xmalloc(no * 4), xmalloc(no * 4), no};
+    fill_normal(c.qkv, nq, 1, 1), fill_normal(c.p.r, no, 2, 1);
+    att_fwd(&c);
+    float *dq = xcalloc(nq, 4);
+    attention_backward(dq, c.p.r, c.qkv, c.att, c.B, c.T, c.NH, c.hs);
+    CU_ASSERT(fd_error(&c.p, c.qkv, nq, dq, 1e-2f) < FD_TOL);
+    free(c.qkv), free(c.att), free(c.p.out), free(c.p.r), free(dq);
+}
+
+static void test_attention_is_causal(void) {
+    /* changing position t's q, k and v leaves outputs before t unchanged */
+    const int B = 1, T = 6, NH = 2, hs = 4, C3 = 3 * NH * hs;
+    float *qkv = xmalloc(T * C3 * 4), *att = xmalloc(NH * T * T * 4);
+    float *o1 = xmalloc(T * NH * hs * 4), *o2 = xmalloc(T * NH * hs * 4);
+    fill_normal(qkv, (size_t)T * C3, 5, 1);
+    attention_forward(o1, att, qkv, B, T, NH, hs);
+    for (int j = 0; j < C3; j++) qkv[4 * C3 + j] += 1.f;
+    attention_forward(o2, att, qkv, B, T, NH, hs);
+    CU_ASSERT(memcmp(o1, o2, 4 * NH * hs * 4) == 0);
+    CU_ASSERT(memcmp(o1 + 4 * NH * hs, o2 + 4 * NH * hs, NH * hs * 4) != 0);
+    free(qkv), free(att), free(o1), free(o2);
+}
+
+/* embeddings */
+static void test_embedding_backward(void) {
+    const int N = 6, C = 3, V = 5, T = 3, B = 2;
+    int tok[] = {1, 4, 1, 0, 3, 1};
+    float wte[15], wpe[9], out[18], r[18], dwte[15] = {0}, dwpe[9] = {0};
+    fill_normal(wte, 15, 1, 1), fill_normal(wpe, 9, 2, 1), fill_normal(r, 18, 3, 1);
+    embed_forward(out, tok, wte, 0, V, N, C);
+    pos_forward(out, wpe, B, T, C);
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++)
+            CU_ASSERT_DOUBLE_EQUAL(out[i * C + c], wte[tok[i] * C + c] + wpe[(i % T) * C + c], 1e-6);
+    embed_backward(dwte, r, tok, 0, V, N, C);
+    pos_backward(dwpe, r, B, T, C);
+    /* token 1 appears at rows 0, 2, 5 */
+    for (int c = 0; c < C; c++) {
+        CU_ASSERT_DOUBLE_EQUAL(dwte[1 * C + c], r[0 * C + c] + r[2 * C + c] + r[5 * C + c], 1e-6);
+        CU_ASSERT_DOUBLE_EQUAL(dwte[2 * C + c], 0, 0);
+        CU_ASSERT_DOUBLE_EQUAL(dwpe[1 * C + c], r[1 * C + c] + r[4 * C + c], 1e-6);
+    }
+    /* vocab-parallel slice [3, 5): only tokens 3 and 4 are looked up */
+    float part[18];
+    embed_forward(part, tok, wte + 3 * C, 3, 2, N, C);
+    CU_ASSERT_EQUAL(part[0], 0.f);
+    CU_ASSERT_EQUAL(part[1 * C], wte[4 * C]);
+}
+
+int main(void) {
+    kernels_init(2, "auto");
+    CU_TestInfo tests[] = {
+        {"BLIS sgemm matches the naive reference (all transposes, beta, strides)",
+         test_mm_matches_reference},
+        {"the reference is a matrix product", test_mm_reference_is_a_product},
+        {"linear backward = finite differences", test_linear_backward},
+        {"layernorm backward = finite differences", test_layernorm_backward},
+        {"gelu backward = finite differences", test_gelu_backward},
+        {"attention backward = finite differences", test_attention_backward},
+        {"attention is causal", test_attention_is_causal},
+        {"embedding lookup and backward", test_embedding_backward},
+        CU_TEST_INFO_NULL};
+    return run_suite("kernels", tests);
+}

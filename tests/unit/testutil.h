@@ -1,0 +1,59 @@
+/*
+ * testutil: the CUnit runner every unit test binary shares, plus random
+ * fills and a central finite-difference helper.
+ */
+#ifndef MODTRAIN_TESTUTIL_H
+#define MODTRAIN_TESTUTIL_H
+
+#include <CUnit/Basic.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "../../src/rng.h"
+
+/* Runs one suite; the failure count is read before the registry is freed.
+ * Returns EXIT_FAILURE when anything failed (automake: 99 for a hard error). */
+static inline int run_suite(const char *name, CU_TestInfo *tests) {
+    if (CU_initialize_registry() != CUE_SUCCESS) return 99;
+    CU_SuiteInfo suites[] = {{(char *)name, NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};
+    if (CU_register_suites(suites) != CUE_SUCCESS) {
+        CU_cleanup_registry();
+        return 99;
+    }
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
+    CU_cleanup_registry();
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+/* Fills x with N(0, scale) from a counter stream. */
+static inline void fill_normal(float *x, size_t n, uint64_t seed, float scale) {
+    for (size_t i = 0; i < n; i++) x[i] = scale * (float)rng_normal(seed, 7, i);
+}
+
+/* Relative error of two vectors: ||a - b|| / max(||b||, tiny). */
+static inline double rel_err(const float *a, const double *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+        den += b[i] * b[i];
+    }
+    return sqrt(num) / fmax(sqrt(den), 1e-12);
+}
+
+/* Central differences of loss() with respect to x[0..n): out[i]. */
+static inline void finite_diff(double (*loss)(void *), void *ctx, float *x, size_t n, float eps,
+                               double *out) {
+    for (size_t i = 0; i < n; i++) {
+        float saved = x[i];
+        x[i] = saved + eps;
+        double lp = loss(ctx);
+        x[i] = saved - eps;
+        double lm = loss(ctx);
+        x[i] = saved;
+        out[i] = (lp - lm) / (2.0 * (double)eps);
+    }
+}
+
+#endif
