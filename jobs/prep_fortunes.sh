@@ -1,0 +1,16 @@
+#!/bin/sh
+# Tokenises the plain text of Debian's `fortunes` package (apt-get install
+# fortunes) into OUT_DIR/train.bin and OUT_DIR/val.bin with the byte tokenizer.
+# usage: jobs/prep_fortunes.sh [OUT_DIR] [MODTRAIN]
+set -eu
+out=${1:-data/fortunes}
+modtrain=${2:-${MODTRAIN:-./modtrain}}
+src=${FORTUNES_DIR:-/usr/share/games/fortunes}
+if [ ! -d "$src" ]; then
+    echo "prep_fortunes: $src not found (apt-get install fortunes)" >&2
+    exit 2
+fi
+# The .dat files are indexes and the .u8 ones duplicates in UTF-8: skip both.
+files=$(find "$src" -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' | LC_ALL=C sort)
+# shellcheck disable=SC2086
+exec "$modtrain" prep --out "$out" --val-fraction 0.05 $files
