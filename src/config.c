@@ -144,10 +144,14 @@ static void unknown_key(const char *key, const char *where) {
 }
 
 static void range_text(const KeySpec *k, char *buf, size_t n) {
-    if (k->max >= BIG / 2)
-        snprintf(buf, n, "%s %g", k->min_open ? ">" : ">=", k->min);
+    const char *num = k->type == K_FLOAT ? "%g" : "%.0f";
+    char lo[32], hi[32];
+    snprintf(lo, sizeof lo, num, k->min);
+    snprintf(hi, sizeof hi, num, k->max);
+    if (k->max >= BIG / 2 || (k->type == K_INT && k->max >= (1 << 30)))
+        snprintf(buf, n, "%s %s", k->min_open ? ">" : ">=", lo);
     else
-        snprintf(buf, n, "in %s%g, %g]", k->min_open ? "(" : "[", k->min, k->max);
+        snprintf(buf, n, "in %s%s, %s]", k->min_open ? "(" : "[", lo, hi);
 }
 
 int config_set(Config *c, const char *rawkey, const char *value, const char *where) {

@@ -179,6 +179,8 @@ int prep_byte_files(char **files, int nfiles, const char *out_dir, double val_fr
         /* Chunk c goes to val when the running count floor(c * f) steps up:
          * exactly a fraction f of the chunks, spread evenly over the text. */
         int to_val = floor((double)(c + 1) * val_fraction) > floor((double)c * val_fraction);
+        /* a short text still gets a validation chunk: its last one */
+        if (c == n_chunks - 1 && c > 0 && val_fraction > 0 && nv == 0) to_val = 1;
         size_t lo = c * PREP_CHUNK, hi = lo + PREP_CHUNK < n ? lo + PREP_CHUNK : n;
         for (size_t i = lo; i < hi; i++) {
             if (to_val) val[nv++] = text[i];

@@ -53,7 +53,8 @@ void order_free(DataOrder *o);
 size_t order_window(DataOrder *o, uint64_t g);
 
 /* `modtrain prep`: byte-tokenises the files, splits them into train and val
- * by 4096-token chunks (a val_fraction of the chunks, spread evenly), writes
+ * by 4096-token chunks (a val_fraction of the chunks, spread evenly, at least
+ * one when there are two or more), writes
  * out_dir/train.bin and out_dir/val.bin. Returns 0 or -1. */
 int prep_byte_files(char **files, int nfiles, const char *out_dir, double val_fraction);
 

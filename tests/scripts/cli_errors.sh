@@ -1,2 +1,66 @@
 #!/bin/sh
-exit 77
+# Bad input of every kind ends with exit code 2 and one line on stderr that
+# names the problem, before any work starts (no run directory is created).
+. "$(dirname "$0")/lib.sh"
+cd "$TMP"
+
+# expect_error PATTERN CMD... : exit 2, one stderr line matching PATTERN.
+expect_error() {
+    pattern=$1
+    shift
+    set +e
+    "$@" > out.txt 2> err.txt
+    rc=$?
+    set -e
+    lines=$(wc -l < err.txt)
+    if [ "$rc" -ne 2 ]; then
+        fail "'$*' exited $rc, expected 2 ($(cat err.txt))"
+    elif [ "$lines" -ne 1 ]; then
+        fail "'$*' printed $lines lines on stderr, expected 1: $(cat err.txt)"
+    elif ! grep -q -- "$pattern" err.txt; then
+        fail "'$*' said '$(cat err.txt)', expected /$pattern/"
+    else
+        ok "$(cat err.txt)"
+    fi
+}
+
+# a real shard to train on, and broken ones
+printf 'the quick brown fox jumps over the lazy dog\n%.0s' $(seq 1 400) > text.txt
+"$MODTRAIN" prep --out data text.txt > /dev/null
+T="--route_every 0 --train_data data/train.bin --val_data data/val.bin --run_dir run --seq_len 16"
+
+expect_error "did you mean 'eval_every'" "$MODTRAIN" train $T --eval_evry 5
+expect_error "lr = 'abc' is not a number" "$MODTRAIN" train $T --lr abc
+expect_error "steps = '1.5' is not an integer" "$MODTRAIN" train $T --steps 1.5
+expect_error "capacity = 1.5 is out of range" "$MODTRAIN" train $T --capacity 1.5
+expect_error "router_gate = 'relu' is not one of raw/sigmoid" "$MODTRAIN" train $T --router_gate relu
+expect_error "cannot open 'missing.conf'" "$MODTRAIN" train --config missing.conf
+printf 'seq_len = 16\nn_layr = 2\n' > bad.conf
+expect_error "bad.conf:2: unknown key 'n_layr' (did you mean 'n_layer'?)" "$MODTRAIN" train --config bad.conf
+printf 'n_layer 2\n' > bad2.conf
+expect_error "bad2.conf:1: expected 'key = value'" "$MODTRAIN" train --config bad2.conf
+expect_error "d_model = 130 is not divisible by n_head = 4" "$MODTRAIN" train $T --d_model 130 --n_head 4
+expect_error "batch_size = 8 is not divisible by micro_batch = 3" "$MODTRAIN" train $T --micro_batch 3
+expect_error "route_every = 2 asks for Mixture-of-Depths" "$MODTRAIN" train --train_data data/train.bin
+expect_error "cannot open 'nope.bin'" "$MODTRAIN" train $T --train_data nope.bin
+head -c 2000 data/train.bin > trunc.bin
+expect_error "trunc.bin' is 2000 bytes but its header promises" "$MODTRAIN" train $T --train_data trunc.bin
+head -c 4096 /dev/zero > zero.bin
+expect_error "zero.bin' has magic 0, expected 20240520" "$MODTRAIN" train $T --train_data zero.bin
+expect_error "fewer than seq_len + 1 = 100001" "$MODTRAIN" train $T --seq_len 100000
+expect_error "outside vocab_size = 100" "$MODTRAIN" train $T --vocab_size 100
+: > empty.txt
+expect_error "'empty.txt' is empty" "$MODTRAIN" prep --out data2 empty.txt
+expect_error "val-fraction = '2' is not a number in \[0, 1)" "$MODTRAIN" prep --out data2 --val-fraction 2 text.txt
+expect_error "neither a checkpoint directory" "$MODTRAIN" eval --ckpt nowhere --data data/val.bin
+expect_error "unknown option '--dta' (did you mean '--data'?)" "$MODTRAIN" eval --ckpt nowhere --dta x
+expect_error "unknown command 'trian'" "$MODTRAIN" trian
+[ ! -e run ] && ok "no run directory was created by the failed runs" || fail "a failed run created run/"
+[ ! -e data2 ] && ok "no output directory was created by the failed prep" || fail "prep created data2/"
+
+# --help works for every command and exits 0
+for c in prep train eval sample ckpt; do
+    if "$MODTRAIN" $c --help > help.txt 2>&1 && [ -s help.txt ]; then ok "modtrain $c --help"; else fail "modtrain $c --help"; fi
+done
+"$MODTRAIN" --version | grep -q "^modtrain [0-9]" && ok "--version" || fail "--version"
+finish

@@ -1,0 +1,38 @@
+# Shared by the script tests: a scratch directory, the binary, and helpers.
+# Sourced, not run. Each test exits 0 (pass), 77 (skip) or 1 (fail).
+set -eu
+MODTRAIN=${MODTRAIN:-$(pwd)/modtrain}
+srcdir=${srcdir:-$(cd "$(dirname "$0")/../.." && pwd)}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/modtrain-test.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+PYTHON=${PYTHON:-/usr/bin/python3}
+failures=0
+
+fail() {
+    echo "FAIL: $*" >&2
+    failures=$((failures + 1))
+}
+
+ok() { echo "ok: $*"; }
+
+# Prepares the fortunes text once per test into $TMP/data.
+prep_fortunes() {
+    if [ ! -d "${FORTUNES_DIR:-/usr/share/games/fortunes}" ]; then
+        echo "SKIP: the fortunes package is not installed (apt-get install fortunes)"
+        exit 77
+    fi
+    MODTRAIN=$MODTRAIN "$srcdir/jobs/prep_fortunes.sh" "$TMP/data" > /dev/null
+}
+
+# Value of a JSON key on the last line of a metrics file that has it.
+last_json() { grep "\"$2\"" "$1" | tail -n 1 | sed -e "s/.*\"$2\":\([^,}]*\).*/\1/"; }
+
+finish() {
+    if [ "$failures" -ne 0 ]; then
+        echo "$failures check(s) failed"
+        exit 1
+    fi
+    echo "all checks passed"
+    exit 0
+}
