@@ -121,7 +121,7 @@ static void prune(const char *dir, int keep) {
 
 int ckpt_save(const char *ckpt_dir, const Model *m, const AdamW *opt, const Config *cfg, int step,
               int keep) {
-    char tmp[1024], fin[1024], p[1100];
+    char tmp[1024], fin[1024], p[1200];
     snprintf(tmp, sizeof tmp, "%s/step-%08d.tmp", ckpt_dir, step);
     snprintf(fin, sizeof fin, "%s/step-%08d", ckpt_dir, step);
     if (mkdirs(tmp) != 0) {

@@ -1,0 +1,15 @@
+#!/bin/sh
+# From a fresh Debian machine to a trained model and a sample: installs the
+# dependencies (when run as root), builds, prepares the fortunes text, trains
+# jobs/small.conf and prints a sample.
+set -eu
+cd "$(dirname "$0")/.."
+if [ "$(id -u)" -eq 0 ]; then jobs/deps.sh; fi
+[ -x configure ] || ./autogen.sh
+[ -f Makefile ] || ./configure
+make -j"$(nproc)"
+jobs/prep_fortunes.sh data/fortunes ./modtrain
+./modtrain train --config jobs/small.conf
+echo "--- a sample from runs/small/ckpt:"
+./modtrain sample --ckpt runs/small/ckpt --prompt "Q: What is the meaning of life?
+A: " --tokens 300 --temperature 0.8 --top-k 40 --stats
