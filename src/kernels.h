@@ -53,6 +53,8 @@ void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 /* Causal self-attention of NH heads on qkv(B,T,3*NH*hs) laid out [q|k|v].
  * out(B,T,NH*hs); att(B,NH,T,T) keeps the probabilities for backward. */
 void attention_forward(float *out, float *att, const float *qkv, int B, int T, int NH, int hs);
+/* The slow, obvious version (double sums, no blocking): the tests' reference. */
+void attention_forward_ref(float *out, float *att, const float *qkv, int B, int T, int NH, int hs);
 /* dqkv(B,T,3*NH*hs) is overwritten (not accumulated). */
 void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, int B,
                         int T, int NH, int hs);
