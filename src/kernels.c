@@ -223,9 +223,11 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, c
     for (int i = 0; i < N; i++) {
         const float *x = inp + (size_t)i * C;
         float m = 0.f;
+#pragma omp simd reduction(+ : m)
         for (int c = 0; c < C; c++) m += x[c];
         m /= C;
         float v = 0.f;
+#pragma omp simd reduction(+ : v)
         for (int c = 0; c < C; c++) {
             float d = x[c] - m;
             v += d * d;
@@ -248,6 +250,7 @@ void layernorm_backward(float *dinp, float *dw, float *db, const float *dout, co
             const float *x = inp + (size_t)i * C, *dy = dout + (size_t)i * C;
             float m = mean[i], s = rstd[i];
             float dnorm_mean = 0.f, dnorm_norm_mean = 0.f;
+#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
             for (int c = 0; c < C; c++) {
                 float dnorm = w[c] * dy[c];
                 dnorm_mean += dnorm;

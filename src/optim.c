@@ -49,7 +49,7 @@ void adamw_step(AdamW *o, Model *model, double lr, double beta1, double beta2, d
         float *w = model->params + p->offset, *g = model->grads + p->offset;
         float *m = o->m + p->offset, *v = o->v + p->offset;
         const float wd = p->decay ? (float)weight_decay : 0.f, flr = (float)lr, feps = (float)eps;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
         for (size_t j = 0; j < p->numel; j++) {
             float gj = g[j] * grad_scale;
             m[j] = b1 * m[j] + (1.f - b1) * gj;

@@ -131,6 +131,29 @@ static void test_init_is_layout_independent(void) {
     model_free(&full);
 }
 
+static void test_accumulation_equals_full_batch(void) {
+    /* two micro-batches of one sequence accumulate the gradient of the batch */
+    Model m;
+    tiny_model(&m);
+    make_batch();
+    model_zero_grad(&m);
+    model_forward(&m, inputs, targets, B, T);
+    model_backward(&m, 1.f / (B * T));
+    float *full = xmalloc(m.nparams * 4);
+    memcpy(full, m.grads, m.nparams * 4);
+    model_zero_grad(&m);
+    for (int b = 0; b < B; b++) {
+        model_forward(&m, inputs + b * T, targets + b * T, 1, T);
+        model_backward(&m, 1.f / (B * T));
+    }
+    double *ref = xmalloc(m.nparams * sizeof(double));
+    for (size_t i = 0; i < m.nparams; i++) ref[i] = full[i];
+    CU_ASSERT(rel_err(m.grads, ref, m.nparams) < 1e-5);
+    free(full);
+    free(ref);
+    model_free(&m);
+}
+
 static void test_lr_schedule(void) {
     Config c;
     memset(&c, 0, sizeof c);
@@ -168,6 +191,7 @@ int main(void) {
                            {"loss at init is ln V", test_loss_at_init_is_log_vocab},
                            {"three steps twice are bitwise identical", test_step_is_deterministic},
                            {"init is the same under any tp split", test_init_is_layout_independent},
+                           {"accumulated micro-batches = one batch", test_accumulation_equals_full_batch},
                            {"warmup then cosine to min_lr", test_lr_schedule},
                            {"weight decay on matrices only", test_weight_decay_on_matrices_only},
                            CU_TEST_INFO_NULL};
