@@ -303,7 +303,7 @@ int ckpt_open_model(const char *ckpt_arg, Model *m, Config *cfg, int maxB, int *
     if (ckpt_resolve(ckpt_arg, dir, sizeof dir) != 0) return -1;
     if (ckpt_read_config(dir, cfg, step) != 0) return -1;
     ModelDims d;
-    model_dims(&d, cfg->vocab_size, cfg->seq_len, cfg->n_layer, cfg->n_head, cfg->d_model, 1, 0);
+    model_dims_config(&d, cfg, 1, 0);
     model_init(m, &d, maxB, NULL);
     snprintf(file, sizeof file, "%s/model.safetensors", dir);
     if (ckpt_load_weights(file, m) != 0) {

@@ -345,10 +345,10 @@ int config_validate(const Config *c) {
                c->batch_size, c->micro_batch);
         return -1;
     }
-    if (c->route_every > 0) {
-        errorf("config: route_every = %d asks for Mixture-of-Depths routing, which this build "
-               "does not have yet (set route_every = 0 for the dense model)",
-               c->route_every);
+    if (c->route_every > c->n_layer) {
+        errorf("config: route_every = %d routes no block of n_layer = %d (choose route_every in "
+               "[1, %d], or 0 for the dense model)",
+               c->route_every, c->n_layer, c->n_layer);
         return -1;
     }
     if (c->tp != 1 || c->pp != 1) {

@@ -17,8 +17,19 @@
 #include "train.h"
 #include "util.h"
 
+/* Prints the fraction of tokens each routed block processed, as JSON. */
+static void print_fractions(const Model *m) {
+    printf("[");
+    for (int l = 0, first = 1; l < m->d.L; l++) {
+        if (!model_is_routed(&m->d, l)) continue;
+        printf("%s%.6f", first ? "" : ",", (double)m->stats.processed[l] / m->stats.tokens);
+        first = 0;
+    }
+    printf("]");
+}
+
 int eval_main(int argc, char **argv) {
-    const char *ckpt = NULL, *data = NULL, *grads = NULL;
+    const char *ckpt = NULL, *data = NULL, *grads = NULL, *routing = "topk";
     int json = 0, batches = 0, micro = 8, threads = 0;
     CliOpt opts[] = {
         {"ckpt", CLI_STR, &ckpt, "checkpoint: a ckpt_dir (its newest) or a step directory"},
@@ -28,9 +39,12 @@ int eval_main(int argc, char **argv) {
         {"micro_batch", CLI_INT, &micro, "sequences per forward (8)"},
         {"threads", CLI_INT, &threads, "threads; 0 = all cores (0)"},
         {"grads", CLI_STR, &grads, "also write the loss gradients as safetensors to this file"},
+        {"routing", CLI_STR, &routing, "routing for --grads: topk or causal (topk)"},
         {NULL, 0, NULL, NULL}};
     int h = cli_parse("eval", "modtrain eval --ckpt DIR --data FILE [--json]",
-                      "Mean next-token loss of a checkpoint on a token shard.", opts, argc, argv);
+                      "Mean next-token loss of a checkpoint on a token shard; for a "
+                      "Mixture-of-Depths model under top-k and under causal routing.",
+                      opts, argc, argv);
     if (h != 1) return h == 0 ? 0 : 2;
     if (!ckpt || !data) {
         errorf("eval: --ckpt and --data are required (see modtrain eval --help)");
@@ -38,6 +52,12 @@ int eval_main(int argc, char **argv) {
     }
     if (micro < 1 || batches < 0 || threads < 0) {
         errorf("eval: --micro_batch must be >= 1, --batches and --threads >= 0");
+        return 2;
+    }
+    RouteMode grad_mode = ROUTE_TOPK;
+    if (strcmp(routing, "causal") == 0) grad_mode = ROUTE_CAUSAL;
+    else if (strcmp(routing, "topk") != 0) {
+        errorf("eval: --routing '%s' is not one of topk/causal", routing);
         return 2;
     }
     kernels_init(threads ? threads : default_threads(1), "auto");
@@ -54,7 +74,6 @@ int eval_main(int argc, char **argv) {
     int rc = 2;
     const int T = cfg.seq_len;
     size_t n_seqs = shard_num_seqs(&s, T);
-    int *inputs = xmalloc((size_t)micro * T * sizeof(int)), *targets = xmalloc((size_t)micro * T * sizeof(int));
     if (s.max_token >= m.d.V) {
         errorf("eval: '%s' holds token %d, outside the model's vocab_size = %d", data, s.max_token,
                m.d.V);
@@ -65,30 +84,45 @@ int eval_main(int argc, char **argv) {
                s.n_tokens, T + 1);
         goto out;
     }
-    size_t total_seqs = batches ? (size_t)batches * micro : n_seqs;
-    if (total_seqs > n_seqs) total_seqs = n_seqs;
-    const double tokens = (double)total_seqs * T;
-    double loss = 0;
+    size_t total = batches ? (size_t)batches * micro : n_seqs;
+    if (total > n_seqs) total = n_seqs;
+    const double tokens = (double)total * T;
+    int routed = cfg.route_every > 0;
     if (grads) model_zero_grad(&m);
-    for (size_t w = 0; w < total_seqs;) {
-        int B = 0;
-        for (; B < micro && w < total_seqs; B++, w++)
-            shard_get_seq(&s, w, T, inputs + (size_t)B * T, targets + (size_t)B * T);
-        loss += model_forward(&m, inputs, targets, B, T) * (double)B * T;
-        if (grads) model_backward(&m, (float)(1.0 / tokens));
-    }
-    loss /= tokens;
-    if (grads && ckpt_export_grads(grads, &m, &cfg) != 0) goto out;
-    if (json)
-        printf("{\"loss\":%.6f,\"tokens\":%.0f,\"sequences\":%zu,\"step\":%d}\n", loss, tokens,
-               total_seqs, step);
-    else
+    double loss = evaluate(&m, &s, micro, total, ROUTE_TOPK, grads && grad_mode == ROUTE_TOPK,
+                           (float)cfg.aux_weight);
+    double acc = m.stats.decisions ? (double)m.stats.agree / (double)m.stats.decisions : 1.0;
+    if (json) {
+        printf("{\"loss\":%.6f", loss);
+        if (routed) {
+            printf(",\"processed_topk\":");
+            print_fractions(&m);
+        }
+    } else {
         printf("eval: loss %.4f over %.0f tokens (%zu sequences), checkpoint step %d\n", loss,
-               tokens, total_seqs, step);
+               tokens, total, step);
+    }
+    if (routed) {
+        double lc = evaluate(&m, &s, micro, total, ROUTE_CAUSAL, grads && grad_mode == ROUTE_CAUSAL,
+                             (float)cfg.aux_weight);
+        if (json) {
+            printf(",\"loss_causal\":%.6f,\"predictor_accuracy\":%.6f,\"processed_causal\":", lc,
+                   acc);
+            print_fractions(&m);
+        } else {
+            printf("eval: loss_causal %.4f (causal routing by %s), predictor accuracy %.2f%%\n", lc,
+                   cfg.causal_router == CAUSAL_PREDICTOR ? "the predictor" : "the router",
+                   100 * acc);
+            for (int l = 0; l < m.d.L; l++)
+                if (model_is_routed(&m.d, l))
+                    printf("eval: block %d processed %.2f%% of tokens under causal routing\n", l,
+                           100.0 * m.stats.processed[l] / m.stats.tokens);
+        }
+    }
+    if (json) printf(",\"tokens\":%.0f,\"sequences\":%zu,\"step\":%d}\n", tokens, total, step);
+    if (grads && ckpt_export_grads(grads, &m, &cfg) != 0) goto out;
     rc = 0;
 out:
-    free(inputs);
-    free(targets);
     shard_free(&s);
     model_free(&m);
     return rc;
@@ -182,18 +216,46 @@ int sample_main(int argc, char **argv) {
     fwrite(prompt, 1, plen, stdout);
     Rng rng;
     rng_seed(&rng, (uint64_t)seed);
+    DecodeState ds;
+    decode_init(&ds, &m);
+    /* The prompt goes through the cache token by token; its last T tokens
+     * fit the position table. */
+    size_t first = n > (size_t)T ? n - T : 0;
+    int pos = 0;
+    const float *logits = NULL;
+    for (size_t i = first; i < n; i++) logits = decode_step(&m, &ds, seq[i], pos++);
+    long long prompt_steps = ds.steps;
+    memset(ds.processed, 0, (size_t)m.d.L * sizeof(long long));
+    ds.steps = 0;
+    float *probs = xmalloc((size_t)m.d.V * sizeof(float));
     double t0 = now_s();
     for (int i = 0; i < tokens; i++) {
-        size_t ctx = n < (size_t)T ? n : (size_t)T;
-        model_forward(&m, seq + (n - ctx), NULL, 1, (int)ctx);
-        int tok = draw(m.logits + (ctx - 1) * (size_t)m.d.Vl, m.d.V, temperature, top_k, &rng);
+        memcpy(probs, logits, (size_t)m.d.V * sizeof(float));
+        int tok = draw(probs, m.d.V, temperature, top_k, &rng);
         seq[n++] = tok;
         putchar(tok);
-        fflush(stdout);
+        if (i + 1 == tokens) break;
+        if (pos == T) {
+            /* the context is full: start over from the newest half */
+            decode_reset(&ds, &m);
+            pos = 0;
+            for (size_t j = n - (size_t)T / 2; j < n - 1; j++) decode_step(&m, &ds, seq[j], pos++);
+        }
+        logits = decode_step(&m, &ds, tok, pos++);
     }
     putchar('\n');
+    fflush(stdout);
     double dt = now_s() - t0;
-    if (stats) fprintf(stderr, "sample: %d tokens in %.2fs, %.1f tokens/s\n", tokens, dt, tokens / (dt > 0 ? dt : 1e-9));
+    if (stats) {
+        fprintf(stderr, "sample: %d tokens in %.3fs, %.1f tokens/s (prompt: %lld tokens)\n",
+                tokens, dt, tokens / (dt > 0 ? dt : 1e-9), prompt_steps);
+        for (int l = 0; l < m.d.L; l++)
+            if (model_is_routed(&m.d, l))
+                fprintf(stderr, "sample: block %d processed %.1f%% of tokens\n", l,
+                        ds.steps ? 100.0 * ds.processed[l] / ds.steps : 0.0);
+    }
+    free(probs);
+    decode_free(&ds, &m);
     free(seq);
     model_free(&m);
     return 0;

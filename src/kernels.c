@@ -372,16 +372,26 @@ static float *thread_scratch(size_t n) {
  * At T = 256 this does 5/8 of the full T x T work. */
 #define ATT_BLOCK 64
 
-void attention_forward(float *out, float *att, const float *qkv, int B, int T, int NH, int hs) {
+/* Where the probabilities of sequence b, head h start in att: sequences
+ * of different lengths are packed one after the other. */
+static size_t att_offset(const int *off, int b, int h, int NH) {
+    size_t o = 0;
+    for (int i = 0; i < b; i++) o += (size_t)NH * (off[i + 1] - off[i]) * (off[i + 1] - off[i]);
+    size_t T = (size_t)(off[b + 1] - off[b]);
+    return o + (size_t)h * T * T;
+}
+
+void attention_forward(float *out, float *att, const float *qkv, int B, const int *off, int NH,
+                       int hs) {
     const int C = NH * hs, C3 = 3 * C;
     const float scale = 1.f / sqrtf((float)hs);
 #pragma omp parallel for schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
-        int b = bh / NH, h = bh % NH;
-        const float *q = qkv + (size_t)b * T * C3 + h * hs;
+        int b = bh / NH, h = bh % NH, T = off[b + 1] - off[b];
+        const float *q = qkv + (size_t)off[b] * C3 + h * hs;
         const float *k = q + C, *v = q + 2 * C;
-        float *p = att + (size_t)bh * T * T;
-        float *y = out + (size_t)b * T * C + h * hs;
+        float *p = att + att_offset(off, b, h, NH);
+        float *y = out + (size_t)off[b] * C + h * hs;
         for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
             int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, rb = r1 - r0;
             float *pr = p + (size_t)r0 * T;
@@ -394,22 +404,24 @@ void attention_forward(float *out, float *att, const float *qkv, int B, int T, i
 }
 
 void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, int B,
-                        int T, int NH, int hs) {
+                        const int *off, int NH, int hs) {
     const int C = NH * hs, C3 = 3 * C;
     const float scale = 1.f / sqrtf((float)hs);
-    const int nblk = (T + ATT_BLOCK - 1) / ATT_BLOCK;
+    int maxT = 0;
+    for (int b = 0; b < B; b++) maxT = off[b + 1] - off[b] > maxT ? off[b + 1] - off[b] : maxT;
 #pragma omp parallel
     {
-        float *dp = thread_scratch((size_t)T * T);
+        float *dp = thread_scratch((size_t)maxT * maxT);
 #pragma omp for schedule(static)
         for (int bh = 0; bh < B * NH; bh++) {
-            int b = bh / NH, h = bh % NH;
-            const float *q = qkv + (size_t)b * T * C3 + h * hs;
+            int b = bh / NH, h = bh % NH, T = off[b + 1] - off[b];
+            const int nblk = (T + ATT_BLOCK - 1) / ATT_BLOCK;
+            const float *q = qkv + (size_t)off[b] * C3 + h * hs;
             const float *k = q + C, *v = q + 2 * C;
-            float *dq = dqkv + (size_t)b * T * C3 + h * hs;
+            float *dq = dqkv + (size_t)off[b] * C3 + h * hs;
             float *dk = dq + C, *dv = dq + 2 * C;
-            const float *p = att + (size_t)bh * T * T;
-            const float *dy = dout + (size_t)b * T * C + h * hs;
+            const float *p = att + att_offset(off, b, h, NH);
+            const float *dy = dout + (size_t)off[b] * C + h * hs;
             /* The last block meets every key, so going backwards its products
              * initialise dK and dV (beta 0) and the others add to them. */
             for (int blk = nblk - 1; blk >= 0; blk--) {
@@ -431,18 +443,20 @@ void attention_backward(float *dqkv, const float *dout, const float *qkv, const 
     }
 }
 
-void attention_forward_ref(float *out, float *att, const float *qkv, int B, int T, int NH,
-                           int hs) {
+void attention_forward_ref(float *out, float *att, const float *qkv, int B, const int *off,
+                           int NH, int hs) {
     const int C = NH * hs, C3 = 3 * C;
     const double scale = 1.0 / sqrt((double)hs);
     for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++)
+        for (int h = 0; h < NH; h++) {
+            int T = off[b + 1] - off[b];
+            const float *base = qkv + (size_t)off[b] * C3;
             for (int t = 0; t < T; t++) {
-                const float *qt = qkv + ((size_t)b * T + t) * C3 + h * hs;
-                float *pt = att + (((size_t)b * NH + h) * T + t) * T;
+                const float *qt = base + (size_t)t * C3 + h * hs;
+                float *pt = att + att_offset(off, b, h, NH) + (size_t)t * T;
                 double mx = -INFINITY, sum = 0;
                 for (int j = 0; j < T; j++) {
-                    const float *kj = qkv + ((size_t)b * T + j) * C3 + C + h * hs;
+                    const float *kj = base + (size_t)j * C3 + C + h * hs;
                     double s = 0;
                     for (int i = 0; i < hs; i++) s += (double)qt[i] * kj[i];
                     pt[j] = j <= t ? (float)(s * scale) : 0.f;
@@ -450,14 +464,25 @@ void attention_forward_ref(float *out, float *att, const float *qkv, int B, int 
                 }
                 for (int j = 0; j <= t; j++) sum += exp(pt[j] - mx);
                 for (int j = 0; j <= t; j++) pt[j] = (float)(exp(pt[j] - mx) / sum);
-                float *yt = out + ((size_t)b * T + t) * C + h * hs;
+                float *yt = out + ((size_t)off[b] + t) * C + h * hs;
                 for (int i = 0; i < hs; i++) {
                     double a = 0;
                     for (int j = 0; j <= t; j++)
-                        a += (double)pt[j] * qkv[((size_t)b * T + j) * C3 + 2 * C + h * hs + i];
+                        a += (double)pt[j] * base[(size_t)j * C3 + 2 * C + h * hs + i];
                     yt[i] = (float)a;
                 }
             }
+        }
+}
+
+void attention_decode(float *out, float *p, const float *q, const float *kc, const float *vc,
+                      int len, int NH, int hs, int ldkv) {
+    const float scale = 1.f / sqrtf((float)hs);
+    for (int h = 0; h < NH; h++) {
+        mm1(0, 1, 1, len, hs, scale, q + h * hs, hs, kc + h * hs, ldkv, 0.f, p, len);
+        softmax_causal_row(p, len - 1, len);
+        mm1(0, 0, 1, hs, len, 1.f, p, len, vc + h * hs, ldkv, 0.f, out + h * hs, hs);
+    }
 }
 
 void embed_forward(float *out, const int *tokens, const float *wte, int v0, int Vl, int N, int C) {

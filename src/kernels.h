@@ -50,14 +50,22 @@ void layernorm_backward(float *dinp, float *dw, float *db, const float *dout, co
 void gelu_forward(float *out, const float *inp, size_t n);
 void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 
-/* Causal self-attention of NH heads on qkv(B,T,3*NH*hs) laid out [q|k|v].
- * out(B,T,NH*hs); att(B,NH,T,T) keeps the probabilities for backward. */
-void attention_forward(float *out, float *att, const float *qkv, int B, int T, int NH, int hs);
+/* Causal self-attention of NH heads on qkv(N,3*NH*hs) laid out [q|k|v] per
+ * row; sequence b is rows off[b] .. off[b+1] (B+1 offsets, lengths may
+ * differ). out(N,NH*hs); att keeps the probabilities for backward: per
+ * sequence and head a len x len block, packed (sum of NH*len^2 floats). */
+void attention_forward(float *out, float *att, const float *qkv, int B, const int *off, int NH,
+                       int hs);
 /* The slow, obvious version (double sums, no blocking): the tests' reference. */
-void attention_forward_ref(float *out, float *att, const float *qkv, int B, int T, int NH, int hs);
-/* dqkv(B,T,3*NH*hs) is overwritten (not accumulated). */
+void attention_forward_ref(float *out, float *att, const float *qkv, int B, const int *off,
+                           int NH, int hs);
+/* dqkv(N,3*NH*hs) is overwritten (not accumulated). */
 void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, int B,
-                        int T, int NH, int hs);
+                        const int *off, int NH, int hs);
+/* One new query q(NH*hs) against len cached keys and values (rows ldkv apart,
+ * the new token's last): out(NH*hs); p(len) is scratch. */
+void attention_decode(float *out, float *p, const float *q, const float *kc, const float *vc,
+                      int len, int NH, int hs, int ldkv);
 
 /* out(N,C) = wte[tok - v0] for tokens in [v0, v0+Vl), else 0 (vocab-parallel
  * lookup; the caller sums over tensor-parallel ranks). */

@@ -1,8 +1,12 @@
 /*
- * model: registry, initialisation, forward and backward of the dense GPT.
+ * model: registry, initialisation, forward and backward of the GPT with
+ * Mixture-of-Depths blocks, and incremental decoding.
+ *
  * The tensor-parallel collectives sit exactly where Megatron puts them: an
  * all-reduce after each row-parallel product, one on the input gradient of
  * each column-parallel product, and the vocab-parallel lookup and loss.
+ * Routing reads only the replicated residual stream, so every tp rank
+ * chooses the same tokens without talking to the others.
  */
 #define _GNU_SOURCE
 #include "model.h"
@@ -12,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "kernels.h"
 #include "rng.h"
 #include "util.h"
@@ -32,6 +37,30 @@ void model_dims(ModelDims *d, int V, int maxT, int L, int NH, int C, int tp, int
     d->Fl = 4 * C / tp;
     d->Vl = d->Vp / tp;
     d->v0 = tp_rank * d->Vl;
+    d->capacity = 1.0;
+}
+
+void model_dims_mod(ModelDims *d, int route_every, double capacity, int gate, int predictor, int H) {
+    d->route_every = route_every;
+    d->capacity = capacity;
+    d->gate = gate;
+    d->predictor = route_every > 0 && predictor;
+    d->H = H;
+}
+
+void model_dims_config(ModelDims *d, const Config *c, int tp, int tp_rank) {
+    model_dims(d, c->vocab_size, c->seq_len, c->n_layer, c->n_head, c->d_model, tp, tp_rank);
+    model_dims_mod(d, c->route_every, c->capacity, c->router_gate,
+                   c->causal_router == CAUSAL_PREDICTOR, c->predictor_hidden);
+}
+
+int model_is_routed(const ModelDims *d, int l) {
+    return d->route_every > 0 && l % d->route_every == d->route_every - 1;
+}
+
+int model_capacity_k(const ModelDims *d, int T) {
+    long k = lround(d->capacity * T);
+    return k < 1 ? 1 : (k > T ? T : (int)k);
 }
 
 /* ---------------------------------------------------------------- registry */
@@ -92,6 +121,15 @@ static void build_registry(Model *m) {
         reg_add(&rb, l, BLK(fcb), "mlp.c_fc.bias", 1, 4 * C, 0, 0, 1, INIT_ZERO);
         reg_add(&rb, l, BLK(fcprojw), "mlp.c_proj.weight", 2, 4 * C, C, 0, 1, INIT_RESID);
         reg_add(&rb, l, BLK(fcprojb), "mlp.c_proj.bias", 1, C, 0, -1, 1, INIT_ZERO);
+        if (!model_is_routed(d, l)) continue;
+        /* router and predictor are replicated across tp: routing is local */
+        reg_add(&rb, l, BLK(rw), "router.weight", 1, C, 0, -1, 1, INIT_NORMAL);
+        reg_add(&rb, l, BLK(rb), "router.bias", 1, 1, 0, -1, 1, INIT_ZERO);
+        if (!d->predictor) continue;
+        reg_add(&rb, l, BLK(pw1), "predictor.c_fc.weight", 2, C, d->H, -1, 1, INIT_NORMAL);
+        reg_add(&rb, l, BLK(pb1), "predictor.c_fc.bias", 1, d->H, 0, -1, 1, INIT_ZERO);
+        reg_add(&rb, l, BLK(pw2), "predictor.c_proj.weight", 2, d->H, 1, -1, 1, INIT_NORMAL);
+        reg_add(&rb, l, BLK(pb2), "predictor.c_proj.bias", 1, 1, 0, -1, 1, INIT_ZERO);
     }
     reg_add(&rb, -1, TOP(lnfw), "ln_f.weight", 1, C, 0, -1, 1, INIT_ONE);
     reg_add(&rb, -1, TOP(lnfb), "ln_f.bias", 1, C, 0, -1, 1, INIT_ZERO);
@@ -141,6 +179,8 @@ void model_init(Model *m, const ModelDims *d, int maxB, const TpGroup *tp) {
     m->G.h = xcalloc((size_t)d->L, sizeof(BlockParams));
     model_point(m, &m->P, m->params);
     model_point(m, &m->G, m->grads);
+    m->predictor_on = 1;
+    m->stats.processed = xcalloc((size_t)d->L, sizeof(long long));
 
     m->maxB = maxB;
     size_t N = (size_t)maxB * d->maxT, C = d->C;
@@ -161,6 +201,20 @@ void model_init(Model *m, const ModelDims *d, int maxB, const TpGroup *tp) {
         a->fch = act(N * d->Fl);
         a->fch_gelu = act(N * d->Fl);
         a->res3 = act(N * C);
+        if (!model_is_routed(d, l)) continue;
+        a->r = act(N);
+        a->topk = xcalloc(N, 1);
+        a->sel = xcalloc(N, sizeof(int));
+        a->off = xcalloc((size_t)maxB + 1, sizeof(int));
+        a->gate = act(N);
+        a->xs = act(N * C);
+        a->a = act(N * C);
+        a->mo = act(N * C);
+        if (d->predictor) {
+            a->plogit = act(N);
+            a->ph = act(N * d->H);
+            a->phg = act(N * d->H);
+        }
     }
     m->lnf = act(N * C);
     m->lnf_mean = act(N);
@@ -172,30 +226,31 @@ void model_init(Model *m, const ModelDims *d, int maxB, const TpGroup *tp) {
     m->dres = act(N * C);
     m->dln = act(N * C);
     m->scratch = act(N * C);
+    m->scratch2 = act(N * C);
     m->dqkv = act(N * 3 * d->Cl);
     m->datty = act(N * d->Cl);
     m->dfch = act(N * d->Fl);
     m->dfchg = act(N * d->Fl);
     m->rowbuf = act(3 * N);
+    m->dr = act(N);
+    m->dph = act(2 * N * (d->predictor ? d->H : 1)); /* dL/d(hidden), dL/d(gelu) */
+    m->off_dense = xcalloc((size_t)maxB + 1, sizeof(int));
 }
 
 void model_free(Model *m) {
     for (int l = 0; l < m->d.L; l++) {
         BlockActs *a = &m->acts[l];
-        float *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->att, a->atty, a->res2,
-                         a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu, a->res3};
+        void *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->att, a->atty, a->res2,
+                        a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu, a->res3,
+                        a->r, a->plogit, a->ph, a->phg, a->topk, a->sel, a->off, a->gate,
+                        a->xs, a->a, a->mo};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     }
-    float *bufs[] = {m->params, m->grads, m->enc, m->lnf, m->lnf_mean, m->lnf_rstd, m->logits,
-                     m->losses, m->dres, m->dln, m->scratch, m->dqkv, m->datty, m->dfch,
-                     m->dfchg, m->rowbuf};
+    void *bufs[] = {m->params, m->grads, m->enc, m->lnf, m->lnf_mean, m->lnf_rstd, m->logits,
+                    m->losses, m->dres, m->dln, m->scratch, m->scratch2, m->dqkv, m->datty,
+                    m->dfch, m->dfchg, m->rowbuf, m->dr, m->dph, m->off_dense, m->acts,
+                    m->inputs, m->targets, m->P.h, m->G.h, m->reg, m->stats.processed};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
-    free(m->acts);
-    free(m->inputs);
-    free(m->targets);
-    free(m->P.h);
-    free(m->G.h);
-    free(m->reg);
     memset(m, 0, sizeof *m);
 }
 
@@ -224,6 +279,13 @@ void model_init_weights(Model *m, uint64_t seed) {
 
 void model_zero_grad(Model *m) { memset(m->grads, 0, m->nparams * sizeof(float)); }
 
+void model_stats_reset(Model *m) {
+    long long *p = m->stats.processed;
+    memset(p, 0, (size_t)m->d.L * sizeof(long long));
+    memset(&m->stats, 0, sizeof m->stats);
+    m->stats.processed = p;
+}
+
 size_t model_num_params(const Model *m) {
     size_t n = 0;
     for (int i = 0; i < m->nreg; i++) {
@@ -234,12 +296,97 @@ size_t model_num_params(const Model *m) {
     return n;
 }
 
-double model_flops_per_token(const ModelDims *d, int T) {
+double model_flops_per_token(const ModelDims *d, int T, const double *frac) {
     /* 6 FLOPs per matmul weight per token (forward 2, backward 4), plus the
-     * attention products (q@k^T and p@v, 4TC forward, 8TC backward). */
-    double C = d->C;
-    double n_mm = d->L * 12.0 * C * C + (double)d->V * C;
-    return 6.0 * n_mm + 12.0 * d->L * (double)T * C;
+     * attention products (q@k^T and p@v, 4TC forward, 8TC backward, over the
+     * whole causal square as is customary). A routed block does that work
+     * for the fraction of tokens it processes, over a sequence of as many;
+     * its router (and predictor) run on every token. */
+    double C = d->C, flops = 6.0 * d->V * C;
+    for (int l = 0; l < d->L; l++) {
+        double f = frac ? frac[l] : 1.0;
+        flops += f * (6.0 * 12.0 * C * C + 12.0 * (f * T) * C);
+        if (frac && model_is_routed(d, l))
+            flops += 6.0 * C + (d->predictor ? 6.0 * (C * d->H + d->H) : 0.0);
+    }
+    return flops;
+}
+
+/* ---------------------------------------------------------------- routing */
+
+static float gate_value(int gate, float r) { return gate == 1 ? 1.f / (1.f + expf(-r)) : r; }
+static float gate_grad(int gate, float r) {
+    if (gate != 1) return 1.f;
+    float s = 1.f / (1.f + expf(-r));
+    return s * (1.f - s);
+}
+
+/* BCE of a logit z against a 0/1 target, in a form that never overflows. */
+static double bce_logit(float z, int target) {
+    return (z > 0 ? z : 0) - (double)z * target + log1p(exp(-fabs((double)z)));
+}
+
+typedef struct {
+    float r;
+    int t;
+} Score;
+
+/* Larger score first; ties to the lower position. */
+static int score_cmp(const void *a, const void *b) {
+    const Score *x = a, *y = b;
+    if (x->r != y->r) return x->r > y->r ? -1 : 1;
+    return x->t - y->t;
+}
+
+static void topk_mark(unsigned char *member, const float *r, int T, int k, Score *buf) {
+    for (int t = 0; t < T; t++) buf[t] = (Score){r[t], t};
+    qsort(buf, (size_t)T, sizeof(Score), score_cmp);
+    memset(member, 0, (size_t)T);
+    for (int i = 0; i < k && i < T; i++) member[buf[i].t] = 1;
+}
+
+void model_topk(unsigned char *member, const float *r, int T, int k) {
+    Score *buf = xmalloc((size_t)T * sizeof(Score));
+    topk_mark(member, r, T, k, buf);
+    free(buf);
+}
+
+/* Chooses the tokens routed block l processes, fills sel/off/gate, and
+ * accumulates the BCE losses and the agreement of the causal decision with
+ * top-k membership. */
+static void route_select(Model *m, int l, int B, int T) {
+    const ModelDims *d = &m->d;
+    BlockActs *a = &m->acts[l];
+    const int k = model_capacity_k(d, T);
+    Score *buf = xmalloc((size_t)T * sizeof(Score));
+    double aux = 0, pred = 0;
+    long long agree = 0;
+    int K = 0;
+    a->off[0] = 0;
+    for (int b = 0; b < B; b++) {
+        const float *r = a->r + (size_t)b * T;
+        unsigned char *tk = a->topk + (size_t)b * T;
+        topk_mark(tk, r, T, k, buf);
+        for (int t = 0; t < T; t++) {
+            int causal = d->predictor ? a->plogit[(size_t)b * T + t] > 0.f : r[t] > 0.f;
+            agree += causal == tk[t];
+            aux += bce_logit(r[t], tk[t]);
+            if (d->predictor) pred += bce_logit(a->plogit[(size_t)b * T + t], tk[t]);
+            if (m->route == ROUTE_TOPK ? tk[t] : causal) {
+                a->sel[K] = b * T + t;
+                a->gate[K] = gate_value(d->gate, r[t]);
+                K++;
+            }
+        }
+        a->off[b + 1] = K;
+    }
+    free(buf);
+    m->stats.aux_sum += aux;
+    m->stats.pred_sum += pred;
+    m->stats.agree += agree;
+    m->stats.decisions += (long long)B * T;
+    m->aux_loss += (float)aux;
+    m->pred_loss += (float)pred;
 }
 
 /* ---------------------------------------------------------- forward/backward */
@@ -288,6 +435,157 @@ static float crossentropy_forward(Model *m, int N) {
     return (float)(total / N);
 }
 
+/* Block l's two branches on N rows x (B sequences, rows off[b]..off[b+1]):
+ * a = attention branch (projected, all-reduced, biased), mo = MLP branch,
+ * with res2 = x + a inside. Internals stay in m->acts[l] for backward. */
+static void block_branches_forward(Model *m, int l, const float *x, int N, int B, const int *off,
+                                   float *a, float *mo) {
+    const ModelDims *d = &m->d;
+    const BlockParams *p = &m->P.h[l];
+    BlockActs *A = &m->acts[l];
+    const int C = d->C;
+    layernorm_forward(A->ln1, A->ln1_mean, A->ln1_rstd, x, p->ln1w, p->ln1b, N, C);
+    linear_forward(A->qkv, A->ln1, p->qkvw, p->qkvb, N, C, 3 * d->Cl);
+    attention_forward(A->atty, A->att, A->qkv, B, off, d->NHl, d->hs);
+    linear_forward(a, A->atty, p->attprojw, NULL, N, d->Cl, C);
+    tp_allreduce_sum(a, (size_t)N * C, &m->tp);
+    bias_add(a, p->attprojb, N, C);
+    residual_forward(A->res2, x, a, (size_t)N * C);
+    layernorm_forward(A->ln2, A->ln2_mean, A->ln2_rstd, A->res2, p->ln2w, p->ln2b, N, C);
+    linear_forward(A->fch, A->ln2, p->fcw, p->fcb, N, C, d->Fl);
+    gelu_forward(A->fch_gelu, A->fch, (size_t)N * d->Fl);
+    linear_forward(mo, A->fch_gelu, p->fcprojw, NULL, N, d->Fl, C);
+    tp_allreduce_sum(mo, (size_t)N * C, &m->tp);
+    bias_add(mo, p->fcprojb, N, C);
+}
+
+/* Backward of the branches: dres holds dL/d(res2 + mo) on entry (the
+ * gradient reaching the MLP branch and the residual) and dL/dx on exit. */
+static void block_branches_backward(Model *m, int l, const float *x, int N, int B, const int *off,
+                                    float *dres) {
+    const ModelDims *d = &m->d;
+    const BlockParams *p = &m->P.h[l];
+    BlockParams *g = &m->G.h[l];
+    BlockActs *A = &m->acts[l];
+    const int C = d->C;
+    const size_t NC = (size_t)N * C, NF = (size_t)N * d->Fl;
+    memset(m->dfchg, 0, NF * sizeof(float));
+    linear_backward(m->dfchg, g->fcprojw, g->fcprojb, dres, A->fch_gelu, p->fcprojw, N, d->Fl, C);
+    memset(m->dfch, 0, NF * sizeof(float));
+    gelu_backward(m->dfch, A->fch, m->dfchg, NF);
+    memset(m->dln, 0, NC * sizeof(float));
+    linear_backward(m->dln, g->fcw, g->fcb, m->dfch, A->ln2, p->fcw, N, C, d->Fl);
+    tp_allreduce_sum(m->dln, NC, &m->tp);
+    layernorm_backward(dres, g->ln2w, g->ln2b, m->dln, A->res2, p->ln2w, A->ln2_mean, A->ln2_rstd,
+                       N, C);
+    memset(m->datty, 0, (size_t)N * d->Cl * sizeof(float));
+    linear_backward(m->datty, g->attprojw, g->attprojb, dres, A->atty, p->attprojw, N, d->Cl, C);
+    attention_backward(m->dqkv, m->datty, A->qkv, A->att, B, off, d->NHl, d->hs);
+    memset(m->dln, 0, NC * sizeof(float));
+    linear_backward(m->dln, g->qkvw, g->qkvb, m->dqkv, A->ln1, p->qkvw, N, C, 3 * d->Cl);
+    tp_allreduce_sum(m->dln, NC, &m->tp);
+    layernorm_backward(dres, g->ln1w, g->ln1b, m->dln, x, p->ln1w, A->ln1_mean, A->ln1_rstd, N, C);
+}
+
+/* Routed block l on x(B,T,C): router (and predictor) on every token, the
+ * branches on the chosen K tokens only, y = x + g(r) * (a + mo) on those and
+ * y = x elsewhere. y is computed as (x + g*a) + g*mo so that capacity 1 with
+ * g = 1 reproduces a dense block bit for bit. */
+static void routed_forward(Model *m, int l, const float *x, float *y, int B, int T) {
+    const ModelDims *d = &m->d;
+    const BlockParams *p = &m->P.h[l];
+    BlockActs *A = &m->acts[l];
+    const int N = B * T, C = d->C;
+    mm(0, 0, N, 1, C, 1.f, x, C, p->rw, 1, 0.f, A->r, 1);
+    for (int i = 0; i < N; i++) A->r[i] += p->rb[0];
+    if (d->predictor) {
+        /* the predictor reads x but never sends gradient into it */
+        linear_forward(A->ph, x, p->pw1, p->pb1, N, C, d->H);
+        gelu_forward(A->phg, A->ph, (size_t)N * d->H);
+        mm(0, 0, N, 1, d->H, 1.f, A->phg, d->H, p->pw2, 1, 0.f, A->plogit, 1);
+        for (int i = 0; i < N; i++) A->plogit[i] += p->pb2[0];
+    }
+    route_select(m, l, B, T);
+    const int K = A->off[B];
+    m->stats.processed[l] += K;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < K; i++)
+        memcpy(A->xs + (size_t)i * C, x + (size_t)A->sel[i] * C, (size_t)C * sizeof(float));
+    if (K > 0) block_branches_forward(m, l, A->xs, K, B, A->off, A->a, A->mo);
+    memcpy(y, x, (size_t)N * C * sizeof(float));
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < K; i++) {
+        float *yr = y + (size_t)A->sel[i] * C;
+        const float *ar = A->a + (size_t)i * C, *mr = A->mo + (size_t)i * C;
+        const float g = A->gate[i];
+        for (int c = 0; c < C; c++) {
+            float h = yr[c] + g * ar[c];
+            yr[c] = h + g * mr[c];
+        }
+    }
+}
+
+/* Backward of routed_forward: dres holds dL/dy on entry, dL/dx on exit. */
+static void routed_backward(Model *m, int l, const float *x, float *dres, int B, int T,
+                            float aux_scale, float pred_scale) {
+    const ModelDims *d = &m->d;
+    const BlockParams *p = &m->P.h[l];
+    BlockParams *g = &m->G.h[l];
+    BlockActs *A = &m->acts[l];
+    const int N = B * T, C = d->C, K = A->off[B];
+    float *ds = m->scratch; /* (K,C) gradient of the gathered rows */
+    /* gate: dL/dr = g'(r) * <dy, a + mo>; the branches see g * dy */
+    memset(m->dr, 0, (size_t)N * sizeof(float));
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < K; i++) {
+        int t = A->sel[i];
+        const float *dy = dres + (size_t)t * C;
+        const float *ar = A->a + (size_t)i * C, *mr = A->mo + (size_t)i * C;
+        float *dsr = ds + (size_t)i * C, dot = 0.f, gi = A->gate[i];
+        for (int c = 0; c < C; c++) {
+            dot += dy[c] * (ar[c] + mr[c]);
+            dsr[c] = gi * dy[c];
+        }
+        m->dr[t] = dot * gate_grad(d->gate, A->r[t]);
+    }
+    if (K > 0) {
+        block_branches_backward(m, l, A->xs, K, B, A->off, ds);
+        /* ds now includes the residual's g * dy; the gathered rows' own
+         * gradient is the rest */
+#pragma omp parallel for schedule(static)
+        for (int i = 0; i < K; i++) {
+            float *dy = dres + (size_t)A->sel[i] * C;
+            const float *dsr = ds + (size_t)i * C, gi = A->gate[i];
+            for (int c = 0; c < C; c++) dy[c] += dsr[c] - gi * dy[c];
+        }
+    }
+    /* the router's BCE toward top-k membership (causal_router = aux_loss) */
+    if (!d->predictor && aux_scale != 0.f)
+        for (int t = 0; t < N; t++)
+            m->dr[t] += aux_scale * (1.f / (1.f + expf(-A->r[t])) - (float)A->topk[t]);
+    /* router: r = x . w + b */
+    mm(1, 0, C, 1, N, 1.f, x, C, m->dr, 1, 1.f, g->rw, 1);
+    double db = 0;
+    for (int t = 0; t < N; t++) db += m->dr[t];
+    g->rb[0] += (float)db;
+    mm(0, 0, N, C, 1, 1.f, m->dr, 1, p->rw, C, 1.f, dres, C);
+    /* predictor: its own BCE, into its own weights only */
+    if (d->predictor && m->predictor_on) {
+        float *dl = m->dr; /* reused: the router's gradient is spent */
+        for (int t = 0; t < N; t++)
+            dl[t] = pred_scale * (1.f / (1.f + expf(-A->plogit[t])) - (float)A->topk[t]);
+        mm(1, 0, d->H, 1, N, 1.f, A->phg, d->H, dl, 1, 1.f, g->pw2, 1);
+        double db2 = 0;
+        for (int t = 0; t < N; t++) db2 += dl[t];
+        g->pb2[0] += (float)db2;
+        memset(m->dph, 0, (size_t)N * d->H * sizeof(float));
+        float *dphg = m->dph + (size_t)N * d->H;
+        mm(0, 0, N, d->H, 1, 1.f, dl, 1, p->pw2, 1, 0.f, dphg, d->H);
+        gelu_backward(m->dph, A->ph, dphg, (size_t)N * d->H);
+        linear_backward(NULL, g->pw1, g->pb1, m->dph, x, p->pw1, N, C, d->H);
+    }
+}
+
 float model_forward(Model *m, const int *inputs, const int *targets, int B, int T) {
     const ModelDims *d = &m->d;
     if (B > m->maxB || T > d->maxT || B < 1 || T < 1) {
@@ -298,32 +596,33 @@ float model_forward(Model *m, const int *inputs, const int *targets, int B, int 
     const int N = B * T, C = d->C;
     m->B = B;
     m->T = T;
+    m->aux_loss = m->pred_loss = 0.f;
     memcpy(m->inputs, inputs, (size_t)N * sizeof(int));
     if (targets) memcpy(m->targets, targets, (size_t)N * sizeof(int));
+    for (int b = 0; b <= B; b++) m->off_dense[b] = b * T;
 
     embed_forward(m->enc, m->inputs, m->P.wte, d->v0, d->Vl, N, C);
     tp_allreduce_sum(m->enc, (size_t)N * C, &m->tp);
     pos_forward(m->enc, m->P.wpe, B, T, C);
 
     const float *x = m->enc;
+    int routed = 0;
     for (int l = 0; l < d->L; l++) {
-        const BlockParams *p = &m->P.h[l];
         BlockActs *a = &m->acts[l];
-        layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, p->ln1w, p->ln1b, N, C);
-        linear_forward(a->qkv, a->ln1, p->qkvw, p->qkvb, N, C, 3 * d->Cl);
-        attention_forward(a->atty, a->att, a->qkv, B, T, d->NHl, d->hs);
-        linear_forward(m->scratch, a->atty, p->attprojw, NULL, N, d->Cl, C);
-        tp_allreduce_sum(m->scratch, (size_t)N * C, &m->tp);
-        bias_add(m->scratch, p->attprojb, N, C);
-        residual_forward(a->res2, x, m->scratch, (size_t)N * C);
-        layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, p->ln2w, p->ln2b, N, C);
-        linear_forward(a->fch, a->ln2, p->fcw, p->fcb, N, C, d->Fl);
-        gelu_forward(a->fch_gelu, a->fch, (size_t)N * d->Fl);
-        linear_forward(m->scratch, a->fch_gelu, p->fcprojw, NULL, N, d->Fl, C);
-        tp_allreduce_sum(m->scratch, (size_t)N * C, &m->tp);
-        bias_add(m->scratch, p->fcprojb, N, C);
-        residual_forward(a->res3, a->res2, m->scratch, (size_t)N * C);
+        if (model_is_routed(d, l)) {
+            routed_forward(m, l, x, a->res3, B, T);
+            routed++;
+        } else {
+            block_branches_forward(m, l, x, N, B, m->off_dense, m->scratch, m->scratch2);
+            residual_forward(a->res3, a->res2, m->scratch2, (size_t)N * C);
+            m->stats.processed[l] += N;
+        }
         x = a->res3;
+    }
+    m->stats.tokens += N;
+    if (routed) {
+        m->aux_loss /= (float)N * routed;
+        m->pred_loss /= (float)N * routed;
     }
     layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, x, m->P.lnfw, m->P.lnfb, N, C);
     /* tied head: logits(N,Vl) = lnf(N,C) @ wte(Vl,C)^T */
@@ -332,10 +631,14 @@ float model_forward(Model *m, const int *inputs, const int *targets, int B, int 
     return crossentropy_forward(m, N);
 }
 
-void model_backward(Model *m, float dloss) {
+void model_backward(Model *m, float dloss, float aux_weight) {
     const ModelDims *d = &m->d;
     const int B = m->B, T = m->T, N = B * T, C = d->C, Vl = d->Vl;
     const size_t NC = (size_t)N * C;
+    int routed = 0;
+    for (int l = 0; l < d->L; l++) routed += model_is_routed(d, l);
+    const float aux_scale = routed ? aux_weight * dloss / routed : 0.f;
+    const float pred_scale = routed ? dloss / routed : 0.f;
 
     /* dlogits = (p - onehot(target)) * dloss, in place over the probabilities */
 #pragma omp parallel for schedule(static)
@@ -354,36 +657,107 @@ void model_backward(Model *m, float dloss) {
     layernorm_backward(m->dres, m->G.lnfw, m->G.lnfb, m->dln, xL, m->P.lnfw, m->lnf_mean,
                        m->lnf_rstd, N, C);
 
-    /* m->dres holds dL/d(residual stream) and is updated in place as it moves
-     * back through each block's two residual branches. */
+    /* m->dres holds dL/d(residual stream) and moves back block by block */
     for (int l = d->L - 1; l >= 0; l--) {
-        const BlockParams *p = &m->P.h[l];
-        BlockParams *g = &m->G.h[l];
-        BlockActs *a = &m->acts[l];
         const float *x = l == 0 ? m->enc : m->acts[l - 1].res3;
-        const size_t NF = (size_t)N * d->Fl;
-
-        memset(m->dfchg, 0, NF * sizeof(float));
-        linear_backward(m->dfchg, g->fcprojw, g->fcprojb, m->dres, a->fch_gelu, p->fcprojw, N,
-                        d->Fl, C);
-        memset(m->dfch, 0, NF * sizeof(float));
-        gelu_backward(m->dfch, a->fch, m->dfchg, NF);
-        memset(m->dln, 0, NC * sizeof(float));
-        linear_backward(m->dln, g->fcw, g->fcb, m->dfch, a->ln2, p->fcw, N, C, d->Fl);
-        tp_allreduce_sum(m->dln, NC, &m->tp);
-        layernorm_backward(m->dres, g->ln2w, g->ln2b, m->dln, a->res2, p->ln2w, a->ln2_mean,
-                           a->ln2_rstd, N, C);
-
-        memset(m->datty, 0, (size_t)N * d->Cl * sizeof(float));
-        linear_backward(m->datty, g->attprojw, g->attprojb, m->dres, a->atty, p->attprojw, N,
-                        d->Cl, C);
-        attention_backward(m->dqkv, m->datty, a->qkv, a->att, B, T, d->NHl, d->hs);
-        memset(m->dln, 0, NC * sizeof(float));
-        linear_backward(m->dln, g->qkvw, g->qkvb, m->dqkv, a->ln1, p->qkvw, N, C, 3 * d->Cl);
-        tp_allreduce_sum(m->dln, NC, &m->tp);
-        layernorm_backward(m->dres, g->ln1w, g->ln1b, m->dln, x, p->ln1w, a->ln1_mean,
-                           a->ln1_rstd, N, C);
+        if (model_is_routed(d, l)) routed_backward(m, l, x, m->dres, B, T, aux_scale, pred_scale);
+        else block_branches_backward(m, l, x, N, B, m->off_dense, m->dres);
     }
     embed_backward(m->G.wte, m->dres, m->inputs, d->v0, Vl, N, C);
     pos_backward(m->G.wpe, m->dres, B, T, C);
+}
+
+/* --------------------------------------------------------------- decoding */
+
+void decode_init(DecodeState *s, const Model *m) {
+    const ModelDims *d = &m->d;
+    memset(s, 0, sizeof *s);
+    s->k = xcalloc((size_t)d->L, sizeof(float *));
+    s->v = xcalloc((size_t)d->L, sizeof(float *));
+    for (int l = 0; l < d->L; l++) {
+        s->k[l] = act((size_t)d->maxT * d->Cl);
+        s->v[l] = act((size_t)d->maxT * d->Cl);
+    }
+    s->len = xcalloc((size_t)d->L, sizeof(int));
+    s->processed = xcalloc((size_t)d->L, sizeof(long long));
+    s->x = act((size_t)d->C);
+    s->xa = act((size_t)d->C);
+    s->att = act((size_t)d->maxT);
+}
+
+void decode_free(DecodeState *s, const Model *m) {
+    for (int l = 0; l < m->d.L; l++) {
+        free(s->k[l]);
+        free(s->v[l]);
+    }
+    void *bufs[] = {s->k, s->v, s->len, s->processed, s->x, s->xa, s->att};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    memset(s, 0, sizeof *s);
+}
+
+void decode_reset(DecodeState *s, const Model *m) {
+    memset(s->len, 0, (size_t)m->d.L * sizeof(int));
+}
+
+/* The causal routing decision for one token at block l, and its gate. */
+static int decode_route(Model *m, int l, const float *x, float *gate) {
+    const ModelDims *d = &m->d;
+    const BlockParams *p = &m->P.h[l];
+    float r;
+    mm(0, 0, 1, 1, d->C, 1.f, x, d->C, p->rw, 1, 0.f, &r, 1);
+    r += p->rb[0];
+    *gate = gate_value(d->gate, r);
+    if (!d->predictor) return r > 0.f;
+    BlockActs *A = &m->acts[l];
+    float z;
+    linear_forward(A->ph, x, p->pw1, p->pb1, 1, d->C, d->H);
+    gelu_forward(A->phg, A->ph, (size_t)d->H);
+    mm(0, 0, 1, 1, d->H, 1.f, A->phg, d->H, p->pw2, 1, 0.f, &z, 1);
+    return z + p->pb2[0] > 0.f;
+}
+
+const float *decode_step(Model *m, DecodeState *s, int tok, int pos) {
+    const ModelDims *d = &m->d;
+    const int C = d->C, Cl = d->Cl;
+    float *x = s->x;
+    embed_forward(x, &tok, m->P.wte, d->v0, d->Vl, 1, C);
+    tp_allreduce_sum(x, (size_t)C, &m->tp);
+    for (int c = 0; c < C; c++) x[c] += m->P.wpe[(size_t)pos * C + c];
+    s->steps++;
+    for (int l = 0; l < d->L; l++) {
+        const BlockParams *p = &m->P.h[l];
+        BlockActs *A = &m->acts[l];
+        float g = 1.f;
+        int routed = model_is_routed(d, l);
+        if (routed && !decode_route(m, l, x, &g)) continue; /* skipped: costs nothing more */
+        s->processed[l]++;
+        /* the same kernels as the full forward, on one row */
+        layernorm_forward(A->ln1, A->ln1_mean, A->ln1_rstd, x, p->ln1w, p->ln1b, 1, C);
+        linear_forward(A->qkv, A->ln1, p->qkvw, p->qkvb, 1, C, 3 * Cl);
+        int n = s->len[l]++;
+        memcpy(s->k[l] + (size_t)n * Cl, A->qkv + Cl, (size_t)Cl * sizeof(float));
+        memcpy(s->v[l] + (size_t)n * Cl, A->qkv + 2 * Cl, (size_t)Cl * sizeof(float));
+        attention_decode(A->atty, s->att, A->qkv, s->k[l], s->v[l], n + 1, d->NHl, d->hs, Cl);
+        float *a = s->xa, *mo = m->scratch2;
+        linear_forward(a, A->atty, p->attprojw, NULL, 1, Cl, C);
+        tp_allreduce_sum(a, (size_t)C, &m->tp);
+        bias_add(a, p->attprojb, 1, C);
+        residual_forward(A->res2, x, a, (size_t)C);
+        layernorm_forward(A->ln2, A->ln2_mean, A->ln2_rstd, A->res2, p->ln2w, p->ln2b, 1, C);
+        linear_forward(A->fch, A->ln2, p->fcw, p->fcb, 1, C, d->Fl);
+        gelu_forward(A->fch_gelu, A->fch, (size_t)d->Fl);
+        linear_forward(mo, A->fch_gelu, p->fcprojw, NULL, 1, d->Fl, C);
+        tp_allreduce_sum(mo, (size_t)C, &m->tp);
+        bias_add(mo, p->fcprojb, 1, C);
+        if (routed)
+            for (int c = 0; c < C; c++) {
+                float h = x[c] + g * a[c];
+                x[c] = h + g * mo[c];
+            }
+        else
+            residual_forward(x, A->res2, mo, (size_t)C);
+    }
+    layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, x, m->P.lnfw, m->P.lnfb, 1, C);
+    mm(0, 1, 1, d->Vl, C, 1.f, m->lnf, C, m->P.wte, C, 0.f, m->logits, d->Vl);
+    return m->logits;
 }

@@ -4,6 +4,7 @@
  *
  *   B sequences   T positions   C channels   V vocabulary   L blocks
  *   NH heads      hs = C/NH     F = 4C (MLP width)
+ *   K tokens a routed block processes (Mixture-of-Depths)   H predictor width
  *
  * The model is shard-aware: a rank holds its tensor-parallel slice (NHl =
  * NH/tp heads, Fl = F/tp MLP columns, Vl = Vp/tp vocabulary rows starting at
@@ -16,6 +17,7 @@
 #include <stdint.h>
 
 #include "../mpi/tp.h"
+#include "config.h"
 
 typedef struct {
     int V;    /* real vocabulary */
@@ -25,10 +27,28 @@ typedef struct {
     /* this rank's slice */
     int tp, tp_rank;
     int NHl, hs, Cl, Fl, Vl, v0;
+    /* Mixture-of-Depths: block l is routed when route_every > 0 and
+     * l % route_every == route_every - 1 */
+    int route_every;
+    double capacity;
+    int gate;      /* RouterGate */
+    int predictor; /* 1: causal_router = predictor (an MLP of width H) */
+    int H;
 } ModelDims;
 
-/* Fills dims from the global shape and this rank's tp position. */
+/* Fills dims from the global shape and this rank's tp position; the model is
+ * dense until model_dims_mod() adds routing. */
 void model_dims(ModelDims *d, int V, int maxT, int L, int NH, int C, int tp, int tp_rank);
+void model_dims_mod(ModelDims *d, int route_every, double capacity, int gate, int predictor, int H);
+/* Both of the above from a config (its vocab_size must be resolved). */
+void model_dims_config(ModelDims *d, const Config *cfg, int tp, int tp_rank);
+/* Whether block l is routed. */
+int model_is_routed(const ModelDims *d, int l);
+/* Tokens top-k routing keeps in a sequence of T: max(1, round(capacity * T)). */
+int model_capacity_k(const ModelDims *d, int T);
+/* member[t] = 1 for the k positions with the largest r (ties to the lower
+ * position), 0 elsewhere. */
+void model_topk(unsigned char *member, const float *r, int T, int k);
 
 typedef enum { INIT_NORMAL, INIT_RESID, INIT_ZERO, INIT_ONE } InitKind;
 
@@ -56,6 +76,10 @@ typedef struct {
     float *ln2w, *ln2b;         /* (C) */
     float *fcw, *fcb;           /* (C, Fl), (Fl) */
     float *fcprojw, *fcprojb;   /* (Fl, C), (C) */
+    /* routed blocks only */
+    float *rw, *rb;             /* router (C), (1) */
+    float *pw1, *pb1;           /* predictor (C, H), (H) */
+    float *pw2, *pb2;           /* predictor (H, 1), (1) */
 } BlockParams;
 
 typedef struct {
@@ -65,6 +89,8 @@ typedef struct {
     BlockParams *h;     /* (L) */
 } ParamPtrs;
 
+/* A block's activations. A routed block runs its attention and MLP on the K
+ * gathered rows only, so those buffers hold K <= B*T rows. */
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C), (B,T), (B,T) */
     float *qkv;                       /* (B,T,3Cl) */
@@ -74,7 +100,28 @@ typedef struct {
     float *ln2, *ln2_mean, *ln2_rstd; /* (B,T,C), (B,T), (B,T) */
     float *fch, *fch_gelu;            /* (B,T,Fl) */
     float *res3;                      /* (B,T,C) block output */
+    /* routed blocks only */
+    float *r;            /* (B,T) router logits */
+    float *plogit;       /* (B,T) predictor logits */
+    float *ph, *phg;     /* (B,T,H) predictor hidden, before and after GELU */
+    unsigned char *topk; /* (B,T) top-k membership: the BCE target */
+    int *sel;            /* (K) positions b*T+t of the processed tokens, ascending */
+    int *off;            /* (B+1) sequence b's tokens are sel[off[b] .. off[b+1]) */
+    float *gate;         /* (K) g(r) of the processed tokens */
+    float *xs, *a, *mo;  /* (K,C) gathered input, attention and MLP branches */
 } BlockActs;
+
+typedef enum { ROUTE_TOPK = 0, ROUTE_CAUSAL = 1 } RouteMode;
+
+/* What routing did in the forwards since the last model_stats_reset(). */
+typedef struct {
+    double aux_sum;      /* sum of the router's BCE over tokens and routed blocks */
+    double pred_sum;     /* the same for the predictor */
+    long long decisions; /* tokens x routed blocks seen */
+    long long agree;     /* causal decision == top-k membership */
+    long long *processed; /* (L) tokens each block processed */
+    long long tokens;     /* tokens each block saw */
+} RouteStats;
 
 typedef struct {
     ModelDims d;
@@ -98,6 +145,15 @@ typedef struct {
     float *datty;                 /* (B,T,Cl) */
     float *dfch, *dfchg;          /* (B,T,Fl) */
     float *rowbuf;                /* (3*B*T) */
+    float *scratch2;              /* (B,T,C) */
+    float *dr;                    /* (B,T) router gradient */
+    float *dph;                   /* (2,B,T,H) predictor hidden gradients */
+    int *off_dense;               /* (B+1) sequence offsets of a dense block */
+    /* Mixture-of-Depths */
+    RouteMode route;   /* how routed blocks choose tokens in forward */
+    int predictor_on;  /* train the predictor (tests switch it off) */
+    RouteStats stats;
+    float aux_loss, pred_loss; /* mean BCEs of the last forward */
 } Model;
 
 /* Builds the registry and allocates parameters, gradients and activations
@@ -117,17 +173,39 @@ const ParamInfo *model_find_param(const Model *m, const char *name);
 void model_point(const Model *m, ParamPtrs *pp, float *base);
 
 /* Forward over B sequences of T tokens (T <= maxT). With targets, returns the
- * mean cross-entropy and keeps what backward needs; without, leaves logits
- * (B,T,Vl) and returns 0. */
+ * mean cross-entropy (the LM loss) and keeps what backward needs; without,
+ * leaves logits (B,T,Vl) and returns 0. Routed blocks choose their tokens by
+ * m->route; aux_loss and pred_loss hold the routing BCEs. */
 float model_forward(Model *m, const int *inputs, const int *targets, int B, int T);
 /* Backward of the last loss forward; each token's loss is weighted by dloss
- * (1 / tokens in the step). Adds into m->grads. */
-void model_backward(Model *m, float dloss);
+ * (1 / tokens in the step), the router's BCE by aux_weight * dloss / (routed
+ * blocks) and the predictor's by dloss / (routed blocks). Adds into m->grads. */
+void model_backward(Model *m, float dloss, float aux_weight);
 void model_zero_grad(Model *m);
+void model_stats_reset(Model *m);
 
 /* Global parameter count (real vocabulary, no padding). */
 size_t model_num_params(const Model *m);
-/* Matmul FLOPs per trained token (forward + backward) at sequence length T. */
-double model_flops_per_token(const ModelDims *d, int T);
+/* Matmul FLOPs per trained token (forward + backward) at sequence length T,
+ * when block l processes a fraction frac[l] of the tokens (NULL: all, and
+ * no routers: the dense model of the same size). */
+double model_flops_per_token(const ModelDims *d, int T, const double *frac);
+
+/* Incremental decoding with a KV cache per block that holds only the tokens
+ * that went through that block; routed blocks decide causally per token. */
+typedef struct {
+    float **k, **v;   /* (L) caches (maxT, Cl) */
+    int *len;         /* (L) tokens cached */
+    long long *processed, steps; /* (L) tokens each block processed, tokens decoded */
+    float *x, *xa, *att; /* (C), (C), (maxT) scratch */
+} DecodeState;
+
+void decode_init(DecodeState *s, const Model *m);
+void decode_free(DecodeState *s, const Model *m);
+/* Forgets the cached tokens (the counters stay). */
+void decode_reset(DecodeState *s, const Model *m);
+/* Runs token `tok` at position pos (= tokens decoded since the last reset);
+ * returns its logits (Vl) in m->logits. */
+const float *decode_step(Model *m, DecodeState *s, int tok, int pos);
 
 #endif

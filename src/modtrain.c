@@ -184,14 +184,8 @@ static int ckpt_import_main(int argc, char **argv) {
                in, cfg.n_layer, cfg.d_model, cfg.n_head);
         goto out;
     }
-    if (cfg.route_every > 0) {
-        errorf("ckpt import: '%s' is a Mixture-of-Depths model (route_every = %d), which this "
-               "build cannot load yet",
-               in, cfg.route_every);
-        goto out;
-    }
     ModelDims d;
-    model_dims(&d, cfg.vocab_size, cfg.seq_len, cfg.n_layer, cfg.n_head, cfg.d_model, 1, 0);
+    model_dims_config(&d, &cfg, 1, 0);
     Model m;
     model_init(&m, &d, 1, NULL);
     const char *ms = st_meta(&f, "step");

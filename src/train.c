@@ -30,21 +30,29 @@ int default_threads(int local_ranks) {
     return t > 0 ? t : 1;
 }
 
-/* Loads the validation shard's first n_batches micro-batches and returns the
- * mean loss over their tokens. */
-static double evaluate(Model *m, const Shard *val, int T, int micro, int n_batches, int *inputs,
-                       int *targets) {
-    size_t n_seqs = shard_num_seqs(val, T), w = 0;
+double evaluate(Model *m, const Shard *s, int micro, size_t n_seqs, RouteMode mode, int backward,
+                float aux_weight) {
+    const int T = m->d.maxT;
+    size_t avail = shard_num_seqs(s, T);
+    if (n_seqs > avail) n_seqs = avail;
+    int *inputs = xmalloc((size_t)micro * T * sizeof(int));
+    int *targets = xmalloc((size_t)micro * T * sizeof(int));
+    const double tokens = (double)n_seqs * T;
+    RouteMode saved = m->route;
+    m->route = mode;
+    model_stats_reset(m);
     double total = 0;
-    size_t tokens = 0;
-    for (int b = 0; b < n_batches && w < n_seqs; b++) {
+    for (size_t w = 0; w < n_seqs;) {
         int B = 0;
         for (; B < micro && w < n_seqs; B++, w++)
-            shard_get_seq(val, w, T, inputs + (size_t)B * T, targets + (size_t)B * T);
+            shard_get_seq(s, w, T, inputs + (size_t)B * T, targets + (size_t)B * T);
         total += (double)model_forward(m, inputs, targets, B, T) * B * T;
-        tokens += (size_t)B * T;
+        if (backward) model_backward(m, (float)(1.0 / tokens), aux_weight);
     }
-    return total / (double)tokens;
+    m->route = saved;
+    free(inputs);
+    free(targets);
+    return total / tokens;
 }
 
 /* Decides what `resume` means here: returns 1 with the step directory in
@@ -119,6 +127,7 @@ int train_main(int argc, char **argv) {
     AdamW opt;
     DataOrder order;
     int *inputs = NULL, *targets = NULL;
+    double *frac = NULL;
     FILE *metrics = NULL;
     int model_ready = 0;
     if (check_tokens(&train, V) != 0 || (have_val && check_tokens(&val, V) != 0)) goto out;
@@ -136,7 +145,7 @@ int train_main(int argc, char **argv) {
     }
 
     ModelDims d;
-    model_dims(&d, V, T, cfg.n_layer, cfg.n_head, cfg.d_model, 1, 0);
+    model_dims_config(&d, &cfg, 1, 0);
     model_init(&m, &d, micro, NULL);
     adamw_init(&opt, &m);
     model_ready = 1;
@@ -163,11 +172,19 @@ int train_main(int argc, char **argv) {
     }
 
     double peak = cfg.peak_gflops > 0 ? cfg.peak_gflops : kernels_measure_peak_gflops();
-    double fpt = model_flops_per_token(&d, T);
+    const double dense_fpt = model_flops_per_token(&d, T, NULL);
+    int n_routed = 0;
+    for (int l = 0; l < d.L; l++) n_routed += model_is_routed(&d, l);
     log0("modtrain %s | %.2fM parameters | L=%d C=%d NH=%d T=%d V=%d | batch %d x %d tokens, "
          "micro-batch %d\n",
          PACKAGE_VERSION, model_num_params(&m) / 1e6, d.L, d.C, d.NH, T, V, cfg.batch_size, T,
          micro);
+    if (n_routed)
+        log0("Mixture-of-Depths: %d of %d blocks routed, capacity %g (k = %d of %d), gate %s, "
+             "causal routing by %s\n",
+             n_routed, d.L, cfg.capacity, model_capacity_k(&d, T), T,
+             cfg.router_gate == GATE_SIGMOID ? "sigmoid" : "raw",
+             d.predictor ? "predictor" : "aux_loss");
     log0("layout dp=%d tp=%d pp=%d | %d threads | BLIS %s kernels | sgemm peak %.1f GFLOP/s%s\n",
          grid.dp, grid.tp, grid.pp, threads, kernels_blis_arch(), peak,
          cfg.peak_gflops > 0 ? " (given)" : " (measured)");
@@ -187,6 +204,7 @@ int train_main(int argc, char **argv) {
     order_init(&order, (uint64_t)cfg.seed, n_train);
     inputs = xmalloc((size_t)micro * T * sizeof(int));
     targets = xmalloc((size_t)micro * T * sizeof(int));
+    frac = xcalloc((size_t)d.L, sizeof(double));
     const int n_micro = cfg.batch_size / micro;
     const double step_tokens = (double)cfg.batch_size * T;
     double t_start = now_s();
@@ -196,6 +214,7 @@ int train_main(int argc, char **argv) {
     for (int step = start; step < cfg.steps; step++) {
         double t0 = now_s();
         model_zero_grad(&m);
+        model_stats_reset(&m);
         double loss = 0;
         for (int mb = 0; mb < n_micro; mb++) {
             for (int b = 0; b < micro; b++) {
@@ -204,7 +223,7 @@ int train_main(int argc, char **argv) {
                               targets + (size_t)b * T);
             }
             loss += model_forward(&m, inputs, targets, micro, T) * (double)micro * T;
-            model_backward(&m, (float)(1.0 / step_tokens));
+            model_backward(&m, (float)(1.0 / step_tokens), (float)cfg.aux_weight);
         }
         loss /= step_tokens;
         double norm = grad_norm(&m);
@@ -217,6 +236,8 @@ int train_main(int argc, char **argv) {
             steps_timed++;
             time_timed += dt;
         }
+        for (int l = 0; l < d.L; l++) frac[l] = (double)m.stats.processed[l] / m.stats.tokens;
+        double fpt = model_flops_per_token(&d, T, n_routed ? frac : NULL);
         double tps = step_tokens / dt;
         double mfu = fpt * tps / (peak * 1e9);
         int done = step + 1;
@@ -224,23 +245,44 @@ int train_main(int argc, char **argv) {
             errorf("train: loss is %f at step %d (lower lr, or check the data)", loss, done);
             goto out;
         }
+        fprintf(metrics, "{\"step\":%d,\"loss\":%.6f", done, loss);
+        double aux = 0, acc = 0;
+        if (n_routed) {
+            const RouteStats *st = &m.stats;
+            aux = (d.predictor ? st->pred_sum : st->aux_sum) / (double)st->decisions;
+            acc = (double)st->agree / (double)st->decisions;
+            fprintf(metrics, ",\"aux_loss\":%.6f,\"predictor_accuracy\":%.6f", aux, acc);
+        }
         fprintf(metrics,
-                "{\"step\":%d,\"loss\":%.6f,\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,"
-                "\"step_time_ms\":%.3f,\"mfu\":%.4f,\"flops_per_token\":%.0f}\n",
-                done, loss, lr, norm, tps, dt * 1e3, mfu, fpt);
+                ",\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"step_time_ms\":%.3f,"
+                "\"mfu\":%.4f,\"flops_per_token\":%.0f,\"flops_ratio_dense\":%.4f}\n",
+                lr, norm, tps, dt * 1e3, mfu, fpt, fpt / dense_fpt);
         if (done % cfg.log_every == 0 || done == cfg.steps || step == start) {
-            char eta[32];
+            char eta[32], mod[96] = "";
             double per = steps_timed ? time_timed / steps_timed : dt;
             format_duration(eta, sizeof eta, per * (cfg.steps - done));
-            log0("step %*d/%d | loss %.4f | lr %.2e | %.0f tok/s | MFU %.1f%% | ETA %s\n",
-                 (int)snprintf(NULL, 0, "%d", cfg.steps), done, cfg.steps, loss, lr, tps,
+            if (n_routed)
+                snprintf(mod, sizeof mod, " | aux %.4f acc %.1f%% | FLOPs %.2fx dense", aux,
+                         100 * acc, fpt / dense_fpt);
+            log0("step %*d/%d | loss %.4f%s | lr %.2e | %.0f tok/s | MFU %.1f%% | ETA %s\n",
+                 (int)snprintf(NULL, 0, "%d", cfg.steps), done, cfg.steps, loss, mod, lr, tps,
                  100 * mfu, eta);
         }
         int last = done == cfg.steps;
         if (have_val && ((cfg.eval_every && done % cfg.eval_every == 0) || last)) {
-            double vl = evaluate(&m, &val, T, micro, cfg.eval_batches, inputs, targets);
-            fprintf(metrics, "{\"step\":%d,\"val_loss\":%.6f}\n", done, vl);
-            log0("step %d | val_loss %.4f\n", done, vl);
+            size_t n_val = (size_t)cfg.eval_batches * micro;
+            double vl = evaluate(&m, &val, micro, n_val, ROUTE_TOPK, 0, 0.f);
+            fprintf(metrics, "{\"step\":%d,\"val_loss\":%.6f", done, vl);
+            if (n_routed) {
+                double acc_v = (double)m.stats.agree / (double)m.stats.decisions;
+                double vc = evaluate(&m, &val, micro, n_val, ROUTE_CAUSAL, 0, 0.f);
+                fprintf(metrics, ",\"val_loss_causal\":%.6f,\"predictor_accuracy\":%.6f", vc, acc_v);
+                log0("step %d | val_loss %.4f | val_loss_causal %.4f | predictor accuracy %.2f%%\n",
+                     done, vl, vc, 100 * acc_v);
+            } else {
+                log0("step %d | val_loss %.4f\n", done, vl);
+            }
+            fprintf(metrics, "}\n");
         }
         fflush(metrics);
         if (cfg.ckpt_every && done % cfg.ckpt_every == 0 && !last) {
@@ -259,6 +301,7 @@ out:
     if (inputs) order_free(&order);
     free(inputs);
     free(targets);
+    free(frac);
     if (model_ready) {
         adamw_free(&opt);
         model_free(&m);

@@ -16,4 +16,14 @@ int sample_main(int argc, char **argv);
 /* Number of threads for "threads = 0": the node's cores over its ranks. */
 int default_threads(int local_ranks);
 
+#include "data.h"
+#include "model.h"
+
+/* Mean loss of m over the first n_seqs windows of s, in micro-batches of
+ * `micro`, with routed blocks choosing tokens by `mode`; m->stats holds what
+ * routing did. With backward, also accumulates the gradient of that mean loss
+ * (aux_weight for the router's BCE). */
+double evaluate(Model *m, const Shard *s, int micro, size_t n_seqs, RouteMode mode, int backward,
+                float aux_weight);
+
 #endif

@@ -41,7 +41,7 @@ printf 'n_layer 2\n' > bad2.conf
 expect_error "bad2.conf:1: expected 'key = value'" "$MODTRAIN" train --config bad2.conf
 expect_error "d_model = 130 is not divisible by n_head = 4" "$MODTRAIN" train $T --d_model 130 --n_head 4
 expect_error "batch_size = 8 is not divisible by micro_batch = 3" "$MODTRAIN" train $T --micro_batch 3
-expect_error "route_every = 2 asks for Mixture-of-Depths" "$MODTRAIN" train --train_data data/train.bin
+expect_error "route_every = 9 routes no block of n_layer = 4" "$MODTRAIN" train $T --route_every 9
 expect_error "cannot open 'nope.bin'" "$MODTRAIN" train $T --train_data nope.bin
 head -c 2000 data/train.bin > trunc.bin
 expect_error "trunc.bin' is 2000 bytes but its header promises" "$MODTRAIN" train $T --train_data trunc.bin

@@ -177,22 +177,28 @@ typedef struct {
     Probe p;
     float *qkv, *att;
     int B, T, NH, hs;
+    int off[8];
 } AttCtx;
 
 static void att_fwd(void *ctx) {
     AttCtx *c = ctx;
-    attention_forward(c->p.out, c->att, c->qkv, c->B, c->T, c->NH, c->hs);
+    attention_forward(c->p.out, c->att, c->qkv, c->B, c->off, c->NH, c->hs);
+}
+
+static void uniform_off(int *off, int B, int T) {
+    for (int b = 0; b <= B; b++) off[b] = b * T;
 }
 
 static void check_attention_backward(int B, int T, int NH, int hs) {
     AttCtx c = {.B = B, .T = T, .NH = NH, .hs = hs};
+    uniform_off(c.off, B, T);
     size_t nq = (size_t)B * T * 3 * NH * hs, no = (size_t)B * T * NH * hs;
     c.qkv = xmalloc(nq * 4), c.att = xmalloc((size_t)B * NH * T * T * 4);
     c.p = (Probe){att_fwd, xmalloc(no * 4), xmalloc(no * 4), no};
     fill_normal(c.qkv, nq, 1, 1), fill_normal(c.p.r, no, 2, 1);
     att_fwd(&c);
     float *dq = xcalloc(nq, 4);
-    attention_backward(dq, c.p.r, c.qkv, c.att, c.B, c.T, c.NH, c.hs);
+    attention_backward(dq, c.p.r, c.qkv, c.att, c.B, c.off, c.NH, c.hs);
     double e = fd_error(&c.p, c.qkv, nq, dq, 1e-2f);
     if (e >= FD_TOL) printf("\n  attention B=%d T=%d: relative error %g\n", B, T, e);
     CU_ASSERT(e < FD_TOL);
@@ -205,19 +211,50 @@ static void test_attention_backward(void) {
 }
 
 static void test_attention_matches_reference(void) {
-    /* the blocked kernel against the slow, obvious one over three blocks */
-    const int B = 2, T = 150, NH = 2, hs = 8, C = NH * hs;
-    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
+    /* the blocked kernel against the slow, obvious one: sequences of unequal
+     * lengths (as routed blocks gather them), one empty, one over 2 blocks */
+    const int B = 4, NH = 2, hs = 8, C = NH * hs;
+    const int off[] = {0, 150, 150, 187, 188};
+    const int N = off[B];
+    size_t nq = (size_t)N * 3 * C, no = (size_t)N * C, na = 0;
+    for (int b = 0; b < B; b++) na += (size_t)NH * (off[b + 1] - off[b]) * (off[b + 1] - off[b]);
     float *qkv = xmalloc(nq * 4), *o1 = xmalloc(no * 4), *o2 = xmalloc(no * 4);
     float *a1 = xmalloc(na * 4), *a2 = xmalloc(na * 4);
     fill_normal(qkv, nq, 3, 1);
-    attention_forward(o1, a1, qkv, B, T, NH, hs);
-    attention_forward_ref(o2, a2, qkv, B, T, NH, hs);
+    attention_forward(o1, a1, qkv, B, off, NH, hs);
+    attention_forward_ref(o2, a2, qkv, B, off, NH, hs);
     double worst = 0;
     for (size_t i = 0; i < no; i++) worst = fmax(worst, fabs(o1[i] - o2[i]));
     for (size_t i = 0; i < na; i++) worst = fmax(worst, fabs(a1[i] - a2[i]));
     CU_ASSERT(worst < 1e-5);
-    free(qkv), free(o1), free(o2), free(a1), free(a2);
+    /* a sequence alone gives what it gives among the others */
+    float *o3 = xmalloc(37 * C * 4), *a3 = xmalloc((size_t)NH * 37 * 37 * 4);
+    const int one[] = {0, 37};
+    attention_forward(o3, a3, qkv + (size_t)150 * 3 * C, 1, one, NH, hs);
+    CU_ASSERT(memcmp(o3, o1 + (size_t)150 * C, 37 * C * 4) == 0);
+    free(qkv), free(o1), free(o2), free(a1), free(a2), free(o3), free(a3);
+}
+
+static void test_attention_decode_matches_full(void) {
+    /* one query against a cache equals the last row of the full forward */
+    const int T = 70, NH = 2, hs = 4, C = NH * hs;
+    float *qkv = xmalloc((size_t)T * 3 * C * 4), *full = xmalloc((size_t)T * C * 4);
+    float *att = xmalloc((size_t)NH * T * T * 4), *kc = xmalloc((size_t)T * C * 4);
+    float *vc = xmalloc((size_t)T * C * 4), *y = xmalloc(C * 4), *p = xmalloc(T * 4);
+    fill_normal(qkv, (size_t)T * 3 * C, 4, 1);
+    const int off[] = {0, T};
+    attention_forward(full, att, qkv, 1, off, NH, hs);
+    for (int t = 0; t < T; t++) {
+        memcpy(kc + (size_t)t * C, qkv + (size_t)t * 3 * C + C, C * 4);
+        memcpy(vc + (size_t)t * C, qkv + (size_t)t * 3 * C + 2 * C, C * 4);
+    }
+    double worst = 0;
+    for (int t = 0; t < T; t++) {
+        attention_decode(y, p, qkv + (size_t)t * 3 * C, kc, vc, t + 1, NH, hs, C);
+        for (int i = 0; i < C; i++) worst = fmax(worst, fabs(y[i] - full[(size_t)t * C + i]));
+    }
+    CU_ASSERT(worst < 1e-5);
+    free(qkv), free(full), free(att), free(kc), free(vc), free(y), free(p);
 }
 
 static void test_attention_is_causal(void) {
@@ -226,9 +263,10 @@ static void test_attention_is_causal(void) {
     float *qkv = xmalloc(T * C3 * 4), *att = xmalloc(NH * T * T * 4);
     float *o1 = xmalloc(T * NH * hs * 4), *o2 = xmalloc(T * NH * hs * 4);
     fill_normal(qkv, (size_t)T * C3, 5, 1);
-    attention_forward(o1, att, qkv, B, T, NH, hs);
+    const int off[] = {0, T};
+    attention_forward(o1, att, qkv, B, off, NH, hs);
     for (int j = 0; j < C3; j++) qkv[4 * C3 + j] += 1.f;
-    attention_forward(o2, att, qkv, B, T, NH, hs);
+    attention_forward(o2, att, qkv, B, off, NH, hs);
     CU_ASSERT(memcmp(o1, o2, 4 * NH * hs * 4) == 0);
     CU_ASSERT(memcmp(o1 + 4 * NH * hs, o2 + 4 * NH * hs, NH * hs * 4) != 0);
     free(qkv), free(att), free(o1), free(o2);
@@ -270,7 +308,9 @@ int main(void) {
         {"layernorm backward = finite differences", test_layernorm_backward},
         {"gelu backward = finite differences", test_gelu_backward},
         {"attention backward = finite differences", test_attention_backward},
-        {"blocked attention matches the reference kernel", test_attention_matches_reference},
+        {"blocked attention matches the reference kernel, unequal lengths",
+         test_attention_matches_reference},
+        {"one-query attention on a cache = the full forward", test_attention_decode_matches_full},
         {"attention is causal", test_attention_is_causal},
         {"embedding lookup and backward", test_embedding_backward},
         CU_TEST_INFO_NULL};

@@ -43,7 +43,7 @@ static void test_model_gradient(void) {
     make_batch();
     model_zero_grad(&m);
     model_forward(&m, inputs, targets, B, T);
-    model_backward(&m, 1.f / (B * T));
+    model_backward(&m, 1.f / (B * T), 0.f);
     double worst = 0;
     for (int i = 0; i < m.nreg; i++) {
         const ParamInfo *p = &m.reg[i];
@@ -84,7 +84,7 @@ static void test_step_is_deterministic(void) {
         for (int s = 0; s < 3; s++) {
             model_zero_grad(m);
             model_forward(m, inputs, targets, B, T);
-            model_backward(m, 1.f / (B * T));
+            model_backward(m, 1.f / (B * T), 0.f);
             adamw_step(&o, m, 1e-3, 0.9, 0.95, 1e-8, 0.1, s + 1, 1.f);
         }
         adamw_free(&o);
@@ -138,13 +138,13 @@ static void test_accumulation_equals_full_batch(void) {
     make_batch();
     model_zero_grad(&m);
     model_forward(&m, inputs, targets, B, T);
-    model_backward(&m, 1.f / (B * T));
+    model_backward(&m, 1.f / (B * T), 0.f);
     float *full = xmalloc(m.nparams * 4);
     memcpy(full, m.grads, m.nparams * 4);
     model_zero_grad(&m);
     for (int b = 0; b < B; b++) {
         model_forward(&m, inputs + b * T, targets + b * T, 1, T);
-        model_backward(&m, 1.f / (B * T));
+        model_backward(&m, 1.f / (B * T), 0.f);
     }
     double *ref = xmalloc(m.nparams * sizeof(double));
     for (size_t i = 0; i < m.nparams; i++) ref[i] = full[i];
