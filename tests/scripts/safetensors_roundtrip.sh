@@ -66,6 +66,28 @@ set -e
 [ "$rc" -eq 2 ] && grep -q "has n_layer = 2 but this run has n_layer = 3" mismatch.log &&
     ok "config mismatch names n_layer" || { cat mismatch.log; fail "config mismatch"; }
 
+# a Mixture-of-Depths model carries its router and predictor tensors
+"$MODTRAIN" train $common --steps 5 --route_every 2 --causal_router predictor --predictor_hidden 16 \
+    --run_dir mod > mod.log 2>&1 || { cat mod.log; fail "MoD training failed"; }
+"$MODTRAIN" ckpt export --ckpt mod/ckpt --format safetensors --out mod.safetensors > /dev/null
+"$PYTHON" - mod.safetensors <<'PY' && ok "MoD export: router and predictor tensors, metadata" || fail "MoD export header"
+import json, struct, sys
+f = open(sys.argv[1], "rb")
+h = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+m = h.pop("__metadata__")
+assert m["route_every"] == "2" and m["causal_router"] == "predictor" and m["capacity"] == "0.125", m
+assert m["router_gate"] == "raw" and m["predictor_hidden"] == "16", m
+got = {k: v["shape"] for k, v in h.items() if "router" in k or "predictor" in k}
+want = {"h.1.router.weight": [64], "h.1.router.bias": [1],
+        "h.1.predictor.c_fc.weight": [64, 16], "h.1.predictor.c_fc.bias": [16],
+        "h.1.predictor.c_proj.weight": [16, 1], "h.1.predictor.c_proj.bias": [1]}
+assert got == want, got
+PY
+"$MODTRAIN" ckpt import --in mod.safetensors --ckpt modimp > /dev/null
+a=$("$MODTRAIN" eval --ckpt mod/ckpt --data data/val.bin --batches 2 --json)
+b=$("$MODTRAIN" eval --ckpt modimp --data data/val.bin --batches 2 --json)
+[ "$a" = "$b" ] && ok "MoD import(export(x)) evaluates identically: $a" || fail "MoD eval differs: $a vs $b"
+
 # broken safetensors files
 head -c 100 model.safetensors > short.safetensors
 set +e
