@@ -47,7 +47,7 @@ static const KeySpec keys[] = {
      "gate g(r) on the routed block's output"},
     {"causal_router", K_ENUM, OFF(causal_router), "aux_loss", 0, 0, 0, "aux_loss|predictor",
      "causal routing decision used for sampling"},
-    {"aux_weight", K_FLOAT, OFF(aux_weight), "0.01", 0, BIG, 0, NULL, "weight of the router BCE loss"},
+    {"aux_weight", K_FLOAT, OFF(aux_weight), "0.1", 0, BIG, 0, NULL, "weight of the router BCE loss"},
     {"predictor_hidden", K_INT, OFF(predictor_hidden), "64", 1, 1 << 16, 0, NULL,
      "hidden width of the causal predictor"},
     {"batch_size", K_INT, OFF(batch_size), "8", 1, 1 << 24, 0, NULL, "global sequences per step"},

@@ -31,6 +31,9 @@ static void print_fractions(const Model *m) {
 int eval_main(int argc, char **argv) {
     const char *ckpt = NULL, *data = NULL, *grads = NULL, *routing = "topk";
     int json = 0, batches = 0, micro = 8, threads = 0;
+    Config cfg;
+    config_defaults(&cfg);
+    double aux_weight = cfg.aux_weight;
     CliOpt opts[] = {
         {"ckpt", CLI_STR, &ckpt, "checkpoint: a ckpt_dir (its newest) or a step directory"},
         {"data", CLI_STR, &data, "token shard to evaluate on"},
@@ -40,6 +43,7 @@ int eval_main(int argc, char **argv) {
         {"threads", CLI_INT, &threads, "threads; 0 = all cores (0)"},
         {"grads", CLI_STR, &grads, "also write the loss gradients as safetensors to this file"},
         {"routing", CLI_STR, &routing, "routing for --grads: topk or causal (topk)"},
+        {"aux_weight", CLI_FLOAT, &aux_weight, "weight of the router's BCE in --grads (0.1)"},
         {NULL, 0, NULL, NULL}};
     int h = cli_parse("eval", "modtrain eval --ckpt DIR --data FILE [--json]",
                       "Mean next-token loss of a checkpoint on a token shard; for a "
@@ -61,8 +65,6 @@ int eval_main(int argc, char **argv) {
         return 2;
     }
     kernels_init(threads ? threads : default_threads(1), "auto");
-    Config cfg;
-    config_defaults(&cfg);
     Model m;
     int step = 0;
     Shard s;
@@ -90,7 +92,7 @@ int eval_main(int argc, char **argv) {
     int routed = cfg.route_every > 0;
     if (grads) model_zero_grad(&m);
     double loss = evaluate(&m, &s, micro, total, ROUTE_TOPK, grads && grad_mode == ROUTE_TOPK,
-                           (float)cfg.aux_weight);
+                           (float)aux_weight);
     double acc = m.stats.decisions ? (double)m.stats.agree / (double)m.stats.decisions : 1.0;
     if (json) {
         printf("{\"loss\":%.6f", loss);
@@ -104,7 +106,7 @@ int eval_main(int argc, char **argv) {
     }
     if (routed) {
         double lc = evaluate(&m, &s, micro, total, ROUTE_CAUSAL, grads && grad_mode == ROUTE_CAUSAL,
-                             (float)cfg.aux_weight);
+                             (float)aux_weight);
         if (json) {
             printf(",\"loss_causal\":%.6f,\"predictor_accuracy\":%.6f,\"processed_causal\":", lc,
                    acc);

@@ -25,8 +25,24 @@ prep_fortunes() {
     MODTRAIN=$MODTRAIN "$srcdir/jobs/prep_fortunes.sh" "$TMP/data" > /dev/null
 }
 
-# Value of a JSON key on the last line of a metrics file that has it.
+# Entropy (nats) of the byte distribution of a shard: the loss of the best
+# model that ignores context.
+unigram_entropy() {
+    "$PYTHON" - "$1" <<'PY'
+import math, struct, sys
+from collections import Counter
+raw = open(sys.argv[1], "rb").read()[1024:]
+c = Counter(struct.unpack("<%dH" % (len(raw) // 2), raw))
+n = sum(c.values())
+print("%.4f" % -sum(k / n * math.log(k / n) for k in c.values()))
+PY
+}
+
+# Value of a JSON key on the last line of a file that has it.
 last_json() { grep "\"$2\"" "$1" | tail -n 1 | sed -e "s/.*\"$2\":\([^,}]*\).*/\1/"; }
+
+# Succeeds when the awk condition on a and b holds: check_ab A B 'a < b'
+check_ab() { awk -v a="$1" -v b="$2" "BEGIN { exit !($3) }"; }
 
 finish() {
     if [ "$failures" -ne 0 ]; then

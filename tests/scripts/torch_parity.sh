@@ -26,7 +26,7 @@ check() { # NAME ROUTING [--key value ...]
         "$MODTRAIN" ckpt export --ckpt "$name/ckpt" --format safetensors --out "$name.safetensors" > /dev/null
     fi
     "$MODTRAIN" eval --ckpt "$name/ckpt" --data data/val.bin --batches 2 --micro-batch 3 \
-        --grads "$name-$routing.grads" --routing "$routing" --json > "$name-$routing.json"
+        --grads "$name-$routing.grads" --routing "$routing" --aux-weight 0.5 --json > "$name-$routing.json"
     cat "$name-$routing.json"
     if [ "$routing" = causal ]; then
         # a causal test needs tokens that go through the routed block and tokens that skip it
@@ -35,7 +35,7 @@ check() { # NAME ROUTING [--key value ...]
             fail "$name: causal routing processed a fraction $frac of the tokens, not a mix"
     fi
     if PYTHONPATH="$srcdir/tests/scripts" "$PYTHON" "$srcdir/tests/scripts/torch_parity.py" \
-        "$name.safetensors" "$name-$routing.grads" data/val.bin "$name-$routing.json" "$routing" 0.01; then
+        "$name.safetensors" "$name-$routing.grads" data/val.bin "$name-$routing.json" "$routing" 0.5; then
         ok "$name, $routing routing: loss and all gradients match PyTorch"
     else
         fail "$name, $routing routing: modtrain and PyTorch disagree"

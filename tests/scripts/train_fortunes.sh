@@ -17,15 +17,7 @@ cat a.log
 
 # 1. learning: the bound is the entropy of the byte distribution of the
 # training text, which a model that ignores context cannot beat.
-unigram=$("$PYTHON" - data/train.bin <<'PY'
-import math, struct, sys
-from collections import Counter
-raw = open(sys.argv[1], "rb").read()[1024:]
-c = Counter(struct.unpack("<%dH" % (len(raw) // 2), raw))
-n = sum(c.values())
-print("%.4f" % -sum(k / n * math.log(k / n) for k in c.values()))
-PY
-)
+unigram=$(unigram_entropy data/train.bin)
 val=$(last_json a/metrics.jsonl val_loss)
 first=$(grep '"loss"' a/metrics.jsonl | head -n 1 | sed -e 's/.*"loss":\([^,]*\).*/\1/')
 echo "first loss $first, unigram entropy $unigram nats, final val_loss $val"
