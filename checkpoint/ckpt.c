@@ -1,7 +1,7 @@
 /*
- * ckpt: simple safetensors-based checkpoints (the collective, compressed
- * format of DESIGN.md section 6 replaces the storage later; the registry-
- * driven naming and checks stay).
+ * ckpt: the model's view of checkpoints: registry rows become ckio slices,
+ * training state becomes key/value lines, and the commit protocol (tmp
+ * directory, fsync, rename, `latest`, pruning) lives here.
  */
 #define _GNU_SOURCE
 #include "ckpt.h"
@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "../src/util.h"
+#include "ckio.h"
 #include "safetensors.h"
 
 static int is_dir(const char *p) {
@@ -27,204 +28,367 @@ static int is_file(const char *p) {
     return stat(p, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* The safetensors shape of a registry row: the real vocabulary, never the
- * padded one, and 1-D tensors as 1-D. */
-static void export_shape(const Model *m, const ParamInfo *p, StOut *o) {
-    o->ndim = p->ndim;
-    o->shape[0] = strcmp(p->name, "wte.weight") == 0 ? m->d.V : p->shape[0];
-    o->shape[1] = p->shape[1];
+/* ---------------------------------------------------------------- slices */
+
+/* The rows of a tensor in the checkpoint: the real vocabulary for wte. */
+static int64_t saved_rows(const Model *m, const ParamInfo *p) {
+    return strcmp(p->name, "wte.weight") == 0 ? m->d.V : p->shape[0];
 }
 
-static int meta_from_config(const Config *cfg, const Model *m, int step, StMeta *meta) {
+/* This rank's pieces of every registry row in buffer `base` (laid out like
+ * m->params), named prefix/name. Replicated tensors are included only when
+ * `replicated`. Returns the count; out holds at most 3 * nreg. */
+static int model_slices(const Model *m, float *base, const char *prefix, int replicated,
+                        CkSlice *out) {
     int n = 0;
-    for (int i = 0; config_model_keys[i]; i++) {
-        snprintf(meta[n].key, sizeof meta[n].key, "%s", config_model_keys[i]);
-        if (strcmp(config_model_keys[i], "vocab_size") == 0)
-            snprintf(meta[n].value, sizeof meta[n].value, "%d", m->d.V);
-        else config_get(cfg, config_model_keys[i], meta[n].value, sizeof meta[n].value);
-        n++;
+    for (int i = 0; i < m->nreg; i++) {
+        const ParamInfo *p = &m->reg[i];
+        if (p->split_dim < 0 && !replicated) continue;
+        int blocks = p->split_dim < 0 ? 1 : p->split_blocks;
+        for (int b = 0; b < blocks; b++) {
+            CkSlice *s = &out[n];
+            memset(s, 0, sizeof *s);
+            snprintf(s->name, sizeof s->name, "%s/%s", prefix, p->name);
+            s->ndim = p->ndim;
+            s->rows = saved_rows(m, p);
+            s->cols = p->shape[1];
+            s->ld = p->lshape[1];
+            s->r0 = 0, s->nr = p->shape[0], s->c0 = 0, s->nc = p->shape[1];
+            s->data = base + p->offset;
+            if (p->split_dim == 0) {
+                int64_t g = p->shape[0] / blocks, l = g / m->d.tp;
+                s->r0 = b * g + (int64_t)m->d.tp_rank * l;
+                s->nr = l;
+                s->data = base + p->offset + (size_t)(b * l) * p->lshape[1];
+            } else if (p->split_dim == 1) {
+                int64_t g = p->shape[1] / blocks, l = g / m->d.tp;
+                s->c0 = b * g + (int64_t)m->d.tp_rank * l;
+                s->nc = l;
+                s->data = base + p->offset + b * l;
+            }
+            /* padded vocabulary rows are not saved */
+            if (s->r0 >= s->rows) continue;
+            if (s->r0 + s->nr > s->rows) s->nr = s->rows - s->r0;
+            n++;
+        }
     }
-    snprintf(meta[n].key, sizeof meta[n].key, "step");
-    snprintf(meta[n++].value, sizeof meta[n].value, "%d", step);
-    snprintf(meta[n].key, sizeof meta[n].key, "seed");
-    snprintf(meta[n++].value, sizeof meta[n].value, "%lld", cfg->seed);
-    snprintf(meta[n].key, sizeof meta[n].key, "format");
-    snprintf(meta[n++].value, sizeof meta[n].value, "pt");
     return n;
 }
 
-static int write_buffer(const char *path, const Model *m, const float *base, const char *prefix,
-                        const StMeta *meta, int nmeta) {
-    if (m->d.tp != 1) {
-        errorf("ckpt: writing safetensors under tp = %d is not built yet", m->d.tp);
-        return -1;
+/* ------------------------------------------------------------------ save */
+
+static void rm_checkpoint_dir(const char *dir) {
+    char p[1200];
+    const char *files[] = {"data.bin", "index"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(p, sizeof p, "%s/%s", dir, files[k]);
+        unlink(p);
     }
-    StOut *outs = xcalloc((size_t)m->nreg, sizeof(StOut));
-    char (*names)[96] = xcalloc((size_t)m->nreg, 96);
-    for (int i = 0; i < m->nreg; i++) {
-        const ParamInfo *p = &m->reg[i];
-        snprintf(names[i], 96, "%s%s", prefix, p->name);
-        outs[i].name = names[i];
-        export_shape(m, p, &outs[i]);
-        outs[i].data = base + p->offset;
-    }
-    int rc = st_write(path, outs, m->nreg, meta, nmeta);
-    free(outs);
-    free(names);
-    return rc;
+    rmdir(dir);
 }
 
-int ckpt_export_safetensors(const char *path, const Model *m, const Config *cfg, int step) {
-    StMeta meta[32];
-    int nmeta = meta_from_config(cfg, m, step, meta);
-    return write_buffer(path, m, m->params, "", meta, nmeta);
+static int cmp_desc(const void *a, const void *b) {
+    return strcmp(*(char *const *)b, *(char *const *)a);
 }
 
-int ckpt_export_grads(const char *path, const Model *m, const Config *cfg) {
-    StMeta meta[32];
-    int nmeta = meta_from_config(cfg, m, 0, meta);
-    return write_buffer(path, m, m->grads, "", meta, nmeta);
-}
-
-static int cmp_str(const void *a, const void *b) {
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* Removes all but the newest `keep` step-* directories. */
-static void prune(const char *dir, int keep) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    char **names = NULL;
+int ckpt_list_steps(const char *ckpt_dir, char ***names) {
+    *names = NULL;
+    DIR *d = opendir(ckpt_dir);
+    if (!d) return 0;
     int n = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
-        size_t len = strlen(e->d_name);
-        if (strncmp(e->d_name, "step-", 5) != 0 || len != 13) continue;
-        names = realloc(names, (size_t)(n + 1) * sizeof(char *));
-        names[n++] = xstrdup(e->d_name);
+        /* step-NNNNNNNN exactly: .tmp and .old directories are not checkpoints */
+        if (strncmp(e->d_name, "step-", 5) != 0 || strlen(e->d_name) != 13 ||
+            strspn(e->d_name + 5, "0123456789") != 8)
+            continue;
+        *names = realloc(*names, (size_t)(n + 1) * sizeof(char *));
+        (*names)[n++] = xstrdup(e->d_name);
     }
     closedir(d);
-    qsort(names, (size_t)n, sizeof(char *), cmp_str);
-    for (int i = 0; i < n - keep; i++) {
-        char p[1024];
-        const char *files[] = {"model.safetensors", "optim.safetensors"};
-        for (int k = 0; k < 2; k++) {
-            snprintf(p, sizeof p, "%s/%s/%s", dir, names[i], files[k]);
-            unlink(p);
+    qsort(*names, (size_t)n, sizeof(char *), cmp_desc);
+    return n;
+}
+
+/* Removes all but the newest `keep` checkpoints; never the one named keep_name. */
+static void prune(const char *dir, int keep, const char *keep_name) {
+    char **names;
+    int n = ckpt_list_steps(dir, &names);
+    for (int i = 0; i < n; i++) {
+        if (i >= keep && strcmp(names[i], keep_name) != 0) {
+            char p[1100];
+            snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+            rm_checkpoint_dir(p);
         }
-        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
-        rmdir(p);
+        free(names[i]);
     }
-    for (int i = 0; i < n; i++) free(names[i]);
     free(names);
 }
 
-int ckpt_save(const char *ckpt_dir, const Model *m, const AdamW *opt, const Config *cfg, int step,
-              int keep) {
-    char tmp[1024], fin[1024], p[1200];
-    snprintf(tmp, sizeof tmp, "%s/step-%08d.tmp", ckpt_dir, step);
-    snprintf(fin, sizeof fin, "%s/step-%08d", ckpt_dir, step);
-    if (mkdirs(tmp) != 0) {
-        errorf("ckpt: cannot create '%s': %s", tmp, strerror(errno));
-        return -1;
-    }
-    StMeta meta[32];
-    int nmeta = meta_from_config(cfg, m, step, meta);
-    snprintf(p, sizeof p, "%s/model.safetensors", tmp);
-    if (write_buffer(p, m, m->params, "", meta, nmeta) != 0) return -1;
-    if (opt) {
-        snprintf(p, sizeof p, "%s/optim.safetensors", tmp);
-        /* one file, two prefixes: written as two buffers would need two
-         * files; keep m and v side by side instead */
-        StOut *outs = xcalloc((size_t)2 * m->nreg, sizeof(StOut));
-        char (*names)[96] = xcalloc((size_t)2 * m->nreg, 96);
-        for (int i = 0; i < 2 * m->nreg; i++) {
-            const ParamInfo *pi = &m->reg[i % m->nreg];
-            snprintf(names[i], 96, "%s.%s", i < m->nreg ? "m" : "v", pi->name);
-            outs[i].name = names[i];
-            outs[i].ndim = 1;
-            outs[i].shape[0] = (int64_t)pi->numel;
-            outs[i].data = (i < m->nreg ? opt->m : opt->v) + pi->offset;
-        }
-        int rc = st_write(p, outs, 2 * m->nreg, meta, nmeta);
-        free(outs);
-        free(names);
-        if (rc != 0) return -1;
-    }
-    fsync_dir(tmp);
-    if (is_dir(fin)) {
-        /* a checkpoint of this step exists (a resumed run saving again):
-         * replace it only after the new one is complete */
-        char old[1100];
-        snprintf(old, sizeof old, "%s.old", fin);
-        if (rename(fin, old) == 0) {
-            snprintf(p, sizeof p, "%s/model.safetensors", old);
-            unlink(p);
-            snprintf(p, sizeof p, "%s/optim.safetensors", old);
-            unlink(p);
-            rmdir(old);
-        }
-    }
-    if (rename(tmp, fin) != 0) {
-        errorf("ckpt: cannot rename '%s' to '%s': %s", tmp, fin, strerror(errno));
-        return -1;
-    }
-    fsync_dir(ckpt_dir);
-    char latest[1024], name[32];
-    snprintf(latest, sizeof latest, "%s/latest", ckpt_dir);
-    int len = snprintf(name, sizeof name, "step-%08d\n", step);
-    if (write_file_atomic(latest, name, (size_t)len) != 0) return -1;
-    prune(ckpt_dir, keep);
-    return 0;
+static int add_kv(CkKV *kv, int n, const char *key, const char *value) {
+    snprintf(kv[n].key, sizeof kv[n].key, "%.63s", key);
+    snprintf(kv[n].value, sizeof kv[n].value, "%s", value);
+    return n + 1;
 }
 
+static int state_kv(const Config *cfg, const Model *m, int step, int world, CkKV *kv) {
+    int n = 0;
+    char v[256], k[80];
+    for (int i = 0; config_model_keys[i]; i++) {
+        snprintf(k, sizeof k, "config.%s", config_model_keys[i]);
+        if (strcmp(config_model_keys[i], "vocab_size") == 0) snprintf(v, sizeof v, "%d", m->d.V);
+        else config_get(cfg, config_model_keys[i], v, sizeof v);
+        n = add_kv(kv, n, k, v);
+    }
+    snprintf(v, sizeof v, "%d", step);
+    n = add_kv(kv, n, "state.step", v);
+    snprintf(v, sizeof v, "%lld", (long long)step * cfg->batch_size);
+    n = add_kv(kv, n, "state.data_cursor", v);
+    snprintf(v, sizeof v, "%lld", cfg->seed);
+    n = add_kv(kv, n, "state.seed", v);
+    snprintf(v, sizeof v, "%d", cfg->batch_size);
+    n = add_kv(kv, n, "state.batch_size", v);
+    snprintf(v, sizeof v, "%d", world);
+    n = add_kv(kv, n, "layout.world", v);
+    snprintf(v, sizeof v, "%d", m->d.tp);
+    n = add_kv(kv, n, "layout.tp", v);
+    n = add_kv(kv, n, "layout.pp", "1");
+    return n;
+}
+
+int ckpt_save(const char *ckpt_dir, const Model *m, const AdamW *opt, const Config *cfg, int step,
+              MPI_Comm comm, int writer) {
+    int rank = 0, world = 1, ok = 1;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &world);
+    char name[32], tmp[1100], fin[1100], err[1024] = "";
+    snprintf(name, sizeof name, "step-%08d", step);
+    snprintf(tmp, sizeof tmp, "%s/%s.tmp", ckpt_dir, name);
+    snprintf(fin, sizeof fin, "%s/%s", ckpt_dir, name);
+    if (rank == 0) {
+        if (mkdirs(ckpt_dir) != 0) {
+            errorf("ckpt: cannot create '%s': %s (checkpoint of step %d not saved)", ckpt_dir,
+                   strerror(errno), step);
+            ok = 0;
+        } else {
+            rm_checkpoint_dir(tmp); /* left by an interrupted save of this step */
+            if (mkdir(tmp, 0755) != 0) {
+                errorf("ckpt: cannot create '%s': %s (checkpoint of step %d not saved)", tmp,
+                       strerror(errno), step);
+                ok = 0;
+            }
+        }
+    }
+    MPI_Bcast(&ok, 1, MPI_INT, 0, comm);
+    if (!ok) return -1;
+
+    int cap = 3 * 3 * m->nreg, n = 0;
+    CkSlice *slices = xcalloc((size_t)cap, sizeof(CkSlice));
+    if (writer) {
+        int rep = m->d.tp_rank == 0; /* replicated tensors: written once */
+        n += model_slices(m, m->params, "param", rep, slices + n);
+        if (opt) {
+            n += model_slices(m, opt->m, "adam_m", rep, slices + n);
+            n += model_slices(m, opt->v, "adam_v", rep, slices + n);
+        }
+    }
+    CkKV kv[64];
+    int nkv = state_kv(cfg, m, step, world, kv);
+    int rc = ck_write(comm, tmp, slices, n, kv, nkv, cfg->ckpt_level, err, sizeof err);
+    free(slices);
+    if (rc != 0) {
+        if (rank == 0) {
+            errorf("%s (checkpoint of step %d not saved; older ones untouched)", err, step);
+            rm_checkpoint_dir(tmp);
+        }
+        return -1;
+    }
+    if (rank == 0) {
+        fsync_dir(tmp);
+        char old[1200];
+        snprintf(old, sizeof old, "%s.old", fin);
+        if (is_dir(fin)) rename(fin, old); /* a resumed run saving this step again */
+        if (rename(tmp, fin) != 0) {
+            errorf("ckpt: cannot rename '%s' to '%s': %s", tmp, fin, strerror(errno));
+            ok = 0;
+        } else {
+            rm_checkpoint_dir(old);
+            fsync_dir(ckpt_dir);
+            char latest[1100], line[40];
+            snprintf(latest, sizeof latest, "%s/latest", ckpt_dir);
+            int len = snprintf(line, sizeof line, "%s\n", name);
+            if (write_file_atomic(latest, line, (size_t)len) != 0) ok = 0;
+            else prune(ckpt_dir, cfg->ckpt_keep, name);
+        }
+    }
+    MPI_Bcast(&ok, 1, MPI_INT, 0, comm);
+    return ok ? 0 : -1;
+}
+
+/* ------------------------------------------------------------------ load */
+
 int ckpt_resolve(const char *path, char *out, size_t n) {
-    char p[1100];
-    snprintf(p, sizeof p, "%s/model.safetensors", path);
+    char p[1200];
+    snprintf(p, sizeof p, "%s/index", path);
     if (is_file(p)) {
         snprintf(out, n, "%s", path);
         return 0;
     }
     snprintf(p, sizeof p, "%s/latest", path);
     char *latest = read_file(p, NULL);
-    if (!latest) {
-        errorf("ckpt: '%s' is neither a checkpoint directory (model.safetensors) nor a ckpt_dir "
-               "with a 'latest' file",
-               path);
+    if (latest) {
+        latest[strcspn(latest, "\r\n")] = '\0';
+        snprintf(out, n, "%s/%s", path, latest);
+        snprintf(p, sizeof p, "%s/index", out);
+        int good = is_file(p);
+        if (!good)
+            errorf("ckpt: '%s/latest' names '%s', which is not a checkpoint (see 'modtrain ckpt "
+                   "list --ckpt %s'; pass a step directory instead)",
+                   path, latest, path);
+        free(latest);
+        return good ? 0 : -1;
+    }
+    char **names;
+    int k = ckpt_list_steps(path, &names);
+    if (k > 0) snprintf(out, n, "%s/%s", path, names[0]);
+    for (int i = 0; i < k; i++) free(names[i]);
+    free(names);
+    if (k > 0) return 0;
+    errorf("ckpt: '%s' is neither a checkpoint directory (with an index) nor a ckpt_dir holding "
+           "checkpoints",
+           path);
+    return -1;
+}
+
+int ckpt_read_config(const char *stepdir, Config *cfg, int *step, char *err, size_t errlen) {
+    CkIndex ix;
+    if (ck_index_read(stepdir, &ix, err, errlen) != 0) return -1;
+    int rc = 0;
+    for (int i = 0; config_model_keys[i] && rc == 0; i++) {
+        char k[80];
+        snprintf(k, sizeof k, "config.%s", config_model_keys[i]);
+        const char *v = ck_kv(&ix, k);
+        if (!v) {
+            snprintf(err, errlen, "ckpt: '%s/index' lacks '%s'", stepdir, k);
+            rc = -1;
+        } else if (config_set(cfg, config_model_keys[i], v, stepdir) != 0) {
+            snprintf(err, errlen, "ckpt: '%s/index' has a bad value for '%s'", stepdir, k);
+            rc = -1;
+        }
+    }
+    const char *s = ck_kv(&ix, "state.step");
+    if (step) *step = s ? atoi(s) : 0;
+    ck_index_free(&ix);
+    return rc;
+}
+
+int ckpt_load(const char *stepdir, Model *m, AdamW *opt, int *had_moments, char *err,
+              size_t errlen) {
+    CkIndex ix;
+    if (ck_index_read(stepdir, &ix, err, errlen) != 0) return -1;
+    int have_m = 0;
+    for (int i = 0; i < ix.nchunks && !have_m; i++) have_m = strncmp(ix.chunks[i].name, "adam_m/", 7) == 0;
+    int cap = 3 * 3 * m->nreg, n = 0;
+    CkSlice *slices = xcalloc((size_t)cap, sizeof(CkSlice));
+    /* padded vocabulary rows are in no chunk: they start at zero */
+    memset(m->params, 0, m->nparams * sizeof(float));
+    n += model_slices(m, m->params, "param", 1, slices + n);
+    if (opt) {
+        memset(opt->m, 0, opt->n * sizeof(float));
+        memset(opt->v, 0, opt->n * sizeof(float));
+        if (have_m) {
+            n += model_slices(m, opt->m, "adam_m", 1, slices + n);
+            n += model_slices(m, opt->v, "adam_v", 1, slices + n);
+        }
+    }
+    int rc = ck_read_slices(&ix, slices, n, err, errlen);
+    if (had_moments) *had_moments = have_m;
+    free(slices);
+    ck_index_free(&ix);
+    return rc;
+}
+
+int ckpt_check_model_config(const Config *ck, const Config *run, const char *stepdir) {
+    for (int i = 0; config_model_keys[i]; i++) {
+        char a[128], b[128];
+        config_get(ck, config_model_keys[i], a, sizeof a);
+        config_get(run, config_model_keys[i], b, sizeof b);
+        if (strcmp(a, b) != 0) {
+            errorf("resume: checkpoint '%s' has %s = %s but this run has %s = %s (use the "
+                   "checkpoint's value, or resume = never with a new ckpt_dir)",
+                   stepdir, config_model_keys[i], a, config_model_keys[i], b);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int ckpt_open_model(const char *ckpt_arg, Model *m, Config *cfg, int maxB, int *step) {
+    char dir[1024], err[1024];
+    if (ckpt_resolve(ckpt_arg, dir, sizeof dir) != 0) return -1;
+    if (ckpt_read_config(dir, cfg, step, err, sizeof err) != 0 || config_validate(cfg) != 0) {
+        if (err[0]) errorf("%s", err);
         return -1;
     }
-    latest[strcspn(latest, "\r\n")] = '\0';
-    snprintf(out, n, "%s/%s", path, latest);
-    free(latest);
-    snprintf(p, sizeof p, "%s/model.safetensors", out);
-    if (!is_file(p)) {
-        errorf("ckpt: '%s/latest' names '%s', which holds no model.safetensors", path, out);
+    ModelDims d;
+    model_dims_config(&d, cfg, 1, 0);
+    model_init(m, &d, maxB, NULL);
+    if (ckpt_load(dir, m, NULL, NULL, err, sizeof err) != 0) {
+        errorf("%s", err);
+        model_free(m);
         return -1;
     }
     return 0;
 }
 
-int ckpt_read_config(const char *stepdir, Config *cfg, int *step) {
-    char p[1100];
-    snprintf(p, sizeof p, "%s/model.safetensors", stepdir);
-    StFile f;
-    if (st_read(&f, p) != 0) return -1;
-    int rc = 0;
-    for (int i = 0; config_model_keys[i] && rc == 0; i++) {
-        const char *v = st_meta(&f, config_model_keys[i]);
-        if (!v) {
-            errorf("ckpt: '%s' has no metadata key '%s' (was it written by modtrain?)", p,
-                   config_model_keys[i]);
-            rc = -1;
-        } else if (config_set(cfg, config_model_keys[i], v, p) != 0) rc = -1;
+/* ------------------------------------------------------------ safetensors */
+
+static void export_shape(const Model *m, const ParamInfo *p, StOut *o) {
+    o->ndim = p->ndim;
+    o->shape[0] = saved_rows(m, p);
+    o->shape[1] = p->shape[1];
+}
+
+static int write_safetensors(const char *path, const Model *m, const float *base, const Config *cfg,
+                             int step) {
+    if (m->d.tp != 1) {
+        errorf("ckpt: writing safetensors under tp = %d is not built yet", m->d.tp);
+        return -1;
     }
-    const char *s = st_meta(&f, "step");
-    if (step) *step = s ? atoi(s) : 0;
-    st_free(&f);
+    StMeta meta[32];
+    int nmeta = 0;
+    for (int i = 0; config_model_keys[i]; i++, nmeta++) {
+        snprintf(meta[nmeta].key, sizeof meta[nmeta].key, "%s", config_model_keys[i]);
+        if (strcmp(config_model_keys[i], "vocab_size") == 0)
+            snprintf(meta[nmeta].value, sizeof meta[nmeta].value, "%d", m->d.V);
+        else config_get(cfg, config_model_keys[i], meta[nmeta].value, sizeof meta[nmeta].value);
+    }
+    snprintf(meta[nmeta].key, sizeof meta[nmeta].key, "step");
+    snprintf(meta[nmeta].value, sizeof meta[nmeta].value, "%d", step);
+    nmeta++;
+    snprintf(meta[nmeta].key, sizeof meta[nmeta].key, "format");
+    snprintf(meta[nmeta].value, sizeof meta[nmeta].value, "pt");
+    nmeta++;
+    StOut *outs = xcalloc((size_t)m->nreg, sizeof(StOut));
+    for (int i = 0; i < m->nreg; i++) {
+        outs[i].name = m->reg[i].name;
+        export_shape(m, &m->reg[i], &outs[i]);
+        outs[i].data = base + m->reg[i].offset;
+    }
+    int rc = st_write(path, outs, m->nreg, meta, nmeta);
+    free(outs);
     return rc;
 }
 
-int ckpt_load_weights(const char *file, Model *m) {
+int ckpt_export_safetensors(const char *path, const Model *m, const Config *cfg, int step) {
+    return write_safetensors(path, m, m->params, cfg, step);
+}
+
+int ckpt_export_grads(const char *path, const Model *m, const Config *cfg) {
+    return write_safetensors(path, m, m->grads, cfg, 0);
+}
+
+int ckpt_load_safetensors(const char *file, Model *m) {
     StFile f;
     if (st_read(&f, file) != 0) return -1;
     int rc = -1;
@@ -257,58 +421,4 @@ int ckpt_load_weights(const char *file, Model *m) {
 done:
     st_free(&f);
     return rc;
-}
-
-int ckpt_load_optim(const char *stepdir, const Model *m, AdamW *opt) {
-    char p[1100];
-    snprintf(p, sizeof p, "%s/optim.safetensors", stepdir);
-    StFile f;
-    if (st_read(&f, p) != 0) return -1;
-    int rc = -1;
-    for (int i = 0; i < 2 * m->nreg; i++) {
-        const ParamInfo *pi = &m->reg[i % m->nreg];
-        char name[96];
-        snprintf(name, sizeof name, "%s.%s", i < m->nreg ? "m" : "v", pi->name);
-        const StTensor *t = st_find(&f, name);
-        if (!t || st_numel(t) != pi->numel || strcmp(t->dtype, "F32") != 0) {
-            errorf("ckpt: '%s' lacks tensor '%s' of %zu floats", p, name, pi->numel);
-            goto done;
-        }
-        memcpy((i < m->nreg ? opt->m : opt->v) + pi->offset, f.data + t->begin,
-               pi->numel * sizeof(float));
-    }
-    rc = 0;
-done:
-    st_free(&f);
-    return rc;
-}
-
-int ckpt_check_model_config(const Config *ck, const Config *run, const char *stepdir) {
-    for (int i = 0; config_model_keys[i]; i++) {
-        char a[128], b[128];
-        config_get(ck, config_model_keys[i], a, sizeof a);
-        config_get(run, config_model_keys[i], b, sizeof b);
-        if (strcmp(a, b) != 0) {
-            errorf("resume: checkpoint '%s' has %s = %s but this run has %s = %s (use the "
-                   "checkpoint's value, or resume = never with a new ckpt_dir)",
-                   stepdir, config_model_keys[i], a, config_model_keys[i], b);
-            return -1;
-        }
-    }
-    return 0;
-}
-
-int ckpt_open_model(const char *ckpt_arg, Model *m, Config *cfg, int maxB, int *step) {
-    char dir[1024], file[1100];
-    if (ckpt_resolve(ckpt_arg, dir, sizeof dir) != 0) return -1;
-    if (ckpt_read_config(dir, cfg, step) != 0) return -1;
-    ModelDims d;
-    model_dims_config(&d, cfg, 1, 0);
-    model_init(m, &d, maxB, NULL);
-    snprintf(file, sizeof file, "%s/model.safetensors", dir);
-    if (ckpt_load_weights(file, m) != 0) {
-        model_free(m);
-        return -1;
-    }
-    return 0;
 }

@@ -1,50 +1,63 @@
 /*
- * ckpt: checkpoints in their first, simple form: ckpt_dir/step-NNNNNNNN/ holds
- * model.safetensors (weights under their Hugging Face names, the model config
- * and training state as metadata) and optim.safetensors (AdamW moments), made
- * durable by writing step-N.tmp/, fsync, rename, then replacing `latest`.
- * Everything goes through the parameter registry.
+ * ckpt: model checkpoints on the ckio format. ckpt_dir/step-NNNNNNNN/ holds
+ * data.bin and index (ckio.h) with the parameters, the AdamW moments, the
+ * model config and the training state. A save writes step-N.tmp/, fsyncs,
+ * renames it to step-N/, then replaces `latest` by write-to-temp and rename,
+ * and keeps the newest ckpt_keep. Every tensor goes through the parameter
+ * registry: a rank writes and reads its own slices.
  */
 #ifndef MODTRAIN_CKPT_H
 #define MODTRAIN_CKPT_H
 
+#include <mpi.h>
 #include <stddef.h>
 
 #include "../src/config.h"
 #include "../src/model.h"
 #include "../src/optim.h"
 
-/* Saves weights (and moments when opt is non-NULL) for `step` completed
- * steps; keeps the newest `keep` checkpoints. Returns 0 or -1. */
+/* Saves weights (and moments when opt is non-NULL) after `step` completed
+ * steps. Collective over comm; `writer` is 0 on ranks whose slices another
+ * rank writes (data-parallel replicas). Returns 0 on every rank, or -1 on
+ * every rank after rank 0 printed why; the model and older checkpoints are
+ * untouched either way. */
 int ckpt_save(const char *ckpt_dir, const Model *m, const AdamW *opt, const Config *cfg, int step,
-              int keep);
+              MPI_Comm comm, int writer);
 
-/* Turns --ckpt (a ckpt_dir holding `latest`, or one step directory) into a
- * step directory. Returns 0, or -1 after printing why. */
+/* Turns --ckpt (a step directory, or a ckpt_dir: its `latest`, else its
+ * newest step directory) into a step directory. Returns 0, or -1 after
+ * printing why. */
 int ckpt_resolve(const char *path, char *out, size_t n);
 
-/* Reads the model keys and step from a step directory's metadata into cfg
- * (other keys untouched). Returns 0 or -1. */
-int ckpt_read_config(const char *stepdir, Config *cfg, int *step);
+/* Lists the step-NNNNNNNN directories of ckpt_dir, newest first (malloc'd
+ * names; the caller frees each and the array). Returns the count. */
+int ckpt_list_steps(const char *ckpt_dir, char ***names);
 
-/* Loads the weights of a safetensors file into m's slices, checking every
- * name and shape against the registry. Returns 0 or -1. */
-int ckpt_load_weights(const char *file, Model *m);
-/* Loads AdamW moments saved by ckpt_save. Returns 0 or -1. */
-int ckpt_load_optim(const char *stepdir, const Model *m, AdamW *opt);
+/* Reads the model config keys and step of a checkpoint into cfg (other keys
+ * untouched). Returns 0 or -1 with err set. */
+int ckpt_read_config(const char *stepdir, Config *cfg, int *step, char *err, size_t errlen);
 
-/* Writes m's weights as a Hugging Face GPT-2 safetensors file (tp = 1).
- * Returns 0 or -1. */
-int ckpt_export_safetensors(const char *path, const Model *m, const Config *cfg, int step);
-/* Writes the gradients the same way (the parity tests read them). */
-int ckpt_export_grads(const char *path, const Model *m, const Config *cfg);
-
-/* Opens --ckpt for inference: resolves it, reads its config into cfg, builds
- * m for micro-batches of maxB and loads the weights. Returns 0 or -1. */
-int ckpt_open_model(const char *ckpt_arg, Model *m, Config *cfg, int maxB, int *step);
+/* Loads this rank's slices of the weights (and of the moments when opt is
+ * non-NULL and the checkpoint has them; *had_moments says which) into m.
+ * Checks every chunk it reads. Returns 0 or -1 with err set. */
+int ckpt_load(const char *stepdir, Model *m, AdamW *opt, int *had_moments, char *err,
+              size_t errlen);
 
 /* Checks that two configs agree on every model key; prints the first key
  * that differs. Returns 0 or -1. */
 int ckpt_check_model_config(const Config *ckpt, const Config *run, const char *stepdir);
+
+/* Opens --ckpt for inference on one process: resolves it, reads its config
+ * into cfg, builds m for micro-batches of maxB and loads the weights.
+ * Returns 0 or -1 after printing why. */
+int ckpt_open_model(const char *ckpt_arg, Model *m, Config *cfg, int maxB, int *step);
+
+/* Writes m's weights (or gradients) as a Hugging Face GPT-2 safetensors file
+ * (tp = 1). Returns 0 or -1. */
+int ckpt_export_safetensors(const char *path, const Model *m, const Config *cfg, int step);
+int ckpt_export_grads(const char *path, const Model *m, const Config *cfg);
+/* Loads weights from a safetensors file, checking names and shapes against
+ * the registry. Returns 0 or -1. */
+int ckpt_load_safetensors(const char *file, Model *m);
 
 #endif

@@ -55,17 +55,63 @@ double evaluate(Model *m, const Shard *s, int micro, size_t n_seqs, RouteMode mo
     return total / tokens;
 }
 
-/* Decides what `resume` means here: returns 1 with the step directory in
- * dir when a checkpoint should be loaded, 0 to start fresh, -1 on error. */
-static int resume_target(const Config *c, const char *ckpt_dir, char *dir, size_t n) {
-    if (strcmp(c->resume, "never") == 0) return 0;
-    if (strcmp(c->resume, "auto") == 0) {
-        char latest[1100];
-        snprintf(latest, sizeof latest, "%s/latest", ckpt_dir);
-        if (access(latest, F_OK) != 0) return 0;
-        return ckpt_resolve(ckpt_dir, dir, n) == 0 ? 1 : -1;
+/* Tries one checkpoint: its config must match the run's (a mismatch is the
+ * user's error, not a damaged checkpoint: *fatal is set), then every rank
+ * loads its slices. Returns 1 when all ranks loaded it. */
+static int try_resume(const char *dir, const Config *cfg, Model *m, AdamW *opt, int *start,
+                      MPI_Comm comm, int *fatal) {
+    Config ck = *cfg;
+    char err[1024] = "";
+    int step = 0, had_m = 0;
+    int ok = ckpt_read_config(dir, &ck, &step, err, sizeof err) == 0;
+    if (ok && ckpt_check_model_config(&ck, cfg, dir) != 0) {
+        *fatal = 1;
+        return 0;
     }
-    return ckpt_resolve(c->resume, dir, n) == 0 ? 1 : -1;
+    if (ok) ok = ckpt_load(dir, m, opt, &had_m, err, sizeof err) == 0;
+    int all = 0;
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm);
+    if (!all) {
+        if (!ok) errorf("resume: skipping %s: %s", dir, err);
+        return 0;
+    }
+    *start = step;
+    log0("resume: loaded %s (step %d)%s\n", dir, step,
+         had_m ? "" : "; it has no optimizer state, so AdamW starts from zero moments");
+    return 1;
+}
+
+/* Restores the run from a checkpoint as `resume` says: auto (the newest
+ * checkpoint of ckpt_dir that loads, falling back to older ones), never, or
+ * a path. Returns 1 loaded, 0 start fresh, -1 error (printed). */
+static int resume_run(const Config *cfg, const char *ckpt_dir, Model *m, AdamW *opt, int *start,
+                      MPI_Comm comm) {
+    if (strcmp(cfg->resume, "never") == 0) return 0;
+    int fatal = 0;
+    if (strcmp(cfg->resume, "auto") != 0) {
+        char dir[1100];
+        if (ckpt_resolve(cfg->resume, dir, sizeof dir) != 0) return -1;
+        if (try_resume(dir, cfg, m, opt, start, comm, &fatal)) return 1;
+        errorf("resume: cannot resume from '%s' (see above)", cfg->resume);
+        return -1;
+    }
+    char **names;
+    int n = ckpt_list_steps(ckpt_dir, &names), r = 0;
+    for (int i = 0; i < n && r == 0 && !fatal; i++) {
+        char dir[1100];
+        snprintf(dir, sizeof dir, "%s/%s", ckpt_dir, names[i]);
+        r = try_resume(dir, cfg, m, opt, start, comm, &fatal);
+    }
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+    if (fatal) return -1;
+    if (n > 0 && r == 0) {
+        errorf("resume: none of the %d checkpoints in '%s' loads (see above); move them away, "
+               "or set resume = never or a ckpt_dir of its own",
+               n, ckpt_dir);
+        return -1;
+    }
+    return r;
 }
 
 static int check_tokens(const Shard *s, int V) {
@@ -150,26 +196,9 @@ int train_main(int argc, char **argv) {
     adamw_init(&opt, &m);
     model_ready = 1;
     int start = 0;
-    char stepdir[1100];
-    int r = resume_target(&cfg, ckpt_dir, stepdir, sizeof stepdir);
+    int r = resume_run(&cfg, ckpt_dir, &m, &opt, &start, grid.world);
     if (r < 0) goto out;
-    if (r == 1) {
-        Config ck = cfg;
-        char file[1200];
-        snprintf(file, sizeof file, "%s/model.safetensors", stepdir);
-        if (ckpt_read_config(stepdir, &ck, &start) != 0 ||
-            ckpt_check_model_config(&ck, &cfg, stepdir) != 0 || ckpt_load_weights(file, &m) != 0)
-            goto out;
-        snprintf(file, sizeof file, "%s/optim.safetensors", stepdir);
-        if (access(file, F_OK) == 0) {
-            if (ckpt_load_optim(stepdir, &m, &opt) != 0) goto out;
-        } else {
-            log0("resume: %s has no optimizer state; AdamW starts from zero moments\n", stepdir);
-        }
-        log0("resume: loaded %s (step %d)\n", stepdir, start);
-    } else {
-        model_init_weights(&m, (uint64_t)cfg.seed);
-    }
+    if (r == 0) model_init_weights(&m, (uint64_t)cfg.seed);
 
     double peak = cfg.peak_gflops > 0 ? cfg.peak_gflops : kernels_measure_peak_gflops();
     const double dense_fpt = model_flops_per_token(&d, T, NULL);
@@ -201,6 +230,7 @@ int train_main(int argc, char **argv) {
         goto out;
     }
 
+    rc = 1; /* from here on a failure happens while working */
     order_init(&order, (uint64_t)cfg.seed, n_train);
     inputs = xmalloc((size_t)micro * T * sizeof(int));
     targets = xmalloc((size_t)micro * T * sizeof(int));
@@ -286,15 +316,19 @@ int train_main(int argc, char **argv) {
         }
         fflush(metrics);
         if (cfg.ckpt_every && done % cfg.ckpt_every == 0 && !last) {
-            if (ckpt_save(ckpt_dir, &m, &opt, &cfg, done, cfg.ckpt_keep) != 0) goto out;
-            log0("checkpoint: %s/step-%08d\n", ckpt_dir, done);
+            /* a failed periodic save is reported and training goes on: the
+             * state is in memory and the next save may succeed */
+            double ts = now_s();
+            if (ckpt_save(ckpt_dir, &m, &opt, &cfg, done, grid.world, grid.dp_rank == 0) == 0)
+                log0("checkpoint: %s/step-%08d (%.2fs)\n", ckpt_dir, done, now_s() - ts);
         }
     }
-    if (ckpt_save(ckpt_dir, &m, &opt, &cfg, cfg.steps > start ? cfg.steps : start,
-                  cfg.ckpt_keep) != 0)
+    int final_step = cfg.steps > start ? cfg.steps : start;
+    if (ckpt_save(ckpt_dir, &m, &opt, &cfg, final_step, grid.world, grid.dp_rank == 0) != 0) {
+        rc = 1;
         goto out;
-    log0("checkpoint: %s/step-%08d | %.1fs in all\n", ckpt_dir, cfg.steps > start ? cfg.steps : start,
-         now_s() - t_start);
+    }
+    log0("checkpoint: %s/step-%08d | %.1fs in all\n", ckpt_dir, final_step, now_s() - t_start);
     rc = 0;
 out:
     if (metrics) fclose(metrics);

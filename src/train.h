@@ -12,6 +12,8 @@ int train_main(int argc, char **argv);
 int eval_main(int argc, char **argv);
 /* `modtrain sample --ckpt DIR [--prompt TEXT] ...`; returns the exit code. */
 int sample_main(int argc, char **argv);
+/* `modtrain ckpt list|verify|inspect|export|import ...` (ckpt_cmd.c). */
+int ckpt_main(int argc, char **argv);
 
 /* Number of threads for "threads = 0": the node's cores over its ranks. */
 int default_threads(int local_ranks);

@@ -36,8 +36,8 @@ if [ "$(strip a/metrics.jsonl)" = "$(strip b/metrics.jsonl)" ]; then
 else
     fail "same seed gave different losses"
 fi
-if cmp -s a/ckpt/step-00000300/model.safetensors b/ckpt/step-00000300/model.safetensors &&
-    cmp -s a/ckpt/step-00000300/optim.safetensors b/ckpt/step-00000300/optim.safetensors; then
+if cmp -s a/ckpt/step-00000300/data.bin b/ckpt/step-00000300/data.bin &&
+    cmp -s a/ckpt/step-00000300/index b/ckpt/step-00000300/index; then
     ok "same seed: identical final weights and moments"
 else
     fail "same seed gave different weights"

@@ -29,7 +29,7 @@ check_ab "$val" "$unigram" 'a < b - 0.25' && ok "MoD val_loss $val < unigram ent
 strip() { sed -e 's/,"lr".*//' "$1"; }
 [ "$(strip a/metrics.jsonl)" = "$(strip b/metrics.jsonl)" ] && ok "same seed: identical MoD losses" ||
     fail "same seed gave different MoD losses"
-cmp -s a/ckpt/step-00000300/model.safetensors b/ckpt/step-00000300/model.safetensors &&
+cmp -s a/ckpt/step-00000300/data.bin b/ckpt/step-00000300/data.bin &&
     ok "same seed: identical MoD weights" || fail "same seed gave different MoD weights"
 
 ratio=$(last_json a/metrics.jsonl flops_ratio_dense)

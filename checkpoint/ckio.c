@@ -1,0 +1,497 @@
+/*
+ * ckio: shuffle + deflate + CRC32 chunks, the collective data write, the
+ * text index, and reading any slice back from the chunks that overlap it.
+ */
+#define _GNU_SOURCE
+#include "ckio.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "../src/util.h"
+
+static void seterr(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void seterr(char *err, size_t n, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, n, fmt, ap);
+    va_end(ap);
+}
+
+void ck_shuffle(uint8_t *dst, const float *src, size_t n) {
+    const uint8_t *s = (const uint8_t *)src;
+    for (size_t i = 0; i < n; i++)
+        for (int b = 0; b < 4; b++) dst[(size_t)b * n + i] = s[4 * i + b];
+}
+
+void ck_unshuffle(float *dst, const uint8_t *src, size_t n) {
+    uint8_t *d = (uint8_t *)dst;
+    for (size_t i = 0; i < n; i++)
+        for (int b = 0; b < 4; b++) d[4 * i + b] = src[(size_t)b * n + i];
+}
+
+/* ------------------------------------------------------------------ write */
+
+typedef struct {
+    uint8_t *buf;
+    size_t len, cap;
+} Blob;
+
+static void blob_reserve(Blob *b, size_t more) {
+    if (b->len + more <= b->cap) return;
+    size_t cap = b->cap ? b->cap : 1 << 16;
+    while (cap < b->len + more) cap *= 2;
+    uint8_t *nb = xmalloc(cap);
+    if (b->len) memcpy(nb, b->buf, b->len);
+    free(b->buf);
+    b->buf = nb;
+    b->cap = cap;
+}
+
+static void text_append(char **s, size_t *len, size_t *cap, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void text_append(char **s, size_t *len, size_t *cap, const char *fmt, ...) {
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(*s ? *s + *len : NULL, *s ? *cap - *len : 0, fmt, ap);
+        va_end(ap);
+        if (*s && (size_t)k < *cap - *len) {
+            *len += (size_t)k;
+            return;
+        }
+        size_t ncap = (*cap ? *cap * 2 : 4096) + (size_t)k;
+        char *ns = xmalloc(ncap);
+        if (*s) memcpy(ns, *s, *len);
+        free(*s);
+        *s = ns;
+        *cap = ncap;
+    }
+}
+
+/* Compresses one slice into the blob; returns its chunk line fields. */
+static int pack_slice(Blob *blob, const CkSlice *s, int level, CkChunk *c) {
+    size_t n = (size_t)s->nr * (size_t)s->nc;
+    float *raw = xmalloc(n * sizeof(float) + 4);
+    for (int64_t r = 0; r < s->nr; r++)
+        memcpy(raw + (size_t)r * s->nc, s->data + r * s->ld, (size_t)s->nc * sizeof(float));
+    uint8_t *planes = xmalloc(n * sizeof(float) + 4);
+    ck_shuffle(planes, raw, n);
+    uLongf bound = compressBound((uLong)(n * sizeof(float)));
+    blob_reserve(blob, bound);
+    uLongf clen = bound;
+    int zrc = compress2(blob->buf + blob->len, &clen, planes, (uLong)(n * sizeof(float)), level);
+    memset(c, 0, sizeof *c);
+    snprintf(c->name, sizeof c->name, "%s", s->name);
+    c->ndim = s->ndim;
+    c->rows = s->rows, c->cols = s->cols, c->r0 = s->r0, c->nr = s->nr, c->c0 = s->c0, c->nc = s->nc;
+    c->offset = blob->len; /* local for now */
+    c->csize = clen;
+    c->usize = n * sizeof(float);
+    c->crc = (uint32_t)crc32(0L, (const Bytef *)raw, (uInt)(n * sizeof(float)));
+    blob->len += clen;
+    free(raw);
+    free(planes);
+    return zrc == Z_OK ? 0 : -1;
+}
+
+static int mpi_failed(int rc, const char *call, const char *path, char *err, size_t errlen) {
+    if (rc == MPI_SUCCESS) return 0;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    seterr(err, errlen, "ckpt: %s on '%s' failed: %s", call, path, msg);
+    return 1;
+}
+
+/* The whole job agrees on success: every rank's flag, OR-ed. */
+static int any_failed(MPI_Comm comm, int failed) {
+    int any = 0;
+    MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, comm);
+    return any;
+}
+
+int ck_write(MPI_Comm comm, const char *dir, const CkSlice *slices, int n, const CkKV *kv, int nkv,
+             int level, char *err, size_t errlen) {
+    int rank = 0, size = 1, failed = 0;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    err[0] = '\0';
+    char path[1200];
+    snprintf(path, sizeof path, "%s/data.bin", dir);
+
+    /* 1. compress this rank's slices (rank 0 also owns the file magic) */
+    Blob blob = {0};
+    if (rank == 0) {
+        blob_reserve(&blob, 8);
+        memcpy(blob.buf, CK_DATA_MAGIC, 8);
+        blob.len = 8;
+    }
+    CkChunk *chunks = xcalloc((size_t)n + 1, sizeof(CkChunk));
+    for (int i = 0; i < n && !failed; i++)
+        if (pack_slice(&blob, &slices[i], level, &chunks[i]) != 0) {
+            seterr(err, errlen, "ckpt: deflate of '%s' failed", slices[i].name);
+            failed = 1;
+        }
+    if (any_failed(comm, failed)) goto fail_early;
+
+    /* 2. offsets: an exclusive prefix sum of the compressed sizes */
+    unsigned long long mine = blob.len, base = 0, total = 0;
+    MPI_Exscan(&mine, &base, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm);
+    if (rank == 0) base = 0;
+    MPI_Allreduce(&mine, &total, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm);
+    for (int i = 0; i < n; i++) chunks[i].offset += base;
+
+    /* 3. one collective write (in rounds of at most 1 GiB per rank) */
+    MPI_File fh;
+    int rc = MPI_File_open(comm, path, MPI_MODE_CREATE | MPI_MODE_WRONLY, MPI_INFO_NULL, &fh);
+    if (any_failed(comm, mpi_failed(rc, "MPI_File_open", path, err, errlen))) goto fail_early;
+    MPI_File_set_errhandler(fh, MPI_ERRORS_RETURN);
+    rc = MPI_File_set_size(fh, 0);
+    failed = mpi_failed(rc, "MPI_File_set_size", path, err, errlen);
+    const size_t round = (size_t)1 << 30;
+    unsigned long long my_rounds = (blob.len + round - 1) / round, rounds = 0;
+    MPI_Allreduce(&my_rounds, &rounds, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm);
+    for (unsigned long long k = 0; k < rounds; k++) {
+        size_t lo = k * round, cnt = lo < blob.len ? (blob.len - lo < round ? blob.len - lo : round) : 0;
+        MPI_Status st;
+        rc = MPI_File_write_at_all(fh, (MPI_Offset)(base + lo), cnt ? blob.buf + lo : blob.buf,
+                                   (int)cnt, MPI_BYTE, &st);
+        if (!failed && mpi_failed(rc, "MPI_File_write_at_all", path, err, errlen)) failed = 1;
+        int wrote = 0;
+        if (rc == MPI_SUCCESS) MPI_Get_count(&st, MPI_BYTE, &wrote);
+        if (!failed && (size_t)wrote != cnt) {
+            seterr(err, errlen, "ckpt: wrote %d of %zu bytes to '%s' at offset %llu (disk full?)",
+                   wrote, cnt, path, base + lo);
+            failed = 1;
+        }
+    }
+    rc = MPI_File_sync(fh);
+    if (!failed && mpi_failed(rc, "MPI_File_sync", path, err, errlen)) failed = 1;
+    rc = MPI_File_close(&fh);
+    if (!failed && mpi_failed(rc, "MPI_File_close", path, err, errlen)) failed = 1;
+    if (any_failed(comm, failed)) goto fail_early;
+
+    const char *fault = getenv("MODTRAIN_FAULT");
+    if (fault && strcmp(fault, "save-crash") == 0) {
+        fprintf(stderr, "modtrain: MODTRAIN_FAULT=save-crash: exiting in the middle of a save\n");
+        _exit(137);
+    }
+
+    /* 4. the index: chunk lines gathered to rank 0, written after the data */
+    char *text = NULL;
+    size_t tlen = 0, tcap = 0;
+    text_append(&text, &tlen, &tcap, "%s", "");
+    for (int i = 0; i < n; i++) {
+        const CkChunk *c = &chunks[i];
+        text_append(&text, &tlen, &tcap,
+                    "chunk %s %d %" PRId64 " %" PRId64 " %" PRId64 " %" PRId64 " %" PRId64
+                    " %" PRId64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %08" PRIx32 "\n",
+                    c->name, c->ndim, c->rows, c->cols, c->r0, c->nr, c->c0, c->nc, c->offset,
+                    c->csize, c->usize, c->crc);
+    }
+    int mylen = (int)tlen;
+    int *lens = rank == 0 ? xcalloc((size_t)size, sizeof(int)) : NULL;
+    int *displs = rank == 0 ? xcalloc((size_t)size, sizeof(int)) : NULL;
+    MPI_Gather(&mylen, 1, MPI_INT, lens, 1, MPI_INT, 0, comm);
+    char *all = NULL;
+    if (rank == 0) {
+        size_t sum = 0;
+        for (int r = 0; r < size; r++) {
+            displs[r] = (int)sum;
+            sum += (size_t)lens[r];
+        }
+        all = xmalloc(sum + 1);
+        all[sum] = '\0';
+    }
+    MPI_Gatherv(text, mylen, MPI_CHAR, all, lens, displs, MPI_CHAR, 0, comm);
+    if (rank == 0) {
+        char *ix = NULL;
+        size_t ilen = 0, icap = 0;
+        text_append(&ix, &ilen, &icap, "%s\ndata data.bin %llu\n", CK_INDEX_MAGIC, total);
+        for (int i = 0; i < nkv; i++)
+            text_append(&ix, &ilen, &icap, "kv %s %s\n", kv[i].key, kv[i].value);
+        text_append(&ix, &ilen, &icap, "%s", all);
+        uint32_t crc = (uint32_t)crc32(0L, (const Bytef *)ix, (uInt)ilen);
+        text_append(&ix, &ilen, &icap, "end %08" PRIx32 "\n", crc);
+        char ipath[1200];
+        snprintf(ipath, sizeof ipath, "%s/index", dir);
+        if (write_file_atomic(ipath, ix, ilen) != 0) {
+            seterr(err, errlen, "ckpt: cannot write '%s'", ipath);
+            failed = 1;
+        }
+        free(ix);
+    }
+    free(text);
+    free(all);
+    free(lens);
+    free(displs);
+    MPI_Bcast(&failed, 1, MPI_INT, 0, comm);
+    if (failed && rank != 0) seterr(err, errlen, "ckpt: rank 0 could not write the index of '%s'", dir);
+    free(chunks);
+    free(blob.buf);
+    return failed ? -1 : 0;
+
+fail_early:
+    if (!err[0]) seterr(err, errlen, "ckpt: another rank failed while writing '%s'", path);
+    free(chunks);
+    free(blob.buf);
+    return -1;
+}
+
+/* ------------------------------------------------------------------- read */
+
+void ck_index_free(CkIndex *ix) {
+    free(ix->kv);
+    free(ix->chunks);
+    memset(ix, 0, sizeof *ix);
+}
+
+const char *ck_kv(const CkIndex *ix, const char *key) {
+    for (int i = 0; i < ix->nkv; i++)
+        if (strcmp(ix->kv[i].key, key) == 0) return ix->kv[i].value;
+    return NULL;
+}
+
+int ck_index_read(const char *dir, CkIndex *ix, char *err, size_t errlen) {
+    memset(ix, 0, sizeof *ix);
+    snprintf(ix->dir, sizeof ix->dir, "%s", dir);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/index", dir);
+    size_t len = 0;
+    errno = 0;
+    char *text = read_file(path, &len);
+    if (!text) {
+        seterr(err, errlen, "ckpt: cannot read '%s': %s (an interrupted save or not a checkpoint)",
+               path, strerror(errno ? errno : EIO));
+        return -1;
+    }
+    int rc = -1, lineno = 0, have_end = 0;
+    const char *cur = "";
+    uint32_t running = (uint32_t)crc32(0L, Z_NULL, 0);
+    size_t ml = strlen(CK_INDEX_MAGIC);
+    if (len < ml + 1 || strncmp(text, CK_INDEX_MAGIC, ml) != 0 || text[ml] != '\n') {
+        seterr(err, errlen, "ckpt: '%s' does not start with '%s' (not a modtrain checkpoint index)",
+               path, CK_INDEX_MAGIC);
+        goto done;
+    }
+    int kcap = 0, ccap = 0;
+    for (char *line = text, *next; line < text + len; line = next) {
+        char *nl = memchr(line, '\n', (size_t)(text + len - line));
+        if (!nl) {
+            seterr(err, errlen, "ckpt: '%s' ends without a newline at line %d (truncated index)",
+                   path, lineno + 1);
+            goto done;
+        }
+        /* the CRC of every line before "end", taken before the line is cut */
+        uint32_t crc_before = running;
+        running = (uint32_t)crc32(running, (const Bytef *)line, (uInt)(nl + 1 - line));
+        *nl = '\0';
+        next = nl + 1;
+        lineno++;
+        cur = line;
+        if (have_end) {
+            seterr(err, errlen, "ckpt: '%s' has text after its 'end' line (line %d)", path, lineno);
+            goto done;
+        }
+        if (lineno == 1) continue;
+        if (strncmp(line, "end ", 4) == 0) {
+            uint32_t want = (uint32_t)strtoul(line + 4, NULL, 16);
+            uint32_t got = crc_before;
+            if (want != got) {
+                seterr(err, errlen, "ckpt: '%s' is garbled (CRC32 %08" PRIx32 ", its end line says "
+                       "%08" PRIx32 ")", path, got, want);
+                goto done;
+            }
+            have_end = 1;
+        } else if (strncmp(line, "data ", 5) == 0) {
+            unsigned long long b;
+            if (sscanf(line, "data data.bin %llu", &b) != 1) goto bad_line;
+            ix->data_bytes = b;
+        } else if (strncmp(line, "kv ", 3) == 0) {
+            if (ix->nkv == kcap) {
+                kcap = kcap ? 2 * kcap : 32;
+                ix->kv = realloc(ix->kv, (size_t)kcap * sizeof(CkKV));
+            }
+            CkKV *k = &ix->kv[ix->nkv];
+            char *sp = strchr(line + 3, ' ');
+            if (!sp) goto bad_line;
+            snprintf(k->key, sizeof k->key, "%.*s", (int)(sp - line - 3), line + 3);
+            snprintf(k->value, sizeof k->value, "%s", sp + 1);
+            ix->nkv++;
+        } else if (strncmp(line, "chunk ", 6) == 0) {
+            if (ix->nchunks == ccap) {
+                ccap = ccap ? 2 * ccap : 128;
+                ix->chunks = realloc(ix->chunks, (size_t)ccap * sizeof(CkChunk));
+            }
+            CkChunk *c = &ix->chunks[ix->nchunks];
+            memset(c, 0, sizeof *c);
+            unsigned int crc;
+            int k = sscanf(line,
+                           "chunk %111s %d %" SCNd64 " %" SCNd64 " %" SCNd64 " %" SCNd64 " %" SCNd64
+                           " %" SCNd64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %x",
+                           c->name, &c->ndim, &c->rows, &c->cols, &c->r0, &c->nr, &c->c0, &c->nc,
+                           &c->offset, &c->csize, &c->usize, &crc);
+            if (k != 12 || c->r0 < 0 || c->c0 < 0 || c->nr < 0 || c->nc < 0 ||
+                c->r0 + c->nr > c->rows || c->c0 + c->nc > c->cols ||
+                c->usize != (uint64_t)(c->nr * c->nc) * 4)
+                goto bad_line;
+            c->crc = crc;
+            ix->nchunks++;
+        } else {
+            goto bad_line;
+        }
+    }
+    if (!have_end) {
+        seterr(err, errlen, "ckpt: '%s' has no 'end' line (truncated index)", path);
+        goto done;
+    }
+    /* the data file: its magic and the size the index promises */
+    snprintf(path, sizeof path, "%s/data.bin", dir);
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        seterr(err, errlen, "ckpt: cannot open '%s': %s", path, strerror(errno));
+        goto done;
+    }
+    if ((uint64_t)st.st_size != ix->data_bytes) {
+        seterr(err, errlen, "ckpt: '%s' is %lld bytes, its index says %llu (truncated or extended)",
+               path, (long long)st.st_size, (unsigned long long)ix->data_bytes);
+        goto done;
+    }
+    char magic[8] = {0};
+    FILE *f = fopen(path, "rb");
+    size_t got = f ? fread(magic, 1, 8, f) : 0;
+    if (f) fclose(f);
+    if (got != 8 || memcmp(magic, CK_DATA_MAGIC, 8) != 0) {
+        seterr(err, errlen, "ckpt: '%s' has the wrong magic (expected '%s')", path, CK_DATA_MAGIC);
+        goto done;
+    }
+    for (int i = 0; i < ix->nchunks; i++) {
+        const CkChunk *c = &ix->chunks[i];
+        if (c->offset < 8 || c->offset + c->csize > ix->data_bytes) {
+            seterr(err, errlen, "ckpt: '%s': chunk %s [%" PRId64 ":%" PRId64 ", %" PRId64 ":%" PRId64
+                   "] lies outside the data file", ix->dir, c->name, c->r0, c->r0 + c->nr, c->c0,
+                   c->c0 + c->nc);
+            goto done;
+        }
+    }
+    rc = 0;
+    goto done;
+bad_line:
+    seterr(err, errlen, "ckpt: '%s/index' line %d is malformed: '%.80s'", dir, lineno, cur);
+done:
+    free(text);
+    if (rc != 0) {
+        free(ix->kv);
+        free(ix->chunks);
+        ix->kv = NULL;
+        ix->chunks = NULL;
+    }
+    return rc;
+}
+
+/* Reads, inflates, unshuffles and checks one chunk into out (usize bytes). */
+static int load_chunk(const CkIndex *ix, int fd, const CkChunk *c, float *out, char *err,
+                      size_t errlen) {
+    uint8_t *comp = xmalloc(c->csize + 1), *planes = xmalloc(c->usize + 1);
+    int rc = -1;
+    size_t got = 0;
+    while (got < c->csize) {
+        ssize_t k = pread(fd, comp + got, c->csize - got, (off_t)(c->offset + got));
+        if (k <= 0) break;
+        got += (size_t)k;
+    }
+    uLongf ulen = (uLongf)c->usize;
+    char where[1400];
+    snprintf(where, sizeof where, "ckpt: '%s/data.bin': chunk %s [%" PRId64 ":%" PRId64 ", %" PRId64
+             ":%" PRId64 "]", ix->dir, c->name, c->r0, c->r0 + c->nr, c->c0, c->c0 + c->nc);
+    if (got != c->csize) {
+        seterr(err, errlen, "%s: short read (%zu of %" PRIu64 " bytes)", where, got, c->csize);
+    } else if (uncompress(planes, &ulen, comp, (uLong)c->csize) != Z_OK || ulen != c->usize) {
+        seterr(err, errlen, "%s: does not inflate (corrupt)", where);
+    } else {
+        ck_unshuffle(out, planes, c->usize / 4);
+        uint32_t crc = (uint32_t)crc32(0L, (const Bytef *)out, (uInt)c->usize);
+        if (crc != c->crc)
+            seterr(err, errlen, "%s: CRC32 %08" PRIx32 ", the index says %08" PRIx32 " (corrupt)",
+                   where, crc, c->crc);
+        else rc = 0;
+    }
+    free(comp);
+    free(planes);
+    return rc;
+}
+
+static int open_data(const CkIndex *ix, char *err, size_t errlen) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/data.bin", ix->dir);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) seterr(err, errlen, "ckpt: cannot open '%s': %s", path, strerror(errno));
+    return fd;
+}
+
+int ck_read_slices(const CkIndex *ix, const CkSlice *slices, int n, char *err, size_t errlen) {
+    int fd = open_data(ix, err, errlen);
+    if (fd < 0) return -1;
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        const CkSlice *s = &slices[i];
+        int64_t covered = 0, found = 0;
+        for (int j = 0; j < ix->nchunks && rc == 0; j++) {
+            const CkChunk *c = &ix->chunks[j];
+            if (strcmp(c->name, s->name) != 0) continue;
+            found = 1;
+            if (c->rows != s->rows || c->cols != s->cols) {
+                seterr(err, errlen, "ckpt: '%s': tensor %s is [%" PRId64 ", %" PRId64 "], this run "
+                       "expects [%" PRId64 ", %" PRId64 "]", ix->dir, s->name, c->rows, c->cols,
+                       s->rows, s->cols);
+                rc = -1;
+                break;
+            }
+            int64_t r0 = c->r0 > s->r0 ? c->r0 : s->r0;
+            int64_t r1 = c->r0 + c->nr < s->r0 + s->nr ? c->r0 + c->nr : s->r0 + s->nr;
+            int64_t c0 = c->c0 > s->c0 ? c->c0 : s->c0;
+            int64_t c1 = c->c0 + c->nc < s->c0 + s->nc ? c->c0 + c->nc : s->c0 + s->nc;
+            if (r0 >= r1 || c0 >= c1) continue;
+            float *buf = xmalloc(c->usize + 4);
+            if (load_chunk(ix, fd, c, buf, err, errlen) != 0) rc = -1;
+            else
+                for (int64_t r = r0; r < r1; r++)
+                    memcpy(s->data + (r - s->r0) * s->ld + (c0 - s->c0),
+                           buf + (r - c->r0) * c->nc + (c0 - c->c0), (size_t)(c1 - c0) * 4);
+            free(buf);
+            covered += (r1 - r0) * (c1 - c0);
+        }
+        if (rc == 0 && !found) {
+            seterr(err, errlen, "ckpt: '%s' holds no tensor %s", ix->dir, s->name);
+            rc = -1;
+        } else if (rc == 0 && covered != s->nr * s->nc) {
+            seterr(err, errlen, "ckpt: '%s': the chunks of %s cover %" PRId64 " of the %" PRId64
+                   " elements this rank needs", ix->dir, s->name, covered, s->nr * s->nc);
+            rc = -1;
+        }
+    }
+    close(fd);
+    return rc;
+}
+
+int ck_verify(const CkIndex *ix, char *err, size_t errlen) {
+    int fd = open_data(ix, err, errlen);
+    if (fd < 0) return -1;
+    int rc = 0;
+    for (int j = 0; j < ix->nchunks && rc == 0; j++) {
+        float *buf = xmalloc(ix->chunks[j].usize + 4);
+        rc = load_chunk(ix, fd, &ix->chunks[j], buf, err, errlen);
+        free(buf);
+    }
+    close(fd);
+    return rc;
+}

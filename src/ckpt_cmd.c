@@ -1,0 +1,289 @@
+/*
+ * ckpt_cmd: `modtrain ckpt list | verify | inspect | export | import`.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "../checkpoint/ckio.h"
+#include "../checkpoint/ckpt.h"
+#include "../checkpoint/safetensors.h"
+#include "cli.h"
+#include "config.h"
+#include "model.h"
+#include "train.h"
+#include "util.h"
+
+static void human_bytes(char *buf, size_t n, double b) {
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (b >= 1024 && i < 4) b /= 1024, i++;
+    snprintf(buf, n, i ? "%.1f %s" : "%.0f %s", b, u[i]);
+}
+
+/* One line of `ckpt list` for a step directory; returns 0 when it verifies. */
+static int list_one(const char *dir, const char *name) {
+    char path[1200], when[32] = "-", size[32] = "-", err[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s/data.bin", dir, name);
+    double bytes = 0;
+    if (stat(path, &st) == 0) {
+        bytes += (double)st.st_size;
+        strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime(&st.st_mtime));
+    }
+    snprintf(path, sizeof path, "%s/%s/index", dir, name);
+    if (stat(path, &st) == 0) bytes += (double)st.st_size;
+    human_bytes(size, sizeof size, bytes);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    CkIndex ix;
+    if (ck_index_read(path, &ix, err, sizeof err) != 0) {
+        printf("%-15s %-19s %10s %7s  BAD: %s\n", name, when, size, "-", err);
+        return -1;
+    }
+    double raw = 0, comp = 0;
+    for (int i = 0; i < ix.nchunks; i++) raw += (double)ix.chunks[i].usize, comp += (double)ix.chunks[i].csize;
+    int rc = ck_verify(&ix, err, sizeof err);
+    const char *step = ck_kv(&ix, "state.step");
+    printf("%-15s %-19s %10s %6.2fx  %s%s (step %s)\n", name, when, size, comp > 0 ? raw / comp : 0,
+           rc == 0 ? "verified" : "BAD: ", rc == 0 ? "" : err, step ? step : "?");
+    ck_index_free(&ix);
+    return rc;
+}
+
+static int list_main(int argc, char **argv) {
+    const char *ckpt = NULL;
+    CliOpt opts[] = {{"ckpt", CLI_STR, &ckpt, "ckpt_dir to list"}, {NULL, 0, NULL, NULL}};
+    int h = cli_parse("ckpt list", "modtrain ckpt list --ckpt DIR",
+                      "Lists a ckpt_dir's checkpoints: step, time, size on disk, compression "
+                      "ratio, and whether every chunk verifies.",
+                      opts, argc, argv);
+    if (h != 1) return h == 0 ? 0 : 2;
+    if (!ckpt) {
+        errorf("ckpt list: --ckpt is required");
+        return 2;
+    }
+    char **names;
+    int n = ckpt_list_steps(ckpt, &names), bad = 0;
+    printf("%-15s %-19s %10s %7s  %s\n", "checkpoint", "written", "size", "ratio", "status");
+    for (int i = n - 1; i >= 0; i--) {
+        bad += list_one(ckpt, names[i]) != 0;
+        free(names[i]);
+    }
+    free(names);
+    DIR *d = opendir(ckpt);
+    if (!d) {
+        errorf("ckpt list: cannot open '%s'", ckpt);
+        return 2;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strncmp(e->d_name, "step-", 5) == 0 && strstr(e->d_name, ".tmp"))
+            printf("%-15s %-19s %10s %7s  incomplete: left by an interrupted save, ignored\n",
+                   e->d_name, "-", "-", "-");
+    closedir(d);
+    char p[1100];
+    snprintf(p, sizeof p, "%s/latest", ckpt);
+    char *latest = read_file(p, NULL);
+    if (latest) {
+        latest[strcspn(latest, "\r\n")] = '\0';
+        printf("latest -> %s\n", latest);
+        free(latest);
+    }
+    if (n == 0) printf("(no checkpoints)\n");
+    return bad ? 1 : 0;
+}
+
+static int verify_main(int argc, char **argv) {
+    const char *ckpt = NULL;
+    CliOpt opts[] = {{"ckpt", CLI_STR, &ckpt, "checkpoint (ckpt_dir or step directory)"},
+                     {NULL, 0, NULL, NULL}};
+    int h = cli_parse("ckpt verify", "modtrain ckpt verify --ckpt DIR",
+                      "Reads every chunk of a checkpoint and checks its CRC32.", opts, argc, argv);
+    if (h != 1) return h == 0 ? 0 : 2;
+    if (!ckpt) {
+        errorf("ckpt verify: --ckpt is required");
+        return 2;
+    }
+    char dir[1100], err[1024];
+    if (ckpt_resolve(ckpt, dir, sizeof dir) != 0) return 1;
+    CkIndex ix;
+    if (ck_index_read(dir, &ix, err, sizeof err) != 0 || ck_verify(&ix, err, sizeof err) != 0) {
+        errorf("%s", err);
+        return 1;
+    }
+    printf("ckpt verify: %s: %d chunks, every CRC32 matches\n", dir, ix.nchunks);
+    ck_index_free(&ix);
+    return 0;
+}
+
+static int inspect_main(int argc, char **argv) {
+    const char *ckpt = NULL;
+    CliOpt opts[] = {{"ckpt", CLI_STR, &ckpt, "checkpoint (ckpt_dir or step directory)"},
+                     {NULL, 0, NULL, NULL}};
+    int h = cli_parse("ckpt inspect", "modtrain ckpt inspect --ckpt DIR",
+                      "Prints a checkpoint's config, training state, the layout it was written "
+                      "with, and every tensor with its shape and chunks.",
+                      opts, argc, argv);
+    if (h != 1) return h == 0 ? 0 : 2;
+    if (!ckpt) {
+        errorf("ckpt inspect: --ckpt is required");
+        return 2;
+    }
+    char dir[1100], err[1024];
+    if (ckpt_resolve(ckpt, dir, sizeof dir) != 0) return 1;
+    CkIndex ix;
+    if (ck_index_read(dir, &ix, err, sizeof err) != 0) {
+        errorf("%s", err);
+        return 1;
+    }
+    printf("checkpoint %s (data.bin: %" PRIu64 " bytes)\n", dir, ix.data_bytes);
+    for (int i = 0; i < ix.nkv; i++) printf("  %-24s %s\n", ix.kv[i].key, ix.kv[i].value);
+    printf("%-40s %-12s %s\n", "tensor", "shape", "chunks: [rows, cols] slice, bytes raw -> deflated");
+    for (int i = 0; i < ix.nchunks; i++) {
+        const CkChunk *c = &ix.chunks[i];
+        int first = i == 0 || strcmp(ix.chunks[i - 1].name, c->name) != 0;
+        char shape[40];
+        if (c->ndim == 1) snprintf(shape, sizeof shape, "[%" PRId64 "]", c->rows);
+        else snprintf(shape, sizeof shape, "[%" PRId64 ", %" PRId64 "]", c->rows, c->cols);
+        printf("%-40s %-12s [%" PRId64 ":%" PRId64 ", %" PRId64 ":%" PRId64 "] %" PRIu64
+               " -> %" PRIu64 "\n",
+               first ? c->name : "", first ? shape : "", c->r0, c->r0 + c->nr, c->c0,
+               c->c0 + c->nc, c->usize, c->csize);
+    }
+    ck_index_free(&ix);
+    return 0;
+}
+
+static int export_main(int argc, char **argv) {
+    const char *ckpt = NULL, *format = "safetensors", *out = NULL;
+    CliOpt opts[] = {{"ckpt", CLI_STR, &ckpt, "checkpoint (ckpt_dir or step directory)"},
+                     {"format", CLI_STR, &format, "output format: safetensors"},
+                     {"out", CLI_STR, &out, "output file"},
+                     {NULL, 0, NULL, NULL}};
+    int h = cli_parse("ckpt export", "modtrain ckpt export --ckpt DIR --format safetensors --out FILE",
+                      "Writes the weights under Hugging Face GPT-2 names and shapes.", opts, argc,
+                      argv);
+    if (h != 1) return h == 0 ? 0 : 2;
+    if (!ckpt || !out) {
+        errorf("ckpt export: --ckpt and --out are required");
+        return 2;
+    }
+    if (strcmp(format, "safetensors") != 0) {
+        errorf("ckpt export: --format '%s' is not available (expected safetensors)", format);
+        return 2;
+    }
+    Config cfg;
+    config_defaults(&cfg);
+    Model m;
+    int step = 0;
+    if (ckpt_open_model(ckpt, &m, &cfg, 1, &step) != 0) return 2;
+    int rc = ckpt_export_safetensors(out, &m, &cfg, step) == 0 ? 0 : 1;
+    if (rc == 0) printf("ckpt export: wrote %s (step %d)\n", out, step);
+    model_free(&m);
+    return rc;
+}
+
+/* Fills a model key missing from the metadata from a tensor's shape. */
+static int infer_key(Config *cfg, const StFile *f, const char *key, const char *tensor, int dim) {
+    if (st_meta(f, key)) return config_set(cfg, key, st_meta(f, key), f->path);
+    const StTensor *t = st_find(f, tensor);
+    if (!t || t->ndim <= dim) {
+        errorf("ckpt import: '%s' has neither metadata '%s' nor tensor '%s'", f->path, key, tensor);
+        return -1;
+    }
+    char v[32];
+    snprintf(v, sizeof v, "%lld", (long long)t->shape[dim]);
+    return config_set(cfg, key, v, f->path);
+}
+
+static int import_main(int argc, char **argv) {
+    const char *in = NULL, *ckpt = NULL;
+    int n_head = 0;
+    CliOpt opts[] = {{"in", CLI_STR, &in, "safetensors file to import"},
+                     {"ckpt", CLI_STR, &ckpt, "ckpt_dir to write the checkpoint into"},
+                     {"n_head", CLI_INT, &n_head, "heads, when the file's metadata lacks n_head"},
+                     {NULL, 0, NULL, NULL}};
+    int h = cli_parse("ckpt import", "modtrain ckpt import --in FILE --ckpt DIR",
+                      "Turns a GPT-2 safetensors file into a checkpoint modtrain can train or "
+                      "evaluate.",
+                      opts, argc, argv);
+    if (h != 1) return h == 0 ? 0 : 2;
+    if (!in || !ckpt) {
+        errorf("ckpt import: --in and --ckpt are required");
+        return 2;
+    }
+    StFile f;
+    if (st_read(&f, in) != 0) return 2;
+    Config cfg;
+    config_defaults(&cfg);
+    cfg.route_every = 0; /* no router tensors unless the metadata says otherwise */
+    int rc = 2;
+    if (infer_key(&cfg, &f, "vocab_size", "wte.weight", 0) ||
+        infer_key(&cfg, &f, "d_model", "wte.weight", 1) || infer_key(&cfg, &f, "seq_len", "wpe.weight", 0))
+        goto out;
+    int L = 0;
+    char name[64];
+    for (;; L++) {
+        snprintf(name, sizeof name, "h.%d.ln_1.weight", L);
+        if (!st_find(&f, name)) break;
+    }
+    cfg.n_layer = L;
+    for (int i = 0; config_model_keys[i]; i++) {
+        const char *v = st_meta(&f, config_model_keys[i]);
+        if (v && config_set(&cfg, config_model_keys[i], v, in) != 0) goto out;
+    }
+    if (n_head > 0) cfg.n_head = n_head;
+    else if (!st_meta(&f, "n_head")) {
+        errorf("ckpt import: '%s' has no n_head metadata; pass --n-head (GPT-2 small: 12)", in);
+        goto out;
+    }
+    if (cfg.n_layer < 1 || cfg.d_model % cfg.n_head != 0 || config_validate(&cfg) != 0) {
+        errorf("ckpt import: '%s' gives n_layer = %d, d_model = %d, n_head = %d: not a GPT "
+               "shape modtrain can build",
+               in, cfg.n_layer, cfg.d_model, cfg.n_head);
+        goto out;
+    }
+    ModelDims d;
+    model_dims_config(&d, &cfg, 1, 0);
+    Model m;
+    model_init(&m, &d, 1, NULL);
+    const char *ms = st_meta(&f, "step");
+    int step = ms ? atoi(ms) : 0;
+    cfg.ckpt_keep = 1 << 20;
+    if (ckpt_load_safetensors(in, &m) == 0 &&
+        ckpt_save(ckpt, &m, NULL, &cfg, step, MPI_COMM_WORLD, 1) == 0) {
+        printf("ckpt import: %s -> %s/step-%08d (L=%d C=%d NH=%d T=%d V=%d)\n", in, ckpt, step,
+               d.L, d.C, d.NH, d.maxT, d.V);
+        rc = 0;
+    }
+    model_free(&m);
+out:
+    st_free(&f);
+    return rc;
+}
+
+int ckpt_main(int argc, char **argv) {
+    if (argc < 1 || strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0) {
+        printf("usage: modtrain ckpt list|verify|inspect|export|import [options]\n"
+               "  list    --ckpt DIR       checkpoints of a ckpt_dir, verified\n"
+               "  verify  --ckpt DIR       every chunk's CRC32\n"
+               "  inspect --ckpt DIR       config, state, layout, tensors and chunks\n"
+               "  export  --ckpt DIR --format safetensors --out FILE\n"
+               "  import  --in FILE --ckpt DIR [--n-head N]\n");
+        return argc < 1 ? 2 : 0;
+    }
+    const char *sub = argv[0];
+    if (strcmp(sub, "list") == 0) return list_main(argc - 1, argv + 1);
+    if (strcmp(sub, "verify") == 0) return verify_main(argc - 1, argv + 1);
+    if (strcmp(sub, "inspect") == 0) return inspect_main(argc - 1, argv + 1);
+    if (strcmp(sub, "export") == 0) return export_main(argc - 1, argv + 1);
+    if (strcmp(sub, "import") == 0) return import_main(argc - 1, argv + 1);
+    errorf("ckpt: unknown subcommand '%s' (expected list, verify, inspect, export or import)", sub);
+    return 2;
+}
