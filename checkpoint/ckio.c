@@ -180,8 +180,13 @@ int ck_write(MPI_Comm comm, const char *dir, const CkSlice *slices, int n, const
     if (!failed && mpi_failed(rc, "MPI_File_close", path, err, errlen)) failed = 1;
     if (any_failed(comm, failed)) goto fail_early;
 
+    /* fault injection for the tests: "save-crash" or "save-crash:STEP" */
     const char *fault = getenv("MODTRAIN_FAULT");
-    if (fault && strcmp(fault, "save-crash") == 0) {
+    const char *fstep = NULL;
+    for (int i = 0; i < nkv; i++)
+        if (strcmp(kv[i].key, "state.step") == 0) fstep = kv[i].value;
+    if (fault && (strcmp(fault, "save-crash") == 0 ||
+                  (strncmp(fault, "save-crash:", 11) == 0 && fstep && strcmp(fault + 11, fstep) == 0))) {
         fprintf(stderr, "modtrain: MODTRAIN_FAULT=save-crash: exiting in the middle of a save\n");
         _exit(137);
     }

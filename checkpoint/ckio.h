@@ -57,8 +57,9 @@ typedef struct {
     uint64_t data_bytes; /* data.bin size the index promises */
 } CkIndex;
 
-/* Test hook: MODTRAIN_FAULT=save-crash makes ck_write exit(137) after the
- * data is written and before the index is (a process killed mid-save). */
+/* Test hook: MODTRAIN_FAULT=save-crash (or save-crash:STEP, matching the
+ * "state.step" key) makes ck_write exit(137) after the data is written and
+ * before the index is: a process killed in the middle of a save. */
 
 /* Writes slices (each rank its own; replicated tensors from one rank only)
  * into dir (created by the caller) with level 0-9. Collective over comm.

@@ -228,9 +228,10 @@ int ckpt_save(const char *ckpt_dir, const Model *m, const AdamW *opt, const Conf
 /* ------------------------------------------------------------------ load */
 
 int ckpt_resolve(const char *path, char *out, size_t n) {
-    char p[1200];
+    char p[1200], q[1200];
     snprintf(p, sizeof p, "%s/index", path);
-    if (is_file(p)) {
+    snprintf(q, sizeof q, "%s/data.bin", path);
+    if (is_file(p) || is_file(q)) { /* a step directory, perhaps a broken one */
         snprintf(out, n, "%s", path);
         return 0;
     }

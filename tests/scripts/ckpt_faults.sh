@@ -1,0 +1,175 @@
+#!/bin/sh
+# Checkpoints under faults: a truncated data file, a flipped byte, a missing,
+# garbled or foreign index, a wrong data magic, a .tmp directory left by a
+# crash and a `latest` pointing nowhere each give a clear error naming the
+# file (and chunk), and resume = auto falls back to the newest checkpoint that
+# loads; a process killed in the middle of a save (fault injection and a real
+# kill -9) leaves the previous checkpoint intact and resumable; an unwritable
+# directory and a full disk during a save are clear errors that keep older
+# checkpoints. Resumed runs end bit for bit where an uninterrupted run ends.
+. "$(dirname "$0")/lib.sh"
+prep_fortunes
+cd "$TMP"
+common="--config $srcdir/jobs/tiny.conf --train_data data/train.bin --val_data data/val.bin \
+    --eval_every 0 --log_every 1000 --ckpt_every 10 --ckpt_keep 5"
+train() { "$MODTRAIN" train $common "$@"; }
+
+train --steps 40 --run_dir ref > ref.log 2>&1 || { cat ref.log; fail "reference run"; finish; }
+# base: the same run, killed while saving its last step (fault injection):
+# checkpoints of steps 10, 20 and 30 of the 40-step run
+set +e
+MODTRAIN_FAULT=save-crash:40 train --steps 40 --run_dir base > base.log 2>&1
+rc=$?
+set -e
+[ "$rc" -eq 137 ] || { cat base.log; fail "base run did not stop at its last save"; finish; }
+"$MODTRAIN" ckpt list --ckpt base/ckpt > list.txt
+cat list.txt
+[ "$(grep -c verified list.txt)" -eq 3 ] && grep -q "latest -> step-00000030" list.txt &&
+    grep -q "step-00000040.tmp .*incomplete" list.txt &&
+    ok "ckpt list: 3 verified checkpoints, latest step 30, an incomplete step 40" || fail "ckpt list"
+
+# expect_bad DIR PATTERN: verify fails and names the problem
+expect_bad() {
+    if "$MODTRAIN" ckpt verify --ckpt "$1" > v.txt 2>&1; then
+        fail "verify accepted $1 ($2)"
+    elif grep -q -- "$2" v.txt; then
+        ok "$(cat v.txt)"
+    else
+        fail "verify of $1 said '$(cat v.txt)', expected /$2/"
+    fi
+}
+# resumes DIR FROM: continuing to 40 steps skips the broken newest
+# checkpoint, loads step FROM and ends equal to the uninterrupted run
+resumes() {
+    cp -r "$1" "$1.run"
+    train --steps 40 --run_dir "$1.run" > "$1.log" 2>&1 || { cat "$1.log"; fail "$1: resume failed"; return; }
+    grep -q "resume: loaded $1.run/ckpt/step-000000$2" "$1.log" &&
+        cmp -s ref/ckpt/step-00000040/data.bin "$1.run/ckpt/step-00000040/data.bin" &&
+        ok "$1: resume passed over what is broken, loaded step $2, ended bitwise equal to the uninterrupted run" ||
+        { cat "$1.log"; fail "$1: resume did not fall back to step $2 and match"; }
+}
+breakcopy() { rm -rf "$1"; cp -r base "$1"; }
+
+breakcopy trunc
+truncate -s -100 trunc/ckpt/step-00000030/data.bin
+expect_bad trunc/ckpt/step-00000030 "data.bin' is .* bytes, its index says"
+resumes trunc 20
+
+breakcopy flip
+off=$(awk '$1 == "chunk" && $2 == "param/h.0.mlp.c_fc.weight" { print $10 + 5 }' flip/ckpt/step-00000030/index)
+printf '\125' | dd of=flip/ckpt/step-00000030/data.bin bs=1 seek="$off" conv=notrunc 2> /dev/null
+expect_bad flip/ckpt/step-00000030 "chunk param/h.0.mlp.c_fc.weight"
+resumes flip 20
+
+breakcopy noindex
+rm noindex/ckpt/step-00000030/index
+expect_bad noindex/ckpt/step-00000030 "cannot read 'noindex/ckpt/step-00000030/index'"
+resumes noindex 20
+
+breakcopy garbled
+sed -i 's/^kv state.step 30$/kv state.step 31/' garbled/ckpt/step-00000030/index
+expect_bad garbled/ckpt/step-00000030 "index' is garbled"
+resumes garbled 20
+
+breakcopy foreign
+sed -i '1s/.*/some-other-format 2/' foreign/ckpt/step-00000030/index
+expect_bad foreign/ckpt/step-00000030 "does not start with 'modtrain-checkpoint 1'"
+
+breakcopy magic
+printf 'XXXXXXXX' | dd of=magic/ckpt/step-00000030/data.bin bs=1 seek=0 conv=notrunc 2> /dev/null
+expect_bad magic/ckpt/step-00000030 "data.bin' has the wrong magic"
+resumes magic 20
+
+# a .tmp directory left by a crash (base's own, plus junk) is listed as
+# incomplete, ignored by resume and replaced by the next save of its step
+breakcopy tmpdir
+echo junk > tmpdir/ckpt/step-00000040.tmp/index
+"$MODTRAIN" ckpt list --ckpt tmpdir/ckpt | grep -q "step-00000040.tmp .*incomplete" &&
+    ok "ckpt list shows the .tmp directory as incomplete" || fail ".tmp listing"
+resumes tmpdir 30
+
+# latest pointing nowhere: a clear error for eval, ignored by resume = auto
+breakcopy dangling
+echo step-00000099 > dangling/ckpt/latest
+set +e
+"$MODTRAIN" eval --ckpt dangling/ckpt --data data/val.bin > e.txt 2>&1
+rc=$?
+set -e
+[ "$rc" -eq 2 ] && grep -q "latest' names 'step-00000099', which is not a checkpoint" e.txt &&
+    ok "$(cat e.txt)" || { cat e.txt; fail "dangling latest"; }
+resumes dangling 30
+
+# every checkpoint broken: resume = auto refuses rather than starting over
+breakcopy allbad
+for d in allbad/ckpt/step-*; do truncate -s 100 "$d/data.bin"; done
+set +e
+train --steps 40 --run_dir allbad > allbad.log 2>&1
+rc=$?
+set -e
+[ "$rc" -eq 2 ] && grep -q "none of the 3 checkpoints in 'allbad/ckpt' loads" allbad.log &&
+    ok "no loadable checkpoint: $(tail -n 1 allbad.log)" || { cat allbad.log; fail "all broken"; }
+
+# killed in the middle of a save (fault injection): the previous checkpoint stays
+set +e
+MODTRAIN_FAULT=save-crash:20 train --steps 40 --run_dir crash > crash.log 2>&1
+rc=$?
+set -e
+[ "$rc" -eq 137 ] && [ -d crash/ckpt/step-00000020.tmp ] && [ ! -e crash/ckpt/step-00000020 ] &&
+    grep -q step-00000010 crash/ckpt/latest && "$MODTRAIN" ckpt verify --ckpt crash/ckpt > /dev/null &&
+    ok "a crash in the middle of saving step 20 left step 10 as latest, verified" ||
+    { cat crash.log; ls crash/ckpt; fail "crash mid-save"; }
+train --steps 40 --run_dir crash > crash2.log 2>&1
+grep -q "resume: loaded crash/ckpt/step-00000010" crash2.log &&
+    cmp -s ref/ckpt/step-00000040/data.bin crash/ckpt/step-00000040/data.bin &&
+    [ ! -e crash/ckpt/step-00000020.tmp ] &&
+    ok "resumed after the crash from step 10, ended bitwise equal" || { cat crash2.log; fail "resume after crash"; }
+
+# a real kill -9 at an arbitrary moment of a run that saves every step
+"$MODTRAIN" train $common --steps 100000 --ckpt_every 1 --ckpt_keep 3 --run_dir killed > killed.log 2>&1 &
+pid=$!
+i=0
+while [ ! -e killed/ckpt/step-00000020 ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+kill -9 $pid
+wait $pid 2> /dev/null || true
+"$MODTRAIN" ckpt list --ckpt killed/ckpt > kl.txt 2>&1 || true
+cat kl.txt
+if grep -q BAD kl.txt; then fail "kill -9 left a damaged checkpoint"; else ok "kill -9: every committed checkpoint verifies"; fi
+last=$(sed -n 's/latest -> step-0*\([0-9]*\)/\1/p' kl.txt)
+train --steps $((last + 2)) --ckpt_every 1 --ckpt_keep 3 --run_dir killed > killed2.log 2>&1 &&
+    grep -q "resume: loaded killed/ckpt/step-.*(step $last)" killed2.log &&
+    ok "resumed from step $last after kill -9" || { cat killed2.log; fail "resume after kill -9"; }
+
+# an unwritable checkpoint directory (even root cannot create a directory
+# under a regular file): periodic saves report it and training goes on; the
+# final save fails the run
+echo > afile
+set +e
+train --steps 12 --ckpt_dir afile/ckpt --run_dir unwritable > unw.log 2>&1
+rc=$?
+set -e
+[ "$rc" -eq 1 ] && grep -q "cannot create 'afile/ckpt'" unw.log &&
+    [ "$(grep -c '"loss"' unwritable/metrics.jsonl)" -eq 12 ] &&
+    ok "unwritable ckpt_dir: $(grep -m 1 'cannot create' unw.log)" || { cat unw.log; fail "unwritable ckpt_dir"; }
+
+# a full disk: a small tmpfs holds one checkpoint but not two
+size=$(du -sk base/ckpt/step-00000030 | cut -f1)
+mkdir full
+if mount -t tmpfs -o size=$((size * 3 / 2))k tmpfs full 2> /dev/null; then
+    mkdir full/ckpt
+    cp -r base/ckpt/step-00000030 full/ckpt/
+    echo step-00000030 > full/ckpt/latest
+    before=$(md5sum full/ckpt/step-00000030/data.bin)
+    set +e
+    train --steps 32 --ckpt_every 0 --ckpt_dir full/ckpt --run_dir fullrun > full.log 2>&1
+    rc=$?
+    set -e
+    after=$(md5sum full/ckpt/step-00000030/data.bin)
+    [ "$rc" -eq 1 ] && grep -q "checkpoint of step 32 not saved; older ones untouched" full.log &&
+        [ "$before" = "$after" ] && [ ! -e full/ckpt/step-00000032.tmp ] &&
+        "$MODTRAIN" ckpt verify --ckpt full/ckpt > /dev/null &&
+        ok "full disk: $(grep -m 1 'not saved' full.log)" || { cat full.log; ls -la full/ckpt; fail "full disk"; }
+    umount full
+else
+    echo "note: cannot mount a tmpfs here; the full-disk case is skipped"
+fi
+finish
