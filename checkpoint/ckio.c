@@ -77,27 +77,25 @@ static void text_append(char **s, size_t *len, size_t *cap, const char *fmt, ...
     }
 }
 
-/* Compresses one slice into the blob; returns its chunk line fields. */
-static int pack_slice(Blob *blob, const CkSlice *s, int level, CkChunk *c) {
+/* Compresses one slice into a buffer of its own (*out, malloc'd) and fills
+ * its chunk fields but the offset. Returns 0 or -1. */
+static int pack_slice(const CkSlice *s, int level, CkChunk *c, uint8_t **out) {
     size_t n = (size_t)s->nr * (size_t)s->nc;
     float *raw = xmalloc(n * sizeof(float) + 4);
     for (int64_t r = 0; r < s->nr; r++)
         memcpy(raw + (size_t)r * s->nc, s->data + r * s->ld, (size_t)s->nc * sizeof(float));
     uint8_t *planes = xmalloc(n * sizeof(float) + 4);
     ck_shuffle(planes, raw, n);
-    uLongf bound = compressBound((uLong)(n * sizeof(float)));
-    blob_reserve(blob, bound);
-    uLongf clen = bound;
-    int zrc = compress2(blob->buf + blob->len, &clen, planes, (uLong)(n * sizeof(float)), level);
+    uLongf bound = compressBound((uLong)(n * sizeof(float))), clen = bound;
+    *out = xmalloc(bound);
+    int zrc = compress2(*out, &clen, planes, (uLong)(n * sizeof(float)), level);
     memset(c, 0, sizeof *c);
     snprintf(c->name, sizeof c->name, "%s", s->name);
     c->ndim = s->ndim;
     c->rows = s->rows, c->cols = s->cols, c->r0 = s->r0, c->nr = s->nr, c->c0 = s->c0, c->nc = s->nc;
-    c->offset = blob->len; /* local for now */
     c->csize = clen;
     c->usize = n * sizeof(float);
     c->crc = (uint32_t)crc32(0L, (const Bytef *)raw, (uInt)(n * sizeof(float)));
-    blob->len += clen;
     free(raw);
     free(planes);
     return zrc == Z_OK ? 0 : -1;
@@ -135,12 +133,29 @@ int ck_write(MPI_Comm comm, const char *dir, const CkSlice *slices, int n, const
         memcpy(blob.buf, CK_DATA_MAGIC, 8);
         blob.len = 8;
     }
+    /* tensors deflate independently, on all threads; they are laid out in
+     * slice order whatever the thread count */
     CkChunk *chunks = xcalloc((size_t)n + 1, sizeof(CkChunk));
-    for (int i = 0; i < n && !failed; i++)
-        if (pack_slice(&blob, &slices[i], level, &chunks[i]) != 0) {
-            seterr(err, errlen, "ckpt: deflate of '%s' failed", slices[i].name);
-            failed = 1;
+    uint8_t **packed = xcalloc((size_t)n + 1, sizeof(uint8_t *));
+    int zfail = -1;
+#pragma omp parallel for schedule(dynamic)
+    for (int i = 0; i < n; i++)
+        if (pack_slice(&slices[i], level, &chunks[i], &packed[i]) != 0) {
+#pragma omp critical
+            zfail = i;
         }
+    for (int i = 0; i < n; i++) {
+        blob_reserve(&blob, chunks[i].csize);
+        memcpy(blob.buf + blob.len, packed[i], chunks[i].csize);
+        chunks[i].offset = blob.len; /* local for now */
+        blob.len += chunks[i].csize;
+        free(packed[i]);
+    }
+    free(packed);
+    if (zfail >= 0) {
+        seterr(err, errlen, "ckpt: deflate of '%s' failed", slices[zfail].name);
+        failed = 1;
+    }
     if (any_failed(comm, failed)) goto fail_early;
 
     /* 2. offsets: an exclusive prefix sum of the compressed sizes */

@@ -1,0 +1,102 @@
+/*
+ * ckpt_bench: on the state in a checkpoint (parameters and AdamW moments of a
+ * trained model), compares the compression of shuffle+deflate with deflate
+ * alone at several zlib levels, and measures save and load throughput of the
+ * real writer (MPI-IO, fsync, index) and reader (inflate, unshuffle, CRC).
+ * usage: ckpt_bench STEPDIR SCRATCHDIR [REPEATS]
+ */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+#include "../../checkpoint/ckio.h"
+#include "../../src/util.h"
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    if (argc < 3) {
+        fprintf(stderr, "usage: ckpt_bench STEPDIR SCRATCHDIR [REPEATS]\n");
+        MPI_Finalize();
+        return 2;
+    }
+    int reps = argc > 3 ? atoi(argv[3]) : 3;
+    char err[1024];
+    CkIndex ix;
+    if (ck_index_read(argv[1], &ix, err, sizeof err) != 0) {
+        fprintf(stderr, "%s\n", err);
+        MPI_Finalize();
+        return 1;
+    }
+    /* every chunk back as a whole-tensor slice */
+    CkSlice *s = xcalloc((size_t)ix.nchunks, sizeof(CkSlice));
+    double raw = 0;
+    for (int i = 0; i < ix.nchunks; i++) {
+        const CkChunk *c = &ix.chunks[i];
+        snprintf(s[i].name, sizeof s[i].name, "%s", c->name);
+        s[i].ndim = c->ndim, s[i].rows = c->rows, s[i].cols = c->cols;
+        s[i].r0 = c->r0, s[i].nr = c->nr, s[i].c0 = c->c0, s[i].nc = c->nc, s[i].ld = c->nc;
+        s[i].data = xmalloc(c->usize + 4);
+        raw += (double)c->usize;
+    }
+    if (ck_read_slices(&ix, s, ix.nchunks, err, sizeof err) != 0) {
+        fprintf(stderr, "%s\n", err);
+        MPI_Finalize();
+        return 1;
+    }
+    printf("state: %d tensors, %.2f MB of float32 (parameters and AdamW moments)\n", ix.nchunks,
+           raw / 1e6);
+    printf("%-6s %18s %18s %10s\n", "level", "deflate alone", "shuffle+deflate", "gain");
+    int levels[] = {1, 6, 9};
+    for (int li = 0; li < 3; li++) {
+        double plain = 0, shuf = 0;
+        for (int i = 0; i < ix.nchunks; i++) {
+            size_t n = (size_t)(s[i].nr * s[i].nc), bytes = n * 4;
+            uLongf bound = compressBound((uLong)bytes), len;
+            uint8_t *out = xmalloc(bound), *planes = xmalloc(bytes + 4);
+            len = bound;
+            compress2(out, &len, (const Bytef *)s[i].data, (uLong)bytes, levels[li]);
+            plain += (double)len;
+            ck_shuffle(planes, s[i].data, n);
+            len = bound;
+            compress2(out, &len, planes, (uLong)bytes, levels[li]);
+            shuf += (double)len;
+            free(out);
+            free(planes);
+        }
+        printf("%-6d %17.3fx %17.3fx %9.1f%%\n", levels[li], raw / plain, raw / shuf,
+               100 * (plain / shuf - 1));
+    }
+    CkKV kv = {"state.step", "0"};
+    for (int li = 0; li < 3; li++) {
+        double best_save = 1e30, best_load = 1e30;
+        for (int r = 0; r < reps; r++) {
+            char dir[1100];
+            snprintf(dir, sizeof dir, "%s/bench-%d-%d", argv[2], levels[li], r);
+            mkdirs(dir);
+            double t0 = now_s();
+            if (ck_write(MPI_COMM_WORLD, dir, s, ix.nchunks, &kv, 1, levels[li], err, sizeof err)) {
+                fprintf(stderr, "%s\n", err);
+                MPI_Finalize();
+                return 1;
+            }
+            double t1 = now_s();
+            CkIndex back;
+            if (ck_index_read(dir, &back, err, sizeof err) || ck_verify(&back, err, sizeof err)) {
+                fprintf(stderr, "%s\n", err);
+                MPI_Finalize();
+                return 1;
+            }
+            double t2 = now_s();
+            ck_index_free(&back);
+            if (t1 - t0 < best_save) best_save = t1 - t0;
+            if (t2 - t1 < best_load) best_load = t2 - t1;
+        }
+        printf("level %d: save %.1f MB/s (%.3f s), load and verify %.1f MB/s (%.3f s)\n", levels[li],
+               raw / best_save / 1e6, best_save, raw / best_load / 1e6, best_load);
+    }
+    ck_index_free(&ix);
+    MPI_Finalize();
+    return 0;
+}
