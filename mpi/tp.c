@@ -5,8 +5,11 @@
 
 #include "grid.h"
 
+unsigned long long tp_bytes = 0;
+
 static void allreduce(float *buf, size_t n, MPI_Op op, const TpGroup *g) {
     if (!g || g->size <= 1) return;
+    tp_bytes += (unsigned long long)n * sizeof(float);
     const size_t chunk = (size_t)1 << 30;
     for (size_t off = 0; off < n; off += chunk) {
         int cnt = (int)(n - off < chunk ? n - off : chunk);
@@ -16,3 +19,25 @@ static void allreduce(float *buf, size_t n, MPI_Op op, const TpGroup *g) {
 
 void tp_allreduce_sum(float *buf, size_t n, const TpGroup *g) { allreduce(buf, n, MPI_SUM, g); }
 void tp_allreduce_max(float *buf, size_t n, const TpGroup *g) { allreduce(buf, n, MPI_MAX, g); }
+
+void tp_allgather(float *out, const float *in, size_t n, const TpGroup *g) {
+    if (!g || g->size <= 1) {
+        for (size_t i = 0; i < n; i++) out[i] = in[i];
+        return;
+    }
+    tp_bytes += (unsigned long long)n * sizeof(float) * (unsigned long long)g->size;
+    MPI_CHECK(MPI_Allgather(in, (int)n, MPI_FLOAT, out, (int)n, MPI_FLOAT, g->comm));
+}
+
+int tp_agree_u64(unsigned long long v, const TpGroup *g) {
+    if (!g || g->size <= 1) return 1;
+    unsigned long long lo = v, hi = v;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, g->comm));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, g->comm));
+    return lo == hi;
+}
+
+void tp_allreduce_sum_d(double *buf, int n, const TpGroup *g) {
+    if (!g || g->size <= 1) return;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, n, MPI_DOUBLE, MPI_SUM, g->comm));
+}

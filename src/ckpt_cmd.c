@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,6 +161,88 @@ static int inspect_main(int argc, char **argv) {
     return 0;
 }
 
+/* A whole tensor of a checkpoint, read from whatever chunks hold it. */
+static float *read_tensor(const CkIndex *ix, const CkChunk *like, char *err, size_t errlen) {
+    CkSlice s;
+    memset(&s, 0, sizeof s);
+    snprintf(s.name, sizeof s.name, "%s", like->name);
+    s.ndim = like->ndim, s.rows = like->rows, s.cols = like->cols;
+    s.nr = like->rows, s.nc = like->cols, s.ld = like->cols;
+    s.data = xmalloc((size_t)(s.nr * s.nc) * sizeof(float) + 4);
+    if (ck_read_slices(ix, &s, 1, err, errlen) != 0) {
+        free(s.data);
+        return NULL;
+    }
+    return s.data;
+}
+
+static int diff_main(int argc, char **argv) {
+    const char *a = NULL, *b = NULL;
+    double tol = 0;
+    CliOpt opts[] = {{"a", CLI_STR, &a, "first checkpoint"},
+                     {"b", CLI_STR, &b, "second checkpoint"},
+                     {"tol", CLI_FLOAT, &tol, "largest absolute difference accepted (0: bitwise)"},
+                     {NULL, 0, NULL, NULL}};
+    int h = cli_parse("ckpt diff", "modtrain ckpt diff --a DIR --b DIR [--tol X]",
+                      "Compares every tensor (weights and moments) of two checkpoints, whatever "
+                      "layouts wrote them; exit 0 when no element differs by more than --tol.",
+                      opts, argc, argv);
+    if (h != 1) return h == 0 ? 0 : 2;
+    if (!a || !b) {
+        errorf("ckpt diff: --a and --b are required");
+        return 2;
+    }
+    char da[1100], db[1100], err[1024];
+    CkIndex ia, ib;
+    if (ckpt_resolve(a, da, sizeof da) != 0 || ckpt_resolve(b, db, sizeof db) != 0) return 2;
+    if (ck_index_read(da, &ia, err, sizeof err) != 0) {
+        errorf("%s", err);
+        return 2;
+    }
+    if (ck_index_read(db, &ib, err, sizeof err) != 0) {
+        errorf("%s", err);
+        ck_index_free(&ia);
+        return 2;
+    }
+    int rc = 0, tensors = 0;
+    double worst = 0;
+    char worst_name[112] = "";
+    for (int i = 0; i < ia.nchunks && rc != 2; i++) {
+        const CkChunk *c = &ia.chunks[i];
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++) seen = strcmp(ia.chunks[j].name, c->name) == 0;
+        if (seen) continue;
+        float *x = read_tensor(&ia, c, err, sizeof err), *y = x ? read_tensor(&ib, c, err, sizeof err) : NULL;
+        if (!x || !y) {
+            errorf("ckpt diff: %s", err);
+            free(x);
+            rc = 2;
+            break;
+        }
+        double d = 0;
+        for (int64_t k = 0; k < c->rows * c->cols; k++) {
+            double e = fabs((double)x[k] - y[k]);
+            if (e > d || e != e) d = e != e ? INFINITY : e;
+        }
+        if (d > tol) printf("%-40s max |a - b| = %.3g\n", c->name, d);
+        if (d > worst) {
+            worst = d;
+            snprintf(worst_name, sizeof worst_name, "%s", c->name);
+        }
+        tensors++;
+        free(x);
+        free(y);
+    }
+    if (rc != 2) {
+        printf("ckpt diff: %d tensors, largest difference %.3g%s%s (tolerance %.3g)\n", tensors,
+               worst, worst > 0 ? " in " : "", worst_name, tol);
+        rc = worst > tol ? 1 : 0;
+    }
+    ck_index_free(&ia);
+    ck_index_free(&ib);
+    return rc;
+}
+
 static int export_main(int argc, char **argv) {
     const char *ckpt = NULL, *format = "safetensors", *out = NULL;
     CliOpt opts[] = {{"ckpt", CLI_STR, &ckpt, "checkpoint (ckpt_dir or step directory)"},
@@ -270,10 +353,11 @@ out:
 
 int ckpt_main(int argc, char **argv) {
     if (argc < 1 || strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0) {
-        printf("usage: modtrain ckpt list|verify|inspect|export|import [options]\n"
+        printf("usage: modtrain ckpt list|verify|inspect|diff|export|import [options]\n"
                "  list    --ckpt DIR       checkpoints of a ckpt_dir, verified\n"
                "  verify  --ckpt DIR       every chunk's CRC32\n"
                "  inspect --ckpt DIR       config, state, layout, tensors and chunks\n"
+               "  diff    --a DIR --b DIR [--tol X]   compare two checkpoints tensor by tensor\n"
                "  export  --ckpt DIR --format safetensors --out FILE\n"
                "  import  --in FILE --ckpt DIR [--n-head N]\n");
         return argc < 1 ? 2 : 0;
@@ -282,8 +366,10 @@ int ckpt_main(int argc, char **argv) {
     if (strcmp(sub, "list") == 0) return list_main(argc - 1, argv + 1);
     if (strcmp(sub, "verify") == 0) return verify_main(argc - 1, argv + 1);
     if (strcmp(sub, "inspect") == 0) return inspect_main(argc - 1, argv + 1);
+    if (strcmp(sub, "diff") == 0) return diff_main(argc - 1, argv + 1);
     if (strcmp(sub, "export") == 0) return export_main(argc - 1, argv + 1);
     if (strcmp(sub, "import") == 0) return import_main(argc - 1, argv + 1);
-    errorf("ckpt: unknown subcommand '%s' (expected list, verify, inspect, export or import)", sub);
+    errorf("ckpt: unknown subcommand '%s' (expected list, verify, inspect, diff, export or import)",
+           sub);
     return 2;
 }

@@ -87,6 +87,8 @@ static const KeySpec keys[] = {
      "sgemm peak for MFU; 0 = measure at start"},
     {"blis_arch", K_STR, OFF(blis_arch), "auto", 0, 0, 0, NULL,
      "BLIS kernels: auto (skx on AVX-512), or a BLIS arch name"},
+    {"debug_checks", K_INT, OFF(debug_checks), "0", 0, 1, 0, NULL,
+     "1: check that tp ranks route identically"},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 
@@ -351,10 +353,17 @@ int config_validate(const Config *c) {
                c->route_every, c->n_layer, c->n_layer);
         return -1;
     }
-    if (c->tp != 1 || c->pp != 1) {
-        errorf("config: tp = %d, pp = %d: tensor and pipeline parallelism are not built yet "
-               "(use tp = 1, pp = 1)",
-               c->tp, c->pp);
+    if (c->pp != 1) {
+        errorf("config: pp = %d: pipeline parallelism is not built yet (use pp = 1)", c->pp);
+        return -1;
+    }
+    if (c->n_head % c->tp != 0) {
+        char alts[256] = "";
+        for (int t = 1; t <= c->n_head; t++)
+            if (c->n_head % t == 0)
+                snprintf(alts + strlen(alts), sizeof alts - strlen(alts), "%s%d", alts[0] ? ", " : "", t);
+        errorf("config: n_head = %d is not divisible by tp = %d (choose tp in {%s})", c->n_head,
+               c->tp, alts);
         return -1;
     }
     if (c->vocab_size > 0 && c->vocab_size < 2) {

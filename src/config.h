@@ -46,6 +46,7 @@ typedef struct {
     int threads;
     double peak_gflops;
     char blis_arch[64];
+    int debug_checks;
 } Config;
 
 /* Fills every key with its default. */

@@ -381,6 +381,18 @@ static void route_select(Model *m, int l, int B, int T) {
         a->off[b + 1] = K;
     }
     free(buf);
+    if (m->check_routing) {
+        /* every tp rank routes from the same replicated stream: the chosen
+         * positions must agree bit for bit */
+        uint64_t h = 1469598103934665603ULL;
+        for (int i = 0; i < K; i++) h = (h ^ (uint64_t)a->sel[i]) * 1099511628211ULL;
+        h = (h ^ (uint64_t)K) * 1099511628211ULL;
+        if (!tp_agree_u64(h, &m->tp)) {
+            errorf("routing: tensor-parallel ranks chose different tokens in block %d "
+                   "(rank %d of its tp group)", l, m->tp.rank);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+    }
     m->stats.aux_sum += aux;
     m->stats.pred_sum += pred;
     m->stats.agree += agree;

@@ -152,6 +152,7 @@ typedef struct {
     /* Mixture-of-Depths */
     RouteMode route;   /* how routed blocks choose tokens in forward */
     int predictor_on;  /* train the predictor (tests switch it off) */
+    int check_routing; /* all-reduce a hash of every routing decision over tp */
     RouteStats stats;
     float aux_loss, pred_loss; /* mean BCEs of the last forward */
 } Model;

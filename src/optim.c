@@ -31,13 +31,18 @@ double lr_at(const Config *c, int s) {
 }
 
 double grad_norm(const Model *model) {
-    double s = 0;
+    /* slices of split tensors are summed over the tp group; replicated
+     * tensors (identical on every tp rank) are counted once */
+    double s[2] = {0, 0};
     for (int i = 0; i < model->nreg; i++) {
         const ParamInfo *p = &model->reg[i];
         const float *g = model->grads + p->offset;
-        for (size_t j = 0; j < p->numel; j++) s += (double)g[j] * g[j];
+        double t = 0;
+        for (size_t j = 0; j < p->numel; j++) t += (double)g[j] * g[j];
+        s[p->split_dim >= 0] += t;
     }
-    return sqrt(s);
+    tp_allreduce_sum_d(&s[1], 1, &model->tp);
+    return sqrt(s[0] + s[1]);
 }
 
 void adamw_step(AdamW *o, Model *model, double lr, double beta1, double beta2, double eps,

@@ -22,7 +22,8 @@ void adamw_free(AdamW *o);
 /* Learning rate for 0-based step s of cfg->steps. */
 double lr_at(const Config *cfg, int s);
 
-/* L2 norm of all gradients (double accumulation, fixed order). */
+/* L2 norm of all gradients of the whole model (double accumulation, fixed
+ * order; a collective over the tp group). */
 double grad_norm(const Model *model);
 
 /* One update at 1-based step t; gradients are multiplied by grad_scale

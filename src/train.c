@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include "../checkpoint/ckpt.h"
+#include "../mpi/dp.h"
 #include "../mpi/grid.h"
 #include "config.h"
 #include "data.h"
@@ -114,6 +116,77 @@ static int resume_run(const Config *cfg, const char *ckpt_dir, Model *m, AdamW *
     return r;
 }
 
+/* 1 when ok is true on every rank: collective decisions never hang on one
+ * rank's failure (it printed its own message). */
+static int all_ok(int ok, MPI_Comm comm) {
+    int all = 0;
+    MPI_CHECK(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm));
+    return all;
+}
+
+/* fprintf to the metrics file, which only rank 0 has open. */
+static void mprintf(FILE *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void mprintf(FILE *f, const char *fmt, ...) {
+    if (!f) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(f, fmt, ap);
+    va_end(ap);
+}
+
+/* Whether the layout fits the world and the batch; one line saying what
+ * would fit when it does not. */
+static int layout_check(const Config *c, const Grid *g) {
+    int dp = g->dp, local = c->batch_size / dp;
+    if (c->batch_size % dp != 0) {
+        char alts[256] = "";
+        for (int k = 1; k <= c->batch_size && k <= 4096; k++)
+            if (c->batch_size % k == 0)
+                snprintf(alts + strlen(alts), sizeof alts - strlen(alts), "%s%d", alts[0] ? ", " : "",
+                         k * c->tp * c->pp);
+        errorf("layout: %d ranks with tp = %d make dp = %d, which does not divide batch_size = %d "
+               "(run %s ranks, or change batch_size)",
+               g->world_size, c->tp, dp, c->batch_size, alts);
+        return -1;
+    }
+    if (c->micro_batch > 0 && local % c->micro_batch != 0) {
+        errorf("layout: each of dp = %d ranks takes %d sequences a step, not a multiple of "
+               "micro_batch = %d (choose a divisor of %d)",
+               dp, local, c->micro_batch, local);
+        return -1;
+    }
+    return 0;
+}
+
+/* Test hook: MODTRAIN_FAULT=rank-exit:R:STEP ends rank R abruptly after the
+ * backward of STEP, as a crashed node would. */
+static void fault_rank_exit(int rank, int step) {
+    const char *f = getenv("MODTRAIN_FAULT");
+    int r, s;
+    if (f && sscanf(f, "rank-exit:%d:%d", &r, &s) == 2 && r == rank && s == step) {
+        fprintf(stderr, "modtrain: MODTRAIN_FAULT: rank %d exits at step %d\n", rank, step);
+        exit(3);
+    }
+}
+
+/* Sums the step's loss and routing counters over the dp group; returns the
+ * loss sum. */
+static double reduce_step_stats(Model *m, double loss_sum, MPI_Comm dp_comm) {
+    const int L = m->d.L;
+    double *v = xcalloc((size_t)L + 6, sizeof(double));
+    RouteStats *st = &m->stats;
+    v[0] = loss_sum, v[1] = st->aux_sum, v[2] = st->pred_sum, v[3] = (double)st->decisions;
+    v[4] = (double)st->agree, v[5] = (double)st->tokens;
+    for (int l = 0; l < L; l++) v[6 + l] = (double)st->processed[l];
+    dp_allreduce_sum_d(v, L + 6, dp_comm);
+    st->aux_sum = v[1], st->pred_sum = v[2], st->decisions = (long long)v[3];
+    st->agree = (long long)v[4], st->tokens = (long long)v[5];
+    for (int l = 0; l < L; l++) st->processed[l] = (long long)v[6 + l];
+    double loss = v[0];
+    free(v);
+    return loss;
+}
+
 static int check_tokens(const Shard *s, int V) {
     if (s->max_token >= V) {
         errorf("data: '%s' holds token %d, outside vocab_size = %d (set vocab_size > %d)",
@@ -135,19 +208,17 @@ int train_main(int argc, char **argv) {
         }
     Config cfg;
     config_defaults(&cfg);
+    /* every rank finds the same config and layout errors: one line of them */
+    util_quiet = 1;
     if (config_from_args(&cfg, argc, argv) != 0 || config_validate(&cfg) != 0) return 2;
-
     Grid grid;
     if (grid_init(&grid, cfg.tp, cfg.pp) != 0) return 2;
     int rc = 2;
-    if (grid.world_size != 1) {
-        if (grid.world_rank == 0)
-            errorf("layout: %d ranks, but data, tensor and pipeline parallelism are not built "
-                   "yet (run one process)",
-                   grid.world_size);
+    if (layout_check(&cfg, &grid) != 0) {
         grid_free(&grid);
         return 2;
     }
+    util_quiet = 0;
     int threads = cfg.threads ? cfg.threads : default_threads(grid.local_ranks);
     kernels_init(threads, cfg.blis_arch);
 
@@ -167,7 +238,8 @@ int train_main(int argc, char **argv) {
                            : train.vocab_hint ? train.vocab_hint
                                               : (train.max_token < 256 ? 256 : 50257);
     cfg.vocab_size = V;
-    const int micro = cfg.micro_batch ? cfg.micro_batch : cfg.batch_size;
+    const int local_batch = cfg.batch_size / grid.dp; /* this dp rank's share of a step */
+    const int micro = cfg.micro_batch ? cfg.micro_batch : local_batch;
     size_t n_train = shard_num_seqs(&train, T);
     Model m;
     AdamW opt;
@@ -176,23 +248,26 @@ int train_main(int argc, char **argv) {
     double *frac = NULL;
     FILE *metrics = NULL;
     int model_ready = 0;
-    if (check_tokens(&train, V) != 0 || (have_val && check_tokens(&val, V) != 0)) goto out;
-    if (n_train == 0) {
+    int data_ok = check_tokens(&train, V) == 0 && (!have_val || check_tokens(&val, V) == 0);
+    if (data_ok && n_train == 0) {
         errorf("data: '%s' has %zu tokens, fewer than seq_len + 1 = %d (lower seq_len or give "
                "more text)",
                cfg.train_data, train.n_tokens, T + 1);
-        goto out;
+        data_ok = 0;
     }
-    if (have_val && shard_num_seqs(&val, T) == 0) {
+    if (data_ok && have_val && shard_num_seqs(&val, T) == 0) {
         errorf("data: '%s' has %zu tokens, fewer than seq_len + 1 = %d (lower seq_len or give "
                "more validation text)",
                cfg.val_data, val.n_tokens, T + 1);
-        goto out;
+        data_ok = 0;
     }
+    if (!all_ok(data_ok, grid.world)) goto out;
 
     ModelDims d;
-    model_dims_config(&d, &cfg, 1, 0);
-    model_init(&m, &d, micro, NULL);
+    model_dims_config(&d, &cfg, grid.tp, grid.tp_rank);
+    TpGroup tpg = {grid.tp_comm, grid.tp, grid.tp_rank};
+    model_init(&m, &d, micro, &tpg);
+    m.check_routing = cfg.debug_checks;
     adamw_init(&opt, &m);
     model_ready = 1;
     int start = 0;
@@ -218,24 +293,26 @@ int train_main(int argc, char **argv) {
          grid.dp, grid.tp, grid.pp, threads, kernels_blis_arch(), peak,
          cfg.peak_gflops > 0 ? " (given)" : " (measured)");
 
-    if (mkdirs(cfg.run_dir) != 0) {
-        errorf("run_dir: cannot create '%s': %s", cfg.run_dir, strerror(errno));
-        goto out;
+    int run_ok = 1;
+    if (grid.world_rank == 0) { /* rank 0 alone writes the metrics */
+        char mpath[CONFIG_STR + 32];
+        snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", cfg.run_dir);
+        if (mkdirs(cfg.run_dir) != 0) {
+            errorf("run_dir: cannot create '%s': %s", cfg.run_dir, strerror(errno));
+            run_ok = 0;
+        } else if (!(metrics = fopen(mpath, "a"))) {
+            errorf("run_dir: cannot open '%s': %s", mpath, strerror(errno));
+            run_ok = 0;
+        }
     }
-    char mpath[CONFIG_STR + 32];
-    snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", cfg.run_dir);
-    metrics = fopen(mpath, "a");
-    if (!metrics) {
-        errorf("run_dir: cannot open '%s': %s", mpath, strerror(errno));
-        goto out;
-    }
+    if (!all_ok(run_ok, grid.world)) goto out;
 
     rc = 1; /* from here on a failure happens while working */
     order_init(&order, (uint64_t)cfg.seed, n_train);
     inputs = xmalloc((size_t)micro * T * sizeof(int));
     targets = xmalloc((size_t)micro * T * sizeof(int));
     frac = xcalloc((size_t)d.L, sizeof(double));
-    const int n_micro = cfg.batch_size / micro;
+    const int n_micro = local_batch / micro;
     const double step_tokens = (double)cfg.batch_size * T;
     double t_start = now_s();
     int steps_timed = 0;
@@ -248,14 +325,19 @@ int train_main(int argc, char **argv) {
         double loss = 0;
         for (int mb = 0; mb < n_micro; mb++) {
             for (int b = 0; b < micro; b++) {
-                uint64_t g = (uint64_t)step * cfg.batch_size + (uint64_t)mb * micro + b;
+                /* the fixed slice of the step's global batch this dp rank takes */
+                uint64_t g = (uint64_t)step * cfg.batch_size + (uint64_t)grid.dp_rank * local_batch +
+                             (uint64_t)mb * micro + b;
                 shard_get_seq(&train, order_window(&order, g), T, inputs + (size_t)b * T,
                               targets + (size_t)b * T);
             }
             loss += model_forward(&m, inputs, targets, micro, T) * (double)micro * T;
             model_backward(&m, (float)(1.0 / step_tokens), (float)cfg.aux_weight);
         }
-        loss /= step_tokens;
+        fault_rank_exit(grid.world_rank, step + 1);
+        /* each dp rank holds the gradient of its share of the mean: sum them */
+        dp_allreduce_sum(m.grads, m.nparams, grid.dp_comm);
+        loss = reduce_step_stats(&m, loss, grid.dp_comm) / step_tokens;
         double norm = grad_norm(&m);
         float scale = cfg.grad_clip > 0 && norm > cfg.grad_clip ? (float)(cfg.grad_clip / norm)
                                                                   : 1.f;
@@ -275,15 +357,15 @@ int train_main(int argc, char **argv) {
             errorf("train: loss is %f at step %d (lower lr, or check the data)", loss, done);
             goto out;
         }
-        fprintf(metrics, "{\"step\":%d,\"loss\":%.6f", done, loss);
+        mprintf(metrics, "{\"step\":%d,\"loss\":%.6f", done, loss);
         double aux = 0, acc = 0;
         if (n_routed) {
             const RouteStats *st = &m.stats;
             aux = (d.predictor ? st->pred_sum : st->aux_sum) / (double)st->decisions;
             acc = (double)st->agree / (double)st->decisions;
-            fprintf(metrics, ",\"aux_loss\":%.6f,\"predictor_accuracy\":%.6f", aux, acc);
+            mprintf(metrics, ",\"aux_loss\":%.6f,\"predictor_accuracy\":%.6f", aux, acc);
         }
-        fprintf(metrics,
+        mprintf(metrics,
                 ",\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"step_time_ms\":%.3f,"
                 "\"mfu\":%.4f,\"flops_per_token\":%.0f,\"flops_ratio_dense\":%.4f}\n",
                 lr, norm, tps, dt * 1e3, mfu, fpt, fpt / dense_fpt);
@@ -302,19 +384,19 @@ int train_main(int argc, char **argv) {
         if (have_val && ((cfg.eval_every && done % cfg.eval_every == 0) || last)) {
             size_t n_val = (size_t)cfg.eval_batches * micro;
             double vl = evaluate(&m, &val, micro, n_val, ROUTE_TOPK, 0, 0.f);
-            fprintf(metrics, "{\"step\":%d,\"val_loss\":%.6f", done, vl);
+            mprintf(metrics, "{\"step\":%d,\"val_loss\":%.6f", done, vl);
             if (n_routed) {
                 double acc_v = (double)m.stats.agree / (double)m.stats.decisions;
                 double vc = evaluate(&m, &val, micro, n_val, ROUTE_CAUSAL, 0, 0.f);
-                fprintf(metrics, ",\"val_loss_causal\":%.6f,\"predictor_accuracy\":%.6f", vc, acc_v);
+                mprintf(metrics, ",\"val_loss_causal\":%.6f,\"predictor_accuracy\":%.6f", vc, acc_v);
                 log0("step %d | val_loss %.4f | val_loss_causal %.4f | predictor accuracy %.2f%%\n",
                      done, vl, vc, 100 * acc_v);
             } else {
                 log0("step %d | val_loss %.4f\n", done, vl);
             }
-            fprintf(metrics, "}\n");
+            mprintf(metrics, "}\n");
         }
-        fflush(metrics);
+        if (metrics) fflush(metrics);
         if (cfg.ckpt_every && done % cfg.ckpt_every == 0 && !last) {
             /* a failed periodic save is reported and training goes on: the
              * state is in memory and the next save may succeed */

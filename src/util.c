@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 int util_rank = 0;
+int util_quiet = 0;
 
 void *xmalloc(size_t size) {
     void *p = NULL;
@@ -54,6 +55,7 @@ void log0(const char *fmt, ...) {
 }
 
 void errorf(const char *fmt, ...) {
+    if (util_quiet && util_rank != 0) return;
     va_list ap;
     va_start(ap, fmt);
     fputs("modtrain: ", stderr);

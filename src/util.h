@@ -11,6 +11,9 @@
 
 /* Set once by the program after MPI_Init; 0 before that and in unit tests. */
 extern int util_rank;
+/* While set, errorf prints on rank 0 only: for errors every rank finds alike
+ * (config, layout), which one line should report. */
+extern int util_quiet;
 
 /* Aligned (64-byte) zeroed allocation; exits with a message when out of memory. */
 void *xcalloc(size_t count, size_t size);
