@@ -324,16 +324,21 @@ int ckpt_check_model_config(const Config *ck, const Config *run, const char *ste
     return 0;
 }
 
-int ckpt_open_model(const char *ckpt_arg, Model *m, Config *cfg, int maxB, int *step) {
+int ckpt_open_model(const char *ckpt_arg, Model *m, Config *cfg, int maxB, int *step,
+                    const TpGroup *tp) {
     char dir[1024], err[1024];
     if (ckpt_resolve(ckpt_arg, dir, sizeof dir) != 0) return -1;
     if (ckpt_read_config(dir, cfg, step, err, sizeof err) != 0 || config_validate(cfg) != 0) {
         if (err[0]) errorf("%s", err);
         return -1;
     }
+    if (tp && cfg->n_head % tp->size != 0) {
+        errorf("ckpt: the model has n_head = %d, not divisible by tp = %d", cfg->n_head, tp->size);
+        return -1;
+    }
     ModelDims d;
-    model_dims_config(&d, cfg, 1, 0);
-    model_init(m, &d, maxB, NULL);
+    model_dims_config(&d, cfg, tp ? tp->size : 1, tp ? tp->rank : 0);
+    model_init(m, &d, maxB, tp);
     if (ckpt_load(dir, m, NULL, NULL, err, sizeof err) != 0) {
         errorf("%s", err);
         model_free(m);

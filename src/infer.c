@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "../checkpoint/ckpt.h"
+#include "../mpi/grid.h"
 #include "cli.h"
 #include "data.h"
 #include "kernels.h"
@@ -16,6 +17,17 @@
 #include "rng.h"
 #include "train.h"
 #include "util.h"
+
+/* Inference runs tensor-parallel over all ranks (tp = world size): the grid,
+ * and stdout on rank 0 alone. Returns 0, or -1 after printing why. */
+static int inference_grid(Grid *g, const char *cmd) {
+    int world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    if (grid_init(g, world, 1) != 0) return -1;
+    if (g->world_rank != 0 && !freopen("/dev/null", "w", stdout)) return -1;
+    (void)cmd;
+    return 0;
+}
 
 /* Prints the fraction of tokens each routed block processed, as JSON. */
 static void print_fractions(const Model *m) {
@@ -64,13 +76,20 @@ int eval_main(int argc, char **argv) {
         errorf("eval: --routing '%s' is not one of topk/causal", routing);
         return 2;
     }
-    kernels_init(threads ? threads : default_threads(1), "auto");
+    Grid grid;
+    if (inference_grid(&grid, "eval") != 0) return 2;
+    TpGroup tpg = {grid.tp_comm, grid.tp, grid.tp_rank};
+    kernels_init(threads ? threads : default_threads(grid.local_ranks), "auto");
     Model m;
     int step = 0;
     Shard s;
-    if (shard_load(&s, data) != 0) return 2;
-    if (ckpt_open_model(ckpt, &m, &cfg, micro, &step) != 0) {
+    if (shard_load(&s, data) != 0) {
+        grid_free(&grid);
+        return 2;
+    }
+    if (ckpt_open_model(ckpt, &m, &cfg, micro, &step, &tpg) != 0) {
         shard_free(&s);
+        grid_free(&grid);
         return 2;
     }
     int rc = 2;
@@ -127,6 +146,7 @@ int eval_main(int argc, char **argv) {
 out:
     shard_free(&s);
     model_free(&m);
+    grid_free(&grid);
     return rc;
 }
 
@@ -196,16 +216,23 @@ int sample_main(int argc, char **argv) {
         errorf("sample: --tokens, --top_k, --temperature and --threads must be >= 0");
         return 2;
     }
-    kernels_init(threads ? threads : default_threads(1), "auto");
+    Grid grid;
+    if (inference_grid(&grid, "sample") != 0) return 2;
+    TpGroup tpg = {grid.tp_comm, grid.tp, grid.tp_rank};
+    kernels_init(threads ? threads : default_threads(grid.local_ranks), "auto");
     Config cfg;
     config_defaults(&cfg);
     Model m;
-    if (ckpt_open_model(ckpt, &m, &cfg, 1, NULL) != 0) return 2;
+    if (ckpt_open_model(ckpt, &m, &cfg, 1, NULL, &tpg) != 0) {
+        grid_free(&grid);
+        return 2;
+    }
     if (m.d.V != 256) {
         errorf("sample: the model has vocab_size = %d; text prompts need the byte tokenizer "
                "(vocab_size = 256)",
                m.d.V);
         model_free(&m);
+        grid_free(&grid);
         return 2;
     }
     const int T = m.d.maxT;
@@ -229,10 +256,12 @@ int sample_main(int argc, char **argv) {
     long long prompt_steps = ds.steps;
     memset(ds.processed, 0, (size_t)m.d.L * sizeof(long long));
     ds.steps = 0;
-    float *probs = xmalloc((size_t)m.d.V * sizeof(float));
+    /* the vocabulary is split over tp: every rank gathers all logits and,
+     * with the same seed, draws the same token */
+    float *probs = xmalloc((size_t)m.d.Vp * sizeof(float));
     double t0 = now_s();
     for (int i = 0; i < tokens; i++) {
-        memcpy(probs, logits, (size_t)m.d.V * sizeof(float));
+        tp_allgather(probs, logits, (size_t)m.d.Vl, &m.tp);
         int tok = draw(probs, m.d.V, temperature, top_k, &rng);
         seq[n++] = tok;
         putchar(tok);
@@ -248,7 +277,7 @@ int sample_main(int argc, char **argv) {
     putchar('\n');
     fflush(stdout);
     double dt = now_s() - t0;
-    if (stats) {
+    if (stats && grid.world_rank == 0) {
         fprintf(stderr, "sample: %d tokens in %.3fs, %.1f tokens/s (prompt: %lld tokens)\n",
                 tokens, dt, tokens / (dt > 0 ? dt : 1e-9), prompt_steps);
         for (int l = 0; l < m.d.L; l++)
@@ -258,6 +287,7 @@ int sample_main(int argc, char **argv) {
     }
     free(probs);
     decode_free(&ds, &m);
+    grid_free(&grid);
     free(seq);
     model_free(&m);
     return 0;

@@ -53,6 +53,20 @@ done
 grep -q "val_loss_causal" mod-2-2/metrics.jsonl && ok "MoD under (tp 2, dp 2) evaluates both routings" ||
     fail "MoD evaluation under tp"
 
+# evaluation and sampling under tp give what one rank gives
+"$MODTRAIN" eval --ckpt mod-1-1/ckpt --data data/val.bin --batches 4 --json > e1.json
+"$MODTRAIN" sample --ckpt mod-1-1/ckpt --prompt "Q: " --tokens 60 --seed 5 --temperature 0.7 > s1.txt
+for np in 2 4; do
+    $MPIRUN -np $np "$MODTRAIN" eval --ckpt mod-1-1/ckpt --data data/val.bin --batches 4 --json > e$np.json
+    $MPIRUN -np $np "$MODTRAIN" sample --ckpt mod-1-1/ckpt --prompt "Q: " --tokens 60 --seed 5 \
+        --temperature 0.7 > s$np.txt
+    a=$(last_json e1.json loss) b=$(last_json e$np.json loss)
+    c=$(last_json e1.json loss_causal) d=$(last_json e$np.json loss_causal)
+    check_ab "$a" "$b" 'a - b < 1e-5 && b - a < 1e-5' && check_ab "$c" "$d" 'a - b < 1e-5 && b - a < 1e-5' &&
+        ok "eval under tp $np: loss $b, loss_causal $d as on one rank" || fail "eval under tp $np: $(cat e$np.json)"
+    cmp -s s1.txt s$np.txt && ok "sampling under tp $np: the same text" || fail "sampling under tp $np differs"
+done
+
 # the same layout twice: bit for bit
 train mod-2-2-again 2 2 --route_every 2 --capacity 0.25
 cmp -s mod-2-2/ckpt/step-00000020/data.bin mod-2-2-again/ckpt/step-00000020/data.bin &&
