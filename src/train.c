@@ -320,6 +320,7 @@ int train_main(int argc, char **argv) {
 
     for (int step = start; step < cfg.steps; step++) {
         double t0 = now_s();
+        unsigned long long tp0 = tp_bytes, dp0 = dp_bytes;
         model_zero_grad(&m);
         model_stats_reset(&m);
         double loss = 0;
@@ -344,6 +345,7 @@ int train_main(int argc, char **argv) {
         double lr = lr_at(&cfg, step);
         adamw_step(&opt, &m, lr, cfg.beta1, cfg.beta2, 1e-8, cfg.weight_decay, step + 1, scale);
         double dt = now_s() - t0;
+        unsigned long long step_tp = tp_bytes - tp0, step_dp = dp_bytes - dp0;
         if (step > start) { /* the first step pays for warm-up; leave it out of the ETA */
             steps_timed++;
             time_timed += dt;
@@ -367,8 +369,9 @@ int train_main(int argc, char **argv) {
         }
         mprintf(metrics,
                 ",\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"step_time_ms\":%.3f,"
-                "\"mfu\":%.4f,\"flops_per_token\":%.0f,\"flops_ratio_dense\":%.4f}\n",
-                lr, norm, tps, dt * 1e3, mfu, fpt, fpt / dense_fpt);
+                "\"mfu\":%.4f,\"flops_per_token\":%.0f,\"flops_ratio_dense\":%.4f,"
+                "\"tp_bytes\":%llu,\"dp_bytes\":%llu}\n",
+                lr, norm, tps, dt * 1e3, mfu, fpt, fpt / dense_fpt, step_tp, step_dp);
         if (done % cfg.log_every == 0 || done == cfg.steps || step == start) {
             char eta[32], mod[96] = "";
             double per = steps_timed ? time_timed / steps_timed : dt;
