@@ -110,19 +110,37 @@ int ckpt_list_steps(const char *ckpt_dir, char ***names) {
     return n;
 }
 
-/* Removes all but the newest `keep` checkpoints; never the one named keep_name. */
+/* Removes all but the newest `keep` checkpoints; never the one named
+ * keep_name. A checkpoint is first renamed out of the step-NNNNNNNN
+ * namespace, then emptied, so a process killed while pruning leaves no
+ * half-deleted checkpoint behind, only a .del directory the next prune
+ * clears. */
 static void prune(const char *dir, int keep, const char *keep_name) {
     char **names;
     int n = ckpt_list_steps(dir, &names);
     for (int i = 0; i < n; i++) {
         if (i >= keep && strcmp(names[i], keep_name) != 0) {
-            char p[1100];
+            char p[1100], q[1200];
             snprintf(p, sizeof p, "%s/%s", dir, names[i]);
-            rm_checkpoint_dir(p);
+            snprintf(q, sizeof q, "%s.del", p);
+            if (rename(p, q) == 0) rm_checkpoint_dir(q);
         }
         free(names[i]);
     }
     free(names);
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t len = strlen(e->d_name);
+        if (strncmp(e->d_name, "step-", 5) == 0 && len > 4 &&
+            (strcmp(e->d_name + len - 4, ".del") == 0 || strcmp(e->d_name + len - 4, ".old") == 0)) {
+            char p[1400];
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            rm_checkpoint_dir(p);
+        }
+    }
+    closedir(d);
 }
 
 static int add_kv(CkKV *kv, int n, const char *key, const char *value) {
