@@ -16,6 +16,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include "../mpi/grid.h"
 #include "../src/util.h"
 
 static void seterr(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -113,15 +114,15 @@ static int mpi_failed(int rc, const char *call, const char *path, char *err, siz
 /* The whole job agrees on success: every rank's flag, OR-ed. */
 static int any_failed(MPI_Comm comm, int failed) {
     int any = 0;
-    MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, comm);
+    MPI_CHECK(MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, comm));
     return any;
 }
 
 int ck_write(MPI_Comm comm, const char *dir, const CkSlice *slices, int n, const CkKV *kv, int nkv,
              int level, char *err, size_t errlen) {
     int rank = 0, size = 1, failed = 0;
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &size);
+    MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    MPI_CHECK(MPI_Comm_size(comm, &size));
     err[0] = '\0';
     char path[1200];
     snprintf(path, sizeof path, "%s/data.bin", dir);
@@ -160,9 +161,9 @@ int ck_write(MPI_Comm comm, const char *dir, const CkSlice *slices, int n, const
 
     /* 2. offsets: an exclusive prefix sum of the compressed sizes */
     unsigned long long mine = blob.len, base = 0, total = 0;
-    MPI_Exscan(&mine, &base, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm);
+    MPI_CHECK(MPI_Exscan(&mine, &base, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm));
     if (rank == 0) base = 0;
-    MPI_Allreduce(&mine, &total, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm);
+    MPI_CHECK(MPI_Allreduce(&mine, &total, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm));
     for (int i = 0; i < n; i++) chunks[i].offset += base;
 
     /* 3. one collective write (in rounds of at most 1 GiB per rank) */
@@ -174,7 +175,7 @@ int ck_write(MPI_Comm comm, const char *dir, const CkSlice *slices, int n, const
     failed = mpi_failed(rc, "MPI_File_set_size", path, err, errlen);
     const size_t round = (size_t)1 << 30;
     unsigned long long my_rounds = (blob.len + round - 1) / round, rounds = 0;
-    MPI_Allreduce(&my_rounds, &rounds, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm);
+    MPI_CHECK(MPI_Allreduce(&my_rounds, &rounds, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm));
     for (unsigned long long k = 0; k < rounds; k++) {
         size_t lo = k * round, cnt = lo < blob.len ? (blob.len - lo < round ? blob.len - lo : round) : 0;
         MPI_Status st;
@@ -221,7 +222,7 @@ int ck_write(MPI_Comm comm, const char *dir, const CkSlice *slices, int n, const
     int mylen = (int)tlen;
     int *lens = rank == 0 ? xcalloc((size_t)size, sizeof(int)) : NULL;
     int *displs = rank == 0 ? xcalloc((size_t)size, sizeof(int)) : NULL;
-    MPI_Gather(&mylen, 1, MPI_INT, lens, 1, MPI_INT, 0, comm);
+    MPI_CHECK(MPI_Gather(&mylen, 1, MPI_INT, lens, 1, MPI_INT, 0, comm));
     char *all = NULL;
     if (rank == 0) {
         size_t sum = 0;
@@ -232,7 +233,7 @@ int ck_write(MPI_Comm comm, const char *dir, const CkSlice *slices, int n, const
         all = xmalloc(sum + 1);
         all[sum] = '\0';
     }
-    MPI_Gatherv(text, mylen, MPI_CHAR, all, lens, displs, MPI_CHAR, 0, comm);
+    MPI_CHECK(MPI_Gatherv(text, mylen, MPI_CHAR, all, lens, displs, MPI_CHAR, 0, comm));
     if (rank == 0) {
         char *ix = NULL;
         size_t ilen = 0, icap = 0;
@@ -254,7 +255,7 @@ int ck_write(MPI_Comm comm, const char *dir, const CkSlice *slices, int n, const
     free(all);
     free(lens);
     free(displs);
-    MPI_Bcast(&failed, 1, MPI_INT, 0, comm);
+    MPI_CHECK(MPI_Bcast(&failed, 1, MPI_INT, 0, comm));
     if (failed && rank != 0) seterr(err, errlen, "ckpt: rank 0 could not write the index of '%s'", dir);
     free(chunks);
     free(blob.buf);

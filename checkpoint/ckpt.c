@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../mpi/grid.h"
 #include "../src/util.h"
 #include "ckio.h"
 #include "safetensors.h"
@@ -177,8 +178,8 @@ static int state_kv(const Config *cfg, const Model *m, int step, int world, CkKV
 int ckpt_save(const char *ckpt_dir, const Model *m, const AdamW *opt, const Config *cfg, int step,
               MPI_Comm comm, int writer) {
     int rank = 0, world = 1, ok = 1;
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &world);
+    MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    MPI_CHECK(MPI_Comm_size(comm, &world));
     char name[32], tmp[1100], fin[1100], err[1024] = "";
     snprintf(name, sizeof name, "step-%08d", step);
     snprintf(tmp, sizeof tmp, "%s/%s.tmp", ckpt_dir, name);
@@ -197,7 +198,7 @@ int ckpt_save(const char *ckpt_dir, const Model *m, const AdamW *opt, const Conf
             }
         }
     }
-    MPI_Bcast(&ok, 1, MPI_INT, 0, comm);
+    MPI_CHECK(MPI_Bcast(&ok, 1, MPI_INT, 0, comm));
     if (!ok) return -1;
 
     int cap = 3 * 3 * m->nreg, n = 0;
@@ -239,7 +240,7 @@ int ckpt_save(const char *ckpt_dir, const Model *m, const AdamW *opt, const Conf
             else prune(ckpt_dir, cfg->ckpt_keep, name);
         }
     }
-    MPI_Bcast(&ok, 1, MPI_INT, 0, comm);
+    MPI_CHECK(MPI_Bcast(&ok, 1, MPI_INT, 0, comm));
     return ok ? 0 : -1;
 }
 

@@ -22,7 +22,7 @@
  * and stdout on rank 0 alone. Returns 0, or -1 after printing why. */
 static int inference_grid(Grid *g, const char *cmd) {
     int world = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
     if (grid_init(g, world, 1) != 0) return -1;
     if (g->world_rank != 0 && !freopen("/dev/null", "w", stdout)) return -1;
     (void)cmd;

@@ -72,7 +72,7 @@ static int try_resume(const char *dir, const Config *cfg, Model *m, AdamW *opt, 
     }
     if (ok) ok = ckpt_load(dir, m, opt, &had_m, err, sizeof err) == 0;
     int all = 0;
-    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm);
+    MPI_CHECK(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm));
     if (!all) {
         if (!ok) errorf("resume: skipping %s: %s", dir, err);
         return 0;
