@@ -38,6 +38,26 @@ void model_dims(ModelDims *d, int V, int maxT, int L, int NH, int C, int tp, int
     d->Vl = d->Vp / tp;
     d->v0 = tp_rank * d->Vl;
     d->capacity = 1.0;
+    d->pp = 1;
+    d->l0 = 0;
+    d->l1 = L;
+}
+
+int model_dims_stage(ModelDims *d, int pp, int pp_rank, const int *layers) {
+    int l0 = 0;
+    for (int s = 0; s < pp; s++) {
+        int n = layers ? layers[s] : d->L / pp + (s < d->L % pp);
+        if (n < 1) return -1;
+        if (s == pp_rank) {
+            d->l0 = l0;
+            d->l1 = l0 + n;
+        }
+        l0 += n;
+    }
+    if (l0 != d->L) return -1;
+    d->pp = pp;
+    d->pp_rank = pp_rank;
+    return 0;
 }
 
 void model_dims_mod(ModelDims *d, int route_every, double capacity, int gate, int predictor, int H) {
@@ -87,7 +107,7 @@ static void reg_add(RegBuilder *rb, int layer, size_t slot, const char *suffix, 
     p->split_dim = split_dim;
     p->split_blocks = blocks;
     p->layer = layer;
-    p->stage = 0;
+    p->stage = m->d.pp_rank;
     p->init = init;
     p->decay = ndim == 2;
     p->lshape[0] = p->shape[0];
@@ -106,9 +126,12 @@ static void build_registry(Model *m) {
     RegBuilder rb = {m, 0};
 #define TOP(f) offsetof(ParamPtrs, f)
 #define BLK(f) offsetof(BlockParams, f)
-    reg_add(&rb, -1, TOP(wte), "wte.weight", 2, d->Vp, C, 0, 1, INIT_NORMAL);
-    reg_add(&rb, -1, TOP(wpe), "wpe.weight", 2, d->maxT, C, -1, 1, INIT_NORMAL);
-    for (int l = 0; l < d->L; l++) {
+    /* a stage holds only its own rows; wte sits on the first stage (lookup)
+     * and on the last (tied head) */
+    if (model_first_stage(d) || model_last_stage(d))
+        reg_add(&rb, -1, TOP(wte), "wte.weight", 2, d->Vp, C, 0, 1, INIT_NORMAL);
+    if (model_first_stage(d)) reg_add(&rb, -1, TOP(wpe), "wpe.weight", 2, d->maxT, C, -1, 1, INIT_NORMAL);
+    for (int l = d->l0; l < d->l1; l++) {
         reg_add(&rb, l, BLK(ln1w), "ln_1.weight", 1, C, 0, -1, 1, INIT_ONE);
         reg_add(&rb, l, BLK(ln1b), "ln_1.bias", 1, C, 0, -1, 1, INIT_ZERO);
         reg_add(&rb, l, BLK(qkvw), "attn.c_attn.weight", 2, C, 3 * C, 1, 3, INIT_NORMAL);
@@ -131,8 +154,10 @@ static void build_registry(Model *m) {
         reg_add(&rb, l, BLK(pw2), "predictor.c_proj.weight", 2, d->H, 1, -1, 1, INIT_NORMAL);
         reg_add(&rb, l, BLK(pb2), "predictor.c_proj.bias", 1, 1, 0, -1, 1, INIT_ZERO);
     }
-    reg_add(&rb, -1, TOP(lnfw), "ln_f.weight", 1, C, 0, -1, 1, INIT_ONE);
-    reg_add(&rb, -1, TOP(lnfb), "ln_f.bias", 1, C, 0, -1, 1, INIT_ZERO);
+    if (model_last_stage(d)) {
+        reg_add(&rb, -1, TOP(lnfw), "ln_f.weight", 1, C, 0, -1, 1, INIT_ONE);
+        reg_add(&rb, -1, TOP(lnfb), "ln_f.bias", 1, C, 0, -1, 1, INIT_ZERO);
+    }
 #undef TOP
 #undef BLK
 }
@@ -186,7 +211,7 @@ void model_init(Model *m, const ModelDims *d, int maxB, const TpGroup *tp) {
     size_t N = (size_t)maxB * d->maxT, C = d->C;
     m->acts = xcalloc((size_t)d->L, sizeof(BlockActs));
     m->enc = act(N * C);
-    for (int l = 0; l < d->L; l++) {
+    for (int l = d->l0; l < d->l1; l++) {
         BlockActs *a = &m->acts[l];
         a->ln1 = act(N * C);
         a->ln1_mean = act(N);
@@ -613,13 +638,15 @@ float model_forward(Model *m, const int *inputs, const int *targets, int B, int 
     if (targets) memcpy(m->targets, targets, (size_t)N * sizeof(int));
     for (int b = 0; b <= B; b++) m->off_dense[b] = b * T;
 
-    embed_forward(m->enc, m->inputs, m->P.wte, d->v0, d->Vl, N, C);
-    tp_allreduce_sum(m->enc, (size_t)N * C, &m->tp);
-    pos_forward(m->enc, m->P.wpe, B, T, C);
+    if (model_first_stage(d)) {
+        embed_forward(m->enc, m->inputs, m->P.wte, d->v0, d->Vl, N, C);
+        tp_allreduce_sum(m->enc, (size_t)N * C, &m->tp);
+        pos_forward(m->enc, m->P.wpe, B, T, C);
+    } /* later stages: the caller put the previous stage's output in m->enc */
 
     const float *x = m->enc;
     int routed = 0;
-    for (int l = 0; l < d->L; l++) {
+    for (int l = d->l0; l < d->l1; l++) {
         BlockActs *a = &m->acts[l];
         if (model_is_routed(d, l)) {
             routed_forward(m, l, x, a->res3, B, T);
@@ -636,6 +663,7 @@ float model_forward(Model *m, const int *inputs, const int *targets, int B, int 
         m->aux_loss /= (float)N * routed;
         m->pred_loss /= (float)N * routed;
     }
+    if (!model_last_stage(d)) return 0.f; /* the output is model_stage_output() */
     layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, x, m->P.lnfw, m->P.lnfb, N, C);
     /* tied head: logits(N,Vl) = lnf(N,C) @ wte(Vl,C)^T */
     mm(0, 1, N, d->Vl, C, 1.f, m->lnf, C, m->P.wte, C, 0.f, m->logits, d->Vl);
@@ -647,11 +675,12 @@ void model_backward(Model *m, float dloss, float aux_weight) {
     const ModelDims *d = &m->d;
     const int B = m->B, T = m->T, N = B * T, C = d->C, Vl = d->Vl;
     const size_t NC = (size_t)N * C;
-    int routed = 0;
+    int routed = 0; /* over the whole model: the BCEs are means over all routed blocks */
     for (int l = 0; l < d->L; l++) routed += model_is_routed(d, l);
     const float aux_scale = routed ? aux_weight * dloss / routed : 0.f;
     const float pred_scale = routed ? dloss / routed : 0.f;
 
+    if (model_last_stage(d)) {
     /* dlogits = (p - onehot(target)) * dloss, in place over the probabilities */
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < N; i++) {
@@ -664,19 +693,26 @@ void model_backward(Model *m, float dloss, float aux_weight) {
     tp_allreduce_sum(m->dln, NC, &m->tp);
     mm(1, 0, Vl, C, N, 1.f, m->logits, Vl, m->lnf, C, 1.f, m->G.wte, C);
 
-    const float *xL = d->L > 0 ? m->acts[d->L - 1].res3 : m->enc;
+    const float *xL = model_stage_output(m);
     memset(m->dres, 0, NC * sizeof(float));
     layernorm_backward(m->dres, m->G.lnfw, m->G.lnfb, m->dln, xL, m->P.lnfw, m->lnf_mean,
                        m->lnf_rstd, N, C);
+    } /* earlier stages: the caller put the next stage's input gradient in m->dres */
 
     /* m->dres holds dL/d(residual stream) and moves back block by block */
-    for (int l = d->L - 1; l >= 0; l--) {
-        const float *x = l == 0 ? m->enc : m->acts[l - 1].res3;
+    for (int l = d->l1 - 1; l >= d->l0; l--) {
+        const float *x = l == d->l0 ? m->enc : m->acts[l - 1].res3;
         if (model_is_routed(d, l)) routed_backward(m, l, x, m->dres, B, T, aux_scale, pred_scale);
         else block_branches_backward(m, l, x, N, B, m->off_dense, m->dres);
     }
-    embed_backward(m->G.wte, m->dres, m->inputs, d->v0, Vl, N, C);
-    pos_backward(m->G.wpe, m->dres, B, T, C);
+    if (model_first_stage(d)) {
+        embed_backward(m->G.wte, m->dres, m->inputs, d->v0, Vl, N, C);
+        pos_backward(m->G.wpe, m->dres, B, T, C);
+    } /* later stages: m->dres is dL/d(stage input), for the previous stage */
+}
+
+float *model_stage_output(const Model *m) {
+    return m->d.l1 > m->d.l0 ? m->acts[m->d.l1 - 1].res3 : m->enc;
 }
 
 /* --------------------------------------------------------------- decoding */

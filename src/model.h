@@ -34,12 +34,21 @@ typedef struct {
     int gate;      /* RouterGate */
     int predictor; /* 1: causal_router = predictor (an MLP of width H) */
     int H;
+    /* pipeline stage: this rank holds blocks [l0, l1); the first stage also
+     * wte and wpe, the last ln_f and the head (wte again, tied) */
+    int pp, pp_rank, l0, l1;
 } ModelDims;
 
 /* Fills dims from the global shape and this rank's tp position; the model is
  * dense until model_dims_mod() adds routing. */
 void model_dims(ModelDims *d, int V, int maxT, int L, int NH, int C, int tp, int tp_rank);
 void model_dims_mod(ModelDims *d, int route_every, double capacity, int gate, int predictor, int H);
+/* Makes d the pipeline stage pp_rank of pp: blocks split as layers[] says
+ * (counts per stage, NULL: balanced, the first stages one more when L % pp).
+ * Returns 0, or -1 when a stage would hold no block. */
+int model_dims_stage(ModelDims *d, int pp, int pp_rank, const int *layers);
+static inline int model_first_stage(const ModelDims *d) { return d->pp_rank == 0; }
+static inline int model_last_stage(const ModelDims *d) { return d->pp_rank == d->pp - 1; }
 /* Both of the above from a config (its vocab_size must be resolved). */
 void model_dims_config(ModelDims *d, const Config *cfg, int tp, int tp_rank);
 /* Whether block l is routed. */
@@ -184,6 +193,10 @@ float model_forward(Model *m, const int *inputs, const int *targets, int B, int 
 void model_backward(Model *m, float dloss, float aux_weight);
 void model_zero_grad(Model *m);
 void model_stats_reset(Model *m);
+/* The residual stream this stage hands to the next: (B,T,C) of the last
+ * forward. A later stage's input goes in m->enc before its forward, and the
+ * gradient of its output in m->dres before its backward. */
+float *model_stage_output(const Model *m);
 
 /* Global parameter count (real vocabulary, no padding). */
 size_t model_num_params(const Model *m);
