@@ -192,6 +192,89 @@ size_t param_global_index(const ParamInfo *p, int tp, int tp_rank, size_t i) {
 
 static float *act(size_t n) { return xcalloc(n, sizeof(float)); }
 
+/* One micro-batch's activations for this stage's blocks. */
+static void actset_alloc(const Model *m, ActSet *s) {
+    const ModelDims *d = &m->d;
+    size_t N = (size_t)m->maxB * d->maxT, C = d->C;
+    memset(s, 0, sizeof *s);
+    s->acts = xcalloc((size_t)d->L, sizeof(BlockActs));
+    s->enc = act(N * C);
+    for (int l = d->l0; l < d->l1; l++) {
+        BlockActs *a = &s->acts[l];
+        a->ln1 = act(N * C);
+        a->ln1_mean = act(N);
+        a->ln1_rstd = act(N);
+        a->qkv = act(N * 3 * d->Cl);
+        a->att = act((size_t)m->maxB * d->NHl * d->maxT * d->maxT);
+        a->atty = act(N * d->Cl);
+        a->res2 = act(N * C);
+        a->ln2 = act(N * C);
+        a->ln2_mean = act(N);
+        a->ln2_rstd = act(N);
+        a->fch = act(N * d->Fl);
+        a->fch_gelu = act(N * d->Fl);
+        a->res3 = act(N * C);
+        if (!model_is_routed(d, l)) continue;
+        a->r = act(N);
+        a->topk = xcalloc(N, 1);
+        a->sel = xcalloc(N, sizeof(int));
+        a->off = xcalloc((size_t)m->maxB + 1, sizeof(int));
+        a->gate = act(N);
+        a->xs = act(N * C);
+        a->a = act(N * C);
+        a->mo = act(N * C);
+        if (d->predictor) {
+            a->plogit = act(N);
+            a->ph = act(N * d->H);
+            a->phg = act(N * d->H);
+        }
+    }
+    if (model_last_stage(d)) {
+        s->lnf = act(N * C);
+        s->lnf_mean = act(N);
+        s->lnf_rstd = act(N);
+        s->logits = act(N * d->Vl);
+        s->losses = act(N);
+    }
+    s->inputs = xcalloc(N, sizeof(int));
+    s->targets = xcalloc(N, sizeof(int));
+}
+
+static void actset_free(const Model *m, ActSet *s) {
+    for (int l = 0; l < m->d.L; l++) {
+        BlockActs *a = &s->acts[l];
+        void *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->att, a->atty, a->res2,
+                        a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu, a->res3,
+                        a->r, a->plogit, a->ph, a->phg, a->topk, a->sel, a->off, a->gate,
+                        a->xs, a->a, a->mo};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    }
+    void *bufs[] = {s->acts, s->enc, s->lnf, s->lnf_mean, s->lnf_rstd, s->logits, s->losses,
+                    s->inputs, s->targets};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+}
+
+void model_set_slots(Model *m, int n) {
+    model_use_slot(m, 0);
+    for (int k = n; k < m->nslots; k++) actset_free(m, &m->slots[k]);
+    m->slots = realloc(m->slots, (size_t)n * sizeof(ActSet));
+    for (int k = m->nslots; k < n; k++) actset_alloc(m, &m->slots[k]);
+    m->nslots = n;
+    model_use_slot(m, 0);
+}
+
+void model_use_slot(Model *m, int k) {
+    ActSet *c = &m->slots[m->cur];
+    /* keep what the current slot's forward left, then switch */
+    c->B = m->B, c->T = m->T, c->aux_loss = m->aux_loss, c->pred_loss = m->pred_loss;
+    const ActSet *s = &m->slots[k];
+    m->enc = s->enc, m->acts = s->acts, m->lnf = s->lnf, m->lnf_mean = s->lnf_mean;
+    m->lnf_rstd = s->lnf_rstd, m->logits = s->logits, m->losses = s->losses;
+    m->inputs = s->inputs, m->targets = s->targets;
+    m->B = s->B, m->T = s->T, m->aux_loss = s->aux_loss, m->pred_loss = s->pred_loss;
+    m->cur = k;
+}
+
 void model_init(Model *m, const ModelDims *d, int maxB, const TpGroup *tp) {
     memset(m, 0, sizeof *m);
     m->d = *d;
@@ -208,46 +291,13 @@ void model_init(Model *m, const ModelDims *d, int maxB, const TpGroup *tp) {
     m->stats.processed = xcalloc((size_t)d->L, sizeof(long long));
 
     m->maxB = maxB;
+    m->pp_comm = MPI_COMM_NULL;
     size_t N = (size_t)maxB * d->maxT, C = d->C;
-    m->acts = xcalloc((size_t)d->L, sizeof(BlockActs));
-    m->enc = act(N * C);
-    for (int l = d->l0; l < d->l1; l++) {
-        BlockActs *a = &m->acts[l];
-        a->ln1 = act(N * C);
-        a->ln1_mean = act(N);
-        a->ln1_rstd = act(N);
-        a->qkv = act(N * 3 * d->Cl);
-        a->att = act((size_t)maxB * d->NHl * d->maxT * d->maxT);
-        a->atty = act(N * d->Cl);
-        a->res2 = act(N * C);
-        a->ln2 = act(N * C);
-        a->ln2_mean = act(N);
-        a->ln2_rstd = act(N);
-        a->fch = act(N * d->Fl);
-        a->fch_gelu = act(N * d->Fl);
-        a->res3 = act(N * C);
-        if (!model_is_routed(d, l)) continue;
-        a->r = act(N);
-        a->topk = xcalloc(N, 1);
-        a->sel = xcalloc(N, sizeof(int));
-        a->off = xcalloc((size_t)maxB + 1, sizeof(int));
-        a->gate = act(N);
-        a->xs = act(N * C);
-        a->a = act(N * C);
-        a->mo = act(N * C);
-        if (d->predictor) {
-            a->plogit = act(N);
-            a->ph = act(N * d->H);
-            a->phg = act(N * d->H);
-        }
-    }
-    m->lnf = act(N * C);
-    m->lnf_mean = act(N);
-    m->lnf_rstd = act(N);
-    m->logits = act(N * d->Vl);
-    m->losses = act(N);
-    m->inputs = xcalloc(N, sizeof(int));
-    m->targets = xcalloc(N, sizeof(int));
+    m->nslots = 1;
+    m->slots = xcalloc(1, sizeof(ActSet));
+    actset_alloc(m, &m->slots[0]);
+    m->cur = 0;
+    model_use_slot(m, 0);
     m->dres = act(N * C);
     m->dln = act(N * C);
     m->scratch = act(N * C);
@@ -263,18 +313,10 @@ void model_init(Model *m, const ModelDims *d, int maxB, const TpGroup *tp) {
 }
 
 void model_free(Model *m) {
-    for (int l = 0; l < m->d.L; l++) {
-        BlockActs *a = &m->acts[l];
-        void *bufs[] = {a->ln1, a->ln1_mean, a->ln1_rstd, a->qkv, a->att, a->atty, a->res2,
-                        a->ln2, a->ln2_mean, a->ln2_rstd, a->fch, a->fch_gelu, a->res3,
-                        a->r, a->plogit, a->ph, a->phg, a->topk, a->sel, a->off, a->gate,
-                        a->xs, a->a, a->mo};
-        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
-    }
-    void *bufs[] = {m->params, m->grads, m->enc, m->lnf, m->lnf_mean, m->lnf_rstd, m->logits,
-                    m->losses, m->dres, m->dln, m->scratch, m->scratch2, m->dqkv, m->datty,
-                    m->dfch, m->dfchg, m->rowbuf, m->dr, m->dph, m->off_dense, m->acts,
-                    m->inputs, m->targets, m->P.h, m->G.h, m->reg, m->stats.processed};
+    for (int k = 0; k < m->nslots; k++) actset_free(m, &m->slots[k]);
+    void *bufs[] = {m->params, m->grads, m->dres, m->dln, m->scratch, m->scratch2, m->dqkv,
+                    m->datty, m->dfch, m->dfchg, m->rowbuf, m->dr, m->dph, m->off_dense,
+                    m->slots, m->P.h, m->G.h, m->reg, m->stats.processed};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     memset(m, 0, sizeof *m);
 }

@@ -132,9 +132,25 @@ typedef struct {
     long long tokens;     /* tokens each block saw */
 } RouteStats;
 
+/* Everything one micro-batch's forward leaves for its backward. A pipeline
+ * stage keeps several micro-batches in flight, one set each. */
+typedef struct {
+    float *enc;                       /* (B,T,C) embeddings, or the stage's input */
+    BlockActs *acts;                  /* (L), the stage's blocks allocated */
+    float *lnf, *lnf_mean, *lnf_rstd; /* (B,T,C), (B,T), (B,T) */
+    float *logits;                    /* (B,T,Vl) */
+    float *losses;                    /* (B,T) */
+    int *inputs, *targets;            /* (B,T) */
+    int B, T;
+    float aux_loss, pred_loss;
+} ActSet;
+
 typedef struct {
     ModelDims d;
     TpGroup tp;
+    MPI_Comm pp_comm;  /* the pipeline: gradient norms sum over it */
+    ActSet *slots;     /* (nslots) activation sets; the fields below are slot cur's */
+    int nslots, cur;
     ParamInfo *reg;
     int nreg;
     size_t nparams;        /* local floats */
@@ -193,6 +209,10 @@ float model_forward(Model *m, const int *inputs, const int *targets, int B, int 
 void model_backward(Model *m, float dloss, float aux_weight);
 void model_zero_grad(Model *m);
 void model_stats_reset(Model *m);
+/* n activation sets (micro-batches in flight); all are freed with the model.
+ * model_use_slot makes set k the one forward and backward use. */
+void model_set_slots(Model *m, int n);
+void model_use_slot(Model *m, int k);
 /* The residual stream this stage hands to the next: (B,T,C) of the last
  * forward. A later stage's input goes in m->enc before its forward, and the
  * gradient of its output in m->dres before its backward. */
