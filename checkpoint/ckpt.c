@@ -171,7 +171,8 @@ static int state_kv(const Config *cfg, const Model *m, int step, int world, CkKV
     n = add_kv(kv, n, "layout.world", v);
     snprintf(v, sizeof v, "%d", m->d.tp);
     n = add_kv(kv, n, "layout.tp", v);
-    n = add_kv(kv, n, "layout.pp", "1");
+    snprintf(v, sizeof v, "%d", m->d.pp);
+    n = add_kv(kv, n, "layout.pp", v);
     return n;
 }
 
@@ -209,6 +210,13 @@ int ckpt_save(const char *ckpt_dir, const Model *m, const AdamW *opt, const Conf
         if (opt) {
             n += model_slices(m, opt->m, "adam_m", rep, slices + n);
             n += model_slices(m, opt->v, "adam_v", rep, slices + n);
+        }
+        if (m->d.pp > 1 && !model_first_stage(&m->d)) {
+            /* the last stage's tied wte is a copy: the first stage writes it */
+            int k = 0;
+            for (int i = 0; i < n; i++)
+                if (!strstr(slices[i].name, "/wte.weight")) slices[k++] = slices[i];
+            n = k;
         }
     }
     CkKV kv[64];

@@ -20,7 +20,7 @@ int grid_init(Grid *g, int tp, int pp) {
     MPI_CHECK(MPI_Comm_set_errhandler(g->world, MPI_ERRORS_RETURN));
     MPI_CHECK(MPI_Comm_size(g->world, &g->world_size));
     MPI_CHECK(MPI_Comm_rank(g->world, &g->world_rank));
-    g->tp_comm = g->dp_comm = g->pp_comm = MPI_COMM_NULL;
+    g->tp_comm = g->dp_comm = g->pp_comm = g->emb_comm = MPI_COMM_NULL;
     if (g->world_size % (tp * pp) != 0) {
         if (g->world_rank == 0)
             fprintf(stderr,
@@ -39,6 +39,9 @@ int grid_init(Grid *g, int tp, int pp) {
     MPI_CHECK(MPI_Comm_split(g->world, g->pp_rank * g->dp + g->dp_rank, g->tp_rank, &g->tp_comm));
     MPI_CHECK(MPI_Comm_split(g->world, g->pp_rank * tp + g->tp_rank, g->dp_rank, &g->dp_comm));
     MPI_CHECK(MPI_Comm_split(g->world, g->dp_rank * tp + g->tp_rank, g->pp_rank, &g->pp_comm));
+    int ends = pp > 1 && (g->pp_rank == 0 || g->pp_rank == pp - 1);
+    MPI_CHECK(MPI_Comm_split(g->world, ends ? g->dp_rank * tp + g->tp_rank : MPI_UNDEFINED,
+                             g->pp_rank, &g->emb_comm));
     MPI_Comm node;
     MPI_CHECK(MPI_Comm_split_type(g->world, MPI_COMM_TYPE_SHARED, g->world_rank, MPI_INFO_NULL,
                                   &node));
@@ -48,7 +51,7 @@ int grid_init(Grid *g, int tp, int pp) {
 }
 
 void grid_free(Grid *g) {
-    MPI_Comm *comms[] = {&g->tp_comm, &g->dp_comm, &g->pp_comm, &g->world};
-    for (int i = 0; i < 4; i++)
+    MPI_Comm *comms[] = {&g->tp_comm, &g->dp_comm, &g->pp_comm, &g->emb_comm, &g->world};
+    for (int i = 0; i < 5; i++)
         if (*comms[i] != MPI_COMM_NULL) MPI_Comm_free(comms[i]);
 }

@@ -24,6 +24,7 @@ typedef struct {
     int tp_rank, pp_rank, dp_rank;
     MPI_Comm world; /* a dup of MPI_COMM_WORLD with MPI_ERRORS_RETURN */
     MPI_Comm tp_comm, dp_comm, pp_comm;
+    MPI_Comm emb_comm; /* first and last pipeline stage (the tied wte); NULL elsewhere */
     int local_ranks; /* ranks on this node, for threads per rank */
 } Grid;
 

@@ -73,6 +73,8 @@ static const KeySpec keys[] = {
     {"tp", K_INT, OFF(tp), "1", 1, 4096, 0, NULL, "tensor-parallel ranks"},
     {"pp", K_INT, OFF(pp), "1", 1, 4096, 0, NULL, "pipeline stages"},
     {"schedule", K_ENUM, OFF(schedule), "1f1b", 0, 0, 0, "1f1b|gpipe", "pipeline schedule"},
+    {"stage_layers", K_STR, OFF(stage_layers), "", 0, 0, 0, NULL,
+     "blocks per pipeline stage, e.g. 3,5; empty = balanced"},
     {"ckpt_dir", K_STR, OFF(ckpt_dir), "", 0, 0, 0, NULL, "checkpoints; empty = run_dir/ckpt"},
     {"ckpt_every", K_INT, OFF(ckpt_every), "500", 0, 1 << 30, 0, NULL,
      "checkpoint every n steps; 0 = only at the end"},
@@ -353,10 +355,8 @@ int config_validate(const Config *c) {
                c->route_every, c->n_layer, c->n_layer);
         return -1;
     }
-    if (c->pp != 1) {
-        errorf("config: pp = %d: pipeline parallelism is not built yet (use pp = 1)", c->pp);
-        return -1;
-    }
+    int layers[4096];
+    if (config_stage_layers(c, layers) != 0) return -1;
     if (c->n_head % c->tp != 0) {
         char alts[256] = "";
         for (int t = 1; t <= c->n_head; t++)
@@ -369,6 +369,43 @@ int config_validate(const Config *c) {
     if (c->vocab_size > 0 && c->vocab_size < 2) {
         errorf("config: vocab_size = %d is too small (expected >= 2, or 0 for the data's)",
                c->vocab_size);
+        return -1;
+    }
+    return 0;
+}
+
+int config_stage_layers(const Config *c, int *layers) {
+    if (c->pp > c->n_layer) {
+        errorf("config: pp = %d stages cannot split n_layer = %d blocks (choose pp <= %d)", c->pp,
+               c->n_layer, c->n_layer);
+        return -1;
+    }
+    if (!c->stage_layers[0]) {
+        for (int s = 0; s < c->pp; s++) layers[s] = c->n_layer / c->pp + (s < c->n_layer % c->pp);
+        return 0;
+    }
+    int n = 0, sum = 0;
+    const char *p = c->stage_layers;
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || n == c->pp) {
+            n = -1;
+            break;
+        }
+        layers[n++] = (int)v;
+        sum += (int)v;
+        p = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') {
+            n = -1;
+            break;
+        }
+    }
+    if (n != c->pp || sum != c->n_layer) {
+        errorf("config: stage_layers = '%s' does not split n_layer = %d over pp = %d stages "
+               "(give %d counts >= 1 that sum to %d, e.g. '%d%s')",
+               c->stage_layers, c->n_layer, c->pp, c->pp, c->n_layer,
+               c->n_layer - (c->pp - 1), c->pp > 1 ? ",1..." : "");
         return -1;
     }
     return 0;

@@ -36,6 +36,7 @@ typedef struct {
     /* parallel layout */
     int tp, pp;
     int schedule; /* Schedule */
+    char stage_layers[CONFIG_STR]; /* "3,5": blocks per pipeline stage; "" balanced */
     /* checkpoints and output */
     char ckpt_dir[CONFIG_STR];
     int ckpt_every, ckpt_keep, ckpt_level;
@@ -76,6 +77,10 @@ void config_print_help(void);
 
 /* The model keys that must match between a checkpoint and a run. */
 extern const char *const config_model_keys[];
+
+/* Blocks per pipeline stage from stage_layers (or balanced) into layers[pp].
+ * Returns 0, or -1 after printing what would fit. */
+int config_stage_layers(const Config *c, int *layers);
 
 /* Levenshtein distance; exposed for the tests. */
 int config_edit_distance(const char *a, const char *b);

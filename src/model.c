@@ -700,7 +700,7 @@ float model_forward(Model *m, const int *inputs, const int *targets, int B, int 
         }
         x = a->res3;
     }
-    m->stats.tokens += N;
+    if (model_first_stage(d)) m->stats.tokens += N; /* counted once per pipeline */
     if (routed) {
         m->aux_loss /= (float)N * routed;
         m->pred_loss /= (float)N * routed;

@@ -18,6 +18,7 @@
 #include "../checkpoint/ckpt.h"
 #include "../mpi/dp.h"
 #include "../mpi/grid.h"
+#include "../mpi/pipeline.h"
 #include "config.h"
 #include "data.h"
 #include "kernels.h"
@@ -32,6 +33,8 @@ int default_threads(int local_ranks) {
     return t > 0 ? t : 1;
 }
 
+static double reduce_step_stats(Model *m, double loss_sum, MPI_Comm comm);
+
 double evaluate(Model *m, const Shard *s, int micro, size_t n_seqs, RouteMode mode, int backward,
                 float aux_weight) {
     const int T = m->d.maxT;
@@ -43,19 +46,72 @@ double evaluate(Model *m, const Shard *s, int micro, size_t n_seqs, RouteMode mo
     RouteMode saved = m->route;
     m->route = mode;
     model_stats_reset(m);
+    model_use_slot(m, 0);
+    const int pp = m->d.pp, first = model_first_stage(&m->d), last = model_last_stage(&m->d);
     double total = 0;
     for (size_t w = 0; w < n_seqs;) {
         int B = 0;
         for (; B < micro && w < n_seqs; B++, w++)
             shard_get_seq(s, w, T, inputs + (size_t)B * T, targets + (size_t)B * T);
+        const int count = B * T * m->d.C;
+        /* a pipeline runs the forward stage after stage; the last has the loss */
+        if (pp > 1 && !first)
+            MPI_CHECK(MPI_Recv(m->enc, count, MPI_FLOAT, m->d.pp_rank - 1, 0, m->pp_comm,
+                               MPI_STATUS_IGNORE));
         total += (double)model_forward(m, inputs, targets, B, T) * B * T;
+        if (pp > 1 && !last)
+            MPI_CHECK(MPI_Send(model_stage_output(m), count, MPI_FLOAT, m->d.pp_rank + 1, 0,
+                               m->pp_comm));
         if (backward) model_backward(m, (float)(1.0 / tokens), aux_weight);
     }
+    if (pp > 1) total = reduce_step_stats(m, total, m->pp_comm);
     m->route = saved;
     free(inputs);
     free(targets);
     return total / tokens;
 }
+
+/* One training step's micro-batches as pipeline callbacks. */
+typedef struct {
+    Model *m;
+    const Shard *train;
+    DataOrder *order;
+    const Config *cfg;
+    int step, local_batch, micro, T, dp_rank;
+    double step_tokens, loss_sum;
+    int *inputs, *targets;
+} StepCtx;
+
+static void step_forward(void *p, int mb, int slot) {
+    StepCtx *c = p;
+    const int T = c->T;
+    for (int b = 0; b < c->micro; b++) {
+        /* the fixed slice of the step's global batch this dp rank takes */
+        uint64_t g = (uint64_t)c->step * c->cfg->batch_size + (uint64_t)c->dp_rank * c->local_batch +
+                     (uint64_t)mb * c->micro + b;
+        shard_get_seq(c->train, order_window(c->order, g), T, c->inputs + (size_t)b * T,
+                      c->targets + (size_t)b * T);
+    }
+    model_use_slot(c->m, slot);
+    c->loss_sum += model_forward(c->m, c->inputs, c->targets, c->micro, T) * (double)c->micro * T;
+}
+
+static void step_backward(void *p, int mb, int slot) {
+    StepCtx *c = p;
+    (void)mb;
+    model_use_slot(c->m, slot);
+    model_backward(c->m, (float)(1.0 / c->step_tokens), (float)c->cfg->aux_weight);
+}
+
+static float *step_input(void *p, int slot) { return ((StepCtx *)p)->m->slots[slot].enc; }
+
+static float *step_output(void *p, int slot) {
+    StepCtx *c = p;
+    model_use_slot(c->m, slot);
+    return model_stage_output(c->m);
+}
+
+static float *step_grad(void *p) { return ((StepCtx *)p)->m->dres; }
 
 /* Tries one checkpoint: its config must match the run's (a mismatch is the
  * user's error, not a damaged checkpoint: *fatal is set), then every rank
@@ -265,8 +321,14 @@ int train_main(int argc, char **argv) {
 
     ModelDims d;
     model_dims_config(&d, &cfg, grid.tp, grid.tp_rank);
+    int layers[4096];
+    config_stage_layers(&cfg, layers);
+    model_dims_stage(&d, grid.pp, grid.pp_rank, layers);
     TpGroup tpg = {grid.tp_comm, grid.tp, grid.tp_rank};
     model_init(&m, &d, micro, &tpg);
+    m.pp_comm = grid.pp > 1 ? grid.pp_comm : MPI_COMM_NULL;
+    const PpSchedule sched = cfg.schedule == SCHED_GPIPE ? PP_GPIPE : PP_1F1B;
+    model_set_slots(&m, pp_slots(sched, local_batch / micro, grid.pp_rank, grid.pp));
     m.check_routing = cfg.debug_checks;
     adamw_init(&opt, &m);
     model_ready = 1;
@@ -323,22 +385,25 @@ int train_main(int argc, char **argv) {
         unsigned long long tp0 = tp_bytes, dp0 = dp_bytes;
         model_zero_grad(&m);
         model_stats_reset(&m);
-        double loss = 0;
-        for (int mb = 0; mb < n_micro; mb++) {
-            for (int b = 0; b < micro; b++) {
-                /* the fixed slice of the step's global batch this dp rank takes */
-                uint64_t g = (uint64_t)step * cfg.batch_size + (uint64_t)grid.dp_rank * local_batch +
-                             (uint64_t)mb * micro + b;
-                shard_get_seq(&train, order_window(&order, g), T, inputs + (size_t)b * T,
-                              targets + (size_t)b * T);
-            }
-            loss += model_forward(&m, inputs, targets, micro, T) * (double)micro * T;
-            model_backward(&m, (float)(1.0 / step_tokens), (float)cfg.aux_weight);
-        }
+        StepCtx sc = {&m, &train, &order, &cfg, step, local_batch, micro, T, grid.dp_rank,
+                      step_tokens, 0, inputs, targets};
+        PpStage st = {&sc, step_forward, step_backward, step_input, step_output, step_grad,
+                      step_grad, (size_t)micro * T * d.C};
+        int live = 0;
+        pp_run(sched, n_micro, grid.pp > 1 ? grid.pp_comm : MPI_COMM_NULL, &st, &live);
         fault_rank_exit(grid.world_rank, step + 1);
+        /* the tied wte: first and last stage add their gradients */
+        const ParamInfo *wte = model_find_param(&m, "wte.weight");
+        if (grid.emb_comm != MPI_COMM_NULL && wte)
+            dp_allreduce_sum(m.grads + wte->offset, wte->numel, grid.emb_comm);
         /* each dp rank holds the gradient of its share of the mean: sum them */
         dp_allreduce_sum(m.grads, m.nparams, grid.dp_comm);
-        loss = reduce_step_stats(&m, loss, grid.dp_comm) / step_tokens;
+        double loss = reduce_step_stats(&m, sc.loss_sum, grid.dp_comm);
+        if (grid.pp > 1) {
+            loss = reduce_step_stats(&m, loss, grid.pp_comm);
+            MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &live, 1, MPI_INT, MPI_MAX, grid.pp_comm));
+        }
+        loss /= step_tokens;
         double norm = grad_norm(&m);
         float scale = cfg.grad_clip > 0 && norm > cfg.grad_clip ? (float)(cfg.grad_clip / norm)
                                                                   : 1.f;
@@ -370,8 +435,8 @@ int train_main(int argc, char **argv) {
         mprintf(metrics,
                 ",\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"step_time_ms\":%.3f,"
                 "\"mfu\":%.4f,\"flops_per_token\":%.0f,\"flops_ratio_dense\":%.4f,"
-                "\"tp_bytes\":%llu,\"dp_bytes\":%llu}\n",
-                lr, norm, tps, dt * 1e3, mfu, fpt, fpt / dense_fpt, step_tp, step_dp);
+                "\"tp_bytes\":%llu,\"dp_bytes\":%llu,\"pp_live\":%d}\n",
+                lr, norm, tps, dt * 1e3, mfu, fpt, fpt / dense_fpt, step_tp, step_dp, live);
         if (done % cfg.log_every == 0 || done == cfg.steps || step == start) {
             char eta[32], mod[96] = "";
             double per = steps_timed ? time_timed / steps_timed : dt;
