@@ -402,10 +402,12 @@ int config_stage_layers(const Config *c, int *layers) {
         }
     }
     if (n != c->pp || sum != c->n_layer) {
+        char eg[256];
+        int k = snprintf(eg, sizeof eg, "%d", c->n_layer - (c->pp - 1));
+        for (int i = 1; i < c->pp && k < (int)sizeof eg - 4; i++) k += snprintf(eg + k, sizeof eg - k, ",1");
         errorf("config: stage_layers = '%s' does not split n_layer = %d over pp = %d stages "
-               "(give %d counts >= 1 that sum to %d, e.g. '%d%s')",
-               c->stage_layers, c->n_layer, c->pp, c->pp, c->n_layer,
-               c->n_layer - (c->pp - 1), c->pp > 1 ? ",1..." : "");
+               "(give %d counts >= 1 that sum to %d, e.g. '%s')",
+               c->stage_layers, c->n_layer, c->pp, c->pp, c->n_layer, eg);
         return -1;
     }
     return 0;

@@ -390,6 +390,7 @@ int train_main(int argc, char **argv) {
         PpStage st = {&sc, step_forward, step_backward, step_input, step_output, step_grad,
                       step_grad, (size_t)micro * T * d.C};
         int live = 0;
+        double wait0 = pp_wait_s;
         pp_run(sched, n_micro, grid.pp > 1 ? grid.pp_comm : MPI_COMM_NULL, &st, &live);
         fault_rank_exit(grid.world_rank, step + 1);
         /* the tied wte: first and last stage add their gradients */
@@ -411,6 +412,13 @@ int train_main(int argc, char **argv) {
         adamw_step(&opt, &m, lr, cfg.beta1, cfg.beta2, 1e-8, cfg.weight_decay, step + 1, scale);
         double dt = now_s() - t0;
         unsigned long long step_tp = tp_bytes - tp0, step_dp = dp_bytes - dp0;
+        /* the pipeline bubble: the share of the step each stage spent waiting
+         * on its neighbours, averaged over the stages */
+        double bubble = (pp_wait_s - wait0) / dt;
+        if (grid.pp > 1) {
+            MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &bubble, 1, MPI_DOUBLE, MPI_SUM, grid.pp_comm));
+            bubble /= grid.pp;
+        }
         if (step > start) { /* the first step pays for warm-up; leave it out of the ETA */
             steps_timed++;
             time_timed += dt;
@@ -435,8 +443,8 @@ int train_main(int argc, char **argv) {
         mprintf(metrics,
                 ",\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"step_time_ms\":%.3f,"
                 "\"mfu\":%.4f,\"flops_per_token\":%.0f,\"flops_ratio_dense\":%.4f,"
-                "\"tp_bytes\":%llu,\"dp_bytes\":%llu,\"pp_live\":%d}\n",
-                lr, norm, tps, dt * 1e3, mfu, fpt, fpt / dense_fpt, step_tp, step_dp, live);
+                "\"tp_bytes\":%llu,\"dp_bytes\":%llu,\"pp_live\":%d,\"pp_bubble\":%.4f}\n",
+                lr, norm, tps, dt * 1e3, mfu, fpt, fpt / dense_fpt, step_tp, step_dp, live, bubble);
         if (done % cfg.log_every == 0 || done == cfg.steps || step == start) {
             char eta[32], mod[96] = "";
             double per = steps_timed ? time_timed / steps_timed : dt;
