@@ -352,7 +352,7 @@ int ckpt_check_model_config(const Config *ck, const Config *run, const char *ste
 }
 
 int ckpt_open_model(const char *ckpt_arg, Model *m, Config *cfg, int maxB, int *step,
-                    const TpGroup *tp) {
+                    const TpGroup *tp, int pp, int pp_rank) {
     char dir[1024], err[1024];
     if (ckpt_resolve(ckpt_arg, dir, sizeof dir) != 0) return -1;
     if (ckpt_read_config(dir, cfg, step, err, sizeof err) != 0 || config_validate(cfg) != 0) {
@@ -365,6 +365,10 @@ int ckpt_open_model(const char *ckpt_arg, Model *m, Config *cfg, int maxB, int *
     }
     ModelDims d;
     model_dims_config(&d, cfg, tp ? tp->size : 1, tp ? tp->rank : 0);
+    if (pp > d.L || model_dims_stage(&d, pp, pp_rank, NULL) != 0) {
+        errorf("ckpt: the model's n_layer = %d blocks cannot be split over pp = %d stages", d.L, pp);
+        return -1;
+    }
     model_init(m, &d, maxB, tp);
     if (ckpt_load(dir, m, NULL, NULL, err, sizeof err) != 0) {
         errorf("%s", err);

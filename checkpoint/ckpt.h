@@ -48,10 +48,11 @@ int ckpt_load(const char *stepdir, Model *m, AdamW *opt, int *had_moments, char 
 int ckpt_check_model_config(const Config *ckpt, const Config *run, const char *stepdir);
 
 /* Opens --ckpt for inference: resolves it, reads its config into cfg,
- * builds m (this rank's slice of tp, NULL: alone) for micro-batches of maxB
- * and loads the weights. Returns 0 or -1 after printing why. */
+ * builds m (this rank's slice of tp, NULL: alone, and stage pp_rank of pp,
+ * balanced) for micro-batches of maxB and loads the weights. Returns 0 or
+ * -1 after printing why. */
 int ckpt_open_model(const char *ckpt_arg, Model *m, Config *cfg, int maxB, int *step,
-                    const TpGroup *tp);
+                    const TpGroup *tp, int pp, int pp_rank);
 
 /* Writes m's weights (or gradients) as a Hugging Face GPT-2 safetensors file
  * (tp = 1). Returns 0 or -1. */

@@ -265,7 +265,7 @@ static int export_main(int argc, char **argv) {
     config_defaults(&cfg);
     Model m;
     int step = 0;
-    if (ckpt_open_model(ckpt, &m, &cfg, 1, &step, NULL) != 0) return 2;
+    if (ckpt_open_model(ckpt, &m, &cfg, 1, &step, NULL, 1, 0) != 0) return 2;
     int rc = ckpt_export_safetensors(out, &m, &cfg, step) == 0 ? 0 : 1;
     if (rc == 0) printf("ckpt export: wrote %s (step %d)\n", out, step);
     model_free(&m);

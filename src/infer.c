@@ -18,14 +18,20 @@
 #include "train.h"
 #include "util.h"
 
-/* Inference runs tensor-parallel over all ranks (tp = world size): the grid,
- * and stdout on rank 0 alone. Returns 0, or -1 after printing why. */
-static int inference_grid(Grid *g, const char *cmd) {
-    int world = 1;
+/* Inference runs over all ranks as pp stages of tp = world / pp ranks: the
+ * grid, and stdout on rank 0 alone. Returns 0, or -1 after printing why. */
+static int inference_grid(Grid *g, const char *cmd, int pp) {
+    int world = 1, rank = 0;
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
-    if (grid_init(g, world, 1) != 0) return -1;
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    if (pp < 1 || world % pp != 0) {
+        if (rank == 0)
+            errorf("%s: --pp %d does not divide the %d ranks (run a multiple of pp ranks)", cmd, pp,
+                   world);
+        return -1;
+    }
+    if (grid_init(g, world / pp, pp) != 0) return -1;
     if (g->world_rank != 0 && !freopen("/dev/null", "w", stdout)) return -1;
-    (void)cmd;
     return 0;
 }
 
@@ -42,7 +48,7 @@ static void print_fractions(const Model *m) {
 
 int eval_main(int argc, char **argv) {
     const char *ckpt = NULL, *data = NULL, *grads = NULL, *routing = "topk";
-    int json = 0, batches = 0, micro = 8, threads = 0;
+    int json = 0, batches = 0, micro = 8, threads = 0, pp = 1;
     Config cfg;
     config_defaults(&cfg);
     double aux_weight = cfg.aux_weight;
@@ -56,6 +62,7 @@ int eval_main(int argc, char **argv) {
         {"grads", CLI_STR, &grads, "also write the loss gradients as safetensors to this file"},
         {"routing", CLI_STR, &routing, "routing for --grads: topk or causal (topk)"},
         {"aux_weight", CLI_FLOAT, &aux_weight, "weight of the router's BCE in --grads (0.1)"},
+        {"pp", CLI_INT, &pp, "pipeline stages over the ranks; the rest is tensor-parallel (1)"},
         {NULL, 0, NULL, NULL}};
     int h = cli_parse("eval", "modtrain eval --ckpt DIR --data FILE [--json]",
                       "Mean next-token loss of a checkpoint on a token shard; for a "
@@ -76,8 +83,12 @@ int eval_main(int argc, char **argv) {
         errorf("eval: --routing '%s' is not one of topk/causal", routing);
         return 2;
     }
+    if (grads && pp > 1) {
+        errorf("eval: --grads needs the whole model on each rank (--pp 1)");
+        return 2;
+    }
     Grid grid;
-    if (inference_grid(&grid, "eval") != 0) return 2;
+    if (inference_grid(&grid, "eval", pp) != 0) return 2;
     TpGroup tpg = {grid.tp_comm, grid.tp, grid.tp_rank};
     kernels_init(threads ? threads : default_threads(grid.local_ranks), "auto");
     Model m;
@@ -87,7 +98,7 @@ int eval_main(int argc, char **argv) {
         grid_free(&grid);
         return 2;
     }
-    if (ckpt_open_model(ckpt, &m, &cfg, micro, &step, &tpg) != 0) {
+    if (ckpt_open_model(ckpt, &m, &cfg, micro, &step, &tpg, grid.pp, grid.pp_rank) != 0) {
         shard_free(&s);
         grid_free(&grid);
         return 2;
@@ -109,6 +120,7 @@ int eval_main(int argc, char **argv) {
     if (total > n_seqs) total = n_seqs;
     const double tokens = (double)total * T;
     int routed = cfg.route_every > 0;
+    m.pp_comm = grid.pp > 1 ? grid.pp_comm : MPI_COMM_NULL;
     if (grads) model_zero_grad(&m);
     double loss = evaluate(&m, &s, micro, total, ROUTE_TOPK, grads && grad_mode == ROUTE_TOPK,
                            (float)aux_weight);
@@ -192,7 +204,7 @@ static int draw(float *logits, int V, double temperature, int top_k, Rng *rng) {
 
 int sample_main(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = "";
-    int tokens = 256, top_k = 0, threads = 0, stats = 0;
+    int tokens = 256, top_k = 0, threads = 0, stats = 0, pp = 1;
     double temperature = 1.0;
     long long seed = 42;
     CliOpt opts[] = {
@@ -204,6 +216,7 @@ int sample_main(int argc, char **argv) {
         {"seed", CLI_I64, &seed, "sampling seed (42)"},
         {"threads", CLI_INT, &threads, "threads; 0 = all cores (0)"},
         {"stats", CLI_FLAG, &stats, "print tokens/s to stderr at the end"},
+        {"pp", CLI_INT, &pp, "pipeline stages over the ranks; the rest is tensor-parallel (1)"},
         {NULL, 0, NULL, NULL}};
     int h = cli_parse("sample", "modtrain sample --ckpt DIR [--prompt TEXT] [--tokens N]",
                       "Generates text from a checkpoint (byte tokenizer).", opts, argc, argv);
@@ -217,13 +230,13 @@ int sample_main(int argc, char **argv) {
         return 2;
     }
     Grid grid;
-    if (inference_grid(&grid, "sample") != 0) return 2;
+    if (inference_grid(&grid, "sample", pp) != 0) return 2;
     TpGroup tpg = {grid.tp_comm, grid.tp, grid.tp_rank};
     kernels_init(threads ? threads : default_threads(grid.local_ranks), "auto");
     Config cfg;
     config_defaults(&cfg);
     Model m;
-    if (ckpt_open_model(ckpt, &m, &cfg, 1, NULL, &tpg) != 0) {
+    if (ckpt_open_model(ckpt, &m, &cfg, 1, NULL, &tpg, grid.pp, grid.pp_rank) != 0) {
         grid_free(&grid);
         return 2;
     }
@@ -245,6 +258,7 @@ int sample_main(int argc, char **argv) {
     fwrite(prompt, 1, plen, stdout);
     Rng rng;
     rng_seed(&rng, (uint64_t)seed);
+    m.pp_comm = grid.pp > 1 ? grid.pp_comm : MPI_COMM_NULL;
     DecodeState ds;
     decode_init(&ds, &m);
     /* The prompt goes through the cache token by token; its last T tokens
@@ -260,9 +274,15 @@ int sample_main(int argc, char **argv) {
      * with the same seed, draws the same token */
     float *probs = xmalloc((size_t)m.d.Vp * sizeof(float));
     double t0 = now_s();
+    const int last = model_last_stage(&m.d);
     for (int i = 0; i < tokens; i++) {
-        tp_allgather(probs, logits, (size_t)m.d.Vl, &m.tp);
-        int tok = draw(probs, m.d.V, temperature, top_k, &rng);
+        int tok = 0;
+        if (last) {
+            tp_allgather(probs, logits, (size_t)m.d.Vl, &m.tp);
+            tok = draw(probs, m.d.V, temperature, top_k, &rng);
+        }
+        /* the last stage drew it; every stage needs it for the next step */
+        if (grid.pp > 1) MPI_CHECK(MPI_Bcast(&tok, 1, MPI_INT, grid.pp - 1, grid.pp_comm));
         seq[n++] = tok;
         putchar(tok);
         if (i + 1 == tokens) break;

@@ -810,11 +810,15 @@ const float *decode_step(Model *m, DecodeState *s, int tok, int pos) {
     const ModelDims *d = &m->d;
     const int C = d->C, Cl = d->Cl;
     float *x = s->x;
-    embed_forward(x, &tok, m->P.wte, d->v0, d->Vl, 1, C);
-    tp_allreduce_sum(x, (size_t)C, &m->tp);
-    for (int c = 0; c < C; c++) x[c] += m->P.wpe[(size_t)pos * C + c];
+    if (model_first_stage(d)) {
+        embed_forward(x, &tok, m->P.wte, d->v0, d->Vl, 1, C);
+        tp_allreduce_sum(x, (size_t)C, &m->tp);
+        for (int c = 0; c < C; c++) x[c] += m->P.wpe[(size_t)pos * C + c];
+    } else { /* a pipeline: the token's residual stream from the previous stage */
+        MPI_Recv(x, C, MPI_FLOAT, d->pp_rank - 1, 1, m->pp_comm, MPI_STATUS_IGNORE);
+    }
     s->steps++;
-    for (int l = 0; l < d->L; l++) {
+    for (int l = d->l0; l < d->l1; l++) {
         const BlockParams *p = &m->P.h[l];
         BlockActs *A = &m->acts[l];
         float g = 1.f;
@@ -846,6 +850,10 @@ const float *decode_step(Model *m, DecodeState *s, int tok, int pos) {
             }
         else
             residual_forward(x, A->res2, mo, (size_t)C);
+    }
+    if (!model_last_stage(d)) {
+        MPI_Send(x, C, MPI_FLOAT, d->pp_rank + 1, 1, m->pp_comm);
+        return NULL;
     }
     layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, x, m->P.lnfw, m->P.lnfb, 1, C);
     mm(0, 1, 1, d->Vl, C, 1.f, m->lnf, C, m->P.wte, C, 0.f, m->logits, d->Vl);

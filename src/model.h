@@ -238,8 +238,9 @@ void decode_init(DecodeState *s, const Model *m);
 void decode_free(DecodeState *s, const Model *m);
 /* Forgets the cached tokens (the counters stay). */
 void decode_reset(DecodeState *s, const Model *m);
-/* Runs token `tok` at position pos (= tokens decoded since the last reset);
- * returns its logits (Vl) in m->logits. */
+/* Runs token `tok` at position pos (= tokens decoded since the last reset)
+ * through this stage's blocks; returns its logits (Vl) in m->logits on the
+ * last pipeline stage, NULL on the others (which pass the token on). */
 const float *decode_step(Model *m, DecodeState *s, int tok, int pos);
 
 #endif

@@ -60,6 +60,25 @@ for model in dense mod; do
     done
 done
 
+# evaluation and sampling through a pipeline give what one rank gives
+"$MODTRAIN" eval --ckpt mod-base/ckpt --data data/val.bin --batches 4 --json > e1.json
+"$MODTRAIN" sample --ckpt mod-base/ckpt --prompt "Q: " --tokens 60 --seed 5 --temperature 0.7 > s1.txt
+for lay in "2 2" "4 4" "4 2"; do
+    set -- $lay
+    np=$1 pp=$2
+    timeout 120 $MPIRUN -np $np "$MODTRAIN" eval --ckpt mod-base/ckpt --data data/val.bin --batches 4 \
+        --json --pp $pp > ep.json
+    timeout 120 $MPIRUN -np $np "$MODTRAIN" sample --ckpt mod-base/ckpt --prompt "Q: " --tokens 60 \
+        --seed 5 --temperature 0.7 --pp $pp > sp.txt
+    a=$(last_json e1.json loss) b=$(last_json ep.json loss)
+    c=$(last_json e1.json loss_causal) d=$(last_json ep.json loss_causal)
+    check_ab "$a" "$b" 'a - b < 1e-5 && b - a < 1e-5' && check_ab "$c" "$d" 'a - b < 1e-5 && b - a < 1e-5' &&
+        ok "eval over $np ranks, pp $pp: loss $b, loss_causal $d as on one rank" ||
+        fail "eval over $np ranks, pp $pp: $(cat ep.json)"
+    cmp -s s1.txt sp.txt && ok "sampling over $np ranks, pp $pp: the same text" ||
+        fail "sampling over $np ranks, pp $pp differs"
+done
+
 # checkpoint resharding across pp: step 6 of (pp 2, tp 2) under pp 1 and pp 4
 for pp in 1 4; do
     name="reshard-pp$pp"
