@@ -83,6 +83,8 @@ static const KeySpec keys[] = {
     {"resume", K_STR, OFF(resume), "auto", 0, 0, 0, NULL, "auto | never | checkpoint path"},
     {"run_dir", K_STR, OFF(run_dir), "runs/default", 0, 0, 0, NULL, "metrics.jsonl goes here"},
     {"log_every", K_INT, OFF(log_every), "10", 1, 1 << 30, 0, NULL, "progress line every n steps"},
+    {"time_limit", K_FLOAT, OFF(time_limit), "0", 0, BIG, 0, NULL,
+     "seconds: save and exit 75 before the run would pass them; 0 = none"},
     {"threads", K_INT, OFF(threads), "0", 0, 4096, 0, NULL,
      "threads per rank; 0 = cores / ranks per node"},
     {"peak_gflops", K_FLOAT, OFF(peak_gflops), "0", 0, BIG, 0, NULL,

@@ -43,6 +43,7 @@ typedef struct {
     char resume[CONFIG_STR];
     char run_dir[CONFIG_STR];
     int log_every;
+    double time_limit; /* seconds; save and stop before the run uses more; 0 = none */
     /* machine */
     int threads;
     double peak_gflops;

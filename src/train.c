@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -170,6 +171,22 @@ static int resume_run(const Config *cfg, const char *ckpt_dir, Model *m, AdamW *
         return -1;
     }
     return r;
+}
+
+/* SIGTERM and SIGUSR1 (a scheduler's warning) only set this flag; the ranks
+ * act on it together at the next step boundary. */
+static volatile sig_atomic_t stop_signal = 0;
+
+static void on_stop_signal(int sig) { stop_signal = sig; }
+
+static void install_stop_handlers(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
 }
 
 /* 1 when ok is true on every rank: collective decisions never hang on one
@@ -370,6 +387,8 @@ int train_main(int argc, char **argv) {
     if (!all_ok(run_ok, grid.world)) goto out;
 
     rc = 1; /* from here on a failure happens while working */
+    install_stop_handlers();
+    double last_save_s = 0;
     order_init(&order, (uint64_t)cfg.seed, n_train);
     inputs = xmalloc((size_t)micro * T * sizeof(int));
     targets = xmalloc((size_t)micro * T * sizeof(int));
@@ -473,12 +492,30 @@ int train_main(int argc, char **argv) {
             mprintf(metrics, "}\n");
         }
         if (metrics) fflush(metrics);
+        /* stop early, all ranks together: on a signal, or when the next
+         * step and a save would not fit in time_limit */
+        double per_step = steps_timed ? time_timed / steps_timed : dt;
+        int stop = stop_signal;
+        if (cfg.time_limit > 0 && now_s() - t_start + per_step + 2 * last_save_s + 1 > cfg.time_limit)
+            stop = -1;
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, grid.world));
+        if (stop && !last) {
+            if (ckpt_save(ckpt_dir, &m, &opt, &cfg, done, grid.world, grid.dp_rank == 0) != 0) goto out;
+            log0("stopping at step %d/%d on %s: checkpoint %s/step-%08d saved; exit %d (requeue "
+                 "to continue)\n",
+                 done, cfg.steps, stop > 0 ? (stop == SIGTERM ? "SIGTERM" : "SIGUSR1") : "time_limit",
+                 ckpt_dir, done, EXIT_REQUEUE);
+            rc = EXIT_REQUEUE;
+            goto out;
+        }
         if (cfg.ckpt_every && done % cfg.ckpt_every == 0 && !last) {
             /* a failed periodic save is reported and training goes on: the
              * state is in memory and the next save may succeed */
             double ts = now_s();
-            if (ckpt_save(ckpt_dir, &m, &opt, &cfg, done, grid.world, grid.dp_rank == 0) == 0)
-                log0("checkpoint: %s/step-%08d (%.2fs)\n", ckpt_dir, done, now_s() - ts);
+            if (ckpt_save(ckpt_dir, &m, &opt, &cfg, done, grid.world, grid.dp_rank == 0) == 0) {
+                last_save_s = now_s() - ts;
+                log0("checkpoint: %s/step-%08d (%.2fs)\n", ckpt_dir, done, last_save_s);
+            }
         }
     }
     int final_step = cfg.steps > start ? cfg.steps : start;

@@ -6,6 +6,10 @@
 #ifndef MODTRAIN_TRAIN_H
 #define MODTRAIN_TRAIN_H
 
+/* The exit code of a run that saved a checkpoint and stopped early, on
+ * SIGTERM/SIGUSR1 or at time_limit: the job should be requeued. */
+#define EXIT_REQUEUE 75
+
 /* `modtrain train [--config FILE] [--key value ...]`; returns the exit code. */
 int train_main(int argc, char **argv);
 /* `modtrain eval --ckpt DIR --data FILE [--json] ...`; returns the exit code. */

@@ -1,0 +1,71 @@
+#!/bin/sh
+# Stopping early and coming back, without a scheduler: SIGUSR1 to mpirun
+# (which forwards it to every rank), twice in a row, SIGTERM to the ranks
+# themselves, and time_limit each make every rank save at the next step
+# boundary and exit 75; a resumed run then ends bitwise equal to an
+# uninterrupted one.
+. "$(dirname "$0")/lib.sh"
+prep_fortunes
+MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
+cd "$TMP"
+common="--config $srcdir/jobs/tiny.conf --train_data data/train.bin --val_data data/val.bin \
+    --steps 120 --log_every 1000 --eval_every 0 --ckpt_every 0 --threads 1"
+run() { $MPIRUN -np 2 "$MODTRAIN" train $common "$@"; }
+run --run_dir ref > ref.log 2>&1 || { cat ref.log; fail "reference run"; finish; }
+
+# started, signalled once it has trained a few steps, resumed
+stop_and_resume() { # NAME SIGNALS...
+    name=$1
+    shift
+    # mpirun itself in the background, so that $! is its pid
+    $MPIRUN -np 2 "$MODTRAIN" train $common --run_dir "$name" > "$name.log" 2>&1 &
+    pid=$!
+    i=0
+    while [ $i -lt 600 ]; do
+        n=$(cat "$name/metrics.jsonl" 2> /dev/null | grep -c '"loss"' || true)
+        [ "${n:-0}" -ge 10 ] && break
+        sleep 0.1
+        i=$((i + 1))
+    done
+    for sig in "$@"; do
+        case $sig in
+        # SIGTERM as a scheduler sends it: to every task, not to the launcher
+        TERM) pkill -TERM -f "^$MODTRAIN train .*--run_dir $name" ;;
+        *) kill -"$sig" $pid ;;
+        esac
+    done
+    set +e
+    wait $pid
+    rc=$?
+    set -e
+    step=$(sed -n 's/^stopping at step \([0-9]*\)\/.*/\1/p' "$name.log")
+    if [ "$rc" -eq 75 ] && [ -n "$step" ] && [ "$step" -lt 120 ] &&
+        "$MODTRAIN" ckpt verify --ckpt "$name/ckpt" > /dev/null; then
+        ok "$name: $* stopped the run at step $step with a verified checkpoint, exit 75"
+    else
+        cat "$name.log"
+        fail "$name: $* (exit $rc)"
+        return
+    fi
+    run --run_dir "$name" > "$name.2.log" 2>&1 &&
+        cmp -s ref/ckpt/step-00000120/data.bin "$name/ckpt/step-00000120/data.bin" &&
+        ok "$name: resumed from step $step, ended bitwise equal to the uninterrupted run" ||
+        { cat "$name.2.log"; fail "$name: resumed run differs"; }
+}
+stop_and_resume usr1 USR1
+stop_and_resume twice USR1 USR1
+stop_and_resume term TERM
+stop_and_resume both USR1 TERM
+
+# time_limit: saves and stops before the limit without any signal
+set +e
+run --run_dir limited --time_limit 4 > limited.log 2>&1
+rc=$?
+set -e
+step=$(sed -n 's/^stopping at step \([0-9]*\)\/.* on time_limit.*/\1/p' limited.log)
+[ "$rc" -eq 75 ] && [ -n "$step" ] && ok "time_limit 4 s: stopped at step $step, exit 75" ||
+    { cat limited.log; fail "time_limit (exit $rc)"; }
+run --run_dir limited > limited.2.log 2>&1 &&
+    cmp -s ref/ckpt/step-00000120/data.bin limited/ckpt/step-00000120/data.bin &&
+    ok "time_limit: the next run completed it, bitwise equal" || { cat limited.2.log; fail "after time_limit"; }
+finish
