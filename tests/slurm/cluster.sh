@@ -1,0 +1,60 @@
+# A real single-node SLURM cluster for the tests: munged, slurmctld and slurmd
+# with a generated slurm.conf under $1, all as root. Sourced; defines
+# cluster_up DIR and cluster_down. Exports SLURM_CONF.
+cluster_up() {
+    SLURM_DIR=$1
+    mkdir -p "$SLURM_DIR/state" "$SLURM_DIR/spool" "$SLURM_DIR/munge"
+    node=$(hostname -s)
+    cat > "$SLURM_DIR/slurm.conf" <<CONF
+ClusterName=modtraintest
+SlurmctldHost=$node
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+StateSaveLocation=$SLURM_DIR/state
+SlurmdSpoolDir=$SLURM_DIR/spool
+SlurmctldPidFile=$SLURM_DIR/slurmctld.pid
+SlurmdPidFile=$SLURM_DIR/slurmd.pid
+SlurmctldLogFile=$SLURM_DIR/slurmctld.log
+SlurmdLogFile=$SLURM_DIR/slurmd.log
+SlurmctldPort=${SLURMCTLD_PORT:-6817}
+SlurmdPort=${SLURMD_PORT:-6818}
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+MpiDefault=none
+ReturnToService=2
+JobRequeue=1
+KillWait=30
+NodeName=$node CPUs=2 State=UNKNOWN
+PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+CONF
+    export SLURM_CONF="$SLURM_DIR/slurm.conf"
+    STARTED_MUNGE=0
+    if ! pgrep -x munged > /dev/null; then
+        munged --force --socket="/run/munge/munge.socket.2" 2> "$SLURM_DIR/munged.log" ||
+            { mkdir -p /run/munge && chown munge:munge /run/munge 2> /dev/null; munged --force; } || return 1
+        STARTED_MUNGE=1
+    fi
+    slurmctld -f "$SLURM_CONF" || return 1
+    slurmd -f "$SLURM_CONF" -N "$node" || return 1
+    i=0
+    while ! sinfo -h -o %t 2> /dev/null | grep -q idle; do
+        sleep 0.5
+        i=$((i + 1))
+        [ $i -lt 120 ] || { cat "$SLURM_DIR"/*.log; return 1; }
+    done
+}
+
+cluster_down() {
+    scancel --full --quiet -u root 2> /dev/null || true
+    for d in slurmd slurmctld; do
+        [ -f "$SLURM_DIR/$d.pid" ] && kill "$(cat "$SLURM_DIR/$d.pid")" 2> /dev/null || true
+    done
+    sleep 1
+    if [ "${STARTED_MUNGE:-0}" -eq 1 ]; then pkill -x munged || true; fi
+}

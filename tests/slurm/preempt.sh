@@ -1,0 +1,105 @@
+#!/bin/sh
+# SLURM for real: a single-node cluster (munged, slurmctld, slurmd) runs
+# jobs/train.sbatch. A job warned with SIGUSR1 (scancel --signal=USR1
+# --batch) saves, requeues itself and finishes; a rank killed with kill -9
+# fails the job without damaging what was committed, and a resubmission
+# resumes from the last checkpoint; time_limit stops a job with a checkpoint
+# and a chained job (--dependency=afterany) completes the run. Every final
+# checkpoint is bitwise equal to an uninterrupted run's.
+. "$(dirname "$0")/../scripts/lib.sh"
+for t in slurmctld slurmd munged sbatch; do
+    command -v $t > /dev/null || { echo "SKIP: $t not installed (apt-get install slurm-wlm munge)"; exit 77; }
+done
+[ "$(id -u)" -eq 0 ] || { echo "SKIP: the test cluster runs as root"; exit 77; }
+prep_fortunes
+. "$srcdir/tests/slurm/cluster.sh"
+cd "$TMP"
+trap 'cluster_down; rm -rf "$TMP"' EXIT
+cluster_up "$TMP/slurm" || { fail "could not start the SLURM cluster"; finish; }
+ok "single-node SLURM cluster up: $(sinfo -h -o '%P %t %c CPUs')"
+
+cat > run.conf <<CONF
+seq_len = 64
+n_layer = 2
+n_head = 4
+d_model = 64
+route_every = 2
+batch_size = 16
+micro_batch = 8
+steps = 150
+lr = 3e-3
+warmup_steps = 10
+train_data = $TMP/data/train.bin
+val_data =
+eval_every = 0
+log_every = 1000
+ckpt_every = 10
+CONF
+export MODTRAIN MODTRAIN_LAUNCH=mpirun
+export MODTRAIN_MPIRUN_ARGS="--allow-run-as-root --oversubscribe --mca btl self,vader"
+MPIRUN="mpirun $MODTRAIN_MPIRUN_ARGS"
+$MPIRUN -np 2 "$MODTRAIN" train --config run.conf --run_dir "$TMP/ref" --resume never --threads 1 \
+    > ref.log 2>&1 || { cat ref.log; fail "reference run"; finish; }
+
+job_state() { scontrol show job "$1" 2> /dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
+wait_steps() { # RUN_DIR N: until the run has logged N steps
+    i=0
+    while [ $i -lt 1200 ]; do
+        n=$(cat "$1/metrics.jsonl" 2> /dev/null | grep -c '"loss"' || true)
+        [ "${n:-0}" -ge "$2" ] && return 0
+        sleep 0.1
+        i=$((i + 1))
+    done
+    return 1
+}
+wait_done() { # JOB: until it has left the queue for good
+    i=0
+    while [ $i -lt 1800 ]; do
+        case "$(job_state "$1")" in COMPLETED | FAILED | CANCELLED | TIMEOUT | "") return 0 ;; esac
+        sleep 0.2
+        i=$((i + 1))
+    done
+    return 1
+}
+submit() { sbatch --parsable --ntasks=2 --cpus-per-task=1 --output="$TMP/%j.out" "$@"; }
+same_as_ref() { cmp -s "$TMP/ref/ckpt/step-00000150/data.bin" "$1/ckpt/step-00000150/data.bin"; }
+
+# 1. preemption warning: SIGUSR1 to the batch script, save, requeue, finish
+job=$(submit "$srcdir/jobs/train.sbatch" run.conf --run_dir "$TMP/pre")
+wait_steps "$TMP/pre" 20 || { cat "$TMP/$job.out"; fail "job $job did not start training"; finish; }
+scancel --signal=USR1 --batch "$job"
+wait_done "$job" || { cat "$TMP/$job.out"; fail "job $job never finished"; }
+restarts=$(scontrol show job "$job" 2> /dev/null | sed -n 's/.*Restarts=\([0-9]*\).*/\1/p')
+cat "$TMP/$job.out" | grep -E "stopping|requeue|restart|checkpoint: .*in all" || true
+grep -q "stopping at step" "$TMP/$job.out" && grep -q "requeueing" "$TMP/$job.out" &&
+    [ "$(job_state "$job")" = COMPLETED ] && same_as_ref "$TMP/pre" &&
+    ok "SIGUSR1: the job saved, requeued itself (restarts: ${restarts:-?}) and finished bitwise equal to the uninterrupted run" ||
+    { cat "$TMP/$job.out"; fail "preemption by SIGUSR1"; }
+
+# 2. a rank killed with kill -9: the job fails, the committed checkpoints
+# stay intact, and a resubmission resumes from the newest
+job=$(MODTRAIN_MAX_RESTARTS=0 submit "$srcdir/jobs/train.sbatch" run.conf --run_dir "$TMP/kill")
+wait_steps "$TMP/kill" 35 || { cat "$TMP/$job.out"; fail "job $job did not start"; finish; }
+pkill -9 -f "^$MODTRAIN train .*--run_dir $TMP/kill" || true
+wait_done "$job" || fail "job $job never ended"
+"$MODTRAIN" ckpt list --ckpt "$TMP/kill/ckpt" > kl.txt 2>&1 || true
+state=$(job_state "$job")
+[ "$state" = FAILED ] && ! grep -q BAD kl.txt && grep -q verified kl.txt &&
+    ok "kill -9 of a rank: job $state, every committed checkpoint verifies ($(grep -c verified kl.txt) of them)" ||
+    { cat "$TMP/$job.out" kl.txt; fail "kill -9 (job state $state)"; }
+job=$(submit "$srcdir/jobs/train.sbatch" run.conf --run_dir "$TMP/kill")
+wait_done "$job"
+grep -q "resume: loaded" "$TMP/$job.out" && [ "$(job_state "$job")" = COMPLETED ] && same_as_ref "$TMP/kill" &&
+    ok "the resubmitted job resumed ($(sed -n 's/.*resume: loaded .*(step \([0-9]*\)).*/step \1/p' "$TMP/$job.out")) and finished bitwise equal" ||
+    { cat "$TMP/$job.out"; fail "resubmission after kill -9"; }
+
+# 3. time_limit: the first job stops itself with a checkpoint (no requeue
+# allowed), a chained job (afterany) completes the run
+first=$(MODTRAIN_MAX_RESTARTS=0 submit "$srcdir/jobs/train.sbatch" run.conf --run_dir "$TMP/limit" --time_limit 1.5)
+second=$(submit --dependency=afterany:"$first" "$srcdir/jobs/train.sbatch" run.conf --run_dir "$TMP/limit")
+wait_done "$first"
+wait_done "$second"
+grep -q "on time_limit" "$TMP/$first.out" && [ "$(job_state "$second")" = COMPLETED ] && same_as_ref "$TMP/limit" &&
+    ok "time_limit: job $first stopped at $(sed -n 's/^stopping at step \([0-9]*\).*/step \1/p' "$TMP/$first.out"), chained job $second finished bitwise equal" ||
+    { cat "$TMP/$first.out" "$TMP/$second.out"; fail "time_limit and a chained job"; }
+finish
