@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../mpi/grid.h"
 #include "config.h"
 #include "kernels.h"
 #include "rng.h"
@@ -815,7 +816,7 @@ const float *decode_step(Model *m, DecodeState *s, int tok, int pos) {
         tp_allreduce_sum(x, (size_t)C, &m->tp);
         for (int c = 0; c < C; c++) x[c] += m->P.wpe[(size_t)pos * C + c];
     } else { /* a pipeline: the token's residual stream from the previous stage */
-        MPI_Recv(x, C, MPI_FLOAT, d->pp_rank - 1, 1, m->pp_comm, MPI_STATUS_IGNORE);
+        MPI_CHECK(MPI_Recv(x, C, MPI_FLOAT, d->pp_rank - 1, 1, m->pp_comm, MPI_STATUS_IGNORE));
     }
     s->steps++;
     for (int l = d->l0; l < d->l1; l++) {
@@ -852,7 +853,7 @@ const float *decode_step(Model *m, DecodeState *s, int tok, int pos) {
             residual_forward(x, A->res2, mo, (size_t)C);
     }
     if (!model_last_stage(d)) {
-        MPI_Send(x, C, MPI_FLOAT, d->pp_rank + 1, 1, m->pp_comm);
+        MPI_CHECK(MPI_Send(x, C, MPI_FLOAT, d->pp_rank + 1, 1, m->pp_comm));
         return NULL;
     }
     layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, x, m->P.lnfw, m->P.lnfb, 1, C);

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../mpi/grid.h"
 #include "util.h"
 
 void adamw_init(AdamW *o, const Model *model) {
@@ -48,7 +49,7 @@ double grad_norm(const Model *model) {
     tp_allreduce_sum_d(&s[1], 1, &model->tp);
     double total = s[0] + s[1];
     if (model->pp_comm != MPI_COMM_NULL)
-        MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_DOUBLE, MPI_SUM, model->pp_comm);
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_DOUBLE, MPI_SUM, model->pp_comm));
     return sqrt(total);
 }
 
