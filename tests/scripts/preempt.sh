@@ -59,11 +59,11 @@ stop_and_resume both USR1 TERM
 
 # time_limit: saves and stops before the limit without any signal
 set +e
-run --run_dir limited --time_limit 4 > limited.log 2>&1
+run --run_dir limited --time_limit 1.5 > limited.log 2>run --run_dir limited --time_limit 4 > limited.log 2>&11
 rc=$?
 set -e
 step=$(sed -n 's/^stopping at step \([0-9]*\)\/.* on time_limit.*/\1/p' limited.log)
-[ "$rc" -eq 75 ] && [ -n "$step" ] && ok "time_limit 4 s: stopped at step $step, exit 75" ||
+[ "$rc" -eq 75 ] && [ -n "$step" ] && ok "time_limit 1.5 s: stopped at step $step, exit 75" ||
     { cat limited.log; fail "time_limit (exit $rc)"; }
 run --run_dir limited > limited.2.log 2>&1 &&
     cmp -s ref/ckpt/step-00000120/data.bin limited/ckpt/step-00000120/data.bin &&
