@@ -59,7 +59,7 @@ stop_and_resume both USR1 TERM
 
 # time_limit: saves and stops before the limit without any signal
 set +e
-run --run_dir limited --time_limit 1.5 > limited.log 2>run --run_dir limited --time_limit 4 > limited.log 2>&11
+run --run_dir limited --time_limit 1.5 > limited.log 2>&1
 rc=$?
 set -e
 step=$(sed -n 's/^stopping at step \([0-9]*\)\/.* on time_limit.*/\1/p' limited.log)
