@@ -2,8 +2,7 @@
  * ckio: shuffle + deflate + CRC32 chunks, the collective data write, the
  * text index, and reading any slice back from the chunks that overlap it.
  */
-#define _GNU_SOURCE
-#include "ckio.h"
+#include "checkpoint/ckio.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -16,16 +15,8 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "../mpi/grid.h"
-#include "../src/util.h"
-
-static void seterr(char *err, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t n, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, n, fmt, ap);
-    va_end(ap);
-}
+#include "mpi/check.h"
+#include "src/base/util.h"
 
 void ck_shuffle(uint8_t *dst, const float *src, size_t n) {
     const uint8_t *s = (const uint8_t *)src;
@@ -102,12 +93,12 @@ static int pack_slice(const CkSlice *s, int level, CkChunk *c, uint8_t **out) {
     return zrc == Z_OK ? 0 : -1;
 }
 
-static int mpi_failed(int rc, const char *call, const char *path, char *err, size_t errlen) {
+static int mpi_failed(int rc, const char *call, const char *path, Err *err) {
     if (rc == MPI_SUCCESS) return 0;
     char msg[MPI_MAX_ERROR_STRING];
     int len = 0;
     MPI_Error_string(rc, msg, &len);
-    seterr(err, errlen, "ckpt: %s on '%s' failed: %s", call, path, msg);
+    err_set(err, "ckpt: %s on '%s' failed: %s", call, path, msg);
     return 1;
 }
 
@@ -118,25 +109,17 @@ static int any_failed(MPI_Comm comm, int failed) {
     return any;
 }
 
-int ck_write(MPI_Comm comm, const char *dir, const CkSlice *slices, int n, const CkKV *kv, int nkv,
-             int level, char *err, size_t errlen) {
-    int rank = 0, size = 1, failed = 0;
-    MPI_CHECK(MPI_Comm_rank(comm, &rank));
-    MPI_CHECK(MPI_Comm_size(comm, &size));
-    err[0] = '\0';
-    char path[1200];
-    snprintf(path, sizeof path, "%s/data.bin", dir);
-
-    /* 1. compress this rank's slices (rank 0 also owns the file magic) */
-    Blob blob = {0};
+/* Step 1: compresses this rank's slices into one blob (rank 0's starts with
+ * the file magic) and fills their chunks, offsets local to the blob.
+ * Tensors deflate independently, on all threads, and are laid out in slice
+ * order whatever the thread count. Returns 0 or -1 with err set. */
+static int pack_slices(const CkSlice *slices, int n, int level, int rank, Blob *blob,
+                       CkChunk *chunks, Err *err) {
     if (rank == 0) {
-        blob_reserve(&blob, 8);
-        memcpy(blob.buf, CK_DATA_MAGIC, 8);
-        blob.len = 8;
+        blob_reserve(blob, 8);
+        memcpy(blob->buf, CK_DATA_MAGIC, 8);
+        blob->len = 8;
     }
-    /* tensors deflate independently, on all threads; they are laid out in
-     * slice order whatever the thread count */
-    CkChunk *chunks = xcalloc((size_t)n + 1, sizeof(CkChunk));
     uint8_t **packed = xcalloc((size_t)n + 1, sizeof(uint8_t *));
     int zfail = -1;
 #pragma omp parallel for schedule(dynamic)
@@ -146,57 +129,56 @@ int ck_write(MPI_Comm comm, const char *dir, const CkSlice *slices, int n, const
             zfail = i;
         }
     for (int i = 0; i < n; i++) {
-        blob_reserve(&blob, chunks[i].csize);
-        memcpy(blob.buf + blob.len, packed[i], chunks[i].csize);
-        chunks[i].offset = blob.len; /* local for now */
-        blob.len += chunks[i].csize;
+        blob_reserve(blob, chunks[i].csize);
+        memcpy(blob->buf + blob->len, packed[i], chunks[i].csize);
+        chunks[i].offset = blob->len; /* local for now */
+        blob->len += chunks[i].csize;
         free(packed[i]);
     }
     free(packed);
-    if (zfail >= 0) {
-        seterr(err, errlen, "ckpt: deflate of '%s' failed", slices[zfail].name);
-        failed = 1;
-    }
-    if (any_failed(comm, failed)) goto fail_early;
+    if (zfail >= 0) return err_set(err, "ckpt: deflate of '%s' failed", slices[zfail].name);
+    return 0;
+}
 
-    /* 2. offsets: an exclusive prefix sum of the compressed sizes */
-    unsigned long long mine = blob.len, base = 0, total = 0;
-    MPI_CHECK(MPI_Exscan(&mine, &base, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm));
-    if (rank == 0) base = 0;
-    MPI_CHECK(MPI_Allreduce(&mine, &total, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm));
-    for (int i = 0; i < n; i++) chunks[i].offset += base;
-
-    /* 3. one collective write (in rounds of at most 1 GiB per rank) */
+/* Step 3: every rank's blob at its offset of path, with one collective
+ * write per round of at most 1 GiB a rank; every return code and byte
+ * count is checked. Returns 0 or -1 with err set (this rank's failure). */
+static int write_blobs(MPI_Comm comm, const char *path, const Blob *blob, unsigned long long base,
+                       Err *err) {
     MPI_File fh;
     int rc = MPI_File_open(comm, path, MPI_MODE_CREATE | MPI_MODE_WRONLY, MPI_INFO_NULL, &fh);
-    if (any_failed(comm, mpi_failed(rc, "MPI_File_open", path, err, errlen))) goto fail_early;
+    if (any_failed(comm, mpi_failed(rc, "MPI_File_open", path, err))) return -1;
     MPI_File_set_errhandler(fh, MPI_ERRORS_RETURN);
     rc = MPI_File_set_size(fh, 0);
-    failed = mpi_failed(rc, "MPI_File_set_size", path, err, errlen);
+    int failed = mpi_failed(rc, "MPI_File_set_size", path, err);
     const size_t round = (size_t)1 << 30;
-    unsigned long long my_rounds = (blob.len + round - 1) / round, rounds = 0;
+    unsigned long long my_rounds = (blob->len + round - 1) / round, rounds = 0;
     MPI_CHECK(MPI_Allreduce(&my_rounds, &rounds, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, comm));
     for (unsigned long long k = 0; k < rounds; k++) {
-        size_t lo = k * round, cnt = lo < blob.len ? (blob.len - lo < round ? blob.len - lo : round) : 0;
+        size_t lo = k * round;
+        size_t cnt = lo < blob->len ? (blob->len - lo < round ? blob->len - lo : round) : 0;
         MPI_Status st;
-        rc = MPI_File_write_at_all(fh, (MPI_Offset)(base + lo), cnt ? blob.buf + lo : blob.buf,
+        rc = MPI_File_write_at_all(fh, (MPI_Offset)(base + lo), cnt ? blob->buf + lo : blob->buf,
                                    (int)cnt, MPI_BYTE, &st);
-        if (!failed && mpi_failed(rc, "MPI_File_write_at_all", path, err, errlen)) failed = 1;
+        if (!failed && mpi_failed(rc, "MPI_File_write_at_all", path, err)) failed = 1;
         int wrote = 0;
         if (rc == MPI_SUCCESS) MPI_Get_count(&st, MPI_BYTE, &wrote);
         if (!failed && (size_t)wrote != cnt) {
-            seterr(err, errlen, "ckpt: wrote %d of %zu bytes to '%s' at offset %llu (disk full?)",
-                   wrote, cnt, path, base + lo);
+            err_set(err, "ckpt: wrote %d of %zu bytes to '%s' at offset %llu (disk full?)", wrote,
+                    cnt, path, base + lo);
             failed = 1;
         }
     }
     rc = MPI_File_sync(fh);
-    if (!failed && mpi_failed(rc, "MPI_File_sync", path, err, errlen)) failed = 1;
+    if (!failed && mpi_failed(rc, "MPI_File_sync", path, err)) failed = 1;
     rc = MPI_File_close(&fh);
-    if (!failed && mpi_failed(rc, "MPI_File_close", path, err, errlen)) failed = 1;
-    if (any_failed(comm, failed)) goto fail_early;
+    if (!failed && mpi_failed(rc, "MPI_File_close", path, err)) failed = 1;
+    return any_failed(comm, failed) ? -1 : 0;
+}
 
-    /* fault injection for the tests: "save-crash" or "save-crash:STEP" */
+/* Test hook: "save-crash" or "save-crash:STEP" exits between the data and
+ * the index, as a process killed in the middle of a save. */
+static void fault_save_crash(const CkKV *kv, int nkv) {
     const char *fault = getenv("MODTRAIN_FAULT");
     const char *fstep = NULL;
     for (int i = 0; i < nkv; i++)
@@ -206,8 +188,14 @@ int ck_write(MPI_Comm comm, const char *dir, const CkSlice *slices, int n, const
         fprintf(stderr, "modtrain: MODTRAIN_FAULT=save-crash: exiting in the middle of a save\n");
         _exit(137);
     }
+}
 
-    /* 4. the index: chunk lines gathered to rank 0, written after the data */
+/* Every rank's chunk lines, gathered in rank order on rank 0 (NULL
+ * elsewhere): malloc'd text. */
+static char *gather_chunk_lines(MPI_Comm comm, const CkChunk *chunks, int n) {
+    int rank = 0, size = 1;
+    MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    MPI_CHECK(MPI_Comm_size(comm, &size));
     char *text = NULL;
     size_t tlen = 0, tcap = 0;
     text_append(&text, &tlen, &tcap, "%s", "");
@@ -234,35 +222,65 @@ int ck_write(MPI_Comm comm, const char *dir, const CkSlice *slices, int n, const
         all[sum] = '\0';
     }
     MPI_CHECK(MPI_Gatherv(text, mylen, MPI_CHAR, all, lens, displs, MPI_CHAR, 0, comm));
-    if (rank == 0) {
-        char *ix = NULL;
-        size_t ilen = 0, icap = 0;
-        text_append(&ix, &ilen, &icap, "%s\ndata data.bin %llu\n", CK_INDEX_MAGIC, total);
-        for (int i = 0; i < nkv; i++)
-            text_append(&ix, &ilen, &icap, "kv %s %s\n", kv[i].key, kv[i].value);
-        text_append(&ix, &ilen, &icap, "%s", all);
-        uint32_t crc = (uint32_t)crc32(0L, (const Bytef *)ix, (uInt)ilen);
-        text_append(&ix, &ilen, &icap, "end %08" PRIx32 "\n", crc);
-        char ipath[1200];
-        snprintf(ipath, sizeof ipath, "%s/index", dir);
-        if (write_file_atomic(ipath, ix, ilen) != 0) {
-            seterr(err, errlen, "ckpt: cannot write '%s'", ipath);
-            failed = 1;
-        }
-        free(ix);
-    }
     free(text);
-    free(all);
     free(lens);
     free(displs);
+    return all;
+}
+
+/* Step 4 (rank 0): the index, its key/value lines, the chunk lines and the
+ * CRC of them all, written durably. Returns 0 or -1 with err set. */
+static int write_index(const char *dir, unsigned long long total, const CkKV *kv, int nkv,
+                       const char *chunk_lines, Err *err) {
+    char *ix = NULL;
+    size_t ilen = 0, icap = 0;
+    text_append(&ix, &ilen, &icap, "%s\ndata data.bin %llu\n", CK_INDEX_MAGIC, total);
+    for (int i = 0; i < nkv; i++) text_append(&ix, &ilen, &icap, "kv %s %s\n", kv[i].key, kv[i].value);
+    text_append(&ix, &ilen, &icap, "%s", chunk_lines);
+    uint32_t crc = (uint32_t)crc32(0L, (const Bytef *)ix, (uInt)ilen);
+    text_append(&ix, &ilen, &icap, "end %08" PRIx32 "\n", crc);
+    char ipath[1200];
+    snprintf(ipath, sizeof ipath, "%s/index", dir);
+    Err werr;
+    int rc = write_file_atomic(ipath, ix, ilen, &werr);
+    if (rc != 0) err_set(err, "ckpt: %s", werr.msg);
+    free(ix);
+    return rc;
+}
+
+int ck_write(MPI_Comm comm, const char *dir, const CkSlice *slices, int n, const CkKV *kv, int nkv,
+             int level, Err *err) {
+    int rank = 0;
+    MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    err->msg[0] = '\0';
+    char path[1200];
+    snprintf(path, sizeof path, "%s/data.bin", dir);
+    Blob blob = {0};
+    CkChunk *chunks = xcalloc((size_t)n + 1, sizeof(CkChunk));
+    int failed = 0;
+    /* 1. compress this rank's slices */
+    int packed = pack_slices(slices, n, level, rank, &blob, chunks, err);
+    if (any_failed(comm, packed != 0)) goto fail;
+    /* 2. offsets: an exclusive prefix sum of the compressed sizes */
+    unsigned long long mine = blob.len, base = 0, total = 0;
+    MPI_CHECK(MPI_Exscan(&mine, &base, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm));
+    if (rank == 0) base = 0;
+    MPI_CHECK(MPI_Allreduce(&mine, &total, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm));
+    for (int i = 0; i < n; i++) chunks[i].offset += base;
+    /* 3. the data, collectively */
+    if (write_blobs(comm, path, &blob, base, err) != 0) goto fail;
+    fault_save_crash(kv, nkv);
+    /* 4. the index, after the data */
+    char *lines = gather_chunk_lines(comm, chunks, n);
+    if (rank == 0) failed = write_index(dir, total, kv, nkv, lines, err) != 0;
+    free(lines);
     MPI_CHECK(MPI_Bcast(&failed, 1, MPI_INT, 0, comm));
-    if (failed && rank != 0) seterr(err, errlen, "ckpt: rank 0 could not write the index of '%s'", dir);
+    if (failed && rank != 0) err_set(err, "ckpt: rank 0 could not write the index of '%s'", dir);
     free(chunks);
     free(blob.buf);
     return failed ? -1 : 0;
-
-fail_early:
-    if (!err[0]) seterr(err, errlen, "ckpt: another rank failed while writing '%s'", path);
+fail:
+    if (!err->msg[0]) err_set(err, "ckpt: another rank failed while writing '%s'", path);
     free(chunks);
     free(blob.buf);
     return -1;
@@ -282,7 +300,113 @@ const char *ck_kv(const CkIndex *ix, const char *key) {
     return NULL;
 }
 
-int ck_index_read(const char *dir, CkIndex *ix, char *err, size_t errlen) {
+/* One "data", "kv" or "chunk" line of an index into ix; caps are the
+ * arrays' capacities. Returns 0, or -1 for a malformed line. */
+static int parse_record(CkIndex *ix, char *line, int *kcap, int *ccap) {
+    if (strncmp(line, "data ", 5) == 0) {
+        unsigned long long b;
+        if (sscanf(line, "data data.bin %llu", &b) != 1) return -1;
+        ix->data_bytes = b;
+    } else if (strncmp(line, "kv ", 3) == 0) {
+        if (ix->nkv == *kcap) {
+            *kcap = *kcap ? 2 * *kcap : 32;
+            ix->kv = xrealloc(ix->kv, (size_t)*kcap * sizeof(CkKV));
+        }
+        CkKV *k = &ix->kv[ix->nkv];
+        char *sp = strchr(line + 3, ' ');
+        if (!sp) return -1;
+        snprintf(k->key, sizeof k->key, "%.*s", (int)(sp - line - 3), line + 3);
+        snprintf(k->value, sizeof k->value, "%s", sp + 1);
+        ix->nkv++;
+    } else if (strncmp(line, "chunk ", 6) == 0) {
+        if (ix->nchunks == *ccap) {
+            *ccap = *ccap ? 2 * *ccap : 128;
+            ix->chunks = xrealloc(ix->chunks, (size_t)*ccap * sizeof(CkChunk));
+        }
+        CkChunk *c = &ix->chunks[ix->nchunks];
+        memset(c, 0, sizeof *c);
+        unsigned int crc;
+        int k = sscanf(line,
+                       "chunk %111s %d %" SCNd64 " %" SCNd64 " %" SCNd64 " %" SCNd64 " %" SCNd64
+                       " %" SCNd64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %x",
+                       c->name, &c->ndim, &c->rows, &c->cols, &c->r0, &c->nr, &c->c0, &c->nc,
+                       &c->offset, &c->csize, &c->usize, &crc);
+        if (k != 12 || c->r0 < 0 || c->c0 < 0 || c->nr < 0 || c->nc < 0 ||
+            c->r0 + c->nr > c->rows || c->c0 + c->nc > c->cols ||
+            c->usize != (uint64_t)(c->nr * c->nc) * 4)
+            return -1;
+        c->crc = crc;
+        ix->nchunks++;
+    } else {
+        return -1;
+    }
+    return 0;
+}
+
+/* The lines of an index after its magic: records, then an "end" line whose
+ * CRC32 covers every line before it. Returns 0 or -1 with err set. */
+static int parse_index(CkIndex *ix, const char *path, char *text, size_t len, Err *err) {
+    int lineno = 0, have_end = 0, kcap = 0, ccap = 0;
+    uint32_t running = (uint32_t)crc32(0L, Z_NULL, 0);
+    for (char *line = text, *next; line < text + len; line = next) {
+        char *nl = memchr(line, '\n', (size_t)(text + len - line));
+        if (!nl)
+            return err_set(err, "ckpt: '%s' ends without a newline at line %d (truncated index)",
+                           path, lineno + 1);
+        /* the CRC of every line before "end", taken before the line is cut */
+        uint32_t crc_before = running;
+        running = (uint32_t)crc32(running, (const Bytef *)line, (uInt)(nl + 1 - line));
+        *nl = '\0';
+        next = nl + 1;
+        lineno++;
+        if (have_end)
+            return err_set(err, "ckpt: '%s' has text after its 'end' line (line %d)", path, lineno);
+        if (lineno == 1) continue;
+        if (strncmp(line, "end ", 4) == 0) {
+            uint32_t want = (uint32_t)strtoul(line + 4, NULL, 16);
+            if (want != crc_before)
+                return err_set(err,
+                               "ckpt: '%s' is garbled (CRC32 %08" PRIx32 ", its end line says "
+                               "%08" PRIx32 ")",
+                               path, crc_before, want);
+            have_end = 1;
+        } else if (parse_record(ix, line, &kcap, &ccap) != 0) {
+            return err_set(err, "ckpt: '%s' line %d is malformed: '%.80s'", path, lineno, line);
+        }
+    }
+    if (!have_end) return err_set(err, "ckpt: '%s' has no 'end' line (truncated index)", path);
+    return 0;
+}
+
+/* The data file an index describes: its magic, the size the index
+ * promises, every chunk inside it. Returns 0 or -1 with err set. */
+static int check_data_file(const CkIndex *ix, Err *err) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/data.bin", ix->dir);
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return err_set(err, "ckpt: cannot open '%s': %s", path, strerror(errno));
+    if ((uint64_t)st.st_size != ix->data_bytes)
+        return err_set(err, "ckpt: '%s' is %lld bytes, its index says %llu (truncated or extended)",
+                       path, (long long)st.st_size, (unsigned long long)ix->data_bytes);
+    char magic[8] = {0};
+    FILE *f = fopen(path, "rb");
+    size_t got = f ? fread(magic, 1, 8, f) : 0;
+    if (f) fclose(f);
+    if (got != 8 || memcmp(magic, CK_DATA_MAGIC, 8) != 0)
+        return err_set(err, "ckpt: '%s' has the wrong magic (expected '%s')", path, CK_DATA_MAGIC);
+    for (int i = 0; i < ix->nchunks; i++) {
+        const CkChunk *c = &ix->chunks[i];
+        if (c->offset < 8 || c->offset + c->csize > ix->data_bytes)
+            return err_set(err,
+                           "ckpt: '%s': chunk %s [%" PRId64 ":%" PRId64 ", %" PRId64 ":%" PRId64
+                           "] lies outside the data file",
+                           ix->dir, c->name, c->r0, c->r0 + c->nr, c->c0, c->c0 + c->nc);
+    }
+    return 0;
+}
+
+int ck_index_read(const char *dir, CkIndex *ix, Err *err) {
     memset(ix, 0, sizeof *ix);
     snprintf(ix->dir, sizeof ix->dir, "%s", dir);
     char path[1200];
@@ -290,138 +414,24 @@ int ck_index_read(const char *dir, CkIndex *ix, char *err, size_t errlen) {
     size_t len = 0;
     errno = 0;
     char *text = read_file(path, &len);
-    if (!text) {
-        seterr(err, errlen, "ckpt: cannot read '%s': %s (an interrupted save or not a checkpoint)",
-               path, strerror(errno ? errno : EIO));
-        return -1;
-    }
-    int rc = -1, lineno = 0, have_end = 0;
-    const char *cur = "";
-    uint32_t running = (uint32_t)crc32(0L, Z_NULL, 0);
+    if (!text)
+        return err_set(err, "ckpt: cannot read '%s': %s (an interrupted save or not a checkpoint)",
+                       path, strerror(errno ? errno : EIO));
+    int rc;
     size_t ml = strlen(CK_INDEX_MAGIC);
-    if (len < ml + 1 || strncmp(text, CK_INDEX_MAGIC, ml) != 0 || text[ml] != '\n') {
-        seterr(err, errlen, "ckpt: '%s' does not start with '%s' (not a modtrain checkpoint index)",
-               path, CK_INDEX_MAGIC);
-        goto done;
-    }
-    int kcap = 0, ccap = 0;
-    for (char *line = text, *next; line < text + len; line = next) {
-        char *nl = memchr(line, '\n', (size_t)(text + len - line));
-        if (!nl) {
-            seterr(err, errlen, "ckpt: '%s' ends without a newline at line %d (truncated index)",
-                   path, lineno + 1);
-            goto done;
-        }
-        /* the CRC of every line before "end", taken before the line is cut */
-        uint32_t crc_before = running;
-        running = (uint32_t)crc32(running, (const Bytef *)line, (uInt)(nl + 1 - line));
-        *nl = '\0';
-        next = nl + 1;
-        lineno++;
-        cur = line;
-        if (have_end) {
-            seterr(err, errlen, "ckpt: '%s' has text after its 'end' line (line %d)", path, lineno);
-            goto done;
-        }
-        if (lineno == 1) continue;
-        if (strncmp(line, "end ", 4) == 0) {
-            uint32_t want = (uint32_t)strtoul(line + 4, NULL, 16);
-            uint32_t got = crc_before;
-            if (want != got) {
-                seterr(err, errlen, "ckpt: '%s' is garbled (CRC32 %08" PRIx32 ", its end line says "
-                       "%08" PRIx32 ")", path, got, want);
-                goto done;
-            }
-            have_end = 1;
-        } else if (strncmp(line, "data ", 5) == 0) {
-            unsigned long long b;
-            if (sscanf(line, "data data.bin %llu", &b) != 1) goto bad_line;
-            ix->data_bytes = b;
-        } else if (strncmp(line, "kv ", 3) == 0) {
-            if (ix->nkv == kcap) {
-                kcap = kcap ? 2 * kcap : 32;
-                ix->kv = realloc(ix->kv, (size_t)kcap * sizeof(CkKV));
-            }
-            CkKV *k = &ix->kv[ix->nkv];
-            char *sp = strchr(line + 3, ' ');
-            if (!sp) goto bad_line;
-            snprintf(k->key, sizeof k->key, "%.*s", (int)(sp - line - 3), line + 3);
-            snprintf(k->value, sizeof k->value, "%s", sp + 1);
-            ix->nkv++;
-        } else if (strncmp(line, "chunk ", 6) == 0) {
-            if (ix->nchunks == ccap) {
-                ccap = ccap ? 2 * ccap : 128;
-                ix->chunks = realloc(ix->chunks, (size_t)ccap * sizeof(CkChunk));
-            }
-            CkChunk *c = &ix->chunks[ix->nchunks];
-            memset(c, 0, sizeof *c);
-            unsigned int crc;
-            int k = sscanf(line,
-                           "chunk %111s %d %" SCNd64 " %" SCNd64 " %" SCNd64 " %" SCNd64 " %" SCNd64
-                           " %" SCNd64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %x",
-                           c->name, &c->ndim, &c->rows, &c->cols, &c->r0, &c->nr, &c->c0, &c->nc,
-                           &c->offset, &c->csize, &c->usize, &crc);
-            if (k != 12 || c->r0 < 0 || c->c0 < 0 || c->nr < 0 || c->nc < 0 ||
-                c->r0 + c->nr > c->rows || c->c0 + c->nc > c->cols ||
-                c->usize != (uint64_t)(c->nr * c->nc) * 4)
-                goto bad_line;
-            c->crc = crc;
-            ix->nchunks++;
-        } else {
-            goto bad_line;
-        }
-    }
-    if (!have_end) {
-        seterr(err, errlen, "ckpt: '%s' has no 'end' line (truncated index)", path);
-        goto done;
-    }
-    /* the data file: its magic and the size the index promises */
-    snprintf(path, sizeof path, "%s/data.bin", dir);
-    struct stat st;
-    if (stat(path, &st) != 0) {
-        seterr(err, errlen, "ckpt: cannot open '%s': %s", path, strerror(errno));
-        goto done;
-    }
-    if ((uint64_t)st.st_size != ix->data_bytes) {
-        seterr(err, errlen, "ckpt: '%s' is %lld bytes, its index says %llu (truncated or extended)",
-               path, (long long)st.st_size, (unsigned long long)ix->data_bytes);
-        goto done;
-    }
-    char magic[8] = {0};
-    FILE *f = fopen(path, "rb");
-    size_t got = f ? fread(magic, 1, 8, f) : 0;
-    if (f) fclose(f);
-    if (got != 8 || memcmp(magic, CK_DATA_MAGIC, 8) != 0) {
-        seterr(err, errlen, "ckpt: '%s' has the wrong magic (expected '%s')", path, CK_DATA_MAGIC);
-        goto done;
-    }
-    for (int i = 0; i < ix->nchunks; i++) {
-        const CkChunk *c = &ix->chunks[i];
-        if (c->offset < 8 || c->offset + c->csize > ix->data_bytes) {
-            seterr(err, errlen, "ckpt: '%s': chunk %s [%" PRId64 ":%" PRId64 ", %" PRId64 ":%" PRId64
-                   "] lies outside the data file", ix->dir, c->name, c->r0, c->r0 + c->nr, c->c0,
-                   c->c0 + c->nc);
-            goto done;
-        }
-    }
-    rc = 0;
-    goto done;
-bad_line:
-    seterr(err, errlen, "ckpt: '%s/index' line %d is malformed: '%.80s'", dir, lineno, cur);
-done:
+    if (len < ml + 1 || strncmp(text, CK_INDEX_MAGIC, ml) != 0 || text[ml] != '\n')
+        rc = err_set(err, "ckpt: '%s' does not start with '%s' (not a modtrain checkpoint index)",
+                     path, CK_INDEX_MAGIC);
+    else
+        rc = parse_index(ix, path, text, len, err);
+    if (rc == 0) rc = check_data_file(ix, err);
     free(text);
-    if (rc != 0) {
-        free(ix->kv);
-        free(ix->chunks);
-        ix->kv = NULL;
-        ix->chunks = NULL;
-    }
+    if (rc != 0) ck_index_free(ix);
     return rc;
 }
 
 /* Reads, inflates, unshuffles and checks one chunk into out (usize bytes). */
-static int load_chunk(const CkIndex *ix, int fd, const CkChunk *c, float *out, char *err,
-                      size_t errlen) {
+static int load_chunk(const CkIndex *ix, int fd, const CkChunk *c, float *out, Err *err) {
     uint8_t *comp = xmalloc(c->csize + 1), *planes = xmalloc(c->usize + 1);
     int rc = -1;
     size_t got = 0;
@@ -435,14 +445,14 @@ static int load_chunk(const CkIndex *ix, int fd, const CkChunk *c, float *out, c
     snprintf(where, sizeof where, "ckpt: '%s/data.bin': chunk %s [%" PRId64 ":%" PRId64 ", %" PRId64
              ":%" PRId64 "]", ix->dir, c->name, c->r0, c->r0 + c->nr, c->c0, c->c0 + c->nc);
     if (got != c->csize) {
-        seterr(err, errlen, "%s: short read (%zu of %" PRIu64 " bytes)", where, got, c->csize);
+        err_set(err, "%s: short read (%zu of %" PRIu64 " bytes)", where, got, c->csize);
     } else if (uncompress(planes, &ulen, comp, (uLong)c->csize) != Z_OK || ulen != c->usize) {
-        seterr(err, errlen, "%s: does not inflate (corrupt)", where);
+        err_set(err, "%s: does not inflate (corrupt)", where);
     } else {
         ck_unshuffle(out, planes, c->usize / 4);
         uint32_t crc = (uint32_t)crc32(0L, (const Bytef *)out, (uInt)c->usize);
         if (crc != c->crc)
-            seterr(err, errlen, "%s: CRC32 %08" PRIx32 ", the index says %08" PRIx32 " (corrupt)",
+            err_set(err, "%s: CRC32 %08" PRIx32 ", the index says %08" PRIx32 " (corrupt)",
                    where, crc, c->crc);
         else rc = 0;
     }
@@ -451,16 +461,16 @@ static int load_chunk(const CkIndex *ix, int fd, const CkChunk *c, float *out, c
     return rc;
 }
 
-static int open_data(const CkIndex *ix, char *err, size_t errlen) {
+static int open_data(const CkIndex *ix, Err *err) {
     char path[1200];
     snprintf(path, sizeof path, "%s/data.bin", ix->dir);
     int fd = open(path, O_RDONLY);
-    if (fd < 0) seterr(err, errlen, "ckpt: cannot open '%s': %s", path, strerror(errno));
+    if (fd < 0) err_set(err, "ckpt: cannot open '%s': %s", path, strerror(errno));
     return fd;
 }
 
-int ck_read_slices(const CkIndex *ix, const CkSlice *slices, int n, char *err, size_t errlen) {
-    int fd = open_data(ix, err, errlen);
+int ck_read_slices(const CkIndex *ix, const CkSlice *slices, int n, Err *err) {
+    int fd = open_data(ix, err);
     if (fd < 0) return -1;
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {
@@ -471,7 +481,7 @@ int ck_read_slices(const CkIndex *ix, const CkSlice *slices, int n, char *err, s
             if (strcmp(c->name, s->name) != 0) continue;
             found = 1;
             if (c->rows != s->rows || c->cols != s->cols) {
-                seterr(err, errlen, "ckpt: '%s': tensor %s is [%" PRId64 ", %" PRId64 "], this run "
+                err_set(err, "ckpt: '%s': tensor %s is [%" PRId64 ", %" PRId64 "], this run "
                        "expects [%" PRId64 ", %" PRId64 "]", ix->dir, s->name, c->rows, c->cols,
                        s->rows, s->cols);
                 rc = -1;
@@ -483,7 +493,7 @@ int ck_read_slices(const CkIndex *ix, const CkSlice *slices, int n, char *err, s
             int64_t c1 = c->c0 + c->nc < s->c0 + s->nc ? c->c0 + c->nc : s->c0 + s->nc;
             if (r0 >= r1 || c0 >= c1) continue;
             float *buf = xmalloc(c->usize + 4);
-            if (load_chunk(ix, fd, c, buf, err, errlen) != 0) rc = -1;
+            if (load_chunk(ix, fd, c, buf, err) != 0) rc = -1;
             else
                 for (int64_t r = r0; r < r1; r++)
                     memcpy(s->data + (r - s->r0) * s->ld + (c0 - s->c0),
@@ -492,10 +502,10 @@ int ck_read_slices(const CkIndex *ix, const CkSlice *slices, int n, char *err, s
             covered += (r1 - r0) * (c1 - c0);
         }
         if (rc == 0 && !found) {
-            seterr(err, errlen, "ckpt: '%s' holds no tensor %s", ix->dir, s->name);
+            err_set(err, "ckpt: '%s' holds no tensor %s", ix->dir, s->name);
             rc = -1;
         } else if (rc == 0 && covered != s->nr * s->nc) {
-            seterr(err, errlen, "ckpt: '%s': the chunks of %s cover %" PRId64 " of the %" PRId64
+            err_set(err, "ckpt: '%s': the chunks of %s cover %" PRId64 " of the %" PRId64
                    " elements this rank needs", ix->dir, s->name, covered, s->nr * s->nc);
             rc = -1;
         }
@@ -504,13 +514,13 @@ int ck_read_slices(const CkIndex *ix, const CkSlice *slices, int n, char *err, s
     return rc;
 }
 
-int ck_verify(const CkIndex *ix, char *err, size_t errlen) {
-    int fd = open_data(ix, err, errlen);
+int ck_verify(const CkIndex *ix, Err *err) {
+    int fd = open_data(ix, err);
     if (fd < 0) return -1;
     int rc = 0;
     for (int j = 0; j < ix->nchunks && rc == 0; j++) {
         float *buf = xmalloc(ix->chunks[j].usize + 4);
-        rc = load_chunk(ix, fd, &ix->chunks[j], buf, err, errlen);
+        rc = load_chunk(ix, fd, &ix->chunks[j], buf, err);
         free(buf);
     }
     close(fd);

@@ -22,6 +22,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "src/base/util.h"
+
 #define CK_DATA_MAGIC "MODTCKP1"
 #define CK_INDEX_MAGIC "modtrain-checkpoint 1"
 
@@ -66,21 +68,21 @@ typedef struct {
  * Returns 0 on every rank, or -1 on every rank with err set (one line naming
  * the file and what failed). */
 int ck_write(MPI_Comm comm, const char *dir, const CkSlice *slices, int n, const CkKV *kv, int nkv,
-             int level, char *err, size_t errlen);
+             int level, Err *err);
 
 /* Reads and checks dir/index (magic, every line, its CRC, the data file's
  * magic and size). Returns 0 or -1 with err set. */
-int ck_index_read(const char *dir, CkIndex *ix, char *err, size_t errlen);
+int ck_index_read(const char *dir, CkIndex *ix, Err *err);
 void ck_index_free(CkIndex *ix);
 const char *ck_kv(const CkIndex *ix, const char *key);
 
 /* Fills each slice from the chunks that overlap it, checking every chunk's
  * sizes and CRC and that the slice is covered exactly. Local process I/O.
  * Returns 0 or -1 with err naming the file and the chunk. */
-int ck_read_slices(const CkIndex *ix, const CkSlice *slices, int n, char *err, size_t errlen);
+int ck_read_slices(const CkIndex *ix, const CkSlice *slices, int n, Err *err);
 
 /* Reads every chunk and checks its CRC. Returns 0 or -1 with err set. */
-int ck_verify(const CkIndex *ix, char *err, size_t errlen);
+int ck_verify(const CkIndex *ix, Err *err);
 
 /* Byte shuffle of n floats into 4 planes, and back (exposed for tests and
  * the benchmark). */

@@ -3,8 +3,7 @@
  * training state becomes key/value lines, and the commit protocol (tmp
  * directory, fsync, rename, `latest`, pruning) lives here.
  */
-#define _GNU_SOURCE
-#include "ckpt.h"
+#include "checkpoint/ckpt.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -14,10 +13,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../mpi/grid.h"
-#include "../src/util.h"
-#include "ckio.h"
-#include "safetensors.h"
+#include "mpi/check.h"
+#include "src/base/util.h"
+#include "checkpoint/ckio.h"
+#include "checkpoint/safetensors.h"
 
 static int is_dir(const char *p) {
     struct stat st;
@@ -31,27 +30,24 @@ static int is_file(const char *p) {
 
 /* ---------------------------------------------------------------- slices */
 
-/* The rows of a tensor in the checkpoint: the real vocabulary for wte. */
-static int64_t saved_rows(const Model *m, const ParamInfo *p) {
-    return strcmp(p->name, "wte.weight") == 0 ? m->d.V : p->shape[0];
-}
-
 /* This rank's pieces of every registry row in buffer `base` (laid out like
- * m->params), named prefix/name. Replicated tensors are included only when
- * `replicated`. Returns the count; out holds at most 3 * nreg. */
-static int model_slices(const Model *m, float *base, const char *prefix, int replicated,
+ * m->params), named prefix/name, with the real rows only (padded
+ * vocabulary rows are not saved). Replicated tensors are included only when
+ * `replicated`, the tied embedding only when `tied`. Returns the count; out
+ * holds at most 3 * nreg. */
+static int model_slices(const Model *m, float *base, const char *prefix, int replicated, int tied,
                         CkSlice *out) {
     int n = 0;
     for (int i = 0; i < m->nreg; i++) {
         const ParamInfo *p = &m->reg[i];
-        if (p->split_dim < 0 && !replicated) continue;
+        if ((p->split_dim < 0 && !replicated) || (p->tied && !tied)) continue;
         int blocks = p->split_dim < 0 ? 1 : p->split_blocks;
         for (int b = 0; b < blocks; b++) {
             CkSlice *s = &out[n];
             memset(s, 0, sizeof *s);
             snprintf(s->name, sizeof s->name, "%s/%s", prefix, p->name);
             s->ndim = p->ndim;
-            s->rows = saved_rows(m, p);
+            s->rows = p->vocab_rows;
             s->cols = p->shape[1];
             s->ld = p->lshape[1];
             s->r0 = 0, s->nr = p->shape[0], s->c0 = 0, s->nc = p->shape[1];
@@ -103,7 +99,7 @@ int ckpt_list_steps(const char *ckpt_dir, char ***names) {
         if (strncmp(e->d_name, "step-", 5) != 0 || strlen(e->d_name) != 13 ||
             strspn(e->d_name + 5, "0123456789") != 8)
             continue;
-        *names = realloc(*names, (size_t)(n + 1) * sizeof(char *));
+        *names = xrealloc(*names, (size_t)(n + 1) * sizeof(char *));
         (*names)[n++] = xstrdup(e->d_name);
     }
     closedir(d);
@@ -150,13 +146,20 @@ static int add_kv(CkKV *kv, int n, const char *key, const char *value) {
     return n + 1;
 }
 
+/* The value a checkpoint records for model key `key`: the config's, but the
+ * vocabulary the model was built with (the config may say 0 = the data's). */
+static void model_key_value(const Config *cfg, const Model *m, const char *key, char *v, size_t n) {
+    if (strcmp(key, "vocab_size") == 0) snprintf(v, n, "%d", m->d.V);
+    else config_get(cfg, key, v, n);
+}
+
 static int state_kv(const Config *cfg, const Model *m, int step, int world, CkKV *kv) {
     int n = 0;
     char v[256], k[80];
-    for (int i = 0; config_model_keys[i]; i++) {
-        snprintf(k, sizeof k, "config.%s", config_model_keys[i]);
-        if (strcmp(config_model_keys[i], "vocab_size") == 0) snprintf(v, sizeof v, "%d", m->d.V);
-        else config_get(cfg, config_model_keys[i], v, sizeof v);
+    const char *key;
+    for (int i = 0; (key = config_model_key(i)); i++) {
+        snprintf(k, sizeof k, "config.%s", key);
+        model_key_value(cfg, m, key, v, sizeof v);
         n = add_kv(kv, n, k, v);
     }
     snprintf(v, sizeof v, "%d", step);
@@ -176,85 +179,91 @@ static int state_kv(const Config *cfg, const Model *m, int step, int world, CkKV
     return n;
 }
 
-int ckpt_save(const char *ckpt_dir, const Model *m, const AdamW *opt, const Config *cfg, int step,
-              MPI_Comm comm, int writer) {
-    int rank = 0, world = 1, ok = 1;
+/* Rank 0 makes ckpt_dir/step-N.tmp (clearing one an interrupted save of
+ * this step left). Collective; returns 0 or -1 on every rank. */
+static int make_tmp_dir(const char *ckpt_dir, const char *tmp, int step, MPI_Comm comm, Err *err) {
+    int rank = 0, ok = 1;
     MPI_CHECK(MPI_Comm_rank(comm, &rank));
-    MPI_CHECK(MPI_Comm_size(comm, &world));
-    char name[32], tmp[1100], fin[1100], err[1024] = "";
-    snprintf(name, sizeof name, "step-%08d", step);
-    snprintf(tmp, sizeof tmp, "%s/%s.tmp", ckpt_dir, name);
-    snprintf(fin, sizeof fin, "%s/%s", ckpt_dir, name);
     if (rank == 0) {
-        if (mkdirs(ckpt_dir) != 0) {
-            errorf("ckpt: cannot create '%s': %s (checkpoint of step %d not saved)", ckpt_dir,
-                   strerror(errno), step);
+        const char *bad = NULL;
+        if (mkdirs(ckpt_dir) != 0) bad = ckpt_dir;
+        else {
+            rm_checkpoint_dir(tmp);
+            if (mkdir(tmp, 0755) != 0) bad = tmp;
+        }
+        if (bad) {
+            err_set(err, "ckpt: cannot create '%s': %s (checkpoint of step %d not saved)", bad,
+                    strerror(errno), step);
             ok = 0;
-        } else {
-            rm_checkpoint_dir(tmp); /* left by an interrupted save of this step */
-            if (mkdir(tmp, 0755) != 0) {
-                errorf("ckpt: cannot create '%s': %s (checkpoint of step %d not saved)", tmp,
-                       strerror(errno), step);
-                ok = 0;
-            }
         }
     }
     MPI_CHECK(MPI_Bcast(&ok, 1, MPI_INT, 0, comm));
-    if (!ok) return -1;
+    if (!ok && rank != 0) err_set(err, "ckpt: checkpoint of step %d not saved (rank 0 says why)", step);
+    return ok ? 0 : -1;
+}
+
+/* Rank 0 moves step-N.tmp into place, points `latest` at it and prunes.
+ * Returns 0 or -1 with err set (rank 0 only). */
+static int commit(const char *ckpt_dir, const char *name, const char *tmp, const char *fin,
+                  int keep, Err *err) {
+    fsync_dir(tmp);
+    char old[1200];
+    snprintf(old, sizeof old, "%s.old", fin);
+    if (is_dir(fin)) rename(fin, old); /* a resumed run saving this step again */
+    if (rename(tmp, fin) != 0)
+        return err_set(err, "ckpt: cannot rename '%s' to '%s': %s", tmp, fin, strerror(errno));
+    rm_checkpoint_dir(old);
+    fsync_dir(ckpt_dir);
+    char latest[1100], line[40];
+    snprintf(latest, sizeof latest, "%s/latest", ckpt_dir);
+    int len = snprintf(line, sizeof line, "%s\n", name);
+    if (write_file_atomic(latest, line, (size_t)len, err) != 0) return -1;
+    prune(ckpt_dir, keep, name);
+    return 0;
+}
+
+int ckpt_save(const char *ckpt_dir, const Model *m, const AdamW *opt, const Config *cfg, int step,
+              MPI_Comm comm, int writer, Err *err) {
+    int rank = 0, world = 1;
+    MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    MPI_CHECK(MPI_Comm_size(comm, &world));
+    char name[32], tmp[1100], fin[1100];
+    snprintf(name, sizeof name, "step-%08d", step);
+    snprintf(tmp, sizeof tmp, "%s/%s.tmp", ckpt_dir, name);
+    snprintf(fin, sizeof fin, "%s/%s", ckpt_dir, name);
+    if (make_tmp_dir(ckpt_dir, tmp, step, comm, err) != 0) return -1;
 
     int cap = 3 * 3 * m->nreg, n = 0;
     CkSlice *slices = xcalloc((size_t)cap, sizeof(CkSlice));
     if (writer) {
-        int rep = m->d.tp_rank == 0; /* replicated tensors: written once */
-        n += model_slices(m, m->params, "param", rep, slices + n);
+        const int rep = m->d.tp_rank == 0; /* replicated tensors: written once */
+        /* a later stage's tied wte is a copy: the first stage writes it */
+        const int tied = m->d.pp == 1 || model_first_stage(&m->d);
+        n += model_slices(m, m->params, "param", rep, tied, slices + n);
         if (opt) {
-            n += model_slices(m, opt->m, "adam_m", rep, slices + n);
-            n += model_slices(m, opt->v, "adam_v", rep, slices + n);
-        }
-        if (m->d.pp > 1 && !model_first_stage(&m->d)) {
-            /* the last stage's tied wte is a copy: the first stage writes it */
-            int k = 0;
-            for (int i = 0; i < n; i++)
-                if (!strstr(slices[i].name, "/wte.weight")) slices[k++] = slices[i];
-            n = k;
+            n += model_slices(m, opt->m, "adam_m", rep, tied, slices + n);
+            n += model_slices(m, opt->v, "adam_v", rep, tied, slices + n);
         }
     }
     CkKV kv[64];
     int nkv = state_kv(cfg, m, step, world, kv);
-    int rc = ck_write(comm, tmp, slices, n, kv, nkv, cfg->ckpt_level, err, sizeof err);
+    Err werr;
+    int rc = ck_write(comm, tmp, slices, n, kv, nkv, cfg->ckpt_level, &werr);
     free(slices);
     if (rc != 0) {
-        if (rank == 0) {
-            errorf("%s (checkpoint of step %d not saved; older ones untouched)", err, step);
-            rm_checkpoint_dir(tmp);
-        }
+        err_set(err, "%s (checkpoint of step %d not saved; older ones untouched)", werr.msg, step);
+        if (rank == 0) rm_checkpoint_dir(tmp);
         return -1;
     }
-    if (rank == 0) {
-        fsync_dir(tmp);
-        char old[1200];
-        snprintf(old, sizeof old, "%s.old", fin);
-        if (is_dir(fin)) rename(fin, old); /* a resumed run saving this step again */
-        if (rename(tmp, fin) != 0) {
-            errorf("ckpt: cannot rename '%s' to '%s': %s", tmp, fin, strerror(errno));
-            ok = 0;
-        } else {
-            rm_checkpoint_dir(old);
-            fsync_dir(ckpt_dir);
-            char latest[1100], line[40];
-            snprintf(latest, sizeof latest, "%s/latest", ckpt_dir);
-            int len = snprintf(line, sizeof line, "%s\n", name);
-            if (write_file_atomic(latest, line, (size_t)len) != 0) ok = 0;
-            else prune(ckpt_dir, cfg->ckpt_keep, name);
-        }
-    }
+    int ok = rank != 0 || commit(ckpt_dir, name, tmp, fin, cfg->ckpt_keep, err) == 0;
     MPI_CHECK(MPI_Bcast(&ok, 1, MPI_INT, 0, comm));
+    if (!ok && rank != 0) err_set(err, "ckpt: checkpoint of step %d not saved (rank 0 says why)", step);
     return ok ? 0 : -1;
 }
 
 /* ------------------------------------------------------------------ load */
 
-int ckpt_resolve(const char *path, char *out, size_t n) {
+int ckpt_resolve(const char *path, char *out, size_t n, Err *err) {
     char p[1200], q[1200];
     snprintf(p, sizeof p, "%s/index", path);
     snprintf(q, sizeof q, "%s/data.bin", path);
@@ -268,13 +277,14 @@ int ckpt_resolve(const char *path, char *out, size_t n) {
         latest[strcspn(latest, "\r\n")] = '\0';
         snprintf(out, n, "%s/%s", path, latest);
         snprintf(p, sizeof p, "%s/index", out);
-        int good = is_file(p);
-        if (!good)
-            errorf("ckpt: '%s/latest' names '%s', which is not a checkpoint (see 'modtrain ckpt "
-                   "list --ckpt %s'; pass a step directory instead)",
-                   path, latest, path);
+        int rc = is_file(p) ? 0
+                            : err_set(err,
+                                      "ckpt: '%s/latest' names '%s', which is not a checkpoint "
+                                      "(see 'modtrain ckpt list --ckpt %s'; pass a step "
+                                      "directory instead)",
+                                      path, latest, path);
         free(latest);
-        return good ? 0 : -1;
+        return rc;
     }
     char **names;
     int k = ckpt_list_steps(path, &names);
@@ -282,27 +292,24 @@ int ckpt_resolve(const char *path, char *out, size_t n) {
     for (int i = 0; i < k; i++) free(names[i]);
     free(names);
     if (k > 0) return 0;
-    errorf("ckpt: '%s' is neither a checkpoint directory (with an index) nor a ckpt_dir holding "
-           "checkpoints",
-           path);
-    return -1;
+    return err_set(err,
+                   "ckpt: '%s' is neither a checkpoint directory (with an index) nor a ckpt_dir "
+                   "holding checkpoints",
+                   path);
 }
 
-int ckpt_read_config(const char *stepdir, Config *cfg, int *step, char *err, size_t errlen) {
+int ckpt_read_config(const char *stepdir, Config *cfg, int *step, Err *err) {
     CkIndex ix;
-    if (ck_index_read(stepdir, &ix, err, errlen) != 0) return -1;
+    if (ck_index_read(stepdir, &ix, err) != 0) return -1;
     int rc = 0;
-    for (int i = 0; config_model_keys[i] && rc == 0; i++) {
+    const char *key;
+    for (int i = 0; (key = config_model_key(i)) && rc == 0; i++) {
         char k[80];
-        snprintf(k, sizeof k, "config.%s", config_model_keys[i]);
+        snprintf(k, sizeof k, "config.%s", key);
         const char *v = ck_kv(&ix, k);
-        if (!v) {
-            snprintf(err, errlen, "ckpt: '%s/index' lacks '%s'", stepdir, k);
-            rc = -1;
-        } else if (config_set(cfg, config_model_keys[i], v, stepdir) != 0) {
-            snprintf(err, errlen, "ckpt: '%s/index' has a bad value for '%s'", stepdir, k);
-            rc = -1;
-        }
+        if (!v) rc = err_set(err, "ckpt: '%s/index' lacks '%s'", stepdir, k);
+        else if (config_set(cfg, key, v, stepdir, NULL) != 0)
+            rc = err_set(err, "ckpt: '%s/index' has a bad value for '%s'", stepdir, k);
     }
     const char *s = ck_kv(&ix, "state.step");
     if (step) *step = s ? atoi(s) : 0;
@@ -310,68 +317,63 @@ int ckpt_read_config(const char *stepdir, Config *cfg, int *step, char *err, siz
     return rc;
 }
 
-int ckpt_load(const char *stepdir, Model *m, AdamW *opt, int *had_moments, char *err,
-              size_t errlen) {
+int ckpt_load(const char *stepdir, Model *m, AdamW *opt, int *had_moments, Err *err) {
     CkIndex ix;
-    if (ck_index_read(stepdir, &ix, err, errlen) != 0) return -1;
+    if (ck_index_read(stepdir, &ix, err) != 0) return -1;
     int have_m = 0;
-    for (int i = 0; i < ix.nchunks && !have_m; i++) have_m = strncmp(ix.chunks[i].name, "adam_m/", 7) == 0;
+    for (int i = 0; i < ix.nchunks && !have_m; i++)
+        have_m = strncmp(ix.chunks[i].name, "adam_m/", 7) == 0;
     int cap = 3 * 3 * m->nreg, n = 0;
     CkSlice *slices = xcalloc((size_t)cap, sizeof(CkSlice));
     /* padded vocabulary rows are in no chunk: they start at zero */
     memset(m->params, 0, m->nparams * sizeof(float));
-    n += model_slices(m, m->params, "param", 1, slices + n);
+    n += model_slices(m, m->params, "param", 1, 1, slices + n);
     if (opt) {
         memset(opt->m, 0, opt->n * sizeof(float));
         memset(opt->v, 0, opt->n * sizeof(float));
         if (have_m) {
-            n += model_slices(m, opt->m, "adam_m", 1, slices + n);
-            n += model_slices(m, opt->v, "adam_v", 1, slices + n);
+            n += model_slices(m, opt->m, "adam_m", 1, 1, slices + n);
+            n += model_slices(m, opt->v, "adam_v", 1, 1, slices + n);
         }
     }
-    int rc = ck_read_slices(&ix, slices, n, err, errlen);
+    int rc = ck_read_slices(&ix, slices, n, err);
     if (had_moments) *had_moments = have_m;
     free(slices);
     ck_index_free(&ix);
     return rc;
 }
 
-int ckpt_check_model_config(const Config *ck, const Config *run, const char *stepdir) {
-    for (int i = 0; config_model_keys[i]; i++) {
+int ckpt_check_model_config(const Config *ck, const Config *run, const char *stepdir, Err *err) {
+    const char *key;
+    for (int i = 0; (key = config_model_key(i)); i++) {
         char a[128], b[128];
-        config_get(ck, config_model_keys[i], a, sizeof a);
-        config_get(run, config_model_keys[i], b, sizeof b);
-        if (strcmp(a, b) != 0) {
-            errorf("resume: checkpoint '%s' has %s = %s but this run has %s = %s (use the "
-                   "checkpoint's value, or resume = never with a new ckpt_dir)",
-                   stepdir, config_model_keys[i], a, config_model_keys[i], b);
-            return -1;
-        }
+        config_get(ck, key, a, sizeof a);
+        config_get(run, key, b, sizeof b);
+        if (strcmp(a, b) != 0)
+            return err_set(err,
+                           "resume: checkpoint '%s' has %s = %s but this run has %s = %s (use the "
+                           "checkpoint's value, or resume = never with a new ckpt_dir)",
+                           stepdir, key, a, key, b);
     }
     return 0;
 }
 
 int ckpt_open_model(const char *ckpt_arg, Model *m, Config *cfg, int maxB, int *step,
-                    const TpGroup *tp, int pp, int pp_rank) {
-    char dir[1024], err[1024];
-    if (ckpt_resolve(ckpt_arg, dir, sizeof dir) != 0) return -1;
-    if (ckpt_read_config(dir, cfg, step, err, sizeof err) != 0 || config_validate(cfg) != 0) {
-        if (err[0]) errorf("%s", err);
-        return -1;
-    }
-    if (tp && cfg->n_head % tp->size != 0) {
-        errorf("ckpt: the model has n_head = %d, not divisible by tp = %d", cfg->n_head, tp->size);
-        return -1;
-    }
+                    const TpGroup *tp, int pp, int pp_rank, Err *err) {
+    char dir[1024];
+    if (ckpt_resolve(ckpt_arg, dir, sizeof dir, err) != 0) return -1;
+    if (ckpt_read_config(dir, cfg, step, err) != 0 || config_validate(cfg, err) != 0) return -1;
+    if (tp && cfg->n_head % tp->size != 0)
+        return err_set(err, "ckpt: the model has n_head = %d, not divisible by tp = %d",
+                       cfg->n_head, tp->size);
     ModelDims d;
     model_dims_config(&d, cfg, tp ? tp->size : 1, tp ? tp->rank : 0);
-    if (pp > d.L || model_dims_stage(&d, pp, pp_rank, NULL) != 0) {
-        errorf("ckpt: the model's n_layer = %d blocks cannot be split over pp = %d stages", d.L, pp);
-        return -1;
-    }
+    if (pp > d.L || model_dims_stage(&d, pp, pp_rank, NULL) != 0)
+        return err_set(err,
+                       "ckpt: the model's n_layer = %d blocks cannot be split over pp = %d stages",
+                       d.L, pp);
     model_init(m, &d, maxB, tp);
-    if (ckpt_load(dir, m, NULL, NULL, err, sizeof err) != 0) {
-        errorf("%s", err);
+    if (ckpt_load(dir, m, NULL, NULL, err) != 0) {
         model_free(m);
         return -1;
     }
@@ -380,25 +382,22 @@ int ckpt_open_model(const char *ckpt_arg, Model *m, Config *cfg, int maxB, int *
 
 /* ------------------------------------------------------------ safetensors */
 
-static void export_shape(const Model *m, const ParamInfo *p, StOut *o) {
+static void export_shape(const ParamInfo *p, StOut *o) {
     o->ndim = p->ndim;
-    o->shape[0] = saved_rows(m, p);
+    o->shape[0] = p->vocab_rows;
     o->shape[1] = p->shape[1];
 }
 
 static int write_safetensors(const char *path, const Model *m, const float *base, const Config *cfg,
-                             int step) {
-    if (m->d.tp != 1) {
-        errorf("ckpt: writing safetensors under tp = %d is not built yet", m->d.tp);
-        return -1;
-    }
+                             int step, Err *err) {
+    if (m->d.tp != 1)
+        return err_set(err, "ckpt: writing safetensors under tp = %d is not built yet", m->d.tp);
     StMeta meta[32];
     int nmeta = 0;
-    for (int i = 0; config_model_keys[i]; i++, nmeta++) {
-        snprintf(meta[nmeta].key, sizeof meta[nmeta].key, "%s", config_model_keys[i]);
-        if (strcmp(config_model_keys[i], "vocab_size") == 0)
-            snprintf(meta[nmeta].value, sizeof meta[nmeta].value, "%d", m->d.V);
-        else config_get(cfg, config_model_keys[i], meta[nmeta].value, sizeof meta[nmeta].value);
+    const char *key;
+    for (int i = 0; (key = config_model_key(i)); i++, nmeta++) {
+        snprintf(meta[nmeta].key, sizeof meta[nmeta].key, "%s", key);
+        model_key_value(cfg, m, key, meta[nmeta].value, sizeof meta[nmeta].value);
     }
     snprintf(meta[nmeta].key, sizeof meta[nmeta].key, "step");
     snprintf(meta[nmeta].value, sizeof meta[nmeta].value, "%d", step);
@@ -409,41 +408,42 @@ static int write_safetensors(const char *path, const Model *m, const float *base
     StOut *outs = xcalloc((size_t)m->nreg, sizeof(StOut));
     for (int i = 0; i < m->nreg; i++) {
         outs[i].name = m->reg[i].name;
-        export_shape(m, &m->reg[i], &outs[i]);
+        export_shape(&m->reg[i], &outs[i]);
         outs[i].data = base + m->reg[i].offset;
     }
-    int rc = st_write(path, outs, m->nreg, meta, nmeta);
+    int rc = st_write(path, outs, m->nreg, meta, nmeta, err);
     free(outs);
     return rc;
 }
 
-int ckpt_export_safetensors(const char *path, const Model *m, const Config *cfg, int step) {
-    return write_safetensors(path, m, m->params, cfg, step);
+int ckpt_export_safetensors(const char *path, const Model *m, const Config *cfg, int step,
+                            Err *err) {
+    return write_safetensors(path, m, m->params, cfg, step, err);
 }
 
-int ckpt_export_grads(const char *path, const Model *m, const Config *cfg) {
-    return write_safetensors(path, m, m->grads, cfg, 0);
+int ckpt_export_grads(const char *path, const Model *m, const Config *cfg, Err *err) {
+    return write_safetensors(path, m, m->grads, cfg, 0, err);
 }
 
-int ckpt_load_safetensors(const char *file, Model *m) {
+int ckpt_load_safetensors(const char *file, Model *m, Err *err) {
     StFile f;
-    if (st_read(&f, file) != 0) return -1;
+    if (st_read(&f, file, err) != 0) return -1;
     int rc = -1;
     for (int i = 0; i < m->nreg; i++) {
         const ParamInfo *p = &m->reg[i];
         const StTensor *t = st_find(&f, p->name);
         StOut want;
-        export_shape(m, p, &want);
+        export_shape(p, &want);
         if (!t) {
-            errorf("ckpt: '%s' lacks tensor '%s'", file, p->name);
+            err_set(err, "ckpt: '%s' lacks tensor '%s'", file, p->name);
             goto done;
         }
         if (strcmp(t->dtype, "F32") != 0 || t->ndim != want.ndim || t->shape[0] != want.shape[0] ||
             (want.ndim == 2 && t->shape[1] != want.shape[1])) {
-            errorf("ckpt: '%s': tensor '%s' is %s [%lld%s%lld], expected F32 [%lld%s%lld]", file,
-                   p->name, t->dtype, (long long)t->shape[0], t->ndim > 1 ? ", " : "",
-                   t->ndim > 1 ? (long long)t->shape[1] : 0LL, (long long)want.shape[0],
-                   want.ndim > 1 ? ", " : "", want.ndim > 1 ? (long long)want.shape[1] : 0LL);
+            err_set(err, "ckpt: '%s': tensor '%s' is %s [%lld%s%lld], expected F32 [%lld%s%lld]",
+                    file, p->name, t->dtype, (long long)t->shape[0], t->ndim > 1 ? ", " : "",
+                    t->ndim > 1 ? (long long)t->shape[1] : 0LL, (long long)want.shape[0],
+                    want.ndim > 1 ? ", " : "", want.ndim > 1 ? (long long)want.shape[1] : 0LL);
             goto done;
         }
         const float *src = (const float *)(f.data + t->begin);

@@ -12,22 +12,23 @@
 #include <mpi.h>
 #include <stddef.h>
 
-#include "../src/config.h"
-#include "../src/model.h"
-#include "../src/optim.h"
+#include "src/base/util.h"
+#include "src/config.h"
+#include "src/model.h"
+#include "src/optim.h"
 
 /* Saves weights (and moments when opt is non-NULL) after `step` completed
  * steps. Collective over comm; `writer` is 0 on ranks whose slices another
  * rank writes (data-parallel replicas). Returns 0 on every rank, or -1 on
- * every rank after rank 0 printed why; the model and older checkpoints are
- * untouched either way. */
+ * every rank with err set (rank 0's says why); the model and older
+ * checkpoints are untouched either way. */
 int ckpt_save(const char *ckpt_dir, const Model *m, const AdamW *opt, const Config *cfg, int step,
-              MPI_Comm comm, int writer);
+              MPI_Comm comm, int writer, Err *err);
 
 /* Turns --ckpt (a step directory, or a ckpt_dir: its `latest`, else its
- * newest step directory) into a step directory. Returns 0, or -1 after
- * printing why. */
-int ckpt_resolve(const char *path, char *out, size_t n);
+ * newest step directory) into a step directory. Returns 0 or -1 with err
+ * set. */
+int ckpt_resolve(const char *path, char *out, size_t n, Err *err);
 
 /* Lists the step-NNNNNNNN directories of ckpt_dir, newest first (malloc'd
  * names; the caller frees each and the array). Returns the count. */
@@ -35,31 +36,31 @@ int ckpt_list_steps(const char *ckpt_dir, char ***names);
 
 /* Reads the model config keys and step of a checkpoint into cfg (other keys
  * untouched). Returns 0 or -1 with err set. */
-int ckpt_read_config(const char *stepdir, Config *cfg, int *step, char *err, size_t errlen);
+int ckpt_read_config(const char *stepdir, Config *cfg, int *step, Err *err);
 
 /* Loads this rank's slices of the weights (and of the moments when opt is
  * non-NULL and the checkpoint has them; *had_moments says which) into m.
  * Checks every chunk it reads. Returns 0 or -1 with err set. */
-int ckpt_load(const char *stepdir, Model *m, AdamW *opt, int *had_moments, char *err,
-              size_t errlen);
+int ckpt_load(const char *stepdir, Model *m, AdamW *opt, int *had_moments, Err *err);
 
-/* Checks that two configs agree on every model key; prints the first key
- * that differs. Returns 0 or -1. */
-int ckpt_check_model_config(const Config *ckpt, const Config *run, const char *stepdir);
+/* Checks that two configs agree on every model key. Returns 0, or -1 with
+ * err naming the first key that differs. */
+int ckpt_check_model_config(const Config *ckpt, const Config *run, const char *stepdir, Err *err);
 
 /* Opens --ckpt for inference: resolves it, reads its config into cfg,
  * builds m (this rank's slice of tp, NULL: alone, and stage pp_rank of pp,
- * balanced) for micro-batches of maxB and loads the weights. Returns 0 or
- * -1 after printing why. */
+ * balanced) for micro-batches of maxB and loads the weights. Returns 0, or
+ * -1 with err set and nothing to free. */
 int ckpt_open_model(const char *ckpt_arg, Model *m, Config *cfg, int maxB, int *step,
-                    const TpGroup *tp, int pp, int pp_rank);
+                    const TpGroup *tp, int pp, int pp_rank, Err *err);
 
 /* Writes m's weights (or gradients) as a Hugging Face GPT-2 safetensors file
- * (tp = 1). Returns 0 or -1. */
-int ckpt_export_safetensors(const char *path, const Model *m, const Config *cfg, int step);
-int ckpt_export_grads(const char *path, const Model *m, const Config *cfg);
+ * (tp = 1). Returns 0 or -1 with err set. */
+int ckpt_export_safetensors(const char *path, const Model *m, const Config *cfg, int step,
+                            Err *err);
+int ckpt_export_grads(const char *path, const Model *m, const Config *cfg, Err *err);
 /* Loads weights from a safetensors file, checking names and shapes against
- * the registry. Returns 0 or -1. */
-int ckpt_load_safetensors(const char *file, Model *m);
+ * the registry. Returns 0 or -1 with err set. */
+int ckpt_load_safetensors(const char *file, Model *m, Err *err);
 
 #endif

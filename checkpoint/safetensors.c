@@ -2,8 +2,7 @@
  * safetensors: a small JSON reader is enough for the header, whose grammar is
  * fixed: an object of objects holding strings, integer arrays and strings.
  */
-#define _GNU_SOURCE
-#include "safetensors.h"
+#include "checkpoint/safetensors.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -12,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/util.h"
+#include "src/base/util.h"
 
 typedef struct {
     const char *p, *end;
@@ -139,14 +138,13 @@ size_t st_numel(const StTensor *t) {
     return n;
 }
 
-int st_read(StFile *f, const char *path) {
+int st_read(StFile *f, const char *path, Err *err) {
     memset(f, 0, sizeof *f);
     snprintf(f->path, sizeof f->path, "%s", path);
     errno = 0;
     f->file = (uint8_t *)read_file(path, &f->file_len);
     if (!f->file) {
-        errorf("safetensors: cannot read '%s': %s", path, strerror(errno ? errno : EIO));
-        return -1;
+        return err_set(err, "safetensors: cannot read '%s': %s", path, strerror(errno ? errno : EIO));
     }
     uint64_t hlen = 0;
     if (f->file_len < 8) goto truncated;
@@ -167,7 +165,7 @@ int st_read(StFile *f, const char *path) {
                         if (!jstring(&j, m.key, sizeof m.key) || !expect(&j, ':') ||
                             !jstring(&j, m.value, sizeof m.value))
                             goto bad_header;
-                        f->meta = realloc(f->meta, (size_t)(f->nmeta + 1) * sizeof(StMeta));
+                        f->meta = xrealloc(f->meta, (size_t)(f->nmeta + 1) * sizeof(StMeta));
                         f->meta[f->nmeta++] = m;
                     } while (peek(&j, ',') && expect(&j, ','));
                 if (!expect(&j, '}')) goto bad_header;
@@ -175,7 +173,7 @@ int st_read(StFile *f, const char *path) {
             }
             if (f->nt == cap) {
                 cap = cap ? 2 * cap : 64;
-                f->t = realloc(f->t, (size_t)cap * sizeof(StTensor));
+                f->t = xrealloc(f->t, (size_t)cap * sizeof(StTensor));
             }
             StTensor *t = &f->t[f->nt];
             memset(t, 0, sizeof *t);
@@ -183,14 +181,14 @@ int st_read(StFile *f, const char *path) {
             if (!parse_tensor(&j, t)) goto bad_header;
             f->nt++;
             if (t->end < t->begin || t->end > f->data_len) {
-                errorf("safetensors: '%s': tensor '%s' has data_offsets [%llu, %llu] outside the "
+                err_set(err, "safetensors: '%s': tensor '%s' has data_offsets [%llu, %llu] outside the "
                        "%zu data bytes (truncated file?)",
                        path, t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
                        f->data_len);
                 goto fail;
             }
             if (strcmp(t->dtype, "F32") == 0 && t->end - t->begin != st_numel(t) * 4) {
-                errorf("safetensors: '%s': tensor '%s' holds %llu bytes, its shape needs %zu",
+                err_set(err, "safetensors: '%s': tensor '%s' holds %llu bytes, its shape needs %zu",
                        path, t->name, (unsigned long long)(t->end - t->begin), st_numel(t) * 4);
                 goto fail;
             }
@@ -198,11 +196,11 @@ int st_read(StFile *f, const char *path) {
     if (!expect(&j, '}') || j.bad) goto bad_header;
     return 0;
 truncated:
-    errorf("safetensors: '%s' is truncated (%zu bytes, shorter than its header says)", path,
+    err_set(err, "safetensors: '%s' is truncated (%zu bytes, shorter than its header says)", path,
            f->file_len);
     goto fail;
 bad_header:
-    errorf("safetensors: '%s' has a malformed JSON header near byte %ld", path,
+    err_set(err, "safetensors: '%s' has a malformed JSON header near byte %ld", path,
            (long)(j.p - (const char *)f->file));
 fail:
     st_free(f);
@@ -246,12 +244,12 @@ static void bprintf(Buf *b, const char *fmt, ...) {
             return;
         }
         b->cap = b->cap * 2 + (size_t)k + 64;
-        b->s = realloc(b->s, b->cap);
+        b->s = xrealloc(b->s, b->cap);
     }
 }
 
-int st_write(const char *path, const StOut *t, int n, const StMeta *meta, int nmeta) {
-    Buf h = {malloc(4096), 0, 4096};
+int st_write(const char *path, const StOut *t, int n, const StMeta *meta, int nmeta, Err *err) {
+    Buf h = {xmalloc(4096), 0, 4096};
     h.s[0] = '\0';
     bprintf(&h, "{\"__metadata__\":{");
     for (int i = 0; i < nmeta; i++)
@@ -282,7 +280,7 @@ int st_write(const char *path, const StOut *t, int n, const StMeta *meta, int nm
         memcpy(p, t[i].data, bytes);
         p += bytes;
     }
-    int rc = write_file_atomic(path, buf, total);
+    int rc = write_file_atomic(path, buf, total, err);
     free(buf);
     free(h.s);
     return rc;

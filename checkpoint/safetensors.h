@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "src/base/util.h"
+
 typedef struct {
     char name[128];
     char dtype[8];
@@ -35,8 +37,8 @@ typedef struct {
 } StFile;
 
 /* Reads and checks path (header syntax, offsets inside the file, F32 sizes).
- * Returns 0, or -1 after printing one line naming the file and the problem. */
-int st_read(StFile *f, const char *path);
+ * Returns 0, or -1 with err naming the file and the problem. */
+int st_read(StFile *f, const char *path, Err *err);
 void st_free(StFile *f);
 const StTensor *st_find(const StFile *f, const char *name);
 const char *st_meta(const StFile *f, const char *key);
@@ -51,7 +53,7 @@ typedef struct {
 } StOut;
 
 /* Writes the tensors and metadata atomically (temp file, fsync, rename).
- * Returns 0 or -1. */
-int st_write(const char *path, const StOut *t, int n, const StMeta *meta, int nmeta);
+ * Returns 0 or -1 with err set. */
+int st_write(const char *path, const StOut *t, int n, const StMeta *meta, int nmeta, Err *err);
 
 #endif

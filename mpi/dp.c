@@ -1,9 +1,9 @@
 /*
  * dp: bucketed all-reduces over the data-parallel group.
  */
-#include "dp.h"
+#include "mpi/dp.h"
 
-#include "grid.h"
+#include "mpi/check.h"
 
 unsigned long long dp_bytes = 0;
 

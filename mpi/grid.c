@@ -1,34 +1,22 @@
 /*
  * grid: rank arithmetic and communicators (after HPL's grid_init/grid_exit).
  */
-#include "grid.h"
+#include "mpi/grid.h"
 
-#include <stdio.h>
+#include "mpi/check.h"
 
-void grid_mpi_fail(int rc, const char *call, const char *file, int line) {
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0, rank = -1;
-    MPI_Error_string(rc, msg, &len);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    fprintf(stderr, "modtrain: rank %d: %s failed at %s:%d: %s\n", rank, call, file, line, msg);
-    fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-}
-
-int grid_init(Grid *g, int tp, int pp) {
+int grid_init(Grid *g, int tp, int pp, Err *err) {
     MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &g->world));
     MPI_CHECK(MPI_Comm_set_errhandler(g->world, MPI_ERRORS_RETURN));
     MPI_CHECK(MPI_Comm_size(g->world, &g->world_size));
     MPI_CHECK(MPI_Comm_rank(g->world, &g->world_rank));
     g->tp_comm = g->dp_comm = g->pp_comm = g->emb_comm = MPI_COMM_NULL;
     if (g->world_size % (tp * pp) != 0) {
-        if (g->world_rank == 0)
-            fprintf(stderr,
-                    "modtrain: layout: %d ranks are not divisible by tp x pp = %d x %d (run a "
-                    "multiple of %d ranks)\n",
-                    g->world_size, tp, pp, tp * pp);
-        MPI_Comm_free(&g->world);
-        return -1;
+        MPI_CHECK(MPI_Comm_free(&g->world));
+        return err_set(err,
+                       "layout: %d ranks are not divisible by tp x pp = %d x %d (run a multiple "
+                       "of %d ranks)",
+                       g->world_size, tp, pp, tp * pp);
     }
     g->tp = tp;
     g->pp = pp;
@@ -53,5 +41,5 @@ int grid_init(Grid *g, int tp, int pp) {
 void grid_free(Grid *g) {
     MPI_Comm *comms[] = {&g->tp_comm, &g->dp_comm, &g->pp_comm, &g->emb_comm, &g->world};
     for (int i = 0; i < 5; i++)
-        if (*comms[i] != MPI_COMM_NULL) MPI_Comm_free(comms[i]);
+        if (*comms[i] != MPI_COMM_NULL) MPI_CHECK(MPI_Comm_free(comms[i]));
 }

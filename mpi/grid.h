@@ -8,15 +8,7 @@
 
 #include <mpi.h>
 
-/* Checks an MPI call; on failure prints rank, call, file and line and aborts
- * the whole job (communicators use MPI_ERRORS_RETURN so this sees errors). */
-#define MPI_CHECK(call)                                                                  \
-    do {                                                                                 \
-        int mpi_check_rc_ = (call);                                                      \
-        if (mpi_check_rc_ != MPI_SUCCESS) grid_mpi_fail(mpi_check_rc_, #call, __FILE__, __LINE__); \
-    } while (0)
-
-void grid_mpi_fail(int rc, const char *call, const char *file, int line);
+#include "src/base/util.h"
 
 typedef struct {
     int world_size, world_rank;
@@ -28,9 +20,10 @@ typedef struct {
     int local_ranks; /* ranks on this node, for threads per rank */
 } Grid;
 
-/* Splits the world for the given tp and pp. Returns 0, or -1 after rank 0
- * printed why the layout does not fit and which would. */
-int grid_init(Grid *g, int tp, int pp);
+/* Splits the world for the given tp and pp. Returns 0, or -1 with err
+ * saying why the layout does not fit and which would (the same on every
+ * rank; nothing is left to free). */
+int grid_init(Grid *g, int tp, int pp, Err *err);
 void grid_free(Grid *g);
 
 #endif

@@ -3,15 +3,29 @@
  * that stay untouched until they complete (a slot's output until the slot is
  * reused, gradients in a buffer per slot), so no order of stages deadlocks.
  */
-#include "pipeline.h"
+#include "mpi/pipeline.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "../src/util.h"
-#include "grid.h"
+#include "src/base/util.h"
+#include "mpi/check.h"
 
 double pp_wait_s = 0;
+
+static int stage_of(MPI_Comm comm) {
+    int r = 0;
+    MPI_CHECK(MPI_Comm_rank(comm, &r));
+    return r;
+}
+
+void pp_recv_prev(float *buf, size_t n, int tag, MPI_Comm comm) {
+    MPI_CHECK(MPI_Recv(buf, (int)n, MPI_FLOAT, stage_of(comm) - 1, tag, comm, MPI_STATUS_IGNORE));
+}
+
+void pp_send_next(const float *buf, size_t n, int tag, MPI_Comm comm) {
+    MPI_CHECK(MPI_Send(buf, (int)n, MPI_FLOAT, stage_of(comm) + 1, tag, comm));
+}
 
 int pp_slots(PpSchedule s, int n_micro, int stage, int stages) {
     if (s == PP_GPIPE) return n_micro;

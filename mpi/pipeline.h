@@ -1,9 +1,10 @@
 /*
- * pipeline: the GPipe and 1F1B schedules over the micro-batches of a step.
- * It knows nothing of the model: a stage is a set of callbacks (forward and
- * backward of micro-batch mb in activation slot s) and four buffers; the
- * schedule moves activations forward and their gradients back with MPI
- * point-to-point messages over the pipeline communicator.
+ * pipeline: every stage-to-stage transfer, and the GPipe and 1F1B schedules
+ * over the micro-batches of a step. It knows nothing of the model: a stage
+ * is a set of callbacks (forward and backward of micro-batch mb in
+ * activation slot s) and four buffers; the schedule moves activations
+ * forward and their gradients back with MPI point-to-point messages over the
+ * pipeline communicator. Nothing outside this file calls MPI point-to-point.
  */
 #ifndef MODTRAIN_PIPELINE_H
 #define MODTRAIN_PIPELINE_H
@@ -27,6 +28,16 @@ typedef struct {
     float *(*grad_in)(void *ctx);
     size_t count; /* floats in one activation message */
 } PpStage;
+
+/* Message tags of the transfers outside a training step's schedule (whose
+ * tags are micro-batch numbers, >= 0 ... n_micro - 1, on the same
+ * communicator but never in flight at the same time). */
+enum { PP_TAG_EVAL = 0, PP_TAG_DECODE = 1 };
+
+/* Blocking receive of n floats from the previous stage / send to the next
+ * stage of pp_comm (rank = stage). */
+void pp_recv_prev(float *buf, size_t n, int tag, MPI_Comm pp_comm);
+void pp_send_next(const float *buf, size_t n, int tag, MPI_Comm pp_comm);
 
 /* Activation slots a stage needs: 1F1B holds at most pp - stage micro-
  * batches at once, GPipe all of them. */

@@ -1,9 +1,9 @@
 /*
  * tp: in-place all-reduces, chunked so counts stay within int.
  */
-#include "tp.h"
+#include "mpi/tp.h"
 
-#include "grid.h"
+#include "mpi/check.h"
 
 unsigned long long tp_bytes = 0;
 

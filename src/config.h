@@ -9,7 +9,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CONFIG_STR 512
+#include "src/base/util.h"
+
+#define CONFIG_STR 512  /* longest string value + 1 (paths) */
+#define CONFIG_ARCH 64  /* longest blis_arch + 1 */
 
 typedef enum { GATE_RAW = 0, GATE_SIGMOID = 1 } RouterGate;
 typedef enum { CAUSAL_AUX_LOSS = 0, CAUSAL_PREDICTOR = 1 } CausalRouter;
@@ -20,22 +23,22 @@ typedef struct {
     int seq_len, n_layer, n_head, d_model, vocab_size;
     double capacity;
     int route_every;
-    int router_gate;   /* RouterGate */
-    int causal_router; /* CausalRouter */
+    RouterGate router_gate;
+    CausalRouter causal_router;
     double aux_weight;
     int predictor_hidden;
     /* optimisation */
     int batch_size, micro_batch, steps;
     double lr, min_lr;
     int warmup_steps;
-    double weight_decay, beta1, beta2, grad_clip;
+    double weight_decay, beta1, beta2, adam_eps, grad_clip;
     long long seed;
     /* data and evaluation */
     char train_data[CONFIG_STR], val_data[CONFIG_STR];
     int eval_every, eval_batches;
     /* parallel layout */
     int tp, pp;
-    int schedule; /* Schedule */
+    Schedule schedule;
     char stage_layers[CONFIG_STR]; /* "3,5": blocks per pipeline stage; "" balanced */
     /* checkpoints and output */
     char ckpt_dir[CONFIG_STR];
@@ -47,7 +50,7 @@ typedef struct {
     /* machine */
     int threads;
     double peak_gflops;
-    char blis_arch[64];
+    char blis_arch[CONFIG_ARCH];
     int debug_checks;
 } Config;
 
@@ -55,20 +58,21 @@ typedef struct {
 void config_defaults(Config *c);
 
 /* Sets one key from text. `where` names the source for messages
- * ("run.conf:12" or "--lr"). Returns 0, or -1 after printing one line that
- * names the key, the value and what would be right. */
-int config_set(Config *c, const char *key, const char *value, const char *where);
+ * ("run.conf:12" or "--lr"). Returns 0, or -1 with err naming the key, the
+ * value and what would be right. */
+int config_set(Config *c, const char *key, const char *value, const char *where, Err *err);
 
-/* Reads `key = value` lines (# comments) from path. Returns 0 or -1. */
-int config_load_file(Config *c, const char *path);
+/* Reads `key = value` lines (# comments) from path. Returns 0 or -1 with err
+ * set. */
+int config_load_file(Config *c, const char *path, Err *err);
 
 /* Applies argv: `--config FILE` first, then every `--key value` or
- * `--key=value` in order. Returns 0 or -1. */
-int config_from_args(Config *c, int argc, char **argv);
+ * `--key=value` in order. Returns 0 or -1 with err set. */
+int config_from_args(Config *c, int argc, char **argv, Err *err);
 
 /* Checks relations between keys (d_model % n_head, batch split, ...).
- * Returns 0 or -1 after printing the first problem. */
-int config_validate(const Config *c);
+ * Returns 0 or -1 with err naming the first problem. */
+int config_validate(const Config *c, Err *err);
 
 /* Writes the value of key into buf; returns 0, or -1 for an unknown key. */
 int config_get(const Config *c, const char *key, char *buf, size_t n);
@@ -76,14 +80,15 @@ int config_get(const Config *c, const char *key, char *buf, size_t n);
 /* Prints the key table (name, default, help) for --help. */
 void config_print_help(void);
 
-/* The model keys that must match between a checkpoint and a run. */
-extern const char *const config_model_keys[];
+/* The i-th of the model keys (those that must match between a checkpoint
+ * and a run: the shape and the routing), or NULL past the last. */
+const char *config_model_key(int i);
 
-/* Blocks per pipeline stage from stage_layers (or balanced) into layers[pp].
- * Returns 0, or -1 after printing what would fit. */
-int config_stage_layers(const Config *c, int *layers);
+/* Blocks per pipeline stage from stage_layers (or balanced) into
+ * layers[0 .. pp). Returns 0, or -1 with err saying what would fit. */
+int config_stage_layers(const Config *c, int *layers, Err *err);
 
-/* Levenshtein distance; exposed for the tests. */
+/* Levenshtein distance; exposed for the tests and the command options. */
 int config_edit_distance(const char *a, const char *b);
 
 #endif

@@ -1,8 +1,7 @@
 /*
  * data: shard I/O, the seeded data order, and the byte-level prep.
  */
-#define _GNU_SOURCE
-#include "data.h"
+#include "src/data.h"
 
 #include <errno.h>
 #include <math.h>
@@ -11,52 +10,51 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "rng.h"
-#include "util.h"
+#include "src/base/rng.h"
+#include "src/base/util.h"
 
-int shard_load(Shard *s, const char *path) {
+int shard_load(Shard *s, const char *path, Err *err) {
     memset(s, 0, sizeof *s);
     snprintf(s->path, sizeof s->path, "%s", path);
     FILE *f = fopen(path, "rb");
     if (!f) {
-        errorf("data: cannot open '%s': %s (run 'modtrain prep' or fix the path)", path,
+        return err_set(err, "data: cannot open '%s': %s (run 'modtrain prep' or fix the path)", path,
                strerror(errno));
-        return -1;
     }
     struct stat st;
     if (fstat(fileno(f), &st) != 0) goto io_fail;
     int32_t hdr[SHARD_HEADER_INTS];
     size_t hbytes = sizeof hdr;
     if ((size_t)st.st_size < hbytes || fread(hdr, 1, hbytes, f) != hbytes) {
-        errorf("data: '%s' is %lld bytes, shorter than the %zu-byte shard header (not a token "
+        err_set(err, "data: '%s' is %lld bytes, shorter than the %zu-byte shard header (not a token "
                "shard?)",
                path, (long long)st.st_size, hbytes);
         goto fail;
     }
     if (hdr[0] != SHARD_MAGIC) {
-        errorf("data: '%s' has magic %d, expected %d (an llm.c token shard)", path, hdr[0],
+        err_set(err, "data: '%s' has magic %d, expected %d (an llm.c token shard)", path, hdr[0],
                SHARD_MAGIC);
         goto fail;
     }
     if (hdr[1] != SHARD_VERSION) {
-        errorf("data: '%s' has version %d, expected %d (uint16 tokens)", path, hdr[1],
+        err_set(err, "data: '%s' has version %d, expected %d (uint16 tokens)", path, hdr[1],
                SHARD_VERSION);
         goto fail;
     }
     if (hdr[2] < 0) {
-        errorf("data: '%s' has a negative token count %d", path, hdr[2]);
+        err_set(err, "data: '%s' has a negative token count %d", path, hdr[2]);
         goto fail;
     }
     size_t n = (size_t)hdr[2];
     size_t expect = hbytes + n * sizeof(uint16_t);
     if ((size_t)st.st_size != expect) {
-        errorf("data: '%s' is %lld bytes but its header promises %zu tokens (%zu bytes): "
+        err_set(err, "data: '%s' is %lld bytes but its header promises %zu tokens (%zu bytes): "
                "truncated or corrupt",
                path, (long long)st.st_size, n, expect);
         goto fail;
     }
     if (n < 2) {
-        errorf("data: '%s' holds %zu tokens, too few to train on (expected at least 2)", path, n);
+        err_set(err, "data: '%s' holds %zu tokens, too few to train on (expected at least 2)", path, n);
         goto fail;
     }
     s->tokens = xmalloc(n * sizeof(uint16_t));
@@ -69,7 +67,7 @@ int shard_load(Shard *s, const char *path) {
         if (s->tokens[i] > s->max_token) s->max_token = s->tokens[i];
     return 0;
 io_fail:
-    errorf("data: cannot read '%s': %s", path, strerror(errno ? errno : EIO));
+    err_set(err, "data: cannot read '%s': %s", path, strerror(errno ? errno : EIO));
 fail:
     fclose(f);
     free(s->tokens);
@@ -82,10 +80,9 @@ void shard_free(Shard *s) {
     s->tokens = NULL;
 }
 
-int shard_write(const char *path, const uint16_t *tokens, size_t n, int vocab_size) {
+int shard_write(const char *path, const uint16_t *tokens, size_t n, int vocab_size, Err *err) {
     if (n > INT32_MAX) {
-        errorf("data: %zu tokens do not fit one shard (max %d)", n, INT32_MAX);
-        return -1;
+        return err_set(err, "data: %zu tokens do not fit one shard (max %d)", n, INT32_MAX);
     }
     size_t bytes = SHARD_HEADER_INTS * sizeof(int32_t) + n * sizeof(uint16_t);
     char *buf = xcalloc(1, bytes);
@@ -95,7 +92,7 @@ int shard_write(const char *path, const uint16_t *tokens, size_t n, int vocab_si
     hdr[2] = (int32_t)n;
     hdr[3] = vocab_size;
     memcpy(buf + SHARD_HEADER_INTS * sizeof(int32_t), tokens, n * sizeof(uint16_t));
-    int rc = write_file_atomic(path, buf, bytes);
+    int rc = write_file_atomic(path, buf, bytes, err);
     free(buf);
     return rc;
 }
@@ -143,7 +140,8 @@ size_t order_window(DataOrder *o, uint64_t g) {
 
 #define PREP_CHUNK 4096
 
-int prep_byte_files(char **files, int nfiles, const char *out_dir, double val_fraction) {
+int prep_byte_files(char **files, int nfiles, const char *out_dir, double val_fraction,
+                    size_t counts[2], Err *err) {
     size_t cap = 1 << 20, n = 0;
     uint8_t *text = xmalloc(cap);
     for (int i = 0; i < nfiles; i++) {
@@ -151,12 +149,12 @@ int prep_byte_files(char **files, int nfiles, const char *out_dir, double val_fr
         errno = 0;
         char *buf = read_file(files[i], &len);
         if (!buf) {
-            errorf("prep: cannot read '%s': %s", files[i], strerror(errno ? errno : EIO));
+            err_set(err, "prep: cannot read '%s': %s", files[i], strerror(errno ? errno : EIO));
             free(text);
             return -1;
         }
         if (len == 0) {
-            errorf("prep: '%s' is empty (expected text to tokenise)", files[i]);
+            err_set(err, "prep: '%s' is empty (expected text to tokenise)", files[i]);
             free(buf);
             free(text);
             return -1;
@@ -190,24 +188,24 @@ int prep_byte_files(char **files, int nfiles, const char *out_dir, double val_fr
     free(text);
     int rc = -1;
     if (nt < 2 || (val_fraction > 0 && nv < 2)) {
-        errorf("prep: %zu bytes of text give %zu train and %zu val tokens; need at least 2 each "
+        err_set(err, "prep: %zu bytes of text give %zu train and %zu val tokens; need at least 2 each "
                "(give more text or change --val-fraction)",
                n, nt, nv);
         goto done;
     }
     if (mkdirs(out_dir) != 0) {
-        errorf("prep: cannot create '%s': %s", out_dir, strerror(errno));
+        err_set(err, "prep: cannot create '%s': %s", out_dir, strerror(errno));
         goto done;
     }
     char path[1024];
     snprintf(path, sizeof path, "%s/train.bin", out_dir);
-    if (shard_write(path, train, nt, 256) != 0) goto done;
-    log0("prep: wrote %s (%zu tokens)\n", path, nt);
+    if (shard_write(path, train, nt, 256, err) != 0) goto done;
     if (nv > 0) {
         snprintf(path, sizeof path, "%s/val.bin", out_dir);
-        if (shard_write(path, val, nv, 256) != 0) goto done;
-        log0("prep: wrote %s (%zu tokens)\n", path, nv);
+        if (shard_write(path, val, nv, 256, err) != 0) goto done;
     }
+    counts[0] = nt;
+    counts[1] = nv;
     rc = 0;
 done:
     free(train);

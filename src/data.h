@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "src/base/util.h"
+
 #define SHARD_MAGIC 20240520
 #define SHARD_VERSION 1
 #define SHARD_HEADER_INTS 256
@@ -28,11 +30,11 @@ typedef struct {
 } Shard;
 
 /* Loads and checks a shard (magic, version, count against file size).
- * Returns 0, or -1 after printing a line naming the file and the problem. */
-int shard_load(Shard *s, const char *path);
+ * Returns 0, or -1 with err naming the file and the problem. */
+int shard_load(Shard *s, const char *path, Err *err);
 void shard_free(Shard *s);
-/* Writes tokens as a shard, atomically. Returns 0 or -1. */
-int shard_write(const char *path, const uint16_t *tokens, size_t n, int vocab_size);
+/* Writes tokens as a shard, atomically. Returns 0 or -1 with err set. */
+int shard_write(const char *path, const uint16_t *tokens, size_t n, int vocab_size, Err *err);
 
 /* Sequence windows of length T (plus one target) in a shard. */
 size_t shard_num_seqs(const Shard *s, int T);
@@ -55,7 +57,10 @@ size_t order_window(DataOrder *o, uint64_t g);
 /* `modtrain prep`: byte-tokenises the files, splits them into train and val
  * by 4096-token chunks (a val_fraction of the chunks, spread evenly, at least
  * one when there are two or more), writes
- * out_dir/train.bin and out_dir/val.bin. Returns 0 or -1. */
-int prep_byte_files(char **files, int nfiles, const char *out_dir, double val_fraction);
+ * out_dir/train.bin and out_dir/val.bin (none when no chunk goes to val).
+ * Returns 0 with the token counts of train and val in counts, or -1 with err
+ * set. */
+int prep_byte_files(char **files, int nfiles, const char *out_dir, double val_fraction,
+                    size_t counts[2], Err *err);
 
 #endif

@@ -76,9 +76,6 @@ void embed_backward(float *dwte, const float *dout, const int *tokens, int v0, i
 void pos_forward(float *out, const float *wpe, int B, int T, int C);
 void pos_backward(float *dwpe, const float *dout, int B, int T, int C);
 
-/* The vectorisable exp the kernels use (~2 ulp), for the loss. */
-float kernels_expf(float x);
-
 /* y = a + b elementwise. */
 void residual_forward(float *out, const float *a, const float *b, size_t n);
 /* out(N,C) += bias(C). */

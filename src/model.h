@@ -16,8 +16,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../mpi/tp.h"
-#include "config.h"
+#include "mpi/tp.h"
+#include "src/base/util.h"
+#include "src/config.h"
 
 typedef struct {
     int V;    /* real vocabulary */
@@ -31,7 +32,7 @@ typedef struct {
      * l % route_every == route_every - 1 */
     int route_every;
     double capacity;
-    int gate;      /* RouterGate */
+    RouterGate gate;
     int predictor; /* 1: causal_router = predictor (an MLP of width H) */
     int H;
     /* pipeline stage: this rank holds blocks [l0, l1); the first stage also
@@ -42,7 +43,8 @@ typedef struct {
 /* Fills dims from the global shape and this rank's tp position; the model is
  * dense until model_dims_mod() adds routing. */
 void model_dims(ModelDims *d, int V, int maxT, int L, int NH, int C, int tp, int tp_rank);
-void model_dims_mod(ModelDims *d, int route_every, double capacity, int gate, int predictor, int H);
+void model_dims_mod(ModelDims *d, int route_every, double capacity, RouterGate gate, int predictor,
+                    int H);
 /* Makes d the pipeline stage pp_rank of pp: blocks split as layers[] says
  * (counts per stage, NULL: balanced, the first stages one more when L % pp).
  * Returns 0, or -1 when a stage would hold no block. */
@@ -73,6 +75,10 @@ typedef struct {
     int stage;      /* pipeline stage that owns it */
     InitKind init;
     int decay;      /* AdamW weight decay applies (matrices) */
+    int tied;       /* the embedding the first stage looks up and the last
+                     * stage's head reuses: both stages hold a copy */
+    int vocab_rows; /* rows that hold data: V for wte (padded to Vp rows,
+                     * never saved), shape[0] for every other tensor */
     int lshape[2];  /* local shape */
     size_t offset, numel; /* local, in floats */
     size_t slot;    /* byte offset of its pointer in ParamPtrs / BlockParams */
@@ -133,38 +139,24 @@ typedef struct {
 } RouteStats;
 
 /* Everything one micro-batch's forward leaves for its backward. A pipeline
- * stage keeps several micro-batches in flight, one set each. */
+ * stage keeps several micro-batches in flight, one set each. Every buffer
+ * lies in one 64-byte aligned allocation, laid out by a size table
+ * (model.c), each buffer on a 64-byte boundary of its own. */
 typedef struct {
+    void *mem;                        /* the allocation every pointer below is in */
     float *enc;                       /* (B,T,C) embeddings, or the stage's input */
-    BlockActs *acts;                  /* (L), the stage's blocks allocated */
-    float *lnf, *lnf_mean, *lnf_rstd; /* (B,T,C), (B,T), (B,T) */
-    float *logits;                    /* (B,T,Vl) */
-    float *losses;                    /* (B,T) */
-    int *inputs, *targets;            /* (B,T) */
-    int B, T;
-    float aux_loss, pred_loss;
-} ActSet;
-
-typedef struct {
-    ModelDims d;
-    TpGroup tp;
-    MPI_Comm pp_comm;  /* the pipeline: gradient norms sum over it */
-    ActSet *slots;     /* (nslots) activation sets; the fields below are slot cur's */
-    int nslots, cur;
-    ParamInfo *reg;
-    int nreg;
-    size_t nparams;        /* local floats */
-    float *params, *grads; /* (nparams) each, laid out by reg */
-    ParamPtrs P, G;
-    /* activations for up to maxB sequences of maxT tokens */
-    int maxB, B, T;
-    float *enc;                       /* (B,T,C) */
-    BlockActs *acts;                  /* (L) */
+    BlockActs *acts;                  /* (L), the stage's blocks filled in */
     float *lnf, *lnf_mean, *lnf_rstd; /* (B,T,C), (B,T), (B,T) */
     float *logits;                    /* (B,T,Vl): probabilities after a loss forward */
     float *losses;                    /* (B,T) */
     int *inputs, *targets;            /* (B,T) */
-    /* backward scratch */
+    int B, T;                         /* the shape of the last forward */
+    float aux_loss, pred_loss;        /* mean BCEs of the last forward */
+} ActSet;
+
+/* Scratch that backward and decoding share across activation sets. */
+typedef struct {
+    void *mem;
     float *dres, *dln, *scratch;  /* (B,T,C) */
     float *dqkv;                  /* (B,T,3Cl) */
     float *datty;                 /* (B,T,Cl) */
@@ -174,12 +166,33 @@ typedef struct {
     float *dr;                    /* (B,T) router gradient */
     float *dph;                   /* (2,B,T,H) predictor hidden gradients */
     int *off_dense;               /* (B+1) sequence offsets of a dense block */
+} Scratch;
+
+typedef struct {
+    ModelDims d;
+    TpGroup tp;
+    MPI_Comm pp_comm;  /* the pipeline, for decoding; MPI_COMM_NULL alone */
+    ParamInfo *reg;
+    int nreg;
+    size_t nparams;        /* local floats */
+    float *params, *grads; /* (nparams) each, laid out by reg */
+    ParamPtrs P, G;
+    /* activations for up to maxB sequences of maxT tokens */
+    int maxB;
+    ActSet *slots; /* (nslots) */
+    int nslots;
+    ActSet *cur;   /* the set forward and backward use: model_use_slot() */
+    Scratch s;
     /* Mixture-of-Depths */
     RouteMode route;   /* how routed blocks choose tokens in forward */
     int predictor_on;  /* train the predictor (tests switch it off) */
     int check_routing; /* all-reduce a hash of every routing decision over tp */
     RouteStats stats;
-    float aux_loss, pred_loss; /* mean BCEs of the last forward */
+    /* set when a forward found something the caller must act on (the tp
+     * ranks routed differently): the forward stopped early, on every rank
+     * of the tp group alike */
+    int faulted;
+    Err fault;
 } Model;
 
 /* Builds the registry and allocates parameters, gradients and activations
@@ -198,10 +211,12 @@ const ParamInfo *model_find_param(const Model *m, const char *name);
 /* Points a ParamPtrs at a buffer laid out like m->params (for Adam moments). */
 void model_point(const Model *m, ParamPtrs *pp, float *base);
 
-/* Forward over B sequences of T tokens (T <= maxT). With targets, returns the
- * mean cross-entropy (the LM loss) and keeps what backward needs; without,
- * leaves logits (B,T,Vl) and returns 0. Routed blocks choose their tokens by
- * m->route; aux_loss and pred_loss hold the routing BCEs. */
+/* Forward over B sequences of T tokens (1 <= B <= maxB, 1 <= T <= maxT) in
+ * the current activation set. With targets, returns the mean cross-entropy
+ * (the LM loss) and keeps what backward needs; without, leaves logits
+ * (B,T,Vl) and returns 0. Routed blocks choose their tokens by m->route;
+ * cur->aux_loss and cur->pred_loss hold the routing BCEs. Returns NAN with
+ * m->faulted set when debug routing checks failed. */
 float model_forward(Model *m, const int *inputs, const int *targets, int B, int T);
 /* Backward of the last loss forward; each token's loss is weighted by dloss
  * (1 / tokens in the step), the router's BCE by aux_weight * dloss / (routed
@@ -209,13 +224,22 @@ float model_forward(Model *m, const int *inputs, const int *targets, int B, int 
 void model_backward(Model *m, float dloss, float aux_weight);
 void model_zero_grad(Model *m);
 void model_stats_reset(Model *m);
+/* RouteStats as ROUTE_STATS_FIXED + L doubles and back (for reductions). */
+enum { ROUTE_STATS_FIXED = 5 };
+void route_stats_to_vec(const RouteStats *st, int L, double *v);
+void route_stats_from_vec(RouteStats *st, int L, const double *v);
+/* This rank's sums of squares of the gradients, of tensors split across tp
+ * and of replicated ones; a later stage's copy of the tied embedding is
+ * left to the first stage. */
+void model_grad_sumsq(const Model *m, double *split, double *replicated);
 /* n activation sets (micro-batches in flight); all are freed with the model.
- * model_use_slot makes set k the one forward and backward use. */
+ * model_use_slot makes set k the one forward and backward use (m->cur). */
 void model_set_slots(Model *m, int n);
 void model_use_slot(Model *m, int k);
-/* The residual stream this stage hands to the next: (B,T,C) of the last
- * forward. A later stage's input goes in m->enc before its forward, and the
- * gradient of its output in m->dres before its backward. */
+/* The residual stream this stage hands to the next: (B,T,C) of the current
+ * set's last forward. A later stage's input goes in m->cur->enc before its
+ * forward, and the gradient of its output in m->s.dres before its
+ * backward. */
 float *model_stage_output(const Model *m);
 
 /* Global parameter count (real vocabulary, no padding). */
@@ -231,7 +255,7 @@ typedef struct {
     float **k, **v;   /* (L) caches (maxT, Cl) */
     int *len;         /* (L) tokens cached */
     long long *processed, steps; /* (L) tokens each block processed, tokens decoded */
-    float *x, *xa, *att; /* (C), (C), (maxT) scratch */
+    float *x, *att;   /* (C) the token's residual stream, (maxT) scratch */
 } DecodeState;
 
 void decode_init(DecodeState *s, const Model *m);
@@ -239,8 +263,10 @@ void decode_free(DecodeState *s, const Model *m);
 /* Forgets the cached tokens (the counters stay). */
 void decode_reset(DecodeState *s, const Model *m);
 /* Runs token `tok` at position pos (= tokens decoded since the last reset)
- * through this stage's blocks; returns its logits (Vl) in m->logits on the
- * last pipeline stage, NULL on the others (which pass the token on). */
+ * through this stage's blocks (the same block code as the full forward, on
+ * one row with the block's KV cache); returns its logits (Vl) in
+ * m->cur->logits on the last pipeline stage, NULL on the others (which pass
+ * the token's residual stream on through the pipeline). */
 const float *decode_step(Model *m, DecodeState *s, int tok, int pos);
 
 #endif

@@ -1,14 +1,13 @@
 /*
  * optim: AdamW over the registry, elementwise and so trivially deterministic.
  */
-#include "optim.h"
+#include "src/optim.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../mpi/grid.h"
-#include "util.h"
+#include "src/base/util.h"
 
 void adamw_init(AdamW *o, const Model *model) {
     o->n = model->nparams;
@@ -30,27 +29,6 @@ double lr_at(const Config *c, int s) {
     double progress = (double)(s - c->warmup_steps) / (double)(decay_steps - 1);
     if (progress > 1) progress = 1;
     return c->min_lr + 0.5 * (1.0 + cos(M_PI * progress)) * (c->lr - c->min_lr);
-}
-
-double grad_norm(const Model *model) {
-    /* slices of split tensors are summed over the tp group; replicated
-     * tensors (identical on every tp rank) are counted once */
-    double s[2] = {0, 0};
-    int tied_elsewhere = model->d.pp > 1 && !model_first_stage(&model->d);
-    for (int i = 0; i < model->nreg; i++) {
-        const ParamInfo *p = &model->reg[i];
-        /* the last stage's copy of the tied wte is counted on the first */
-        if (tied_elsewhere && strcmp(p->name, "wte.weight") == 0) continue;
-        const float *g = model->grads + p->offset;
-        double t = 0;
-        for (size_t j = 0; j < p->numel; j++) t += (double)g[j] * g[j];
-        s[p->split_dim >= 0] += t;
-    }
-    tp_allreduce_sum_d(&s[1], 1, &model->tp);
-    double total = s[0] + s[1];
-    if (model->pp_comm != MPI_COMM_NULL)
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_DOUBLE, MPI_SUM, model->pp_comm));
-    return sqrt(total);
 }
 
 void adamw_step(AdamW *o, Model *model, double lr, double beta1, double beta2, double eps,

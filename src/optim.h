@@ -1,15 +1,16 @@
 /*
- * optim: AdamW with decoupled weight decay on matrices only, the learning-
- * rate schedule (linear warmup, then cosine to min_lr), and gradient-norm
- * clipping. Moments are laid out like the parameters (one registry).
+ * optim: AdamW with decoupled weight decay on matrices only, and the
+ * learning-rate schedule (linear warmup, then cosine to min_lr). Moments are
+ * laid out like the parameters (one registry). Clipping scales the
+ * gradients inside the update; their norm comes from mpi/sync.h.
  */
 #ifndef MODTRAIN_OPTIM_H
 #define MODTRAIN_OPTIM_H
 
 #include <stddef.h>
 
-#include "config.h"
-#include "model.h"
+#include "src/config.h"
+#include "src/model.h"
 
 typedef struct {
     float *m, *v; /* (nparams) each, same layout as Model.params */
@@ -21,10 +22,6 @@ void adamw_free(AdamW *o);
 
 /* Learning rate for 0-based step s of cfg->steps. */
 double lr_at(const Config *cfg, int s);
-
-/* L2 norm of all gradients of the whole model (double accumulation, fixed
- * order; a collective over the tp group). */
-double grad_norm(const Model *model);
 
 /* One update at 1-based step t; gradients are multiplied by grad_scale
  * first (clipping). */

@@ -11,8 +11,8 @@
 #include <string.h>
 #include <zlib.h>
 
-#include "../../checkpoint/ckio.h"
-#include "../../src/util.h"
+#include "checkpoint/ckio.h"
+#include "src/base/util.h"
 
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
@@ -22,10 +22,10 @@ int main(int argc, char **argv) {
         return 2;
     }
     int reps = argc > 3 ? atoi(argv[3]) : 3;
-    char err[1024];
+    Err err;
     CkIndex ix;
-    if (ck_index_read(argv[1], &ix, err, sizeof err) != 0) {
-        fprintf(stderr, "%s\n", err);
+    if (ck_index_read(argv[1], &ix, &err) != 0) {
+        fprintf(stderr, "%s\n", err.msg);
         MPI_Finalize();
         return 1;
     }
@@ -40,8 +40,8 @@ int main(int argc, char **argv) {
         s[i].data = xmalloc(c->usize + 4);
         raw += (double)c->usize;
     }
-    if (ck_read_slices(&ix, s, ix.nchunks, err, sizeof err) != 0) {
-        fprintf(stderr, "%s\n", err);
+    if (ck_read_slices(&ix, s, ix.nchunks, &err) != 0) {
+        fprintf(stderr, "%s\n", err.msg);
         MPI_Finalize();
         return 1;
     }
@@ -76,15 +76,15 @@ int main(int argc, char **argv) {
             snprintf(dir, sizeof dir, "%s/bench-%d-%d", argv[2], levels[li], r);
             mkdirs(dir);
             double t0 = now_s();
-            if (ck_write(MPI_COMM_WORLD, dir, s, ix.nchunks, &kv, 1, levels[li], err, sizeof err)) {
-                fprintf(stderr, "%s\n", err);
+            if (ck_write(MPI_COMM_WORLD, dir, s, ix.nchunks, &kv, 1, levels[li], &err)) {
+                fprintf(stderr, "%s\n", err.msg);
                 MPI_Finalize();
                 return 1;
             }
             double t1 = now_s();
             CkIndex back;
-            if (ck_index_read(dir, &back, err, sizeof err) || ck_verify(&back, err, sizeof err)) {
-                fprintf(stderr, "%s\n", err);
+            if (ck_index_read(dir, &back, &err) || ck_verify(&back, &err)) {
+                fprintf(stderr, "%s\n", err.msg);
                 MPI_Finalize();
                 return 1;
             }

@@ -16,9 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../checkpoint/ckio.h"
-#include "../../src/rng.h"
-#include "../../src/util.h"
+#include "checkpoint/ckio.h"
+#include "src/base/rng.h"
+#include "src/base/util.h"
 
 static float value(const char *name, int64_t r, int64_t c) {
     return (float)rng_normal(7, rng_hash_str(name), (uint64_t)(r * 100003 + c));
@@ -67,7 +67,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *dir = argv[2];
-    char err[1024] = "";
+    Err err = {""};
     CkSlice s[16];
     int n = 0, failures = 0;
     if (strcmp(argv[1], "write") == 0) {
@@ -85,13 +85,13 @@ int main(int argc, char **argv) {
         if (rank == 0) s[n++] = make_slice(&tensors[2], 0, 10, 0, 1, 1);
         mkdirs(dir);
         CkKV kv = {"state.step", "7"};
-        if (ck_write(MPI_COMM_WORLD, dir, s, n, &kv, 1, 6, err, sizeof err) != 0) {
-            fprintf(stderr, "rank %d: %s\n", rank, err);
+        if (ck_write(MPI_COMM_WORLD, dir, s, n, &kv, 1, 6, &err) != 0) {
+            fprintf(stderr, "rank %d: %s\n", rank, err.msg);
             failures++;
         }
         CkIndex ix;
-        if (ck_index_read(dir, &ix, err, sizeof err) != 0) {
-            fprintf(stderr, "rank %d: %s\n", rank, err);
+        if (ck_index_read(dir, &ix, &err) != 0) {
+            fprintf(stderr, "rank %d: %s\n", rank, err.msg);
             failures++;
         } else {
             int c_chunks = 0;
@@ -112,8 +112,8 @@ int main(int argc, char **argv) {
         s[n++] = make_slice(&tensors[2], 0, 10, 0, 1, 0);
         s[n++] = make_slice(&tensors[3], 3, 30, 7 + rank % 3, 20, 0);
         CkIndex ix;
-        if (ck_index_read(dir, &ix, err, sizeof err) != 0 || ck_read_slices(&ix, s, n, err, sizeof err) != 0) {
-            fprintf(stderr, "rank %d: %s\n", rank, err);
+        if (ck_index_read(dir, &ix, &err) != 0 || ck_read_slices(&ix, s, n, &err) != 0) {
+            fprintf(stderr, "rank %d: %s\n", rank, err.msg);
             failures++;
         } else {
             for (int i = 0; i < n; i++) {

@@ -6,10 +6,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../src/config.h"
+#include "src/config.h"
 #include "testutil.h"
 
-static void test_defaults_follow_design(void) {
+static void test_defaults(void) {
     Config c;
     config_defaults(&c);
     CU_ASSERT_DOUBLE_EQUAL(c.capacity, 0.125, 0);
@@ -18,27 +18,33 @@ static void test_defaults_follow_design(void) {
     CU_ASSERT_EQUAL(c.pp, 1);
     CU_ASSERT_EQUAL(c.schedule, SCHED_1F1B);
     CU_ASSERT_STRING_EQUAL(c.resume, "auto");
+    CU_ASSERT_DOUBLE_EQUAL(c.adam_eps, 1e-8, 0);
 }
 
 static void test_set_types_and_ranges(void) {
+    Err e;
     Config c;
     config_defaults(&c);
-    CU_ASSERT_EQUAL(config_set(&c, "batch_size", "16", "t"), 0);
+    CU_ASSERT_EQUAL(config_set(&c, "batch_size", "16", "t", &e), 0);
     CU_ASSERT_EQUAL(c.batch_size, 16);
-    CU_ASSERT_EQUAL(config_set(&c, "batch-size", "12", "t"), 0); /* dashes */
+    CU_ASSERT_EQUAL(config_set(&c, "batch-size", "12", "t", &e), 0); /* dashes */
     CU_ASSERT_EQUAL(c.batch_size, 12);
-    CU_ASSERT_EQUAL(config_set(&c, "batch_size", "12x", "t"), -1);
-    CU_ASSERT_EQUAL(config_set(&c, "batch_size", "0", "t"), -1);
+    CU_ASSERT_EQUAL(config_set(&c, "batch_size", "12x", "t", &e), -1);
+    CU_ASSERT_EQUAL(config_set(&c, "batch_size", "0", "t", &e), -1);
     CU_ASSERT_EQUAL(c.batch_size, 12); /* a rejected value leaves the key alone */
-    CU_ASSERT_EQUAL(config_set(&c, "lr", "3e-4", "t"), 0);
+    CU_ASSERT_EQUAL(config_set(&c, "lr", "3e-4", "t", &e), 0);
     CU_ASSERT_DOUBLE_EQUAL(c.lr, 3e-4, 0);
-    CU_ASSERT_EQUAL(config_set(&c, "lr", "nan", "t"), -1);
-    CU_ASSERT_EQUAL(config_set(&c, "capacity", "0", "t"), -1); /* open interval */
-    CU_ASSERT_EQUAL(config_set(&c, "capacity", "1", "t"), 0);
-    CU_ASSERT_EQUAL(config_set(&c, "router_gate", "sigmoid", "t"), 0);
+    CU_ASSERT_EQUAL(config_set(&c, "lr", "nan", "t", &e), -1);
+    CU_ASSERT_EQUAL(config_set(&c, "capacity", "0", "t", &e), -1); /* open interval */
+    CU_ASSERT_EQUAL(config_set(&c, "capacity", "1", "t", &e), 0);
+    CU_ASSERT_EQUAL(config_set(&c, "router_gate", "sigmoid", "t", &e), 0);
     CU_ASSERT_EQUAL(c.router_gate, GATE_SIGMOID);
-    CU_ASSERT_EQUAL(config_set(&c, "router_gate", "relu", "t"), -1);
-    CU_ASSERT_EQUAL(config_set(&c, "no_such_key", "1", "t"), -1);
+    CU_ASSERT_EQUAL(config_set(&c, "router_gate", "relu", "t", &e), -1);
+    CU_ASSERT_EQUAL(config_set(&c, "batch_size", "0", "t", &e), -1);
+    CU_ASSERT_STRING_EQUAL(e.msg, "t: batch_size = 0 is out of range (expected an integer in [1, 16777216])");
+    CU_ASSERT_EQUAL(config_set(&c, "no_such_key", "1", "t", &e), -1);
+    CU_ASSERT_EQUAL(config_set(&c, "eval_evry", "1", "run.conf:3", &e), -1);
+    CU_ASSERT_STRING_EQUAL(e.msg, "run.conf:3: unknown key 'eval_evry' (did you mean 'eval_every'?)");
     char buf[64];
     CU_ASSERT_EQUAL(config_get(&c, "router_gate", buf, sizeof buf), 0);
     CU_ASSERT_STRING_EQUAL(buf, "sigmoid");
@@ -51,6 +57,7 @@ static void test_edit_distance(void) {
 }
 
 static void test_file_and_overrides(void) {
+    Err e;
     char path[] = "/tmp/modtrain-test-XXXXXX";
     int fd = mkstemp(path);
     CU_ASSERT_FATAL(fd >= 0);
@@ -60,43 +67,62 @@ static void test_file_and_overrides(void) {
     Config c;
     config_defaults(&c);
     char *argv[] = {"--lr", "0.5", "--config", path, "--n-head=2"};
-    CU_ASSERT_EQUAL(config_from_args(&c, 5, argv), 0);
+    CU_ASSERT_EQUAL(config_from_args(&c, 5, argv, &e), 0);
     CU_ASSERT_EQUAL(c.n_layer, 3);
     CU_ASSERT_DOUBLE_EQUAL(c.lr, 0.5, 0); /* the command line wins wherever it stands */
     CU_ASSERT_EQUAL(c.n_head, 2);
     char *missing[] = {"--steps"};
-    CU_ASSERT_EQUAL(config_from_args(&c, 1, missing), -1);
+    CU_ASSERT_EQUAL(config_from_args(&c, 1, missing, &e), -1);
     char *stray[] = {"steps", "3"};
-    CU_ASSERT_EQUAL(config_from_args(&c, 2, stray), -1);
+    CU_ASSERT_EQUAL(config_from_args(&c, 2, stray, &e), -1);
     FILE *f = fopen(path, "w");
     fputs("n_layer 3\n", f); /* no '=' */
     fclose(f);
-    CU_ASSERT_EQUAL(config_load_file(&c, path), -1);
+    CU_ASSERT_EQUAL(config_load_file(&c, path, &e), -1);
     unlink(path);
-    CU_ASSERT_EQUAL(config_load_file(&c, path), -1); /* missing file */
+    CU_ASSERT_EQUAL(config_load_file(&c, path, &e), -1); /* missing file */
 }
 
 static void test_validate(void) {
+    Err e;
     Config c;
     config_defaults(&c);
     c.route_every = 0;
-    CU_ASSERT_EQUAL(config_validate(&c), 0);
+    CU_ASSERT_EQUAL(config_validate(&c, &e), 0);
     c.d_model = 130; /* n_head = 4 */
-    CU_ASSERT_EQUAL(config_validate(&c), -1);
+    CU_ASSERT_EQUAL(config_validate(&c, &e), -1);
     c.d_model = 128;
     c.micro_batch = 3; /* batch_size = 8 */
-    CU_ASSERT_EQUAL(config_validate(&c), -1);
+    CU_ASSERT_EQUAL(config_validate(&c, &e), -1);
     c.micro_batch = 4;
     c.min_lr = 1;
-    CU_ASSERT_EQUAL(config_validate(&c), -1);
+    CU_ASSERT_EQUAL(config_validate(&c, &e), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "min_lr = 1 is above lr"));
+}
+
+/* The model keys are the table's flagged rows: the shape and the routing,
+ * nothing of the optimizer or the layout. */
+static void test_model_keys(void) {
+    const char *want[] = {"n_layer", "n_head", "d_model", "seq_len", "vocab_size", "capacity",
+                          "route_every", "router_gate", "causal_router", "predictor_hidden"};
+    const size_t n = sizeof want / sizeof want[0];
+    size_t i = 0;
+    for (const char *k; (k = config_model_key((int)i)); i++) {
+        int found = 0;
+        for (size_t j = 0; j < n; j++) found |= strcmp(k, want[j]) == 0;
+        CU_ASSERT(found);
+    }
+    CU_ASSERT_EQUAL(i, n);
+    CU_ASSERT_PTR_NULL(config_model_key((int)n + 5));
 }
 
 int main(void) {
-    CU_TestInfo tests[] = {{"defaults follow DESIGN.md", test_defaults_follow_design},
+    CU_TestInfo tests[] = {{"defaults", test_defaults},
                            {"types, ranges, enums, unknown keys", test_set_types_and_ranges},
                            {"edit distance for suggestions", test_edit_distance},
                            {"files, comments and overrides", test_file_and_overrides},
                            {"relations between keys", test_validate},
+                           {"model keys are flagged in the table", test_model_keys},
                            CU_TEST_INFO_NULL};
     return run_suite("config", tests);
 }

@@ -7,8 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../src/data.h"
-#include "../../src/util.h"
+#include "src/data.h"
+#include "src/base/util.h"
 #include "testutil.h"
 
 static char dir[] = "/tmp/modtrain-data-XXXXXX";
@@ -16,13 +16,14 @@ static char dir[] = "/tmp/modtrain-data-XXXXXX";
 static void path_in(char *buf, size_t n, const char *name) { snprintf(buf, n, "%s/%s", dir, name); }
 
 static void test_roundtrip(void) {
+    Err e;
     uint16_t tok[100];
     for (int i = 0; i < 100; i++) tok[i] = (uint16_t)(i * 37 % 300);
     char p[256];
     path_in(p, sizeof p, "a.bin");
-    CU_ASSERT_EQUAL(shard_write(p, tok, 100, 300), 0);
+    CU_ASSERT_EQUAL(shard_write(p, tok, 100, 300, NULL), 0);
     Shard s;
-    CU_ASSERT_EQUAL_FATAL(shard_load(&s, p), 0);
+    CU_ASSERT_EQUAL_FATAL(shard_load(&s, p, &e), 0);
     CU_ASSERT_EQUAL(s.n_tokens, 100);
     CU_ASSERT_EQUAL(s.vocab_hint, 300);
     CU_ASSERT_EQUAL(memcmp(s.tokens, tok, sizeof tok), 0);
@@ -41,6 +42,7 @@ static void write_raw(const char *p, const void *data, size_t n) {
 }
 
 static void test_bad_shards(void) {
+    Err e;
     int32_t hdr[256] = {SHARD_MAGIC, SHARD_VERSION, 50};
     uint16_t tok[50] = {0};
     char buf[sizeof hdr + sizeof tok];
@@ -50,22 +52,23 @@ static void test_bad_shards(void) {
     path_in(p, sizeof p, "bad.bin");
     Shard s;
     write_raw(p, buf, sizeof buf);
-    CU_ASSERT_EQUAL(shard_load(&s, p), 0); /* the good one, made by hand like llm.c */
+    CU_ASSERT_EQUAL(shard_load(&s, p, &e), 0); /* the good one, made by hand like llm.c */
     CU_ASSERT_EQUAL(s.vocab_hint, 0);
     shard_free(&s);
     write_raw(p, buf, sizeof buf - 2); /* truncated */
-    CU_ASSERT_EQUAL(shard_load(&s, p), -1);
+    CU_ASSERT_EQUAL(shard_load(&s, p, &e), -1);
     write_raw(p, buf, 100); /* shorter than the header */
-    CU_ASSERT_EQUAL(shard_load(&s, p), -1);
+    CU_ASSERT_EQUAL(shard_load(&s, p, &e), -1);
     ((int32_t *)buf)[0] = 12345; /* wrong magic */
     write_raw(p, buf, sizeof buf);
-    CU_ASSERT_EQUAL(shard_load(&s, p), -1);
+    CU_ASSERT_EQUAL(shard_load(&s, p, &e), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "has magic 12345, expected 20240520"));
     ((int32_t *)buf)[0] = SHARD_MAGIC;
     ((int32_t *)buf)[1] = 2; /* wrong version */
     write_raw(p, buf, sizeof buf);
-    CU_ASSERT_EQUAL(shard_load(&s, p), -1);
+    CU_ASSERT_EQUAL(shard_load(&s, p, &e), -1);
     path_in(p, sizeof p, "missing.bin");
-    CU_ASSERT_EQUAL(shard_load(&s, p), -1);
+    CU_ASSERT_EQUAL(shard_load(&s, p, &e), -1);
 }
 
 static void test_order(void) {
@@ -88,6 +91,7 @@ static void test_order(void) {
 }
 
 static void test_prep_split(void) {
+    Err e;
     char txt[256], out[256];
     path_in(txt, sizeof txt, "t.txt");
     path_in(out, sizeof out, "prep");
@@ -96,20 +100,24 @@ static void test_prep_split(void) {
     for (size_t i = 0; i < n; i++) text[i] = (char)('a' + (i / 4096));
     write_raw(txt, text, n);
     char *files[] = {txt};
-    CU_ASSERT_EQUAL_FATAL(prep_byte_files(files, 1, out, 0.2), 0);
+    size_t counts[2];
+    CU_ASSERT_EQUAL_FATAL(prep_byte_files(files, 1, out, 0.2, counts, &e), 0);
+    CU_ASSERT_EQUAL(counts[0], 8 * 4096);
+    CU_ASSERT_EQUAL(counts[1], 2 * 4096);
     char p[300];
     Shard tr, va;
     snprintf(p, sizeof p, "%s/train.bin", out);
-    CU_ASSERT_EQUAL_FATAL(shard_load(&tr, p), 0);
+    CU_ASSERT_EQUAL_FATAL(shard_load(&tr, p, &e), 0);
     snprintf(p, sizeof p, "%s/val.bin", out);
-    CU_ASSERT_EQUAL_FATAL(shard_load(&va, p), 0);
+    CU_ASSERT_EQUAL_FATAL(shard_load(&va, p, &e), 0);
     CU_ASSERT_EQUAL(va.n_tokens, 2 * 4096); /* 2 of 10 chunks */
     CU_ASSERT_EQUAL(tr.n_tokens + va.n_tokens, n);
     CU_ASSERT_EQUAL(va.tokens[0], 'e');   /* chunks 4 and 9, spread out */
     CU_ASSERT_EQUAL(va.tokens[4096], 'j');
     shard_free(&tr), shard_free(&va);
     write_raw(txt, "", 0); /* an empty file is an error */
-    CU_ASSERT_EQUAL(prep_byte_files(files, 1, out, 0.2), -1);
+    CU_ASSERT_EQUAL(prep_byte_files(files, 1, out, 0.2, counts, &e), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "is empty"));
     free(text);
 }
 

@@ -5,8 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../../src/kernels.h"
-#include "../../src/util.h"
+#include "src/kernels.h"
+#include "src/base/util.h"
 #include "testutil.h"
 
 /* float32 forward passes give FD noise near 1e-4 relative; a wrong backward

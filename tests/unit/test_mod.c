@@ -9,9 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../src/kernels.h"
-#include "../../src/model.h"
-#include "../../src/util.h"
+#include "src/kernels.h"
+#include "src/model.h"
+#include "src/base/util.h"
 #include "testutil.h"
 
 enum { V = 13, T = 16, L = 4, NH = 2, C = 8, B = 2, H = 6 };
@@ -46,14 +46,14 @@ typedef struct {
 static double total_loss(void *ctx) {
     LossCtx *c = ctx;
     float lm = model_forward(c->m, inputs, targets, B, T);
-    return lm + (c->m->d.predictor ? 0.f : c->aux_weight * c->m->aux_loss);
+    return lm + (c->m->d.predictor ? 0.f : c->aux_weight * c->m->cur->aux_loss);
 }
 
 /* The predictor's own BCE: all that its weights see. */
 static double predictor_loss(void *ctx) {
     LossCtx *c = ctx;
     model_forward(c->m, inputs, targets, B, T);
-    return c->m->pred_loss;
+    return c->m->cur->pred_loss;
 }
 
 /* Derivative of f along the unit vector dir by central differences. */
@@ -82,8 +82,8 @@ static void check_gradient(int gate, int predictor) {
     model_zero_grad(&m);
     total_loss(&ctx);
     unsigned char sel0[2][B * T];
-    memcpy(sel0[0], m.acts[1].topk, sizeof sel0[0]);
-    memcpy(sel0[1], m.acts[3].topk, sizeof sel0[1]);
+    memcpy(sel0[0], m.cur->acts[1].topk, sizeof sel0[0]);
+    memcpy(sel0[1], m.cur->acts[3].topk, sizeof sel0[1]);
     model_backward(&m, 1.f / (B * T), ctx.aux_weight);
     double worst = 0;
     int router_nonzero = 0, moved = 0;
@@ -105,8 +105,8 @@ static void check_gradient(int gate, int predictor) {
         }
         double along = directional(f, &ctx, w, dir, p->numel, 1e-2f);
         double across = directional(f, &ctx, w, rnd, p->numel, 1e-2f);
-        moved |= memcmp(sel0[0], m.acts[1].topk, sizeof sel0[0]) != 0 ||
-                 memcmp(sel0[1], m.acts[3].topk, sizeof sel0[1]) != 0;
+        moved |= memcmp(sel0[0], m.cur->acts[1].topk, sizeof sel0[0]) != 0 ||
+                 memcmp(sel0[1], m.cur->acts[3].topk, sizeof sel0[1]) != 0;
         /* 3e-5: float32 round-off of a loss near 2.5 over a 2e-2 difference */
         double e = (fmax(fabs(along - gn), fabs(across - gr)) - 3e-5) / fmax(gn, 1e-6);
         if (e > 1e-2)
@@ -143,7 +143,7 @@ static void test_capacity_one_is_dense(void) {
     float b = model_forward(&mod, inputs, targets, B, T);
     CU_ASSERT_EQUAL(a, b);
     for (int l = 0; l < L; l++)
-        CU_ASSERT(memcmp(dense.acts[l].res3, mod.acts[l].res3, (size_t)B * T * C * 4) == 0);
+        CU_ASSERT(memcmp(dense.cur->acts[l].res3, mod.cur->acts[l].res3, (size_t)B * T * C * 4) == 0);
     model_free(&dense);
     model_free(&mod);
 }
@@ -177,7 +177,7 @@ static void test_topk_selection(void) {
     mod_model(&m, B, 0.3, GATE_RAW, 0, 0.3f);
     make_batch(8);
     model_forward(&m, inputs, targets, B, T);
-    const BlockActs *a = &m.acts[1];
+    const BlockActs *a = &m.cur->acts[1];
     int k = model_capacity_k(&m.d, T);
     for (int b = 0; b < B; b++) {
         CU_ASSERT_EQUAL(a->off[b + 1] - a->off[b], k);
@@ -205,9 +205,9 @@ static void test_batch_invariance(void) {
         make_batch(11);
         model_forward(&m, inputs, NULL, 1, T);
         float *alone = xmalloc((size_t)T * V * 4);
-        memcpy(alone, m.logits, (size_t)T * V * 4);
+        memcpy(alone, m.cur->logits, (size_t)T * V * 4);
         model_forward(&m, inputs, NULL, 4, T);
-        double w = max_diff(alone, m.logits, (size_t)T * V);
+        double w = max_diff(alone, m.cur->logits, (size_t)T * V);
         CU_ASSERT(w < 1e-5);
         if (w >= 1e-5) printf("\n  batch invariance (mode %d): %g", mode, w);
         free(alone);
@@ -221,7 +221,7 @@ static void test_batch_invariance(void) {
 static void center_routers(Model *m) {
     for (int l = 1; l < L; l += 2) {
         model_forward(m, inputs, NULL, 1, T);
-        const float *z = m->d.predictor ? m->acts[l].plogit : m->acts[l].r;
+        const float *z = m->d.predictor ? m->cur->acts[l].plogit : m->cur->acts[l].r;
         float *bias = m->d.predictor ? m->P.h[l].pb2 : m->P.h[l].rb;
         float sorted[T];
         memcpy(sorted, z, sizeof sorted);
@@ -246,13 +246,13 @@ static void test_no_leak_under_causal_routing(void) {
         const int t = 9;
         model_forward(&m, inputs, NULL, 1, T);
         float *before = xmalloc((size_t)T * V * 4);
-        memcpy(before, m.logits, (size_t)T * V * 4);
+        memcpy(before, m.cur->logits, (size_t)T * V * 4);
         long long processed = m.stats.processed[1];
         for (int i = t + 1; i < T; i++) inputs[i] = (inputs[i] + 5) % V;
         model_forward(&m, inputs, NULL, 1, T);
-        double w = max_diff(before, m.logits, (size_t)(t + 1) * V);
+        double w = max_diff(before, m.cur->logits, (size_t)(t + 1) * V);
         CU_ASSERT(w < 1e-5);
-        CU_ASSERT(max_diff(before, m.logits, (size_t)T * V) > 1e-3); /* the future did change */
+        CU_ASSERT(max_diff(before, m.cur->logits, (size_t)T * V) > 1e-3); /* the future did change */
         CU_ASSERT(processed > 0 && processed < T); /* routing chose some tokens, not all */
         if (w >= 1e-5 || processed <= 0 || processed >= T)
             printf("\n  predictor %d: past changed by %g, block 1 processed %lld of %d", pred, w,
@@ -272,7 +272,7 @@ static void test_decode_matches_full_forward(void) {
         model_stats_reset(&m);
         model_forward(&m, inputs, NULL, 1, T);
         float *full = xmalloc((size_t)T * V * 4);
-        memcpy(full, m.logits, (size_t)T * V * 4);
+        memcpy(full, m.cur->logits, (size_t)T * V * 4);
         long long full_processed = m.stats.processed[1] + m.stats.processed[3];
         DecodeState s;
         decode_init(&s, &m);

@@ -6,10 +6,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../../src/kernels.h"
-#include "../../src/model.h"
-#include "../../src/optim.h"
-#include "../../src/util.h"
+#include "src/kernels.h"
+#include "src/model.h"
+#include "src/optim.h"
+#include "src/base/util.h"
 #include "testutil.h"
 
 enum { V = 11, T = 6, L = 2, NH = 2, C = 8, B = 2 };

@@ -9,7 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "../../src/rng.h"
+#include "src/base/rng.h"
 
 /* Runs one suite; the failure count is read before the registry is freed.
  * Returns EXIT_FAILURE when anything failed (automake: 99 for a hard error). */

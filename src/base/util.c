@@ -2,8 +2,7 @@
  * util: shared helpers. Nothing here knows about the model or MPI beyond the
  * rank number used to keep output to one process.
  */
-#define _GNU_SOURCE
-#include "util.h"
+#include "src/base/util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -16,32 +15,49 @@
 #include <unistd.h>
 
 int util_rank = 0;
-int util_quiet = 0;
+
+int err_set(Err *e, const char *fmt, ...) {
+    if (e) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+/* The one fatal path for memory: there is nothing sensible left to do. */
+static void out_of_memory(size_t bytes) {
+    errorf("out of memory allocating %zu bytes", bytes);
+    exit(EXIT_FAILURE);
+}
 
 void *xmalloc(size_t size) {
     void *p = NULL;
     if (size == 0) size = 64;
+    if (size > SIZE_MAX - 63) out_of_memory(size);
     size = (size + 63) & ~(size_t)63;
-    if (posix_memalign(&p, 64, size) != 0) {
-        errorf("out of memory allocating %zu bytes", size);
-        exit(EXIT_FAILURE);
-    }
+    if (posix_memalign(&p, 64, size) != 0) out_of_memory(size);
     return p;
 }
 
 void *xcalloc(size_t count, size_t size) {
+    if (size && count > SIZE_MAX / size) out_of_memory(SIZE_MAX);
     size_t total = count * size;
     void *p = xmalloc(total);
     memset(p, 0, total ? total : 64);
     return p;
 }
 
+void *xrealloc(void *p, size_t size) {
+    void *q = realloc(p, size ? size : 1);
+    if (!q) out_of_memory(size);
+    return q;
+}
+
 char *xstrdup(const char *s) {
     char *d = strdup(s);
-    if (!d) {
-        errorf("out of memory");
-        exit(EXIT_FAILURE);
-    }
+    if (!d) out_of_memory(strlen(s) + 1);
     return d;
 }
 
@@ -55,7 +71,6 @@ void log0(const char *fmt, ...) {
 }
 
 void errorf(const char *fmt, ...) {
-    if (util_quiet && util_rank != 0) return;
     va_list ap;
     va_start(ap, fmt);
     fputs("modtrain: ", stderr);
@@ -64,6 +79,8 @@ void errorf(const char *fmt, ...) {
     va_end(ap);
     fflush(stderr);
 }
+
+void err_print(const Err *e) { errorf("%s", e->msg); }
 
 double now_s(void) {
     struct timespec ts;
@@ -79,38 +96,35 @@ int fsync_dir(const char *path) {
     return rc;
 }
 
-int write_file_atomic(const char *path, const void *data, size_t len) {
+int write_file_atomic(const char *path, const void *data, size_t len, Err *err) {
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) {
-        errorf("cannot create %s: %s", tmp, strerror(errno));
-        return -1;
-    }
+    if (fd < 0) return err_set(err, "cannot create %s: %s", tmp, strerror(errno));
     const char *p = data;
     size_t left = len;
     while (left > 0) {
         ssize_t w = write(fd, p, left);
         if (w < 0) {
             if (errno == EINTR) continue;
-            errorf("cannot write %s: %s", tmp, strerror(errno));
+            err_set(err, "cannot write %s: %s", tmp, strerror(errno));
             goto fail;
         }
         p += w;
         left -= (size_t)w;
     }
     if (fsync(fd) != 0) {
-        errorf("cannot fsync %s: %s", tmp, strerror(errno));
+        err_set(err, "cannot fsync %s: %s", tmp, strerror(errno));
         goto fail;
     }
     if (close(fd) != 0) {
         fd = -1;
-        errorf("cannot close %s: %s", tmp, strerror(errno));
+        err_set(err, "cannot close %s: %s", tmp, strerror(errno));
         goto fail;
     }
     fd = -1;
     if (rename(tmp, path) != 0) {
-        errorf("cannot rename %s to %s: %s", tmp, path, strerror(errno));
+        err_set(err, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
         goto fail;
     }
     char dir[4096];

@@ -1,7 +1,7 @@
 /*
  * cli: subcommand options, with the same nearest-name hint as config keys.
  */
-#include "cli.h"
+#include "src/cmd/cli.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config.h"
-#include "util.h"
+#include "src/config.h"
+#include "src/base/util.h"
 
 static void print_help(const char *usage, const char *about, const CliOpt *opts) {
     printf("usage: %s\n%s\n\noptions:\n", usage, about);

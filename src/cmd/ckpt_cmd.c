@@ -1,7 +1,6 @@
 /*
  * ckpt_cmd: `modtrain ckpt list | verify | inspect | export | import`.
  */
-#define _GNU_SOURCE
 #include <dirent.h>
 #include <inttypes.h>
 #include <math.h>
@@ -11,14 +10,12 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "../checkpoint/ckio.h"
-#include "../checkpoint/ckpt.h"
-#include "../checkpoint/safetensors.h"
-#include "cli.h"
-#include "config.h"
-#include "model.h"
-#include "train.h"
-#include "util.h"
+#include "checkpoint/ckio.h"
+#include "checkpoint/ckpt.h"
+#include "checkpoint/safetensors.h"
+#include "src/cmd/cli.h"
+#include "src/cmd/cmd.h"
+#include "src/config.h"
 
 static void human_bytes(char *buf, size_t n, double b) {
     const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -29,7 +26,8 @@ static void human_bytes(char *buf, size_t n, double b) {
 
 /* One line of `ckpt list` for a step directory; returns 0 when it verifies. */
 static int list_one(const char *dir, const char *name) {
-    char path[1200], when[32] = "-", size[32] = "-", err[1024];
+    char path[1200], when[32] = "-", size[32] = "-";
+    Err err;
     snprintf(path, sizeof path, "%s/%s", dir, name);
     struct stat st;
     snprintf(path, sizeof path, "%s/%s/data.bin", dir, name);
@@ -43,16 +41,16 @@ static int list_one(const char *dir, const char *name) {
     human_bytes(size, sizeof size, bytes);
     snprintf(path, sizeof path, "%s/%s", dir, name);
     CkIndex ix;
-    if (ck_index_read(path, &ix, err, sizeof err) != 0) {
-        printf("%-15s %-19s %10s %7s  BAD: %s\n", name, when, size, "-", err);
+    if (ck_index_read(path, &ix, &err) != 0) {
+        printf("%-15s %-19s %10s %7s  BAD: %s\n", name, when, size, "-", err.msg);
         return -1;
     }
     double raw = 0, comp = 0;
     for (int i = 0; i < ix.nchunks; i++) raw += (double)ix.chunks[i].usize, comp += (double)ix.chunks[i].csize;
-    int rc = ck_verify(&ix, err, sizeof err);
+    int rc = ck_verify(&ix, &err);
     const char *step = ck_kv(&ix, "state.step");
     printf("%-15s %-19s %10s %6.2fx  %s%s (step %s)\n", name, when, size, comp > 0 ? raw / comp : 0,
-           rc == 0 ? "verified" : "BAD: ", rc == 0 ? "" : err, step ? step : "?");
+           rc == 0 ? "verified" : "BAD: ", rc == 0 ? "" : err.msg, step ? step : "?");
     ck_index_free(&ix);
     return rc;
 }
@@ -64,10 +62,10 @@ static int list_main(int argc, char **argv) {
                       "Lists a ckpt_dir's checkpoints: step, time, size on disk, compression "
                       "ratio, and whether every chunk verifies.",
                       opts, argc, argv);
-    if (h != 1) return h == 0 ? 0 : 2;
+    if (h != 1) return h == 0 ? EXIT_OK : EXIT_USAGE;
     if (!ckpt) {
         errorf("ckpt list: --ckpt is required");
-        return 2;
+        return EXIT_USAGE;
     }
     char **names;
     int n = ckpt_list_steps(ckpt, &names), bad = 0;
@@ -80,7 +78,7 @@ static int list_main(int argc, char **argv) {
     DIR *d = opendir(ckpt);
     if (!d) {
         errorf("ckpt list: cannot open '%s'", ckpt);
-        return 2;
+        return EXIT_USAGE;
     }
     struct dirent *e;
     while ((e = readdir(d)))
@@ -97,7 +95,7 @@ static int list_main(int argc, char **argv) {
         free(latest);
     }
     if (n == 0) printf("(no checkpoints)\n");
-    return bad ? 1 : 0;
+    return bad ? EXIT_FAILURE : EXIT_OK;
 }
 
 static int verify_main(int argc, char **argv) {
@@ -106,21 +104,28 @@ static int verify_main(int argc, char **argv) {
                      {NULL, 0, NULL, NULL}};
     int h = cli_parse("ckpt verify", "modtrain ckpt verify --ckpt DIR",
                       "Reads every chunk of a checkpoint and checks its CRC32.", opts, argc, argv);
-    if (h != 1) return h == 0 ? 0 : 2;
+    if (h != 1) return h == 0 ? EXIT_OK : EXIT_USAGE;
     if (!ckpt) {
         errorf("ckpt verify: --ckpt is required");
-        return 2;
+        return EXIT_USAGE;
     }
-    char dir[1100], err[1024];
-    if (ckpt_resolve(ckpt, dir, sizeof dir) != 0) return 1;
+    /* a checkpoint that cannot be found or read is bad input (2); one
+     * whose chunks do not verify is the check failing (1) */
+    char dir[1100];
+    Err err;
     CkIndex ix;
-    if (ck_index_read(dir, &ix, err, sizeof err) != 0 || ck_verify(&ix, err, sizeof err) != 0) {
-        errorf("%s", err);
-        return 1;
+    if (ckpt_resolve(ckpt, dir, sizeof dir, &err) != 0 || ck_index_read(dir, &ix, &err) != 0) {
+        err_print(&err);
+        return EXIT_USAGE;
+    }
+    if (ck_verify(&ix, &err) != 0) {
+        err_print(&err);
+        ck_index_free(&ix);
+        return EXIT_FAILURE;
     }
     printf("ckpt verify: %s: %d chunks, every CRC32 matches\n", dir, ix.nchunks);
     ck_index_free(&ix);
-    return 0;
+    return EXIT_OK;
 }
 
 static int inspect_main(int argc, char **argv) {
@@ -131,17 +136,17 @@ static int inspect_main(int argc, char **argv) {
                       "Prints a checkpoint's config, training state, the layout it was written "
                       "with, and every tensor with its shape and chunks.",
                       opts, argc, argv);
-    if (h != 1) return h == 0 ? 0 : 2;
+    if (h != 1) return h == 0 ? EXIT_OK : EXIT_USAGE;
     if (!ckpt) {
         errorf("ckpt inspect: --ckpt is required");
-        return 2;
+        return EXIT_USAGE;
     }
-    char dir[1100], err[1024];
-    if (ckpt_resolve(ckpt, dir, sizeof dir) != 0) return 1;
+    char dir[1100];
+    Err err;
     CkIndex ix;
-    if (ck_index_read(dir, &ix, err, sizeof err) != 0) {
-        errorf("%s", err);
-        return 1;
+    if (ckpt_resolve(ckpt, dir, sizeof dir, &err) != 0 || ck_index_read(dir, &ix, &err) != 0) {
+        err_print(&err);
+        return EXIT_USAGE;
     }
     printf("checkpoint %s (data.bin: %" PRIu64 " bytes)\n", dir, ix.data_bytes);
     for (int i = 0; i < ix.nkv; i++) printf("  %-24s %s\n", ix.kv[i].key, ix.kv[i].value);
@@ -158,18 +163,18 @@ static int inspect_main(int argc, char **argv) {
                c->c0 + c->nc, c->usize, c->csize);
     }
     ck_index_free(&ix);
-    return 0;
+    return EXIT_OK;
 }
 
 /* A whole tensor of a checkpoint, read from whatever chunks hold it. */
-static float *read_tensor(const CkIndex *ix, const CkChunk *like, char *err, size_t errlen) {
+static float *read_tensor(const CkIndex *ix, const CkChunk *like, Err *err) {
     CkSlice s;
     memset(&s, 0, sizeof s);
     snprintf(s.name, sizeof s.name, "%s", like->name);
     s.ndim = like->ndim, s.rows = like->rows, s.cols = like->cols;
     s.nr = like->rows, s.nc = like->cols, s.ld = like->cols;
     s.data = xmalloc((size_t)(s.nr * s.nc) * sizeof(float) + 4);
-    if (ck_read_slices(ix, &s, 1, err, errlen) != 0) {
+    if (ck_read_slices(ix, &s, 1, err) != 0) {
         free(s.data);
         return NULL;
     }
@@ -187,36 +192,37 @@ static int diff_main(int argc, char **argv) {
                       "Compares every tensor (weights and moments) of two checkpoints, whatever "
                       "layouts wrote them; exit 0 when no element differs by more than --tol.",
                       opts, argc, argv);
-    if (h != 1) return h == 0 ? 0 : 2;
+    if (h != 1) return h == 0 ? EXIT_OK : EXIT_USAGE;
     if (!a || !b) {
         errorf("ckpt diff: --a and --b are required");
-        return 2;
+        return EXIT_USAGE;
     }
-    char da[1100], db[1100], err[1024];
+    char da[1100], db[1100];
+    Err err;
     CkIndex ia, ib;
-    if (ckpt_resolve(a, da, sizeof da) != 0 || ckpt_resolve(b, db, sizeof db) != 0) return 2;
-    if (ck_index_read(da, &ia, err, sizeof err) != 0) {
-        errorf("%s", err);
-        return 2;
+    if (ckpt_resolve(a, da, sizeof da, &err) != 0 || ckpt_resolve(b, db, sizeof db, &err) != 0 ||
+        ck_index_read(da, &ia, &err) != 0) {
+        err_print(&err);
+        return EXIT_USAGE;
     }
-    if (ck_index_read(db, &ib, err, sizeof err) != 0) {
-        errorf("%s", err);
+    if (ck_index_read(db, &ib, &err) != 0) {
+        err_print(&err);
         ck_index_free(&ia);
-        return 2;
+        return EXIT_USAGE;
     }
-    int rc = 0, tensors = 0;
+    int rc = EXIT_OK, tensors = 0;
     double worst = 0;
     char worst_name[112] = "";
-    for (int i = 0; i < ia.nchunks && rc != 2; i++) {
+    for (int i = 0; i < ia.nchunks && rc != EXIT_USAGE; i++) {
         const CkChunk *c = &ia.chunks[i];
         int seen = 0;
         for (int j = 0; j < i && !seen; j++) seen = strcmp(ia.chunks[j].name, c->name) == 0;
         if (seen) continue;
-        float *x = read_tensor(&ia, c, err, sizeof err), *y = x ? read_tensor(&ib, c, err, sizeof err) : NULL;
+        float *x = read_tensor(&ia, c, &err), *y = x ? read_tensor(&ib, c, &err) : NULL;
         if (!x || !y) {
-            errorf("ckpt diff: %s", err);
+            errorf("ckpt diff: %s", err.msg);
             free(x);
-            rc = 2;
+            rc = EXIT_USAGE;
             break;
         }
         double d = 0;
@@ -233,10 +239,10 @@ static int diff_main(int argc, char **argv) {
         free(x);
         free(y);
     }
-    if (rc != 2) {
+    if (rc != EXIT_USAGE) {
         printf("ckpt diff: %d tensors, largest difference %.3g%s%s (tolerance %.3g)\n", tensors,
                worst, worst > 0 ? " in " : "", worst_name, tol);
-        rc = worst > tol ? 1 : 0;
+        rc = worst > tol ? EXIT_FAILURE : EXIT_OK; /* as diff(1): 1 when they differ */
     }
     ck_index_free(&ia);
     ck_index_free(&ib);
@@ -252,37 +258,79 @@ static int export_main(int argc, char **argv) {
     int h = cli_parse("ckpt export", "modtrain ckpt export --ckpt DIR --format safetensors --out FILE",
                       "Writes the weights under Hugging Face GPT-2 names and shapes.", opts, argc,
                       argv);
-    if (h != 1) return h == 0 ? 0 : 2;
+    if (h != 1) return h == 0 ? EXIT_OK : EXIT_USAGE;
     if (!ckpt || !out) {
         errorf("ckpt export: --ckpt and --out are required");
-        return 2;
+        return EXIT_USAGE;
     }
     if (strcmp(format, "safetensors") != 0) {
         errorf("ckpt export: --format '%s' is not available (expected safetensors)", format);
-        return 2;
+        return EXIT_USAGE;
     }
     Config cfg;
     config_defaults(&cfg);
     Model m;
     int step = 0;
-    if (ckpt_open_model(ckpt, &m, &cfg, 1, &step, NULL, 1, 0) != 0) return 2;
-    int rc = ckpt_export_safetensors(out, &m, &cfg, step) == 0 ? 0 : 1;
+    Err err;
+    if (ckpt_open_model(ckpt, &m, &cfg, 1, &step, NULL, 1, 0, &err) != 0) {
+        err_print(&err);
+        return EXIT_USAGE;
+    }
+    int rc = EXIT_OK;
+    if (ckpt_export_safetensors(out, &m, &cfg, step, &err) != 0) {
+        err_print(&err);
+        rc = EXIT_FAILURE;
+    }
     if (rc == 0) printf("ckpt export: wrote %s (step %d)\n", out, step);
     model_free(&m);
     return rc;
 }
 
-/* Fills a model key missing from the metadata from a tensor's shape. */
-static int infer_key(Config *cfg, const StFile *f, const char *key, const char *tensor, int dim) {
-    if (st_meta(f, key)) return config_set(cfg, key, st_meta(f, key), f->path);
+/* Fills a model key missing from the metadata from a tensor's shape.
+ * Returns 0 or -1 with err set. */
+static int infer_key(Config *cfg, const StFile *f, const char *key, const char *tensor, int dim,
+                     Err *err) {
+    if (st_meta(f, key)) return config_set(cfg, key, st_meta(f, key), f->path, err);
     const StTensor *t = st_find(f, tensor);
-    if (!t || t->ndim <= dim) {
-        errorf("ckpt import: '%s' has neither metadata '%s' nor tensor '%s'", f->path, key, tensor);
-        return -1;
-    }
+    if (!t || t->ndim <= dim)
+        return err_set(err, "ckpt import: '%s' has neither metadata '%s' nor tensor '%s'", f->path,
+                       key, tensor);
     char v[32];
     snprintf(v, sizeof v, "%lld", (long long)t->shape[dim]);
-    return config_set(cfg, key, v, f->path);
+    return config_set(cfg, key, v, f->path, err);
+}
+
+/* The model config of a GPT-2 safetensors file: its metadata where it has
+ * some, its tensors' shapes otherwise. Returns 0 or -1 with err set. */
+static int import_config(Config *cfg, const StFile *f, int n_head, Err *err) {
+    config_defaults(cfg);
+    cfg->route_every = 0; /* no router tensors unless the metadata says otherwise */
+    if (infer_key(cfg, f, "vocab_size", "wte.weight", 0, err) ||
+        infer_key(cfg, f, "d_model", "wte.weight", 1, err) ||
+        infer_key(cfg, f, "seq_len", "wpe.weight", 0, err))
+        return -1;
+    int L = 0;
+    char name[64];
+    for (;; L++) {
+        snprintf(name, sizeof name, "h.%d.ln_1.weight", L);
+        if (!st_find(f, name)) break;
+    }
+    cfg->n_layer = L;
+    const char *key;
+    for (int i = 0; (key = config_model_key(i)); i++) {
+        const char *v = st_meta(f, key);
+        if (v && config_set(cfg, key, v, f->path, err) != 0) return -1;
+    }
+    if (n_head > 0) cfg->n_head = n_head;
+    else if (!st_meta(f, "n_head"))
+        return err_set(err, "ckpt import: '%s' has no n_head metadata; pass --n-head (GPT-2 small: 12)",
+                       f->path);
+    if (cfg->n_layer < 1 || cfg->d_model % cfg->n_head != 0 || config_validate(cfg, NULL) != 0)
+        return err_set(err,
+                       "ckpt import: '%s' gives n_layer = %d, d_model = %d, n_head = %d: not a GPT "
+                       "shape modtrain can build",
+                       f->path, cfg->n_layer, cfg->d_model, cfg->n_head);
+    return EXIT_OK;
 }
 
 static int import_main(int argc, char **argv) {
@@ -296,41 +344,23 @@ static int import_main(int argc, char **argv) {
                       "Turns a GPT-2 safetensors file into a checkpoint modtrain can train or "
                       "evaluate.",
                       opts, argc, argv);
-    if (h != 1) return h == 0 ? 0 : 2;
+    if (h != 1) return h == 0 ? EXIT_OK : EXIT_USAGE;
     if (!in || !ckpt) {
         errorf("ckpt import: --in and --ckpt are required");
-        return 2;
+        return EXIT_USAGE;
     }
     StFile f;
-    if (st_read(&f, in) != 0) return 2;
     Config cfg;
-    config_defaults(&cfg);
-    cfg.route_every = 0; /* no router tensors unless the metadata says otherwise */
-    int rc = 2;
-    if (infer_key(&cfg, &f, "vocab_size", "wte.weight", 0) ||
-        infer_key(&cfg, &f, "d_model", "wte.weight", 1) || infer_key(&cfg, &f, "seq_len", "wpe.weight", 0))
-        goto out;
-    int L = 0;
-    char name[64];
-    for (;; L++) {
-        snprintf(name, sizeof name, "h.%d.ln_1.weight", L);
-        if (!st_find(&f, name)) break;
+    Err err;
+    if (st_read(&f, in, &err) != 0) {
+        err_print(&err);
+        return EXIT_USAGE;
     }
-    cfg.n_layer = L;
-    for (int i = 0; config_model_keys[i]; i++) {
-        const char *v = st_meta(&f, config_model_keys[i]);
-        if (v && config_set(&cfg, config_model_keys[i], v, in) != 0) goto out;
-    }
-    if (n_head > 0) cfg.n_head = n_head;
-    else if (!st_meta(&f, "n_head")) {
-        errorf("ckpt import: '%s' has no n_head metadata; pass --n-head (GPT-2 small: 12)", in);
-        goto out;
-    }
-    if (cfg.n_layer < 1 || cfg.d_model % cfg.n_head != 0 || config_validate(&cfg) != 0) {
-        errorf("ckpt import: '%s' gives n_layer = %d, d_model = %d, n_head = %d: not a GPT "
-               "shape modtrain can build",
-               in, cfg.n_layer, cfg.d_model, cfg.n_head);
-        goto out;
+    int rc = EXIT_USAGE;
+    if (import_config(&cfg, &f, n_head, &err) != 0) {
+        err_print(&err);
+        st_free(&f);
+        return EXIT_USAGE;
     }
     ModelDims d;
     model_dims_config(&d, &cfg, 1, 0);
@@ -339,14 +369,17 @@ static int import_main(int argc, char **argv) {
     const char *ms = st_meta(&f, "step");
     int step = ms ? atoi(ms) : 0;
     cfg.ckpt_keep = 1 << 20;
-    if (ckpt_load_safetensors(in, &m) == 0 &&
-        ckpt_save(ckpt, &m, NULL, &cfg, step, MPI_COMM_WORLD, 1) == 0) {
+    if (ckpt_load_safetensors(in, &m, &err) != 0) {
+        err_print(&err);
+    } else if (ckpt_save(ckpt, &m, NULL, &cfg, step, MPI_COMM_WORLD, 1, &err) != 0) {
+        err_print(&err);
+        rc = EXIT_FAILURE;
+    } else {
         printf("ckpt import: %s -> %s/step-%08d (L=%d C=%d NH=%d T=%d V=%d)\n", in, ckpt, step,
                d.L, d.C, d.NH, d.maxT, d.V);
-        rc = 0;
+        rc = EXIT_OK;
     }
     model_free(&m);
-out:
     st_free(&f);
     return rc;
 }
@@ -360,7 +393,7 @@ int ckpt_main(int argc, char **argv) {
                "  diff    --a DIR --b DIR [--tol X]   compare two checkpoints tensor by tensor\n"
                "  export  --ckpt DIR --format safetensors --out FILE\n"
                "  import  --in FILE --ckpt DIR [--n-head N]\n");
-        return argc < 1 ? 2 : 0;
+        return argc < 1 ? EXIT_USAGE : EXIT_OK;
     }
     const char *sub = argv[0];
     if (strcmp(sub, "list") == 0) return list_main(argc - 1, argv + 1);
@@ -371,5 +404,5 @@ int ckpt_main(int argc, char **argv) {
     if (strcmp(sub, "import") == 0) return import_main(argc - 1, argv + 1);
     errorf("ckpt: unknown subcommand '%s' (expected list, verify, inspect, diff, export or import)",
            sub);
-    return 2;
+    return EXIT_USAGE;
 }

@@ -3,7 +3,7 @@
  * quality is ample for initialisation and shuffling; what matters here is that
  * the value of element i never depends on how the tensor is split.
  */
-#include "rng.h"
+#include "src/base/rng.h"
 
 #include <math.h>
 

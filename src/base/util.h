@@ -1,0 +1,63 @@
+/*
+ * util: the base layer every module shares: the error value, checked
+ * allocation, printing for the command layer, a monotonic clock, durable
+ * file writes. It includes nothing else of modtrain.
+ *
+ * The error convention: library code (src/, mpi/, checkpoint/) returns 0 or
+ * -1 and fills an Err; only the command layer (src/cmd/) prints and chooses
+ * the exit code. Two failures stay fatal where they happen: running out of
+ * memory (xmalloc, xcalloc, xrealloc) and a failed MPI call (MPI_CHECK in
+ * mpi/check.h), each with one clear line.
+ */
+#ifndef MODTRAIN_UTIL_H
+#define MODTRAIN_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* A failure: one line naming what is wrong and what would be right. */
+typedef struct {
+    char msg[1024];
+} Err;
+
+/* Formats the message into *e (when e is not NULL) and returns -1, so that a
+ * failing function can `return err_set(e, ...)`. */
+int err_set(Err *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Set once by the program after MPI_Init; 0 before that and in unit tests. */
+extern int util_rank;
+
+/* 64-byte aligned allocation (zeroed by xcalloc); out of memory ends the
+ * process with a message naming the size. count * size is checked. */
+void *xcalloc(size_t count, size_t size);
+void *xmalloc(size_t size);
+/* realloc that ends the process when out of memory (not aligned). */
+void *xrealloc(void *p, size_t size);
+char *xstrdup(const char *s);
+
+/* For the command layer only. printf to stdout from rank 0 only, flushed. */
+void log0(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* For the command layer only. One-line error to stderr prefixed "modtrain: ". */
+void errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* errorf("%s", e->msg). */
+void err_print(const Err *e);
+
+/* Seconds since an arbitrary fixed point. */
+double now_s(void);
+
+/* Writes len bytes to path durably: temp file, fsync, rename, fsync dir.
+ * Returns 0, or -1 with err set. */
+int write_file_atomic(const char *path, const void *data, size_t len, Err *err);
+/* Reads a whole file into a malloc'd buffer (NUL-terminated); NULL on error
+ * with errno set. */
+char *read_file(const char *path, size_t *len);
+/* mkdir -p; returns 0 or -1 with errno. */
+int mkdirs(const char *path);
+/* fsync a directory; returns 0 or -1. */
+int fsync_dir(const char *path);
+
+/* Formats seconds as "1h02m", "3m05s" or "12s". */
+void format_duration(char *buf, size_t n, double seconds);
+
+#endif

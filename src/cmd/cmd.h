@@ -1,0 +1,64 @@
+/*
+ * cmd: the command layer, the only code that prints errors and chooses exit
+ * codes. Library code below it (src/, mpi/, checkpoint/) returns a status
+ * and fills an Err; a command prints that one line and exits with one of
+ * the codes below.
+ */
+#ifndef MODTRAIN_CMD_H
+#define MODTRAIN_CMD_H
+
+#include <mpi.h>
+#include <stddef.h>
+#include <stdlib.h>
+
+#include "src/base/util.h"
+#include "src/data.h"
+#include "src/model.h"
+#include "src/optim.h"
+
+/* Exit codes. EXIT_FAILURE (1, from <stdlib.h>) is a failure while working:
+ * a save that could not be written, a diverged loss, a checkpoint that does
+ * not verify. */
+#define EXIT_OK 0       /* done */
+#define EXIT_USAGE 2    /* bad input (config, arguments, data, checkpoint) found before work */
+#define EXIT_REQUEUE 75 /* saved a checkpoint and stopped early: requeue the job */
+
+/* The subcommands; each returns its exit code. */
+int prep_main(int argc, char **argv);   /* prep.c */
+int train_main(int argc, char **argv);  /* train.c */
+int eval_main(int argc, char **argv);   /* infer.c */
+int sample_main(int argc, char **argv); /* infer.c */
+int ckpt_main(int argc, char **argv);   /* ckpt_cmd.c */
+
+/* Number of threads for "threads = 0": the node's cores over its ranks. */
+int default_threads(int local_ranks);
+
+/* Whether rc == 0 on every rank of comm (collective): when not, the lowest
+ * failing rank prints its err, so the job reports one line and no rank is
+ * left waiting. Returns 0 or -1. */
+int cmd_agree(int rc, const Err *err, MPI_Comm comm);
+
+/* Sums a step's (or an evaluation's) loss and routing counters over comm
+ * into m->stats; returns the summed loss. */
+double reduce_step_stats(Model *m, double loss_sum, MPI_Comm comm);
+
+/* Ends the job when a forward found a fault the model cannot recover from
+ * (tp ranks that routed differently): the other ranks would wait forever. */
+void check_model_fault(const Model *m);
+
+/* Mean loss of m over the first n_seqs windows of s, in micro-batches of
+ * `micro`, through the pipeline when m has one, with routed blocks
+ * choosing tokens by `mode`; m->stats holds what routing did. With
+ * backward, also accumulates the gradient of that mean loss (aux_weight
+ * for the router's BCE). Collective over the pipeline. */
+double evaluate(Model *m, const Shard *s, int micro, size_t n_seqs, RouteMode mode, int backward,
+                float aux_weight);
+
+/* Restores a run from a checkpoint as cfg->resume says: auto (the newest
+ * checkpoint of ckpt_dir that loads, falling back to older ones), never, or
+ * a path. Collective over comm. Returns 1 loaded (*start = its step), 0
+ * start fresh, -1 an error (printed). */
+int resume_run(const Config *cfg, const char *ckpt_dir, Model *m, AdamW *opt, int *start,
+               MPI_Comm comm);
+
+#endif

@@ -1,0 +1,78 @@
+/*
+ * common: what several commands share: thread counts, agreeing on failure
+ * across ranks, step statistics, and evaluation over a shard (through the
+ * pipeline when there is one).
+ */
+#include <limits.h>
+#include <unistd.h>
+
+#include "mpi/check.h"
+#include "mpi/pipeline.h"
+#include "mpi/sync.h"
+#include "src/cmd/cmd.h"
+
+int default_threads(int local_ranks) {
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1) cores = 1;
+    int t = (int)(cores / (local_ranks > 0 ? local_ranks : 1));
+    return t > 0 ? t : 1;
+}
+
+int cmd_agree(int rc, const Err *err, MPI_Comm comm) {
+    int rank = 0, mine, first = INT_MAX;
+    MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    mine = rc != 0 ? rank : INT_MAX;
+    MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
+    if (first == INT_MAX) return 0;
+    if (rank == first && err) err_print(err);
+    return -1;
+}
+
+double reduce_step_stats(Model *m, double loss_sum, MPI_Comm comm) {
+    const int L = m->d.L;
+    double *v = xcalloc((size_t)L + 1 + ROUTE_STATS_FIXED, sizeof(double));
+    v[0] = loss_sum;
+    route_stats_to_vec(&m->stats, L, v + 1);
+    stats_reduce(v, L + 1 + ROUTE_STATS_FIXED, comm);
+    route_stats_from_vec(&m->stats, L, v + 1);
+    double loss = v[0];
+    free(v);
+    return loss;
+}
+
+void check_model_fault(const Model *m) {
+    if (m->faulted) mpi_abort_job(m->fault.msg);
+}
+
+double evaluate(Model *m, const Shard *s, int micro, size_t n_seqs, RouteMode mode, int backward,
+                float aux_weight) {
+    const int T = m->d.maxT;
+    size_t avail = shard_num_seqs(s, T);
+    if (n_seqs > avail) n_seqs = avail;
+    int *inputs = xmalloc((size_t)micro * T * sizeof(int));
+    int *targets = xmalloc((size_t)micro * T * sizeof(int));
+    const double tokens = (double)n_seqs * T;
+    RouteMode saved = m->route;
+    m->route = mode;
+    model_stats_reset(m);
+    model_use_slot(m, 0);
+    const int pp = m->d.pp, first = model_first_stage(&m->d), last = model_last_stage(&m->d);
+    double total = 0;
+    for (size_t w = 0; w < n_seqs;) {
+        int B = 0;
+        for (; B < micro && w < n_seqs; B++, w++)
+            shard_get_seq(s, w, T, inputs + (size_t)B * T, targets + (size_t)B * T);
+        const size_t count = (size_t)B * T * m->d.C;
+        /* a pipeline runs the forward stage after stage; the last has the loss */
+        if (pp > 1 && !first) pp_recv_prev(m->cur->enc, count, PP_TAG_EVAL, m->pp_comm);
+        total += (double)model_forward(m, inputs, targets, B, T) * B * T;
+        check_model_fault(m);
+        if (pp > 1 && !last) pp_send_next(model_stage_output(m), count, PP_TAG_EVAL, m->pp_comm);
+        if (backward) model_backward(m, (float)(1.0 / tokens), aux_weight);
+    }
+    if (pp > 1) total = reduce_step_stats(m, total, m->pp_comm);
+    m->route = saved;
+    free(inputs);
+    free(targets);
+    return total / tokens;
+}

@@ -1,0 +1,56 @@
+/*
+ * modtrain: the command-line entry point. Subcommands: prep, train, eval,
+ * sample, ckpt; exit codes in src/cmd/cmd.h.
+ */
+#include <blis.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+#include "src/cmd/cmd.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: modtrain <command> [options]\n\n"
+            "commands:\n"
+            "  prep     text files -> token shards (train.bin, val.bin)\n"
+            "  train    train a model (alone or under mpirun/srun)\n"
+            "  eval     loss of a checkpoint on a token shard\n"
+            "  sample   generate text from a checkpoint\n"
+            "  ckpt     list | verify | inspect | diff | export | import checkpoints\n\n"
+            "'modtrain <command> --help' describes each; 'modtrain --version' the build.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? EXIT_USAGE : EXIT_OK;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "--version") == 0) {
+        char mpiv[MPI_MAX_LIBRARY_VERSION_STRING];
+        int len = 0;
+        MPI_Get_library_version(mpiv, &len);
+        mpiv[strcspn(mpiv, ",\n")] = '\0';
+        printf("modtrain %s (BLIS %s, zlib %s, %s)\n", PACKAGE_VERSION, bli_info_get_version_str(),
+               zlibVersion(), mpiv);
+        return EXIT_OK;
+    }
+    if (strcmp(cmd, "prep") == 0) return prep_main(argc - 2, argv + 2);
+    int (*run)(int, char **) = strcmp(cmd, "train") == 0    ? train_main
+                               : strcmp(cmd, "eval") == 0   ? eval_main
+                               : strcmp(cmd, "sample") == 0 ? sample_main
+                               : strcmp(cmd, "ckpt") == 0   ? ckpt_main
+                                                            : NULL;
+    if (!run) {
+        errorf("unknown command '%s' (expected prep, train, eval, sample or ckpt)", cmd);
+        return EXIT_USAGE;
+    }
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &util_rank);
+    int rc = run(argc - 2, argv + 2);
+    MPI_Finalize();
+    return rc;
+}

@@ -1,0 +1,513 @@
+/*
+ * train: `modtrain train`. A run is set up once (config, grid, data, model,
+ * resume, metrics), then steps: each takes the fixed global batch of the
+ * data order and reads schedule -> sync -> clip -> optimizer; it is logged,
+ * sometimes validated, and may end in a save or an early stop. Teardown
+ * frees whatever setup reached.
+ */
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "checkpoint/ckpt.h"
+#include "mpi/check.h"
+#include "mpi/dp.h"
+#include "mpi/grid.h"
+#include "mpi/pipeline.h"
+#include "mpi/sync.h"
+#include "src/cmd/cmd.h"
+#include "src/config.h"
+#include "src/kernels.h"
+
+/* Everything a training run holds. The *_ready flags say what setup reached,
+ * so one teardown is right wherever setup stopped. */
+typedef struct {
+    Config cfg;
+    Grid grid;
+    int grid_ready;
+    char ckpt_dir[CONFIG_STR + 8];
+    Shard train, val;
+    int have_val;
+    int T, local_batch, micro, n_micro; /* local_batch: this dp rank's share of a step */
+    size_t n_train;                     /* training windows */
+    Model m;
+    AdamW opt;
+    int model_ready;
+    DataOrder order;
+    int order_ready;
+    PpSchedule sched;
+    int *inputs, *targets; /* (micro, T) */
+    double *frac;          /* (L) share of tokens each block processed */
+    FILE *metrics;         /* rank 0 only */
+    int threads, n_routed, start;
+    double peak_gflops, dense_fpt, step_tokens;
+    /* timing: the first step pays for warm-up and is left out of the ETA */
+    double t_start, time_timed, last_save_s;
+    int steps_timed;
+} Run;
+
+/* What one step measured. */
+typedef struct {
+    double loss, grad_norm, lr, dt, bubble, fpt;
+    unsigned long long tp_bytes, dp_bytes;
+    int live;
+} StepResult;
+
+/* A step's micro-batches as pipeline callbacks. */
+typedef struct {
+    Run *r;
+    int step;
+    double loss_sum;
+} StepCtx;
+
+/* SIGTERM and SIGUSR1 (a scheduler's warning) only set this flag; the ranks
+ * act on it together at the next step boundary. */
+static volatile sig_atomic_t stop_signal = 0;
+
+static void on_stop_signal(int sig) { stop_signal = sig; }
+
+static void install_stop_handlers(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+}
+
+/* fprintf to the metrics file, which only rank 0 has open. */
+static void mprintf(FILE *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void mprintf(FILE *f, const char *fmt, ...) {
+    if (!f) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(f, fmt, ap);
+    va_end(ap);
+}
+
+/* Test hook: MODTRAIN_FAULT=rank-exit:R:STEP ends rank R abruptly after the
+ * backward of STEP, as a crashed node would. */
+static void fault_rank_exit(int rank, int step) {
+    const char *f = getenv("MODTRAIN_FAULT");
+    int r, s;
+    if (f && sscanf(f, "rank-exit:%d:%d", &r, &s) == 2 && r == rank && s == step) {
+        fprintf(stderr, "modtrain: MODTRAIN_FAULT: rank %d exits at step %d\n", rank, step);
+        exit(3);
+    }
+}
+
+/* ------------------------------------------------------------------ setup */
+
+/* Whether the layout fits the world and the batch; err says what would fit
+ * when it does not. */
+static int layout_check(const Config *c, const Grid *g, Err *err) {
+    int dp = g->dp, local = c->batch_size / dp;
+    if (c->batch_size % dp != 0) {
+        char alts[256] = "";
+        for (int k = 1; k <= c->batch_size && k <= 4096; k++)
+            if (c->batch_size % k == 0)
+                snprintf(alts + strlen(alts), sizeof alts - strlen(alts), "%s%d",
+                         alts[0] ? ", " : "", k * c->tp * c->pp);
+        return err_set(err,
+                       "layout: %d ranks with tp = %d make dp = %d, which does not divide "
+                       "batch_size = %d (run %s ranks, or change batch_size)",
+                       g->world_size, c->tp, dp, c->batch_size, alts);
+    }
+    if (c->micro_batch > 0 && local % c->micro_batch != 0)
+        return err_set(err,
+                       "layout: each of dp = %d ranks takes %d sequences a step, not a multiple "
+                       "of micro_batch = %d (choose a divisor of %d)",
+                       dp, local, c->micro_batch, local);
+    return 0;
+}
+
+/* The config and the grid. Every rank parses the same arguments, so rank 0
+ * reports. Returns 0 or -1 (printed). */
+static int run_setup_layout(Run *r, int argc, char **argv) {
+    Err err;
+    config_defaults(&r->cfg);
+    int rc = config_from_args(&r->cfg, argc, argv, &err);
+    if (rc == 0) rc = config_validate(&r->cfg, &err);
+    if (cmd_agree(rc, &err, MPI_COMM_WORLD) != 0) return -1;
+    rc = grid_init(&r->grid, r->cfg.tp, r->cfg.pp, &err);
+    r->grid_ready = rc == 0;
+    if (rc == 0) rc = layout_check(&r->cfg, &r->grid, &err);
+    if (cmd_agree(rc, &err, MPI_COMM_WORLD) != 0) return -1;
+    const Config *c = &r->cfg;
+    if (c->ckpt_dir[0]) snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%s", c->ckpt_dir);
+    else snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%s/ckpt", c->run_dir);
+    r->threads = c->threads ? c->threads : default_threads(r->grid.local_ranks);
+    kernels_init(r->threads, c->blis_arch);
+    r->T = c->seq_len;
+    r->local_batch = c->batch_size / r->grid.dp;
+    r->micro = c->micro_batch ? c->micro_batch : r->local_batch;
+    r->n_micro = r->local_batch / r->micro;
+    r->step_tokens = (double)c->batch_size * r->T;
+    r->sched = c->schedule == SCHED_GPIPE ? PP_GPIPE : PP_1F1B;
+    return 0;
+}
+
+/* Checks that a shard suits the model: tokens in the vocabulary, at least
+ * one window of seq_len + 1. */
+static int check_shard(const Shard *s, int V, int T, const char *what, Err *err) {
+    if (s->max_token >= V)
+        return err_set(err, "data: '%s' holds token %d, outside vocab_size = %d (set vocab_size > %d)",
+                       s->path, s->max_token, V, s->max_token);
+    if (shard_num_seqs(s, T) == 0)
+        return err_set(err,
+                       "data: '%s' has %zu tokens, fewer than seq_len + 1 = %d (lower seq_len or "
+                       "give more %s)",
+                       s->path, s->n_tokens, T + 1, what);
+    return 0;
+}
+
+/* The shards, and the vocabulary when the config leaves it to the data.
+ * Returns 0 or -1 (printed once). */
+static int run_setup_data(Run *r) {
+    Config *c = &r->cfg;
+    Err err;
+    r->have_val = c->val_data[0] != '\0';
+    int rc = shard_load(&r->train, c->train_data, &err);
+    if (rc == 0 && r->have_val) rc = shard_load(&r->val, c->val_data, &err);
+    if (rc == 0) {
+        const Shard *t = &r->train;
+        c->vocab_size = c->vocab_size ? c->vocab_size
+                        : t->vocab_hint ? t->vocab_hint
+                                        : (t->max_token < 256 ? 256 : 50257);
+        rc = check_shard(&r->train, c->vocab_size, r->T, "text", &err);
+        if (rc == 0 && r->have_val)
+            rc = check_shard(&r->val, c->vocab_size, r->T, "validation text", &err);
+    }
+    r->n_train = shard_num_seqs(&r->train, r->T);
+    return cmd_agree(rc, &err, r->grid.world);
+}
+
+/* This rank's stage of the model and its optimizer, restored from a
+ * checkpoint or freshly initialised. Returns 0 or -1 (printed). */
+static int run_setup_model(Run *r) {
+    const Config *c = &r->cfg;
+    const Grid *g = &r->grid;
+    ModelDims d;
+    model_dims_config(&d, c, g->tp, g->tp_rank);
+    int *layers = xcalloc((size_t)g->pp, sizeof(int));
+    int rc = config_stage_layers(c, layers, NULL); /* validated with the config */
+    if (rc == 0) rc = model_dims_stage(&d, g->pp, g->pp_rank, layers);
+    free(layers);
+    if (rc != 0) return -1; /* config_validate checked the split: not reached */
+    TpGroup tpg = {g->tp_comm, g->tp, g->tp_rank};
+    model_init(&r->m, &d, r->micro, &tpg);
+    r->m.pp_comm = g->pp > 1 ? g->pp_comm : MPI_COMM_NULL;
+    model_set_slots(&r->m, pp_slots(r->sched, r->n_micro, g->pp_rank, g->pp));
+    r->m.check_routing = c->debug_checks;
+    adamw_init(&r->opt, &r->m);
+    r->model_ready = 1;
+    int resumed = resume_run(c, r->ckpt_dir, &r->m, &r->opt, &r->start, g->world);
+    if (resumed < 0) return -1;
+    if (resumed == 0) model_init_weights(&r->m, (uint64_t)c->seed);
+    for (int l = 0; l < d.L; l++) r->n_routed += model_is_routed(&d, l);
+    r->dense_fpt = model_flops_per_token(&d, r->T, NULL);
+    return 0;
+}
+
+static void run_banner(const Run *r) {
+    const Config *c = &r->cfg;
+    const ModelDims *d = &r->m.d;
+    log0("modtrain %s | %.2fM parameters | L=%d C=%d NH=%d T=%d V=%d | batch %d x %d tokens, "
+         "micro-batch %d\n",
+         PACKAGE_VERSION, model_num_params(&r->m) / 1e6, d->L, d->C, d->NH, r->T, d->V,
+         c->batch_size, r->T, r->micro);
+    if (r->n_routed)
+        log0("Mixture-of-Depths: %d of %d blocks routed, capacity %g (k = %d of %d), gate %s, "
+             "causal routing by %s\n",
+             r->n_routed, d->L, c->capacity, model_capacity_k(d, r->T), r->T,
+             c->router_gate == GATE_SIGMOID ? "sigmoid" : "raw",
+             d->predictor ? "predictor" : "aux_loss");
+    log0("layout dp=%d tp=%d pp=%d | %d threads | BLIS %s kernels | sgemm peak %.1f GFLOP/s%s\n",
+         r->grid.dp, r->grid.tp, r->grid.pp, r->threads, kernels_blis_arch(), r->peak_gflops,
+         c->peak_gflops > 0 ? " (given)" : " (measured)");
+}
+
+/* Rank 0 alone writes the metrics. Returns 0 or -1 (printed). */
+static int run_open_metrics(Run *r) {
+    Err err;
+    int rc = 0;
+    if (r->grid.world_rank == 0) {
+        char path[CONFIG_STR + 32];
+        snprintf(path, sizeof path, "%s/metrics.jsonl", r->cfg.run_dir);
+        if (mkdirs(r->cfg.run_dir) != 0)
+            rc = err_set(&err, "run_dir: cannot create '%s': %s", r->cfg.run_dir, strerror(errno));
+        else if (!(r->metrics = fopen(path, "a")))
+            rc = err_set(&err, "run_dir: cannot open '%s': %s", path, strerror(errno));
+    }
+    return cmd_agree(rc, &err, r->grid.world);
+}
+
+/* Everything before the first step. Returns EXIT_OK, or the exit code. */
+static int run_setup(Run *r, int argc, char **argv) {
+    if (run_setup_layout(r, argc, argv) != 0 || run_setup_data(r) != 0 ||
+        run_setup_model(r) != 0)
+        return EXIT_USAGE;
+    r->peak_gflops = r->cfg.peak_gflops > 0 ? r->cfg.peak_gflops : kernels_measure_peak_gflops();
+    run_banner(r);
+    if (run_open_metrics(r) != 0) return EXIT_USAGE;
+    install_stop_handlers();
+    order_init(&r->order, (uint64_t)r->cfg.seed, r->n_train);
+    r->order_ready = 1;
+    r->inputs = xmalloc((size_t)r->micro * r->T * sizeof(int));
+    r->targets = xmalloc((size_t)r->micro * r->T * sizeof(int));
+    r->frac = xcalloc((size_t)r->m.d.L, sizeof(double));
+    r->t_start = now_s();
+    return EXIT_OK;
+}
+
+static void run_teardown(Run *r) {
+    if (r->metrics) fclose(r->metrics);
+    if (r->order_ready) order_free(&r->order);
+    free(r->inputs);
+    free(r->targets);
+    free(r->frac);
+    if (r->model_ready) {
+        adamw_free(&r->opt);
+        model_free(&r->m);
+    }
+    shard_free(&r->train);
+    shard_free(&r->val);
+    if (r->grid_ready) grid_free(&r->grid);
+}
+
+/* ------------------------------------------------------------------- step */
+
+static void step_forward(void *p, int mb, int slot) {
+    StepCtx *c = p;
+    Run *r = c->r;
+    const int T = r->T;
+    for (int b = 0; b < r->micro; b++) {
+        /* the fixed slice of the step's global batch this dp rank takes */
+        uint64_t g = (uint64_t)c->step * r->cfg.batch_size +
+                     (uint64_t)r->grid.dp_rank * r->local_batch + (uint64_t)mb * r->micro + b;
+        shard_get_seq(&r->train, order_window(&r->order, g), T, r->inputs + (size_t)b * T,
+                      r->targets + (size_t)b * T);
+    }
+    model_use_slot(&r->m, slot);
+    c->loss_sum += model_forward(&r->m, r->inputs, r->targets, r->micro, T) * (double)r->micro * T;
+    check_model_fault(&r->m);
+}
+
+static void step_backward(void *p, int mb, int slot) {
+    StepCtx *c = p;
+    (void)mb;
+    model_use_slot(&c->r->m, slot);
+    model_backward(&c->r->m, (float)(1.0 / c->r->step_tokens), (float)c->r->cfg.aux_weight);
+}
+
+static float *step_input(void *p, int slot) { return ((StepCtx *)p)->r->m.slots[slot].enc; }
+
+static float *step_output(void *p, int slot) {
+    Model *m = &((StepCtx *)p)->r->m;
+    model_use_slot(m, slot);
+    return model_stage_output(m);
+}
+
+static float *step_grad(void *p) { return ((StepCtx *)p)->r->m.s.dres; }
+
+/* One optimizer step: schedule -> sync -> clip -> optimizer. */
+static void run_step(Run *r, int step, StepResult *out) {
+    Model *m = &r->m;
+    const Grid *g = &r->grid;
+    const double t0 = now_s(), wait0 = pp_wait_s;
+    const unsigned long long tp0 = tp_bytes, dp0 = dp_bytes;
+    model_zero_grad(m);
+    model_stats_reset(m);
+    /* schedule: the micro-batches' forwards and backwards */
+    StepCtx sc = {r, step, 0};
+    PpStage st = {&sc,      step_forward, step_backward, step_input, step_output,
+                  step_grad, step_grad,   (size_t)r->micro * r->T * m->d.C};
+    pp_run(r->sched, r->n_micro, g->pp > 1 ? g->pp_comm : MPI_COMM_NULL, &st, &out->live);
+    fault_rank_exit(g->world_rank, step + 1);
+    /* sync: gradients, then the loss and routing counters */
+    const ParamInfo *tied = NULL;
+    for (int i = 0; i < m->nreg && !tied; i++)
+        if (m->reg[i].tied) tied = &m->reg[i];
+    grads_sync(m->grads, m->nparams, tied ? m->grads + tied->offset : NULL,
+               tied ? tied->numel : 0, g);
+    double loss = reduce_step_stats(m, sc.loss_sum, g->dp_comm);
+    if (g->pp > 1) {
+        loss = reduce_step_stats(m, loss, g->pp_comm);
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &out->live, 1, MPI_INT, MPI_MAX, g->pp_comm));
+    }
+    out->loss = loss / r->step_tokens;
+    /* clip */
+    double split, replicated;
+    model_grad_sumsq(m, &split, &replicated);
+    out->grad_norm = grads_norm(split, replicated, g);
+    const Config *c = &r->cfg;
+    float scale = c->grad_clip > 0 && out->grad_norm > c->grad_clip
+                      ? (float)(c->grad_clip / out->grad_norm)
+                      : 1.f;
+    /* optimizer */
+    out->lr = lr_at(c, step);
+    adamw_step(&r->opt, m, out->lr, c->beta1, c->beta2, c->adam_eps, c->weight_decay, step + 1,
+               scale);
+    out->dt = now_s() - t0;
+    out->tp_bytes = tp_bytes - tp0;
+    out->dp_bytes = dp_bytes - dp0;
+    /* the pipeline bubble: the share of the step each stage spent waiting on
+     * its neighbours, averaged over the stages */
+    out->bubble = (pp_wait_s - wait0) / out->dt;
+    if (g->pp > 1) {
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &out->bubble, 1, MPI_DOUBLE, MPI_SUM, g->pp_comm));
+        out->bubble /= g->pp;
+    }
+    for (int l = 0; l < m->d.L; l++)
+        r->frac[l] = (double)m->stats.processed[l] / m->stats.tokens;
+    out->fpt = model_flops_per_token(&m->d, r->T, r->n_routed ? r->frac : NULL);
+    if (step > r->start) {
+        r->steps_timed++;
+        r->time_timed += out->dt;
+    }
+}
+
+/* The step's metrics line, and the progress line every log_every steps. */
+static void run_log(Run *r, int step, const StepResult *s) {
+    const Config *c = &r->cfg;
+    const RouteStats *st = &r->m.stats;
+    const int done = step + 1;
+    const double tps = r->step_tokens / s->dt, mfu = s->fpt * tps / (r->peak_gflops * 1e9);
+    double aux = 0, acc = 0;
+    mprintf(r->metrics, "{\"step\":%d,\"loss\":%.6f", done, s->loss);
+    if (r->n_routed) {
+        aux = (r->m.d.predictor ? st->pred_sum : st->aux_sum) / (double)st->decisions;
+        acc = (double)st->agree / (double)st->decisions;
+        mprintf(r->metrics, ",\"aux_loss\":%.6f,\"predictor_accuracy\":%.6f", aux, acc);
+    }
+    mprintf(r->metrics,
+            ",\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"step_time_ms\":%.3f,"
+            "\"mfu\":%.4f,\"flops_per_token\":%.0f,\"flops_ratio_dense\":%.4f,"
+            "\"tp_bytes\":%llu,\"dp_bytes\":%llu,\"pp_live\":%d,\"pp_bubble\":%.4f}\n",
+            s->lr, s->grad_norm, tps, s->dt * 1e3, mfu, s->fpt, s->fpt / r->dense_fpt,
+            s->tp_bytes, s->dp_bytes, s->live, s->bubble);
+    if (done % c->log_every != 0 && done != c->steps && step != r->start) return;
+    char eta[32], mod[96] = "";
+    double per = r->steps_timed ? r->time_timed / r->steps_timed : s->dt;
+    format_duration(eta, sizeof eta, per * (c->steps - done));
+    if (r->n_routed)
+        snprintf(mod, sizeof mod, " | aux %.4f acc %.1f%% | FLOPs %.2fx dense", aux, 100 * acc,
+                 s->fpt / r->dense_fpt);
+    log0("step %*d/%d | loss %.4f%s | lr %.2e | %.0f tok/s | MFU %.1f%% | ETA %s\n",
+         (int)snprintf(NULL, 0, "%d", c->steps), done, c->steps, s->loss, mod, s->lr, tps,
+         100 * mfu, eta);
+}
+
+/* Validation every eval_every steps and after the last. */
+static void run_validate(Run *r, int done) {
+    const Config *c = &r->cfg;
+    if (!r->have_val || !((c->eval_every && done % c->eval_every == 0) || done == c->steps)) return;
+    Model *m = &r->m;
+    size_t n_val = (size_t)c->eval_batches * r->micro;
+    double vl = evaluate(m, &r->val, r->micro, n_val, ROUTE_TOPK, 0, 0.f);
+    mprintf(r->metrics, "{\"step\":%d,\"val_loss\":%.6f", done, vl);
+    if (r->n_routed) {
+        double acc = (double)m->stats.agree / (double)m->stats.decisions;
+        double vc = evaluate(m, &r->val, r->micro, n_val, ROUTE_CAUSAL, 0, 0.f);
+        mprintf(r->metrics, ",\"val_loss_causal\":%.6f,\"predictor_accuracy\":%.6f", vc, acc);
+        log0("step %d | val_loss %.4f | val_loss_causal %.4f | predictor accuracy %.2f%%\n", done,
+             vl, vc, 100 * acc);
+    } else {
+        log0("step %d | val_loss %.4f\n", done, vl);
+    }
+    mprintf(r->metrics, "}\n");
+}
+
+static int run_save(Run *r, int step, Err *err) {
+    return ckpt_save(r->ckpt_dir, &r->m, &r->opt, &r->cfg, step, r->grid.world,
+                     r->grid.dp_rank == 0, err);
+}
+
+/* After step `done` (not the last): stop early, all ranks together, on a
+ * signal or when the next step and a save would not fit in time_limit; or
+ * save periodically. Returns -1 to go on, or the exit code to stop with. */
+static int run_maybe_save_or_stop(Run *r, int done, double dt) {
+    const Config *c = &r->cfg;
+    Err err;
+    double per_step = r->steps_timed ? r->time_timed / r->steps_timed : dt;
+    int stop = stop_signal;
+    if (c->time_limit > 0 &&
+        now_s() - r->t_start + per_step + 2 * r->last_save_s + 1 > c->time_limit)
+        stop = -1;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, r->grid.world));
+    if (stop) {
+        if (run_save(r, done, &err) != 0) {
+            if (r->grid.world_rank == 0) err_print(&err);
+            return EXIT_FAILURE;
+        }
+        log0("stopping at step %d/%d on %s: checkpoint %s/step-%08d saved; exit %d (requeue "
+             "to continue)\n",
+             done, c->steps, stop > 0 ? (stop == SIGTERM ? "SIGTERM" : "SIGUSR1") : "time_limit",
+             r->ckpt_dir, done, EXIT_REQUEUE);
+        return EXIT_REQUEUE;
+    }
+    if (c->ckpt_every && done % c->ckpt_every == 0) {
+        /* a failed periodic save is reported and training goes on: the state
+         * is in memory and the next save may succeed */
+        double ts = now_s();
+        if (run_save(r, done, &err) == 0) {
+            r->last_save_s = now_s() - ts;
+            log0("checkpoint: %s/step-%08d (%.2fs)\n", r->ckpt_dir, done, r->last_save_s);
+        } else if (r->grid.world_rank == 0) {
+            err_print(&err);
+        }
+    }
+    return -1;
+}
+
+/* The steps from the run's start; returns the exit code. */
+static int run_steps(Run *r) {
+    const Config *c = &r->cfg;
+    for (int step = r->start; step < c->steps; step++) {
+        StepResult s = {0};
+        run_step(r, step, &s);
+        if (!isfinite(s.loss)) {
+            if (r->grid.world_rank == 0)
+                errorf("train: loss is %f at step %d (lower lr, or check the data)", s.loss,
+                       step + 1);
+            return EXIT_FAILURE;
+        }
+        run_log(r, step, &s);
+        run_validate(r, step + 1);
+        if (r->metrics) fflush(r->metrics);
+        if (step + 1 == c->steps) break;
+        int rc = run_maybe_save_or_stop(r, step + 1, s.dt);
+        if (rc >= 0) return rc;
+    }
+    int final_step = c->steps > r->start ? c->steps : r->start;
+    Err err;
+    if (run_save(r, final_step, &err) != 0) {
+        if (r->grid.world_rank == 0) err_print(&err);
+        return EXIT_FAILURE;
+    }
+    log0("checkpoint: %s/step-%08d | %.1fs in all\n", r->ckpt_dir, final_step,
+         now_s() - r->t_start);
+    return EXIT_OK;
+}
+
+int train_main(int argc, char **argv) {
+    for (int i = 0; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            if (util_rank == 0) {
+                printf("usage: modtrain train [--config FILE] [--key value ...]\n"
+                       "Trains a model; run alone or under mpirun/srun.\n\n");
+                config_print_help();
+            }
+            return EXIT_OK;
+        }
+    Run r;
+    memset(&r, 0, sizeof r);
+    int rc = run_setup(&r, argc, argv);
+    if (rc == EXIT_OK) rc = run_steps(&r);
+    run_teardown(&r);
+    return rc;
+}
