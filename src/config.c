@@ -427,11 +427,10 @@ int config_get(const Config *c, const char *key, char *buf, size_t n) {
     return 0;
 }
 
-void config_print_help(void) {
-    printf("Config keys (--key value on the command line, key = value in a --config file):\n");
-    for (size_t i = 0; i < NKEYS; i++) {
-        char def[64];
-        snprintf(def, sizeof def, "(%s)", keys[i].def[0] ? keys[i].def : "\"\"");
-        printf("  %-17s %-16s %s\n", keys[i].name, def, keys[i].help);
-    }
+int config_describe(int i, const char **name, const char **def, const char **help) {
+    if (i < 0 || (size_t)i >= NKEYS) return 0;
+    *name = keys[i].name;
+    *def = keys[i].def;
+    *help = keys[i].help;
+    return 1;
 }

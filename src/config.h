@@ -77,8 +77,9 @@ int config_validate(const Config *c, Err *err);
 /* Writes the value of key into buf; returns 0, or -1 for an unknown key. */
 int config_get(const Config *c, const char *key, char *buf, size_t n);
 
-/* Prints the key table (name, default, help) for --help. */
-void config_print_help(void);
+/* Row i of the key table, for --help: 1 with its name, default and help,
+ * or 0 past the last. */
+int config_describe(int i, const char **name, const char **def, const char **help);
 
 /* The i-th of the model keys (those that must match between a checkpoint
  * and a run: the shape and the routing), or NULL past the last. */

@@ -203,7 +203,19 @@ size_t param_global_index(const ParamInfo *p, int tp, int tp_rank, size_t i) {
  * naming the field that points at it, its element size, its element count
  * as a function of the dims, and where it exists. An activation set is one
  * allocation laid out row by row, every buffer on a 64-byte boundary. */
-typedef enum { SZ_N, SZ_NC, SZ_N3CL, SZ_NCL, SZ_NFL, SZ_NH, SZ_ATT, SZ_OFF, SZ_NVL, SZ_3N, SZ_2NH } SizeKind;
+typedef enum {
+    SZ_N,    /* B*T: one per token */
+    SZ_NC,   /* B*T*C */
+    SZ_N3CL, /* B*T*3Cl: q, k, v of this rank's heads */
+    SZ_NCL,  /* B*T*Cl */
+    SZ_NFL,  /* B*T*Fl: this rank's MLP columns */
+    SZ_NH,   /* B*T*H: the predictor's hidden layer */
+    SZ_ATT,  /* B*NHl*T*T: attention probabilities */
+    SZ_OFF,  /* B+1: sequence offsets */
+    SZ_NVL,  /* B*T*Vl: this rank's logits */
+    SZ_3N,   /* 3*B*T: per-row max, sum and target logit of the loss */
+    SZ_2NH   /* 2*B*T*H: the predictor's hidden gradients (one H when no predictor) */
+} SizeKind;
 typedef enum { IN_ANY, IN_ROUTED, IN_PREDICTOR, IN_LAST_STAGE } Where;
 typedef struct {
     size_t field; /* offset of the pointer in its struct */

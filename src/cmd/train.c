@@ -494,13 +494,24 @@ static int run_steps(Run *r) {
     return EXIT_OK;
 }
 
+/* The config keys (name, default, help) for --help. */
+static void print_config_keys(void) {
+    printf("Config keys (--key value on the command line, key = value in a --config file):\n");
+    const char *name, *def, *help;
+    for (int i = 0; config_describe(i, &name, &def, &help); i++) {
+        char d[64];
+        snprintf(d, sizeof d, "(%s)", def[0] ? def : "\"\"");
+        printf("  %-17s %-16s %s\n", name, d, help);
+    }
+}
+
 int train_main(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             if (util_rank == 0) {
                 printf("usage: modtrain train [--config FILE] [--key value ...]\n"
                        "Trains a model; run alone or under mpirun/srun.\n\n");
-                config_print_help();
+                print_config_keys();
             }
             return EXIT_OK;
         }
