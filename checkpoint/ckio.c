@@ -235,7 +235,8 @@ static int write_index(const char *dir, unsigned long long total, const CkKV *kv
     char *ix = NULL;
     size_t ilen = 0, icap = 0;
     text_append(&ix, &ilen, &icap, "%s\ndata data.bin %llu\n", CK_INDEX_MAGIC, total);
-    for (int i = 0; i < nkv; i++) text_append(&ix, &ilen, &icap, "kv %s %s\n", kv[i].key, kv[i].value);
+    for (int i = 0; i < nkv; i++)
+        text_append(&ix, &ilen, &icap, "kv %s %s\n", kv[i].key, kv[i].value);
     text_append(&ix, &ilen, &icap, "%s", chunk_lines);
     uint32_t crc = (uint32_t)crc32(0L, (const Bytef *)ix, (uInt)ilen);
     text_append(&ix, &ilen, &icap, "end %08" PRIx32 "\n", crc);
@@ -422,8 +423,7 @@ int ck_index_read(const char *dir, CkIndex *ix, Err *err) {
     if (len < ml + 1 || strncmp(text, CK_INDEX_MAGIC, ml) != 0 || text[ml] != '\n')
         rc = err_set(err, "ckpt: '%s' does not start with '%s' (not a modtrain checkpoint index)",
                      path, CK_INDEX_MAGIC);
-    else
-        rc = parse_index(ix, path, text, len, err);
+    else rc = parse_index(ix, path, text, len, err);
     if (rc == 0) rc = check_data_file(ix, err);
     free(text);
     if (rc != 0) ck_index_free(ix);
@@ -452,8 +452,8 @@ static int load_chunk(const CkIndex *ix, int fd, const CkChunk *c, float *out, E
         ck_unshuffle(out, planes, c->usize / 4);
         uint32_t crc = (uint32_t)crc32(0L, (const Bytef *)out, (uInt)c->usize);
         if (crc != c->crc)
-            err_set(err, "%s: CRC32 %08" PRIx32 ", the index says %08" PRIx32 " (corrupt)",
-                   where, crc, c->crc);
+            err_set(err, "%s: CRC32 %08" PRIx32 ", the index says %08" PRIx32 " (corrupt)", where,
+                    crc, c->crc);
         else rc = 0;
     }
     free(comp);
@@ -481,9 +481,10 @@ int ck_read_slices(const CkIndex *ix, const CkSlice *slices, int n, Err *err) {
             if (strcmp(c->name, s->name) != 0) continue;
             found = 1;
             if (c->rows != s->rows || c->cols != s->cols) {
-                err_set(err, "ckpt: '%s': tensor %s is [%" PRId64 ", %" PRId64 "], this run "
-                       "expects [%" PRId64 ", %" PRId64 "]", ix->dir, s->name, c->rows, c->cols,
-                       s->rows, s->cols);
+                err_set(err,
+                        "ckpt: '%s': tensor %s is [%" PRId64 ", %" PRId64 "], this run "
+                        "expects [%" PRId64 ", %" PRId64 "]",
+                        ix->dir, s->name, c->rows, c->cols, s->rows, s->cols);
                 rc = -1;
                 break;
             }
@@ -505,8 +506,10 @@ int ck_read_slices(const CkIndex *ix, const CkSlice *slices, int n, Err *err) {
             err_set(err, "ckpt: '%s' holds no tensor %s", ix->dir, s->name);
             rc = -1;
         } else if (rc == 0 && covered != s->nr * s->nc) {
-            err_set(err, "ckpt: '%s': the chunks of %s cover %" PRId64 " of the %" PRId64
-                   " elements this rank needs", ix->dir, s->name, covered, s->nr * s->nc);
+            err_set(err,
+                    "ckpt: '%s': the chunks of %s cover %" PRId64 " of the %" PRId64
+                    " elements this rank needs",
+                    ix->dir, s->name, covered, s->nr * s->nc);
             rc = -1;
         }
     }

@@ -198,7 +198,8 @@ static int make_tmp_dir(const char *ckpt_dir, const char *tmp, int step, MPI_Com
         }
     }
     MPI_CHECK(MPI_Bcast(&ok, 1, MPI_INT, 0, comm));
-    if (!ok && rank != 0) err_set(err, "ckpt: checkpoint of step %d not saved (rank 0 says why)", step);
+    if (!ok && rank != 0)
+        err_set(err, "ckpt: checkpoint of step %d not saved (rank 0 says why)", step);
     return ok ? 0 : -1;
 }
 
@@ -257,7 +258,8 @@ int ckpt_save(const char *ckpt_dir, const Model *m, const AdamW *opt, const Conf
     }
     int ok = rank != 0 || commit(ckpt_dir, name, tmp, fin, cfg->ckpt_keep, err) == 0;
     MPI_CHECK(MPI_Bcast(&ok, 1, MPI_INT, 0, comm));
-    if (!ok && rank != 0) err_set(err, "ckpt: checkpoint of step %d not saved (rank 0 says why)", step);
+    if (!ok && rank != 0)
+        err_set(err, "ckpt: checkpoint of step %d not saved (rank 0 says why)", step);
     return ok ? 0 : -1;
 }
 

@@ -144,7 +144,8 @@ int st_read(StFile *f, const char *path, Err *err) {
     errno = 0;
     f->file = (uint8_t *)read_file(path, &f->file_len);
     if (!f->file) {
-        return err_set(err, "safetensors: cannot read '%s': %s", path, strerror(errno ? errno : EIO));
+        return err_set(err, "safetensors: cannot read '%s': %s", path,
+                       strerror(errno ? errno : EIO));
     }
     uint64_t hlen = 0;
     if (f->file_len < 8) goto truncated;
@@ -181,15 +182,16 @@ int st_read(StFile *f, const char *path, Err *err) {
             if (!parse_tensor(&j, t)) goto bad_header;
             f->nt++;
             if (t->end < t->begin || t->end > f->data_len) {
-                err_set(err, "safetensors: '%s': tensor '%s' has data_offsets [%llu, %llu] outside the "
-                       "%zu data bytes (truncated file?)",
-                       path, t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
-                       f->data_len);
+                err_set(err,
+                        "safetensors: '%s': tensor '%s' has data_offsets [%llu, %llu] outside the "
+                        "%zu data bytes (truncated file?)",
+                        path, t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
+                        f->data_len);
                 goto fail;
             }
             if (strcmp(t->dtype, "F32") == 0 && t->end - t->begin != st_numel(t) * 4) {
                 err_set(err, "safetensors: '%s': tensor '%s' holds %llu bytes, its shape needs %zu",
-                       path, t->name, (unsigned long long)(t->end - t->begin), st_numel(t) * 4);
+                        path, t->name, (unsigned long long)(t->end - t->begin), st_numel(t) * 4);
                 goto fail;
             }
         } while (peek(&j, ',') && expect(&j, ','));
@@ -197,11 +199,11 @@ int st_read(StFile *f, const char *path, Err *err) {
     return 0;
 truncated:
     err_set(err, "safetensors: '%s' is truncated (%zu bytes, shorter than its header says)", path,
-           f->file_len);
+            f->file_len);
     goto fail;
 bad_header:
     err_set(err, "safetensors: '%s' has a malformed JSON header near byte %ld", path,
-           (long)(j.p - (const char *)f->file));
+            (long)(j.p - (const char *)f->file));
 fail:
     st_free(f);
     return -1;

@@ -10,16 +10,15 @@
 
 #include <mpi.h>
 
-#define MPI_CHECK(call)                                                            \
-    do {                                                                           \
-        int mpi_check_rc_ = (call);                                                \
-        if (mpi_check_rc_ != MPI_SUCCESS)                                          \
-            mpi_check_fail(mpi_check_rc_, #call, __FILE__, __LINE__);              \
+#define MPI_CHECK(call)                                               \
+    do {                                                              \
+        int mpi_check_rc_ = (call);                                   \
+        if (mpi_check_rc_ != MPI_SUCCESS)                             \
+            mpi_check_fail(mpi_check_rc_, #call, __FILE__, __LINE__); \
     } while (0)
 
 /* Prints "rank R: CALL failed at FILE:LINE: MPI's message" and aborts. */
-void mpi_check_fail(int rc, const char *call, const char *file, int line)
-    __attribute__((noreturn));
+void mpi_check_fail(int rc, const char *call, const char *file, int line) __attribute__((noreturn));
 
 /* Ends the job from the command layer after a failure other ranks cannot
  * see (they would wait forever): prints msg from this rank and aborts. */

@@ -18,7 +18,8 @@ double grads_norm(double sumsq_split, double sumsq_replicated, const Grid *g) {
     if (g->tp > 1)
         MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &sumsq_split, 1, MPI_DOUBLE, MPI_SUM, g->tp_comm));
     double total = sumsq_replicated + sumsq_split;
-    if (g->pp > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_DOUBLE, MPI_SUM, g->pp_comm));
+    if (g->pp > 1)
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_DOUBLE, MPI_SUM, g->pp_comm));
     return sqrt(total);
 }
 

@@ -47,15 +47,18 @@ static const KeySpec keys[] = {
      "gate g(r) on the routed block's output"},
     {"causal_router", K_ENUM, 1, OFF(causal_router), "aux_loss", 0, 0, 0, "aux_loss|predictor",
      "causal routing decision used for sampling"},
-    {"aux_weight", K_FLOAT, 0, OFF(aux_weight), "0.1", 0, BIG, 0, NULL, "weight of the router BCE loss"},
+    {"aux_weight", K_FLOAT, 0, OFF(aux_weight), "0.1", 0, BIG, 0, NULL,
+     "weight of the router BCE loss"},
     {"predictor_hidden", K_INT, 1, OFF(predictor_hidden), "64", 1, 1 << 16, 0, NULL,
      "hidden width of the causal predictor"},
-    {"batch_size", K_INT, 0, OFF(batch_size), "8", 1, 1 << 24, 0, NULL, "global sequences per step"},
+    {"batch_size", K_INT, 0, OFF(batch_size), "8", 1, 1 << 24, 0, NULL,
+     "global sequences per step"},
     {"micro_batch", K_INT, 0, OFF(micro_batch), "0", 0, 1 << 24, 0, NULL,
      "sequences per micro-batch; 0 = the whole batch"},
     {"steps", K_INT, 0, OFF(steps), "100", 0, 1 << 30, 0, NULL, "optimizer steps"},
     {"lr", K_FLOAT, 0, OFF(lr), "6e-4", 0, 10, 0, NULL, "peak learning rate"},
-    {"min_lr", K_FLOAT, 0, OFF(min_lr), "6e-5", 0, 10, 0, NULL, "final learning rate of the cosine"},
+    {"min_lr", K_FLOAT, 0, OFF(min_lr), "6e-5", 0, 10, 0, NULL,
+     "final learning rate of the cosine"},
     {"warmup_steps", K_INT, 0, OFF(warmup_steps), "10", 0, 1 << 30, 0, NULL, "linear warmup steps"},
     {"weight_decay", K_FLOAT, 0, OFF(weight_decay), "0.1", 0, 10, 0, NULL,
      "AdamW decoupled decay (matrices only)"},
@@ -63,8 +66,10 @@ static const KeySpec keys[] = {
     {"beta2", K_FLOAT, 0, OFF(beta2), "0.95", 0, 0.999999, 0, NULL, "AdamW beta2"},
     {"adam_eps", K_FLOAT, 0, OFF(adam_eps), "1e-8", 0, 1, 1, NULL, "AdamW epsilon"},
     {"grad_clip", K_FLOAT, 0, OFF(grad_clip), "1.0", 0, BIG, 0, NULL, "max gradient norm; 0 = off"},
-    {"seed", K_I64, 0, OFF(seed), "1337", 0, 9.2e18, 0, NULL, "seed of the init and the data order"},
-    {"train_data", K_STR, 0, OFF(train_data), "data/train.bin", 0, 0, 0, NULL, "training token shard"},
+    {"seed", K_I64, 0, OFF(seed), "1337", 0, 9.2e18, 0, NULL,
+     "seed of the init and the data order"},
+    {"train_data", K_STR, 0, OFF(train_data), "data/train.bin", 0, 0, 0, NULL,
+     "training token shard"},
     {"val_data", K_STR, 0, OFF(val_data), "data/val.bin", 0, 0, 0, NULL,
      "validation token shard; empty = none"},
     {"eval_every", K_INT, 0, OFF(eval_every), "50", 0, 1 << 30, 0, NULL,
@@ -83,7 +88,8 @@ static const KeySpec keys[] = {
     {"ckpt_level", K_INT, 0, OFF(ckpt_level), "6", 0, 9, 0, NULL, "zlib level"},
     {"resume", K_STR, 0, OFF(resume), "auto", 0, 0, 0, NULL, "auto | never | checkpoint path"},
     {"run_dir", K_STR, 0, OFF(run_dir), "runs/default", 0, 0, 0, NULL, "metrics.jsonl goes here"},
-    {"log_every", K_INT, 0, OFF(log_every), "10", 1, 1 << 30, 0, NULL, "progress line every n steps"},
+    {"log_every", K_INT, 0, OFF(log_every), "10", 1, 1 << 30, 0, NULL,
+     "progress line every n steps"},
     {"time_limit", K_FLOAT, 0, OFF(time_limit), "0", 0, BIG, 0, NULL,
      "seconds: save and exit 75 before the run would pass them; 0 = none"},
     {"threads", K_INT, 0, OFF(threads), "0", 0, 4096, 0, NULL,
@@ -181,11 +187,12 @@ int config_set(Config *c, const char *rawkey, const char *value, const char *whe
         errno = 0;
         long long v = strtoll(value, &end, 10);
         if (end == value || *end != '\0' || errno) {
-            return err_set(err, "%s: %s = '%s' is not an integer (expected an integer %s)", where, key, value,
-                   range);
+            return err_set(err, "%s: %s = '%s' is not an integer (expected an integer %s)", where,
+                           key, value, range);
         }
         if ((double)v < k->min || (double)v > k->max) {
-            return err_set(err, "%s: %s = %lld is out of range (expected an integer %s)", where, key, v, range);
+            return err_set(err, "%s: %s = %lld is out of range (expected an integer %s)", where,
+                           key, v, range);
         }
         if (k->type == K_INT) *(int *)field = (int)v;
         else *(long long *)field = v;
@@ -196,10 +203,12 @@ int config_set(Config *c, const char *rawkey, const char *value, const char *whe
         errno = 0;
         double v = strtod(value, &end);
         if (end == value || *end != '\0' || errno || !isfinite(v)) {
-            return err_set(err, "%s: %s = '%s' is not a number (expected a number %s)", where, key, value, range);
+            return err_set(err, "%s: %s = '%s' is not a number (expected a number %s)", where, key,
+                           value, range);
         }
         if (v < k->min || v > k->max || (k->min_open && v == k->min)) {
-            return err_set(err, "%s: %s = %g is out of range (expected a number %s)", where, key, v, range);
+            return err_set(err, "%s: %s = %g is out of range (expected a number %s)", where, key, v,
+                           range);
         }
         *(double *)field = v;
         return 0;
@@ -253,8 +262,8 @@ static char *trim(char *s) {
 int config_load_file(Config *c, const char *path, Err *err) {
     FILE *f = fopen(path, "r");
     if (!f) {
-        return err_set(err, "config: cannot open '%s': %s (pass an existing file to --config)", path,
-               strerror(errno));
+        return err_set(err, "config: cannot open '%s': %s (pass an existing file to --config)",
+                       path, strerror(errno));
     }
     char line[2048], where[1100];
     int lineno = 0, rc = 0;
@@ -330,22 +339,29 @@ int config_from_args(Config *c, int argc, char **argv, Err *err) {
 
 int config_validate(const Config *c, Err *err) {
     if (c->d_model % c->n_head != 0) {
-        return err_set(err, "config: d_model = %d is not divisible by n_head = %d (choose d_model a multiple "
-               "of n_head, e.g. %d)",
-               c->d_model, c->n_head, (c->d_model / c->n_head + 1) * c->n_head);
+        return err_set(
+            err,
+            "config: d_model = %d is not divisible by n_head = %d (choose d_model a multiple "
+            "of n_head, e.g. %d)",
+            c->d_model, c->n_head, (c->d_model / c->n_head + 1) * c->n_head);
     }
     if (c->min_lr > c->lr) {
-        return err_set(err, "config: min_lr = %g is above lr = %g (expected min_lr <= lr)", c->min_lr, c->lr);
+        return err_set(err, "config: min_lr = %g is above lr = %g (expected min_lr <= lr)",
+                       c->min_lr, c->lr);
     }
     if (c->micro_batch > 0 && c->batch_size % c->micro_batch != 0) {
-        return err_set(err, "config: batch_size = %d is not divisible by micro_batch = %d (choose a divisor of "
-               "batch_size)",
-               c->batch_size, c->micro_batch);
+        return err_set(
+            err,
+            "config: batch_size = %d is not divisible by micro_batch = %d (choose a divisor of "
+            "batch_size)",
+            c->batch_size, c->micro_batch);
     }
     if (c->route_every > c->n_layer) {
-        return err_set(err, "config: route_every = %d routes no block of n_layer = %d (choose route_every in "
-               "[1, %d], or 0 for the dense model)",
-               c->route_every, c->n_layer, c->n_layer);
+        return err_set(
+            err,
+            "config: route_every = %d routes no block of n_layer = %d (choose route_every in "
+            "[1, %d], or 0 for the dense model)",
+            c->route_every, c->n_layer, c->n_layer);
     }
     int *layers = xcalloc((size_t)c->pp, sizeof(int));
     int split = config_stage_layers(c, layers, err);
@@ -356,20 +372,22 @@ int config_validate(const Config *c, Err *err) {
         for (int t = 1; t <= c->n_head; t++)
             if (c->n_head % t == 0)
                 snprintf(alts + strlen(alts), sizeof alts - strlen(alts), "%s%d", alts[0] ? ", " : "", t);
-        return err_set(err, "config: n_head = %d is not divisible by tp = %d (choose tp in {%s})", c->n_head,
-               c->tp, alts);
+        return err_set(err, "config: n_head = %d is not divisible by tp = %d (choose tp in {%s})",
+                       c->n_head, c->tp, alts);
     }
     if (c->vocab_size > 0 && c->vocab_size < 2) {
-        return err_set(err, "config: vocab_size = %d is too small (expected >= 2, or 0 for the data's)",
-               c->vocab_size);
+        return err_set(err,
+                       "config: vocab_size = %d is too small (expected >= 2, or 0 for the data's)",
+                       c->vocab_size);
     }
     return 0;
 }
 
 int config_stage_layers(const Config *c, int *layers, Err *err) {
     if (c->pp > c->n_layer) {
-        return err_set(err, "config: pp = %d stages cannot split n_layer = %d blocks (choose pp <= %d)", c->pp,
-               c->n_layer, c->n_layer);
+        return err_set(err,
+                       "config: pp = %d stages cannot split n_layer = %d blocks (choose pp <= %d)",
+                       c->pp, c->n_layer, c->n_layer);
     }
     if (!c->stage_layers[0]) {
         for (int s = 0; s < c->pp; s++) layers[s] = c->n_layer / c->pp + (s < c->n_layer % c->pp);
@@ -396,9 +414,11 @@ int config_stage_layers(const Config *c, int *layers, Err *err) {
         char eg[256];
         int k = snprintf(eg, sizeof eg, "%d", c->n_layer - (c->pp - 1));
         for (int i = 1; i < c->pp && k < (int)sizeof eg - 4; i++) k += snprintf(eg + k, sizeof eg - k, ",1");
-        return err_set(err, "config: stage_layers = '%s' does not split n_layer = %d over pp = %d stages "
-               "(give %d counts >= 1 that sum to %d, e.g. '%s')",
-               c->stage_layers, c->n_layer, c->pp, c->pp, c->n_layer, eg);
+        return err_set(
+            err,
+            "config: stage_layers = '%s' does not split n_layer = %d over pp = %d stages "
+            "(give %d counts >= 1 that sum to %d, e.g. '%s')",
+            c->stage_layers, c->n_layer, c->pp, c->pp, c->n_layer, eg);
     }
     return 0;
 }

@@ -11,8 +11,8 @@
 
 #include "src/base/util.h"
 
-#define CONFIG_STR 512  /* longest string value + 1 (paths) */
-#define CONFIG_ARCH 64  /* longest blis_arch + 1 */
+#define CONFIG_STR 512 /* longest string value + 1 (paths) */
+#define CONFIG_ARCH 64 /* longest blis_arch + 1 */
 
 typedef enum { GATE_RAW = 0, GATE_SIGMOID = 1 } RouterGate;
 typedef enum { CAUSAL_AUX_LOSS = 0, CAUSAL_PREDICTOR = 1 } CausalRouter;

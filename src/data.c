@@ -18,27 +18,28 @@ int shard_load(Shard *s, const char *path, Err *err) {
     snprintf(s->path, sizeof s->path, "%s", path);
     FILE *f = fopen(path, "rb");
     if (!f) {
-        return err_set(err, "data: cannot open '%s': %s (run 'modtrain prep' or fix the path)", path,
-               strerror(errno));
+        return err_set(err, "data: cannot open '%s': %s (run 'modtrain prep' or fix the path)",
+                       path, strerror(errno));
     }
     struct stat st;
     if (fstat(fileno(f), &st) != 0) goto io_fail;
     int32_t hdr[SHARD_HEADER_INTS];
     size_t hbytes = sizeof hdr;
     if ((size_t)st.st_size < hbytes || fread(hdr, 1, hbytes, f) != hbytes) {
-        err_set(err, "data: '%s' is %lld bytes, shorter than the %zu-byte shard header (not a token "
-               "shard?)",
-               path, (long long)st.st_size, hbytes);
+        err_set(err,
+                "data: '%s' is %lld bytes, shorter than the %zu-byte shard header (not a token "
+                "shard?)",
+                path, (long long)st.st_size, hbytes);
         goto fail;
     }
     if (hdr[0] != SHARD_MAGIC) {
         err_set(err, "data: '%s' has magic %d, expected %d (an llm.c token shard)", path, hdr[0],
-               SHARD_MAGIC);
+                SHARD_MAGIC);
         goto fail;
     }
     if (hdr[1] != SHARD_VERSION) {
         err_set(err, "data: '%s' has version %d, expected %d (uint16 tokens)", path, hdr[1],
-               SHARD_VERSION);
+                SHARD_VERSION);
         goto fail;
     }
     if (hdr[2] < 0) {
@@ -48,13 +49,15 @@ int shard_load(Shard *s, const char *path, Err *err) {
     size_t n = (size_t)hdr[2];
     size_t expect = hbytes + n * sizeof(uint16_t);
     if ((size_t)st.st_size != expect) {
-        err_set(err, "data: '%s' is %lld bytes but its header promises %zu tokens (%zu bytes): "
-               "truncated or corrupt",
-               path, (long long)st.st_size, n, expect);
+        err_set(err,
+                "data: '%s' is %lld bytes but its header promises %zu tokens (%zu bytes): "
+                "truncated or corrupt",
+                path, (long long)st.st_size, n, expect);
         goto fail;
     }
     if (n < 2) {
-        err_set(err, "data: '%s' holds %zu tokens, too few to train on (expected at least 2)", path, n);
+        err_set(err, "data: '%s' holds %zu tokens, too few to train on (expected at least 2)", path,
+                n);
         goto fail;
     }
     s->tokens = xmalloc(n * sizeof(uint16_t));
@@ -188,9 +191,10 @@ int prep_byte_files(char **files, int nfiles, const char *out_dir, double val_fr
     free(text);
     int rc = -1;
     if (nt < 2 || (val_fraction > 0 && nv < 2)) {
-        err_set(err, "prep: %zu bytes of text give %zu train and %zu val tokens; need at least 2 each "
-               "(give more text or change --val-fraction)",
-               n, nt, nv);
+        err_set(err,
+                "prep: %zu bytes of text give %zu train and %zu val tokens; need at least 2 each "
+                "(give more text or change --val-fraction)",
+                n, nt, nv);
         goto done;
     }
     if (mkdirs(out_dir) != 0) {

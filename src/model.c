@@ -227,18 +227,30 @@ typedef struct {
 #define F sizeof(float)
 #define BA(f) offsetof(BlockActs, f)
 static const ActRow block_rows[] = {
-    {BA(ln1), F, SZ_NC, IN_ANY},       {BA(ln1_mean), F, SZ_N, IN_ANY},
-    {BA(ln1_rstd), F, SZ_N, IN_ANY},   {BA(qkv), F, SZ_N3CL, IN_ANY},
-    {BA(att), F, SZ_ATT, IN_ANY},      {BA(atty), F, SZ_NCL, IN_ANY},
-    {BA(res2), F, SZ_NC, IN_ANY},      {BA(ln2), F, SZ_NC, IN_ANY},
-    {BA(ln2_mean), F, SZ_N, IN_ANY},   {BA(ln2_rstd), F, SZ_N, IN_ANY},
-    {BA(fch), F, SZ_NFL, IN_ANY},      {BA(fch_gelu), F, SZ_NFL, IN_ANY},
-    {BA(res3), F, SZ_NC, IN_ANY},      {BA(r), F, SZ_N, IN_ROUTED},
-    {BA(topk), 1, SZ_N, IN_ROUTED},    {BA(sel), sizeof(int), SZ_N, IN_ROUTED},
-    {BA(off), sizeof(int), SZ_OFF, IN_ROUTED}, {BA(gate), F, SZ_N, IN_ROUTED},
-    {BA(xs), F, SZ_NC, IN_ROUTED},     {BA(a), F, SZ_NC, IN_ROUTED},
-    {BA(mo), F, SZ_NC, IN_ROUTED},     {BA(plogit), F, SZ_N, IN_PREDICTOR},
-    {BA(ph), F, SZ_NH, IN_PREDICTOR},  {BA(phg), F, SZ_NH, IN_PREDICTOR},
+    {BA(ln1), F, SZ_NC, IN_ANY},
+    {BA(ln1_mean), F, SZ_N, IN_ANY},
+    {BA(ln1_rstd), F, SZ_N, IN_ANY},
+    {BA(qkv), F, SZ_N3CL, IN_ANY},
+    {BA(att), F, SZ_ATT, IN_ANY},
+    {BA(atty), F, SZ_NCL, IN_ANY},
+    {BA(res2), F, SZ_NC, IN_ANY},
+    {BA(ln2), F, SZ_NC, IN_ANY},
+    {BA(ln2_mean), F, SZ_N, IN_ANY},
+    {BA(ln2_rstd), F, SZ_N, IN_ANY},
+    {BA(fch), F, SZ_NFL, IN_ANY},
+    {BA(fch_gelu), F, SZ_NFL, IN_ANY},
+    {BA(res3), F, SZ_NC, IN_ANY},
+    {BA(r), F, SZ_N, IN_ROUTED},
+    {BA(topk), 1, SZ_N, IN_ROUTED},
+    {BA(sel), sizeof(int), SZ_N, IN_ROUTED},
+    {BA(off), sizeof(int), SZ_OFF, IN_ROUTED},
+    {BA(gate), F, SZ_N, IN_ROUTED},
+    {BA(xs), F, SZ_NC, IN_ROUTED},
+    {BA(a), F, SZ_NC, IN_ROUTED},
+    {BA(mo), F, SZ_NC, IN_ROUTED},
+    {BA(plogit), F, SZ_N, IN_PREDICTOR},
+    {BA(ph), F, SZ_NH, IN_PREDICTOR},
+    {BA(phg), F, SZ_NH, IN_PREDICTOR},
 };
 #define AS(f) offsetof(ActSet, f)
 static const ActRow set_rows[] = {
@@ -253,12 +265,12 @@ static const ActRow set_rows[] = {
 };
 #define SC(f) offsetof(Scratch, f)
 static const ActRow scratch_rows[] = {
-    {SC(dres), F, SZ_NC, IN_ANY},   {SC(dln), F, SZ_NC, IN_ANY},
+    {SC(dres), F, SZ_NC, IN_ANY},    {SC(dln), F, SZ_NC, IN_ANY},
     {SC(scratch), F, SZ_NC, IN_ANY}, {SC(scratch2), F, SZ_NC, IN_ANY},
-    {SC(dqkv), F, SZ_N3CL, IN_ANY}, {SC(datty), F, SZ_NCL, IN_ANY},
-    {SC(dfch), F, SZ_NFL, IN_ANY},  {SC(dfchg), F, SZ_NFL, IN_ANY},
-    {SC(rowbuf), F, SZ_3N, IN_ANY}, {SC(dr), F, SZ_N, IN_ANY},
-    {SC(dph), F, SZ_2NH, IN_ANY},   {SC(off_dense), sizeof(int), SZ_OFF, IN_ANY},
+    {SC(dqkv), F, SZ_N3CL, IN_ANY},  {SC(datty), F, SZ_NCL, IN_ANY},
+    {SC(dfch), F, SZ_NFL, IN_ANY},   {SC(dfchg), F, SZ_NFL, IN_ANY},
+    {SC(rowbuf), F, SZ_3N, IN_ANY},  {SC(dr), F, SZ_N, IN_ANY},
+    {SC(dph), F, SZ_2NH, IN_ANY},    {SC(off_dense), sizeof(int), SZ_OFF, IN_ANY},
 };
 #undef F
 #undef BA
@@ -362,8 +374,8 @@ void model_init(Model *m, const ModelDims *d, int maxB, const TpGroup *tp) {
 
 void model_free(Model *m) {
     for (int k = 0; k < m->nslots; k++) free(m->slots[k].mem);
-    void *bufs[] = {m->params, m->grads, m->s.mem, m->slots, m->P.h, m->G.h, m->reg,
-                    m->stats.processed};
+    void *bufs[] = {m->params, m->grads, m->s.mem, m->slots,
+                    m->P.h,    m->G.h,   m->reg,   m->stats.processed};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     memset(m, 0, sizeof *m);
 }

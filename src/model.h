@@ -171,7 +171,7 @@ typedef struct {
 typedef struct {
     ModelDims d;
     TpGroup tp;
-    MPI_Comm pp_comm;  /* the pipeline, for decoding; MPI_COMM_NULL alone */
+    MPI_Comm pp_comm; /* the pipeline, for decoding; MPI_COMM_NULL alone */
     ParamInfo *reg;
     int nreg;
     size_t nparams;        /* local floats */
@@ -181,7 +181,7 @@ typedef struct {
     int maxB;
     ActSet *slots; /* (nslots) */
     int nslots;
-    ActSet *cur;   /* the set forward and backward use: model_use_slot() */
+    ActSet *cur; /* the set forward and backward use: model_use_slot() */
     Scratch s;
     /* Mixture-of-Depths */
     RouteMode route;   /* how routed blocks choose tokens in forward */
@@ -255,7 +255,7 @@ typedef struct {
     float **k, **v;   /* (L) caches (maxT, Cl) */
     int *len;         /* (L) tokens cached */
     long long *processed, steps; /* (L) tokens each block processed, tokens decoded */
-    float *x, *att;   /* (C) the token's residual stream, (maxT) scratch */
+    float *x, *att;              /* (C) the token's residual stream, (maxT) scratch */
 } DecodeState;
 
 void decode_init(DecodeState *s, const Model *m);

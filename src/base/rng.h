@@ -18,7 +18,9 @@ double rng_uniform(uint64_t seed, uint64_t stream, uint64_t counter);
 double rng_normal(uint64_t seed, uint64_t stream, uint64_t counter);
 
 /* A small sequential generator for sampling (xorshift64*). */
-typedef struct { uint64_t s; } Rng;
+typedef struct {
+    uint64_t s;
+} Rng;
 void rng_seed(Rng *r, uint64_t seed);
 double rng_next_uniform(Rng *r);
 

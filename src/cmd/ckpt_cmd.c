@@ -46,7 +46,8 @@ static int list_one(const char *dir, const char *name) {
         return -1;
     }
     double raw = 0, comp = 0;
-    for (int i = 0; i < ix.nchunks; i++) raw += (double)ix.chunks[i].usize, comp += (double)ix.chunks[i].csize;
+    for (int i = 0; i < ix.nchunks; i++)
+        raw += (double)ix.chunks[i].usize, comp += (double)ix.chunks[i].csize;
     int rc = ck_verify(&ix, &err);
     const char *step = ck_kv(&ix, "state.step");
     printf("%-15s %-19s %10s %6.2fx  %s%s (step %s)\n", name, when, size, comp > 0 ? raw / comp : 0,
@@ -150,7 +151,8 @@ static int inspect_main(int argc, char **argv) {
     }
     printf("checkpoint %s (data.bin: %" PRIu64 " bytes)\n", dir, ix.data_bytes);
     for (int i = 0; i < ix.nkv; i++) printf("  %-24s %s\n", ix.kv[i].key, ix.kv[i].value);
-    printf("%-40s %-12s %s\n", "tensor", "shape", "chunks: [rows, cols] slice, bytes raw -> deflated");
+    printf("%-40s %-12s %s\n", "tensor", "shape",
+           "chunks: [rows, cols] slice, bytes raw -> deflated");
     for (int i = 0; i < ix.nchunks; i++) {
         const CkChunk *c = &ix.chunks[i];
         int first = i == 0 || strcmp(ix.chunks[i - 1].name, c->name) != 0;
@@ -159,8 +161,8 @@ static int inspect_main(int argc, char **argv) {
         else snprintf(shape, sizeof shape, "[%" PRId64 ", %" PRId64 "]", c->rows, c->cols);
         printf("%-40s %-12s [%" PRId64 ":%" PRId64 ", %" PRId64 ":%" PRId64 "] %" PRIu64
                " -> %" PRIu64 "\n",
-               first ? c->name : "", first ? shape : "", c->r0, c->r0 + c->nr, c->c0,
-               c->c0 + c->nc, c->usize, c->csize);
+               first ? c->name : "", first ? shape : "", c->r0, c->r0 + c->nr, c->c0, c->c0 + c->nc,
+               c->usize, c->csize);
     }
     ck_index_free(&ix);
     return EXIT_OK;
@@ -255,9 +257,9 @@ static int export_main(int argc, char **argv) {
                      {"format", CLI_STR, &format, "output format: safetensors"},
                      {"out", CLI_STR, &out, "output file"},
                      {NULL, 0, NULL, NULL}};
-    int h = cli_parse("ckpt export", "modtrain ckpt export --ckpt DIR --format safetensors --out FILE",
-                      "Writes the weights under Hugging Face GPT-2 names and shapes.", opts, argc,
-                      argv);
+    int h = cli_parse(
+        "ckpt export", "modtrain ckpt export --ckpt DIR --format safetensors --out FILE",
+        "Writes the weights under Hugging Face GPT-2 names and shapes.", opts, argc, argv);
     if (h != 1) return h == 0 ? EXIT_OK : EXIT_USAGE;
     if (!ckpt || !out) {
         errorf("ckpt export: --ckpt and --out are required");
@@ -323,7 +325,8 @@ static int import_config(Config *cfg, const StFile *f, int n_head, Err *err) {
     }
     if (n_head > 0) cfg->n_head = n_head;
     else if (!st_meta(f, "n_head"))
-        return err_set(err, "ckpt import: '%s' has no n_head metadata; pass --n-head (GPT-2 small: 12)",
+        return err_set(err,
+                       "ckpt import: '%s' has no n_head metadata; pass --n-head (GPT-2 small: 12)",
                        f->path);
     if (cfg->n_layer < 1 || cfg->d_model % cfg->n_head != 0 || config_validate(cfg, NULL) != 0)
         return err_set(err,
@@ -375,8 +378,8 @@ static int import_main(int argc, char **argv) {
         err_print(&err);
         rc = EXIT_FAILURE;
     } else {
-        printf("ckpt import: %s -> %s/step-%08d (L=%d C=%d NH=%d T=%d V=%d)\n", in, ckpt, step,
-               d.L, d.C, d.NH, d.maxT, d.V);
+        printf("ckpt import: %s -> %s/step-%08d (L=%d C=%d NH=%d T=%d V=%d)\n", in, ckpt, step, d.L,
+               d.C, d.NH, d.maxT, d.V);
         rc = EXIT_OK;
     }
     model_free(&m);

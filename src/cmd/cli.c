@@ -73,7 +73,8 @@ int cli_parse(const char *cmd, const char *usage, const char *about, const CliOp
         case CLI_INT:
         case CLI_I64: {
             long long v = strtoll(val, &end, 10);
-            if (end == val || *end || errno || (o->type == CLI_INT && (v > 1 << 30 || v < -(1 << 30)))) {
+            if (end == val || *end || errno ||
+                (o->type == CLI_INT && (v > 1 << 30 || v < -(1 << 30)))) {
                 errorf("%s: --%s = '%s' is not an integer", cmd, name, val);
                 return -1;
             }

@@ -163,7 +163,8 @@ static int eval_run(Infer *in, const EvalArgs *a, const Shard *s, size_t total) 
                            100.0 * m->stats.processed[l] / m->stats.tokens);
         }
     }
-    if (a->json) printf(",\"tokens\":%.0f,\"sequences\":%zu,\"step\":%d}\n", tokens, total, in->step);
+    if (a->json)
+        printf(",\"tokens\":%.0f,\"sequences\":%zu,\"step\":%d}\n", tokens, total, in->step);
     Err err;
     if (a->grads && ckpt_export_grads(a->grads, m, &in->cfg, &err) != 0) {
         err_print(&err);
@@ -189,6 +190,8 @@ int eval_main(int argc, char **argv) {
     }
     const int T = in.cfg.seq_len;
     size_t n_seqs = shard_num_seqs(&s, T);
+    size_t total = a.batches ? (size_t)a.batches * a.micro : n_seqs;
+    if (total > n_seqs) total = n_seqs;
     rc = EXIT_USAGE;
     if (s.max_token >= in.m.d.V)
         errorf("eval: '%s' holds token %d, outside the model's vocab_size = %d", a.data,
@@ -197,9 +200,7 @@ int eval_main(int argc, char **argv) {
         errorf("eval: '%s' has %zu tokens, fewer than the model's seq_len + 1 = %d", a.data,
                s.n_tokens, T + 1);
     else
-        rc = eval_run(&in, &a, &s, a.batches && (size_t)a.batches * a.micro < n_seqs
-                                       ? (size_t)a.batches * a.micro
-                                       : n_seqs);
+        rc = eval_run(&in, &a, &s, total);
     shard_free(&s);
     infer_close(&in);
     return rc;

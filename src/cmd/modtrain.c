@@ -12,15 +12,14 @@
 #include "src/cmd/cmd.h"
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: modtrain <command> [options]\n\n"
-            "commands:\n"
-            "  prep     text files -> token shards (train.bin, val.bin)\n"
-            "  train    train a model (alone or under mpirun/srun)\n"
-            "  eval     loss of a checkpoint on a token shard\n"
-            "  sample   generate text from a checkpoint\n"
-            "  ckpt     list | verify | inspect | diff | export | import checkpoints\n\n"
-            "'modtrain <command> --help' describes each; 'modtrain --version' the build.\n");
+    fprintf(f, "usage: modtrain <command> [options]\n\n"
+               "commands:\n"
+               "  prep     text files -> token shards (train.bin, val.bin)\n"
+               "  train    train a model (alone or under mpirun/srun)\n"
+               "  eval     loss of a checkpoint on a token shard\n"
+               "  sample   generate text from a checkpoint\n"
+               "  ckpt     list | verify | inspect | diff | export | import checkpoints\n\n"
+               "'modtrain <command> --help' describes each; 'modtrain --version' the build.\n");
 }
 
 int main(int argc, char **argv) {

@@ -69,4 +69,3 @@ done:
     free(files);
     return rc;
 }
-

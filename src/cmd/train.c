@@ -155,7 +155,8 @@ static int run_setup_layout(Run *r, int argc, char **argv) {
  * one window of seq_len + 1. */
 static int check_shard(const Shard *s, int V, int T, const char *what, Err *err) {
     if (s->max_token >= V)
-        return err_set(err, "data: '%s' holds token %d, outside vocab_size = %d (set vocab_size > %d)",
+        return err_set(err,
+                       "data: '%s' holds token %d, outside vocab_size = %d (set vocab_size > %d)",
                        s->path, s->max_token, V, s->max_token);
     if (shard_num_seqs(s, T) == 0)
         return err_set(err,
@@ -175,7 +176,7 @@ static int run_setup_data(Run *r) {
     if (rc == 0 && r->have_val) rc = shard_load(&r->val, c->val_data, &err);
     if (rc == 0) {
         const Shard *t = &r->train;
-        c->vocab_size = c->vocab_size ? c->vocab_size
+        c->vocab_size = c->vocab_size   ? c->vocab_size
                         : t->vocab_hint ? t->vocab_hint
                                         : (t->max_token < 256 ? 256 : 50257);
         rc = check_shard(&r->train, c->vocab_size, r->T, "text", &err);
@@ -248,8 +249,7 @@ static int run_open_metrics(Run *r) {
 
 /* Everything before the first step. Returns EXIT_OK, or the exit code. */
 static int run_setup(Run *r, int argc, char **argv) {
-    if (run_setup_layout(r, argc, argv) != 0 || run_setup_data(r) != 0 ||
-        run_setup_model(r) != 0)
+    if (run_setup_layout(r, argc, argv) != 0 || run_setup_data(r) != 0 || run_setup_model(r) != 0)
         return EXIT_USAGE;
     r->peak_gflops = r->cfg.peak_gflops > 0 ? r->cfg.peak_gflops : kernels_measure_peak_gflops();
     run_banner(r);
@@ -324,16 +324,22 @@ static void run_step(Run *r, int step, StepResult *out) {
     model_stats_reset(m);
     /* schedule: the micro-batches' forwards and backwards */
     StepCtx sc = {r, step, 0};
-    PpStage st = {&sc,      step_forward, step_backward, step_input, step_output,
-                  step_grad, step_grad,   (size_t)r->micro * r->T * m->d.C};
+    PpStage st = {.ctx = &sc,
+                  .forward = step_forward,
+                  .backward = step_backward,
+                  .input = step_input,
+                  .output = step_output,
+                  .grad_out = step_grad,
+                  .grad_in = step_grad,
+                  .count = (size_t)r->micro * r->T * m->d.C};
     pp_run(r->sched, r->n_micro, g->pp > 1 ? g->pp_comm : MPI_COMM_NULL, &st, &out->live);
     fault_rank_exit(g->world_rank, step + 1);
     /* sync: gradients, then the loss and routing counters */
     const ParamInfo *tied = NULL;
     for (int i = 0; i < m->nreg && !tied; i++)
         if (m->reg[i].tied) tied = &m->reg[i];
-    grads_sync(m->grads, m->nparams, tied ? m->grads + tied->offset : NULL,
-               tied ? tied->numel : 0, g);
+    grads_sync(m->grads, m->nparams, tied ? m->grads + tied->offset : NULL, tied ? tied->numel : 0,
+               g);
     double loss = reduce_step_stats(m, sc.loss_sum, g->dp_comm);
     if (g->pp > 1) {
         loss = reduce_step_stats(m, loss, g->pp_comm);
@@ -362,8 +368,7 @@ static void run_step(Run *r, int step, StepResult *out) {
         MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &out->bubble, 1, MPI_DOUBLE, MPI_SUM, g->pp_comm));
         out->bubble /= g->pp;
     }
-    for (int l = 0; l < m->d.L; l++)
-        r->frac[l] = (double)m->stats.processed[l] / m->stats.tokens;
+    for (int l = 0; l < m->d.L; l++) r->frac[l] = (double)m->stats.processed[l] / m->stats.tokens;
     out->fpt = model_flops_per_token(&m->d, r->T, r->n_routed ? r->frac : NULL);
     if (step > r->start) {
         r->steps_timed++;
@@ -388,8 +393,8 @@ static void run_log(Run *r, int step, const StepResult *s) {
             ",\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"step_time_ms\":%.3f,"
             "\"mfu\":%.4f,\"flops_per_token\":%.0f,\"flops_ratio_dense\":%.4f,"
             "\"tp_bytes\":%llu,\"dp_bytes\":%llu,\"pp_live\":%d,\"pp_bubble\":%.4f}\n",
-            s->lr, s->grad_norm, tps, s->dt * 1e3, mfu, s->fpt, s->fpt / r->dense_fpt,
-            s->tp_bytes, s->dp_bytes, s->live, s->bubble);
+            s->lr, s->grad_norm, tps, s->dt * 1e3, mfu, s->fpt, s->fpt / r->dense_fpt, s->tp_bytes,
+            s->dp_bytes, s->live, s->bubble);
     if (done % c->log_every != 0 && done != c->steps && step != r->start) return;
     char eta[32], mod[96] = "";
     double per = r->steps_timed ? r->time_timed / r->steps_timed : s->dt;

@@ -41,10 +41,12 @@ static void test_set_types_and_ranges(void) {
     CU_ASSERT_EQUAL(c.router_gate, GATE_SIGMOID);
     CU_ASSERT_EQUAL(config_set(&c, "router_gate", "relu", "t", &e), -1);
     CU_ASSERT_EQUAL(config_set(&c, "batch_size", "0", "t", &e), -1);
-    CU_ASSERT_STRING_EQUAL(e.msg, "t: batch_size = 0 is out of range (expected an integer in [1, 16777216])");
+    CU_ASSERT_STRING_EQUAL(
+        e.msg, "t: batch_size = 0 is out of range (expected an integer in [1, 16777216])");
     CU_ASSERT_EQUAL(config_set(&c, "no_such_key", "1", "t", &e), -1);
     CU_ASSERT_EQUAL(config_set(&c, "eval_evry", "1", "run.conf:3", &e), -1);
-    CU_ASSERT_STRING_EQUAL(e.msg, "run.conf:3: unknown key 'eval_evry' (did you mean 'eval_every'?)");
+    CU_ASSERT_STRING_EQUAL(e.msg,
+                           "run.conf:3: unknown key 'eval_evry' (did you mean 'eval_every'?)");
     char buf[64];
     CU_ASSERT_EQUAL(config_get(&c, "router_gate", buf, sizeof buf), 0);
     CU_ASSERT_STRING_EQUAL(buf, "sigmoid");
@@ -103,8 +105,9 @@ static void test_validate(void) {
 /* The model keys are the table's flagged rows: the shape and the routing,
  * nothing of the optimizer or the layout. */
 static void test_model_keys(void) {
-    const char *want[] = {"n_layer", "n_head", "d_model", "seq_len", "vocab_size", "capacity",
-                          "route_every", "router_gate", "causal_router", "predictor_hidden"};
+    const char *want[] = {"n_layer",       "n_head",          "d_model",     "seq_len",
+                          "vocab_size",    "capacity",        "route_every", "router_gate",
+                          "causal_router", "predictor_hidden"};
     const size_t n = sizeof want / sizeof want[0];
     size_t i = 0;
     for (const char *k; (k = config_model_key((int)i)); i++) {

@@ -143,7 +143,8 @@ static void test_capacity_one_is_dense(void) {
     float b = model_forward(&mod, inputs, targets, B, T);
     CU_ASSERT_EQUAL(a, b);
     for (int l = 0; l < L; l++)
-        CU_ASSERT(memcmp(dense.cur->acts[l].res3, mod.cur->acts[l].res3, (size_t)B * T * C * 4) == 0);
+        CU_ASSERT(memcmp(dense.cur->acts[l].res3, mod.cur->acts[l].res3, (size_t)B * T * C * 4) ==
+                  0);
     model_free(&dense);
     model_free(&mod);
 }
@@ -252,7 +253,8 @@ static void test_no_leak_under_causal_routing(void) {
         model_forward(&m, inputs, NULL, 1, T);
         double w = max_diff(before, m.cur->logits, (size_t)(t + 1) * V);
         CU_ASSERT(w < 1e-5);
-        CU_ASSERT(max_diff(before, m.cur->logits, (size_t)T * V) > 1e-3); /* the future did change */
+        /* the future did change */
+        CU_ASSERT(max_diff(before, m.cur->logits, (size_t)T * V) > 1e-3);
         CU_ASSERT(processed > 0 && processed < T); /* routing chose some tokens, not all */
         if (w >= 1e-5 || processed <= 0 || processed >= T)
             printf("\n  predictor %d: past changed by %g, block 1 processed %lld of %d", pred, w,
