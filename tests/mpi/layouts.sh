@@ -111,6 +111,9 @@ expect_layout_error 3 "3 ranks are not divisible by tp x pp = 2 x 1" --tp 2
 expect_layout_error 2 "n_head = 4 is not divisible by tp = 3 (choose tp in {1, 2, 4})" --tp 3
 expect_layout_error 3 "dp = 3, which does not divide batch_size = 16" --tp 1
 expect_layout_error 4 "takes 4 sequences a step, not a multiple of micro_batch = 8" --tp 1
+# errors every rank finds alike are reported once, by the lowest rank
+expect_layout_error 2 "cannot open 'nope.bin'" --tp 1 --train_data nope.bin
+expect_layout_error 2 "lr = 'abc' is not a number" --tp 2 --lr abc
 
 # a rank that dies mid-run ends the job with a clear message and a non-zero exit
 set +e

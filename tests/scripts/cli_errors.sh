@@ -53,6 +53,10 @@ expect_error "outside vocab_size = 100" "$MODTRAIN" train $T --vocab_size 100
 expect_error "'empty.txt' is empty" "$MODTRAIN" prep --out data2 empty.txt
 expect_error "val-fraction = '2' is not a number in \[0, 1)" "$MODTRAIN" prep --out data2 --val-fraction 2 text.txt
 expect_error "neither a checkpoint directory" "$MODTRAIN" eval --ckpt nowhere --data data/val.bin
+expect_error "neither a checkpoint directory" "$MODTRAIN" ckpt verify --ckpt nowhere
+expect_error "neither a checkpoint directory" "$MODTRAIN" ckpt inspect --ckpt nowhere
+expect_error "neither a checkpoint directory" "$MODTRAIN" ckpt export --ckpt nowhere --out x.st
+expect_error "neither a checkpoint directory" "$MODTRAIN" ckpt diff --a nowhere --b nowhere
 expect_error "unknown option '--dta' (did you mean '--data'?)" "$MODTRAIN" eval --ckpt nowhere --dta x
 expect_error "unknown command 'trian'" "$MODTRAIN" trian
 [ ! -e run ] && ok "no run directory was created by the failed runs" || fail "a failed run created run/"
