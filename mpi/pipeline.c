@@ -40,13 +40,13 @@ typedef struct {
     MPI_Request *fwd_req;  /* (slots) the send of each slot's output */
     MPI_Request *bwd_req;  /* (slots) the send of each gradient buffer */
     float **bwd_buf;       /* (slots) */
-} Run;
+} PpRun;
 
 static void wait_req(MPI_Request *r) {
     if (*r != MPI_REQUEST_NULL) MPI_CHECK(MPI_Wait(r, MPI_STATUS_IGNORE));
 }
 
-static void do_forward(Run *r, int mb) {
+static void do_forward(PpRun *r, int mb) {
     const PpStage *st = r->st;
     int slot = mb % r->slots;
     wait_req(&r->fwd_req[slot]); /* its previous output has left */
@@ -63,7 +63,7 @@ static void do_forward(Run *r, int mb) {
                             r->comm, &r->fwd_req[slot]));
 }
 
-static void do_backward(Run *r, int mb) {
+static void do_backward(PpRun *r, int mb) {
     const PpStage *st = r->st;
     int slot = mb % r->slots;
     if (r->stage < r->stages - 1) {
@@ -83,7 +83,7 @@ static void do_backward(Run *r, int mb) {
 }
 
 void pp_run(PpSchedule s, int m, MPI_Comm comm, const PpStage *st, int *max_live) {
-    Run r = {st, comm, 0, 1, 0, 0, 0, NULL, NULL, NULL};
+    PpRun r = {st, comm, 0, 1, 0, 0, 0, NULL, NULL, NULL};
     if (comm != MPI_COMM_NULL) {
         MPI_CHECK(MPI_Comm_rank(comm, &r.stage));
         MPI_CHECK(MPI_Comm_size(comm, &r.stages));
