@@ -27,7 +27,8 @@ static void make_batch(uint64_t seed) {
 
 /* A MoD model (blocks 1 and 3 routed) with weights large enough that every
  * path carries gradient and router scores are well separated. */
-static void mod_model(Model *m, int maxB, double capacity, int gate, int predictor, float scale) {
+static void mod_model(Model *m, int maxB, double capacity, RouterGate gate, int predictor,
+                      float scale) {
     ModelDims d;
     model_dims(&d, V, T, L, NH, C, 1, 0);
     model_dims_mod(&d, 2, capacity, gate, predictor, H);
@@ -74,7 +75,7 @@ static double directional(double (*f)(void *), void *ctx, float *w, const float 
  * itself (must give |g|) and along a random direction r (must give g.r).
  * Whole-tensor directions keep float32 round-off small against the signal;
  * a wrong gradient misses by O(|g|). Tolerance: 1% of |g| + 3e-5. */
-static void check_gradient(int gate, int predictor) {
+static void check_gradient(RouterGate gate, int predictor) {
     Model m;
     mod_model(&m, B, 0.25, gate, predictor, 0.3f);
     make_batch(3);
