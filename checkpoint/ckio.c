@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -430,7 +431,16 @@ int ck_index_read(const char *dir, CkIndex *ix, Err *err) {
     return rc;
 }
 
-/* Reads, inflates, unshuffles and checks one chunk into out (usize bytes). */
+/* Index of the first NaN or Inf of x[0..n), or n. */
+static size_t first_non_finite(const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return i;
+    return n;
+}
+
+/* Reads, inflates, unshuffles and checks one chunk into out (usize bytes):
+ * sizes, CRC32, and every value finite (a checkpoint holds weights and
+ * moments; a NaN with a valid CRC is damage all the same). */
 static int load_chunk(const CkIndex *ix, int fd, const CkChunk *c, float *out, Err *err) {
     uint8_t *comp = xmalloc(c->csize + 1), *planes = xmalloc(c->usize + 1);
     int rc = -1;
@@ -451,9 +461,13 @@ static int load_chunk(const CkIndex *ix, int fd, const CkChunk *c, float *out, E
     } else {
         ck_unshuffle(out, planes, c->usize / 4);
         uint32_t crc = (uint32_t)crc32(0L, (const Bytef *)out, (uInt)c->usize);
+        size_t bad = first_non_finite(out, c->usize / 4);
         if (crc != c->crc)
             err_set(err, "%s: CRC32 %08" PRIx32 ", the index says %08" PRIx32 " (corrupt)", where,
                     crc, c->crc);
+        else if (bad < c->usize / 4)
+            err_set(err, "%s: element %zu is %g (weights and moments must be finite)", where, bad,
+                    (double)out[bad]);
         else rc = 0;
     }
     free(comp);

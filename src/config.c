@@ -8,10 +8,14 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <fcntl.h>
 
 #include "src/base/util.h"
 
@@ -30,6 +34,7 @@ typedef struct {
 } KeySpec;
 
 #define OFF(f) offsetof(Config, f)
+#define CONFIG_MAX_FILE (1 << 20) /* bytes: a config is a few hundred */
 #define BIG 1e18
 
 static const KeySpec keys[] = {
@@ -55,7 +60,8 @@ static const KeySpec keys[] = {
      "global sequences per step"},
     {"micro_batch", K_INT, 0, OFF(micro_batch), "0", 0, 1 << 24, 0, NULL,
      "sequences per micro-batch; 0 = the whole batch"},
-    {"steps", K_INT, 0, OFF(steps), "100", 0, 1 << 30, 0, NULL, "optimizer steps"},
+    /* at most 8 digits: checkpoints are step-NNNNNNNN */
+    {"steps", K_INT, 0, OFF(steps), "100", 0, CONFIG_MAX_STEP, 0, NULL, "optimizer steps"},
     {"lr", K_FLOAT, 0, OFF(lr), "6e-4", 0, 10, 0, NULL, "peak learning rate"},
     {"min_lr", K_FLOAT, 0, OFF(min_lr), "6e-5", 0, 10, 0, NULL,
      "final learning rate of the cosine"},
@@ -183,13 +189,10 @@ int config_set(Config *c, const char *rawkey, const char *value, const char *whe
     switch (k->type) {
     case K_INT:
     case K_I64: {
-        char *end;
-        errno = 0;
-        long long v = strtoll(value, &end, 10);
-        if (end == value || *end != '\0' || errno) {
-            return err_set(err, "%s: %s = '%s' is not an integer (expected an integer %s)", where,
-                           key, value, range);
-        }
+        long long v;
+        if (parse_i64(value, LLONG_MIN, LLONG_MAX, &v) != 0)
+            return err_set(err, "%s: %s = '%.64s' is not an integer (expected an integer %s)",
+                           where, key, value, range);
         if ((double)v < k->min || (double)v > k->max) {
             return err_set(err, "%s: %s = %lld is out of range (expected an integer %s)", where,
                            key, v, range);
@@ -199,13 +202,10 @@ int config_set(Config *c, const char *rawkey, const char *value, const char *whe
         return 0;
     }
     case K_FLOAT: {
-        char *end;
-        errno = 0;
-        double v = strtod(value, &end);
-        if (end == value || *end != '\0' || errno || !isfinite(v)) {
-            return err_set(err, "%s: %s = '%s' is not a number (expected a number %s)", where, key,
-                           value, range);
-        }
+        double v;
+        if (parse_f64(value, &v) != 0)
+            return err_set(err, "%s: %s = '%.64s' is not a number (expected a number %s)", where,
+                           key, value, range);
         if (v < k->min || v > k->max || (k->min_open && v == k->min)) {
             return err_set(err, "%s: %s = %g is out of range (expected a number %s)", where, key, v,
                            range);
@@ -239,7 +239,7 @@ int config_set(Config *c, const char *rawkey, const char *value, const char *whe
         snprintf(alts, sizeof alts, "%s", k->choices);
         for (char *q = alts; *q; q++)
             if (*q == '|') *q = '/';
-        return err_set(err, "%s: %s = '%s' is not one of %s", where, key, value, alts);
+        return err_set(err, "%s: %s = '%.64s' is not one of %s", where, key, value, alts);
     }
     }
     return -1;
@@ -259,40 +259,89 @@ static char *trim(char *s) {
     return s;
 }
 
-int config_load_file(Config *c, const char *path, Err *err) {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        return err_set(err, "config: cannot open '%s': %s (pass an existing file to --config)",
-                       path, strerror(errno));
+/* A config file's bytes, read whole (any line length) up to a bound: a
+ * config is a few hundred bytes, and /dev/zero must not read forever.
+ * Returns the text (NUL-terminated, malloc'd) or NULL with err set. */
+static char *read_config_text(const char *path, size_t *len, Err *err) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) {
+        err_set(err, "config: cannot open '%s': %s (pass an existing file to --config)", path,
+                strerror(errno));
+        return NULL;
     }
-    char line[2048], where[1100];
+    struct stat st;
+    if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
+        close(fd);
+        err_set(err, "config: '%s' is a directory (pass a config file to --config)", path);
+        return NULL;
+    }
+    char *text = xmalloc(CONFIG_MAX_FILE + 1);
+    size_t n = 0;
+    ssize_t k = 1;
+    while (k != 0 && n <= CONFIG_MAX_FILE) {
+        k = read(fd, text + n, CONFIG_MAX_FILE + 1 - n);
+        if (k < 0 && errno == EINTR) k = 1;
+        else if (k < 0) break;
+        else n += (size_t)k;
+    }
+    int read_errno = errno;
+    close(fd);
+    if (k < 0 || n > CONFIG_MAX_FILE) {
+        if (k < 0) err_set(err, "config: cannot read '%s': %s", path, strerror(read_errno));
+        else
+            err_set(err, "config: '%s' is longer than %d bytes (a config is key = value lines)",
+                    path, CONFIG_MAX_FILE);
+        free(text);
+        return NULL;
+    }
+    text[n] = '\0';
+    *len = n;
+    return text;
+}
+
+/* A value in double quotes in a file stands for what is inside them
+ * (`val_data = ""` is the empty string). */
+static char *unquote(char *v) {
+    size_t n = strlen(v);
+    if (n >= 2 && v[0] == '"' && v[n - 1] == '"') {
+        v[n - 1] = '\0';
+        return v + 1;
+    }
+    return v;
+}
+
+/* One line of a config file (its comment cut): a `key = value` or nothing. */
+static int config_line(Config *c, char *line, const char *where, Err *err) {
+    char *hash = strchr(line, '#');
+    if (hash) *hash = '\0';
+    char *s = trim(line);
+    if (!*s) return 0;
+    char *eq = strchr(s, '=');
+    if (!eq) return err_set(err, "%s: expected 'key = value', got '%.80s'", where, s);
+    *eq = '\0';
+    char *key = trim(s), *val = unquote(trim(eq + 1));
+    if (!*key) return err_set(err, "%s: missing key before '='", where);
+    return config_set(c, key, val, where, err);
+}
+
+int config_load_file(Config *c, const char *path, Err *err) {
+    size_t len = 0;
+    char *text = read_config_text(path, &len, err);
+    if (!text) return -1;
+    char where[1100];
     int lineno = 0, rc = 0;
-    while (fgets(line, sizeof line, f)) {
+    for (char *line = text; rc == 0 && line < text + len;) {
+        char *nl = memchr(line, '\n', (size_t)(text + len - line));
+        char *end = nl ? nl : text + len;
         lineno++;
         snprintf(where, sizeof where, "%s:%d", path, lineno);
-        char *hash = strchr(line, '#');
-        if (hash) *hash = '\0';
-        char *s = trim(line);
-        if (!*s) continue;
-        char *eq = strchr(s, '=');
-        if (!eq) {
-            err_set(err, "%s: expected 'key = value', got '%s'", where, s);
-            rc = -1;
-            break;
-        }
-        *eq = '\0';
-        char *key = trim(s), *val = trim(eq + 1);
-        if (!*key) {
-            err_set(err, "%s: missing key before '='", where);
-            rc = -1;
-            break;
-        }
-        if (config_set(c, key, val, where, err) != 0) {
-            rc = -1;
-            break;
-        }
+        if (memchr(line, '\0', (size_t)(end - line)))
+            rc = err_set(err, "%s: holds a NUL byte (a config is text)", where);
+        *end = '\0';
+        if (rc == 0) rc = config_line(c, line, where, err);
+        line = end + 1;
     }
-    fclose(f);
+    free(text);
     return rc;
 }
 
@@ -393,23 +442,24 @@ int config_stage_layers(const Config *c, int *layers, Err *err) {
         for (int s = 0; s < c->pp; s++) layers[s] = c->n_layer / c->pp + (s < c->n_layer % c->pp);
         return 0;
     }
-    int n = 0, sum = 0;
-    const char *p = c->stage_layers;
-    while (*p) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 1 || n == c->pp) {
+    /* counts between commas, each parsed strictly: a huge or negative
+     * count cannot wrap into a plausible one */
+    int n = 0;
+    long long sum = 0;
+    char buf[CONFIG_STR];
+    snprintf(buf, sizeof buf, "%s", c->stage_layers);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        long long v;
+        if (n == c->pp || parse_i64(tok, 1, c->n_layer, &v) != 0) {
             n = -1;
             break;
         }
         layers[n++] = (int)v;
-        sum += (int)v;
-        p = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') {
-            n = -1;
-            break;
-        }
+        sum += v;
     }
+    if (strstr(c->stage_layers, ",,") || c->stage_layers[strlen(c->stage_layers) - 1] == ',')
+        n = -1;
     if (n != c->pp || sum != c->n_layer) {
         char eg[256];
         int k = snprintf(eg, sizeof eg, "%d", c->n_layer - (c->pp - 1));

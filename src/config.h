@@ -13,6 +13,7 @@
 
 #define CONFIG_STR 512 /* longest string value + 1 (paths) */
 #define CONFIG_ARCH 64 /* longest blis_arch + 1 */
+#define CONFIG_MAX_STEP 99999999 /* checkpoint directories are step-NNNNNNNN */
 
 typedef enum { GATE_RAW = 0, GATE_SIGMOID = 1 } RouterGate;
 typedef enum { CAUSAL_AUX_LOSS = 0, CAUSAL_PREDICTOR = 1 } CausalRouter;

@@ -23,6 +23,11 @@ int shard_load(Shard *s, const char *path, Err *err) {
     }
     struct stat st;
     if (fstat(fileno(f), &st) != 0) goto io_fail;
+    if (!S_ISREG(st.st_mode)) {
+        err_set(err, "data: '%s' is not a regular file (give a token shard from 'modtrain prep')",
+                path);
+        goto fail;
+    }
     int32_t hdr[SHARD_HEADER_INTS];
     size_t hbytes = sizeof hdr;
     if ((size_t)st.st_size < hbytes || fread(hdr, 1, hbytes, f) != hbytes) {
@@ -40,6 +45,13 @@ int shard_load(Shard *s, const char *path, Err *err) {
     if (hdr[1] != SHARD_VERSION) {
         err_set(err, "data: '%s' has version %d, expected %d (uint16 tokens)", path, hdr[1],
                 SHARD_VERSION);
+        goto fail;
+    }
+    if (hdr[3] < 0 || hdr[3] == 1 || hdr[3] > 65536) {
+        err_set(err,
+                "data: '%s' says its vocabulary has %d tokens (expected 0 for unknown, or 2 to "
+                "65536: tokens are uint16)",
+                path, hdr[3]);
         goto fail;
     }
     if (hdr[2] < 0) {
@@ -64,7 +76,7 @@ int shard_load(Shard *s, const char *path, Err *err) {
     if (fread(s->tokens, sizeof(uint16_t), n, f) != n) goto io_fail;
     fclose(f);
     s->n_tokens = n;
-    s->vocab_hint = hdr[3] > 0 && hdr[3] <= 65536 ? hdr[3] : 0;
+    s->vocab_hint = hdr[3];
     s->max_token = 0;
     for (size_t i = 0; i < n; i++)
         if (s->tokens[i] > s->max_token) s->max_token = s->tokens[i];

@@ -9,6 +9,7 @@
 #include <blis.h>
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,11 +54,13 @@ static inline float fast_expf(float x) {
     /* k = round(x / ln 2) by the 1.5 * 2^23 trick: branch-free */
     const float shifter = 12582912.f;
     float t = x * 1.44269504088896341f + shifter;
+    /* unsigned: a NaN or Inf input gives garbage bits here (and NaN out),
+     * never signed overflow; for finite x the bits are the same */
     union {
         float f;
-        int i;
+        uint32_t u;
     } kt = {.f = t}, sh = {.f = shifter};
-    int k = kt.i - sh.i;
+    uint32_t k = kt.u - sh.u;
     float fk = t - shifter;
     float r = x - fk * 0.693359375f + fk * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
@@ -68,13 +71,26 @@ static inline float fast_expf(float x) {
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.f;
     union {
-        int i;
+        uint32_t u;
         float f;
-    } scale = {.i = (k + 127) << 23};
+    } scale = {.u = (k + 127u) << 23};
     return p * scale.f;
 }
 
 static inline float fast_tanhf(float u) { return 1.f - 2.f / (1.f + fast_expf(2.f * u)); }
+
+int kernels_check_arch(const char *blis_arch, Err *err) {
+    if (strcmp(blis_arch, "auto") == 0) return 0;
+    char names[512] = "auto";
+    for (int id = 0; id < BLIS_NUM_ARCHS; id++) {
+        const char *name = bli_arch_string((arch_t)id);
+        if (strcmp(name, blis_arch) == 0) return 0;
+        size_t len = strlen(names);
+        snprintf(names + len, sizeof names - len, ", %s", name);
+    }
+    return err_set(err, "config: blis_arch = '%s' is not a BLIS configuration (expected one of %s)",
+                   blis_arch, names);
+}
 
 void kernels_init(int threads, const char *blis_arch) {
     g_threads = threads > 0 ? threads : 1;

@@ -14,10 +14,15 @@
 
 #include <stddef.h>
 
+#include "src/base/util.h"
+
 /* Sets BLIS and OpenMP threads once; picks BLIS kernels (blis_arch: "auto"
  * chooses skx on AVX-512 CPUs). Call before any other kernel. */
 void kernels_init(int threads, const char *blis_arch);
 int kernels_threads(void);
+/* Whether blis_arch is "auto" or a configuration BLIS knows. Returns 0, or
+ * -1 with err listing the names that would be right. */
+int kernels_check_arch(const char *blis_arch, Err *err);
 /* The BLIS configuration in use, for the run's log ("skx", "haswell", ...). */
 const char *kernels_blis_arch(void);
 /* Best-of-several sgemm rate in GFLOP/s at the current thread count. */

@@ -4,9 +4,11 @@
  */
 #include "src/base/util.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,6 +83,26 @@ void errorf(const char *fmt, ...) {
 }
 
 void err_print(const Err *e) { errorf("%s", e->msg); }
+
+int parse_i64(const char *s, long long min, long long max, long long *out) {
+    if (!s || !*s || isspace((unsigned char)*s)) return -1;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (end == s || *end != '\0' || errno == ERANGE || v < min || v > max) return -1;
+    *out = v;
+    return 0;
+}
+
+int parse_f64(const char *s, double *out) {
+    if (!s || !*s || isspace((unsigned char)*s)) return -1;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || *end != '\0' || errno == ERANGE || !isfinite(v)) return -1;
+    *out = v;
+    return 0;
+}
 
 double now_s(void) {
     struct timespec ts;

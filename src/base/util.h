@@ -43,6 +43,13 @@ void errorf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* errorf("%s", e->msg). */
 void err_print(const Err *e);
 
+/* Strict number parsing for every value read from a file or the command
+ * line: the whole of s is the number (no leading or trailing space, no
+ * empty string), it does not overflow, and it lies in [min, max] (a float
+ * must also be finite). Return 0 and set *out, or -1 leaving it alone. */
+int parse_i64(const char *s, long long min, long long max, long long *out);
+int parse_f64(const char *s, double *out);
+
 /* Seconds since an arbitrary fixed point. */
 double now_s(void);
 

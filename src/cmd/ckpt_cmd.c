@@ -302,9 +302,10 @@ static int infer_key(Config *cfg, const StFile *f, const char *key, const char *
     return config_set(cfg, key, v, f->path, err);
 }
 
-/* The model config of a GPT-2 safetensors file: its metadata where it has
- * some, its tensors' shapes otherwise. Returns 0 or -1 with err set. */
-static int import_config(Config *cfg, const StFile *f, int n_head, Err *err) {
+/* The model config of a GPT-2 safetensors file (its metadata where it has
+ * some, its tensors' shapes otherwise) and its step (metadata, or 0).
+ * Returns 0 or -1 with err set. */
+static int import_config(Config *cfg, const StFile *f, int n_head, int *step, Err *err) {
     config_defaults(cfg);
     cfg->route_every = 0; /* no router tensors unless the metadata says otherwise */
     if (infer_key(cfg, f, "vocab_size", "wte.weight", 0, err) ||
@@ -328,6 +329,12 @@ static int import_config(Config *cfg, const StFile *f, int n_head, Err *err) {
         return err_set(err,
                        "ckpt import: '%s' has no n_head metadata; pass --n-head (GPT-2 small: 12)",
                        f->path);
+    const char *ms = st_meta(f, "step");
+    long long v = 0;
+    if (ms && parse_i64(ms, 0, CONFIG_MAX_STEP, &v) != 0)
+        return err_set(err, "ckpt import: '%s' has step = '%.32s' (expected an integer in [0, %d])",
+                       f->path, ms, CONFIG_MAX_STEP);
+    *step = (int)v;
     if (cfg->n_layer < 1 || cfg->d_model % cfg->n_head != 0 || config_validate(cfg, NULL) != 0)
         return err_set(err,
                        "ckpt import: '%s' gives n_layer = %d, d_model = %d, n_head = %d: not a GPT "
@@ -359,8 +366,8 @@ static int import_main(int argc, char **argv) {
         err_print(&err);
         return EXIT_USAGE;
     }
-    int rc = EXIT_USAGE;
-    if (import_config(&cfg, &f, n_head, &err) != 0) {
+    int rc = EXIT_USAGE, step = 0;
+    if (import_config(&cfg, &f, n_head, &step, &err) != 0) {
         err_print(&err);
         st_free(&f);
         return EXIT_USAGE;
@@ -369,8 +376,6 @@ static int import_main(int argc, char **argv) {
     model_dims_config(&d, &cfg, 1, 0);
     Model m;
     model_init(&m, &d, 1, NULL);
-    const char *ms = st_meta(&f, "step");
-    int step = ms ? atoi(ms) : 0;
     cfg.ckpt_keep = 1 << 20;
     if (ckpt_load_safetensors(in, &m, &err) != 0) {
         err_print(&err);

@@ -135,6 +135,10 @@ static int eval_run(Infer *in, const EvalArgs *a, const Shard *s, size_t total) 
     if (a->grads) model_zero_grad(m);
     double loss = evaluate(m, s, a->micro, total, ROUTE_TOPK,
                            a->grads && a->grad_mode == ROUTE_TOPK, (float)a->aux_weight);
+    if (!isfinite(loss)) { /* finite weights whose products overflow */
+        errorf("eval: the loss on '%s' is %f (the model's activations overflow)", a->data, loss);
+        return EXIT_FAILURE;
+    }
     double acc = m->stats.decisions ? (double)m->stats.agree / (double)m->stats.decisions : 1.0;
     if (a->json) {
         printf("{\"loss\":%.6f", loss);
@@ -283,12 +287,24 @@ static int sample_args(SampleArgs *a, int argc, char **argv) {
     return 1;
 }
 
-/* The text being generated, and where decoding stands in it. */
+/* The text being generated, and where decoding stands in it. Only the
+ * newest tokens are kept: a context refill needs the last T / 2. */
 typedef struct {
     int *seq; /* (cap) the prompt's tokens, then the generated ones */
-    size_t n;
+    size_t n, cap;
     int pos; /* position of the next token in the model's context */
+    int T;
 } Text;
+
+/* Appends a token; when the buffer is full, its newest T tokens move to
+ * the front, so --tokens costs no memory of its own. */
+static void text_push(Text *tx, int tok) {
+    if (tx->n == tx->cap) {
+        memmove(tx->seq, tx->seq + tx->n - (size_t)tx->T, (size_t)tx->T * sizeof(int));
+        tx->n = (size_t)tx->T;
+    }
+    tx->seq[tx->n++] = tok;
+}
 
 /* Draws the next token on the last stage (every tp rank gathers all logits
  * and, with the same seed, draws the same token) and gives it to every
@@ -322,7 +338,7 @@ static double generate(Infer *in, const SampleArgs *a, DecodeState *ds, Text *tx
     ds->steps = 0;
     for (int i = 0; i < a->tokens; i++) {
         int tok = next_token(in, a, logits, probs, &rng);
-        tx->seq[tx->n++] = tok;
+        text_push(tx, tok);
         putchar(tok);
         if (i + 1 == a->tokens) break;
         if (tx->pos == T) {
@@ -355,7 +371,9 @@ int sample_main(int argc, char **argv) {
         return EXIT_USAGE;
     }
     size_t plen = strlen(a.prompt);
-    Text tx = {xmalloc((plen + (size_t)a.tokens + 1) * sizeof(int)), 0, 0};
+    const size_t T = (size_t)m->d.maxT;
+    Text tx = {NULL, 0, (plen > T ? plen : T) + T + 1, 0, (int)T};
+    tx.seq = xmalloc(tx.cap * sizeof(int));
     if (plen == 0) tx.seq[tx.n++] = '\n'; /* a newline starts a fresh passage */
     for (size_t i = 0; i < plen; i++) tx.seq[tx.n++] = (unsigned char)a.prompt[i];
     fwrite(a.prompt, 1, plen, stdout);

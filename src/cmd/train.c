@@ -132,6 +132,7 @@ static int run_setup_layout(Run *r, int argc, char **argv) {
     config_defaults(&r->cfg);
     int rc = config_from_args(&r->cfg, argc, argv, &err);
     if (rc == 0) rc = config_validate(&r->cfg, &err);
+    if (rc == 0) rc = kernels_check_arch(r->cfg.blis_arch, &err);
     if (cmd_agree(rc, &err, MPI_COMM_WORLD) != 0) return -1;
     rc = grid_init(&r->grid, r->cfg.tp, r->cfg.pp, &err);
     r->grid_ready = rc == 0;

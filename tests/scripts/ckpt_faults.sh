@@ -88,6 +88,66 @@ echo junk > tmpdir/ckpt/step-00000040.tmp/index
     ok "ckpt list shows the .tmp directory as incomplete" || fail ".tmp listing"
 resumes tmpdir 30
 
+# a state.step that is no step (negative, non-numeric, nine digits) in an
+# index whose CRC was made good again: a clear error for eval, passed over
+# by resume = auto
+for bad in -5 abc 123456789; do
+    breakcopy "step$bad"
+    "$PYTHON" - "step$bad/ckpt/step-00000030/index" "$bad" <<'PY'
+import sys, zlib
+path, value = sys.argv[1], sys.argv[2].encode()
+lines = [l for l in open(path, "rb").read().split(b"\n")[:-1] if not l.startswith(b"end ")]
+lines = [b"kv state.step " + value if l.startswith(b"kv state.step ") else l for l in lines]
+text = b"".join(l + b"\n" for l in lines)
+open(path, "wb").write(text + b"end %08x\n" % zlib.crc32(text))
+PY
+    set +e
+    "$MODTRAIN" eval --ckpt "step$bad/ckpt/step-00000030" --data data/val.bin > e.txt 2>&1
+    rc=$?
+    set -e
+    [ "$rc" -eq 2 ] && [ "$(wc -l < e.txt)" -eq 1 ] && grep -q "has state.step = '$bad' (expected an integer in \[0, 99999999\])" e.txt &&
+        ok "$(cat e.txt)" || { cat e.txt; fail "state.step = $bad accepted"; }
+    resumes "step$bad" 20
+done
+
+# a NaN among the weights under a valid CRC (the chunk deflated again, the
+# index's offset, sizes and CRCs made good): verify names the tensor, eval
+# refuses it, resume = auto passes over it
+breakcopy nan
+"$PYTHON" - nan/ckpt/step-00000030 <<'PY'
+import struct, sys, zlib
+d = sys.argv[1]
+lines = [l for l in open(d + "/index", "rb").read().split(b"\n")[:-1] if not l.startswith(b"end ")]
+data = bytearray(open(d + "/data.bin", "rb").read())
+out = []
+for l in lines:
+    f = l.split(b" ")
+    if f[0] == b"chunk" and f[1] == b"param/h.0.mlp.c_fc.weight":
+        off, csize, usize = int(f[9]), int(f[10]), int(f[11])
+        planes, n = zlib.decompress(bytes(data[off:off + csize])), usize // 4
+        raw = bytearray(usize)
+        for b in range(4):
+            raw[b::4] = planes[b * n:(b + 1) * n]
+        raw[0:4] = struct.pack("<f", float("nan"))
+        comp = zlib.compress(b"".join(bytes(raw[b::4]) for b in range(4)), 6)
+        f[9], f[10], f[12] = b"%d" % len(data), b"%d" % len(comp), b"%08x" % zlib.crc32(bytes(raw))
+        data += comp
+        l = b" ".join(f)
+    out.append(b"data data.bin %d" % len(data) if l.startswith(b"data ") else l)
+out = [b"data data.bin %d" % len(data) if l.startswith(b"data ") else l for l in out]
+text = b"".join(l + b"\n" for l in out)
+open(d + "/data.bin", "wb").write(data)
+open(d + "/index", "wb").write(text + b"end %08x\n" % zlib.crc32(text))
+PY
+expect_bad nan/ckpt/step-00000030 "chunk param/h.0.mlp.c_fc.weight .*: element 0 is nan"
+set +e
+"$MODTRAIN" eval --ckpt nan/ckpt/step-00000030 --data data/val.bin > e.txt 2>&1
+rc=$?
+set -e
+[ "$rc" -eq 2 ] && grep -q "element 0 is nan (weights and moments must be finite)" e.txt &&
+    ok "eval: $(cat e.txt)" || { cat e.txt; fail "eval accepted NaN weights"; }
+resumes nan 20
+
 # latest pointing nowhere: a clear error for eval, ignored by resume = auto
 breakcopy dangling
 echo step-00000099 > dangling/ckpt/latest

@@ -43,6 +43,11 @@ expect_error "d_model = 130 is not divisible by n_head = 4" "$MODTRAIN" train $T
 expect_error "batch_size = 8 is not divisible by micro_batch = 3" "$MODTRAIN" train $T --micro_batch 3
 expect_error "route_every = 9 routes no block of n_layer = 4" "$MODTRAIN" train $T --route_every 9
 expect_error "cannot open 'nope.bin'" "$MODTRAIN" train $T --train_data nope.bin
+expect_error "'/dev/zero' is longer than" timeout 60 "$MODTRAIN" train --config /dev/zero
+expect_error "config: '.' is a directory" "$MODTRAIN" train --config .
+expect_error "blis_arch = 'skylake' is not a BLIS configuration (expected one of auto, " "$MODTRAIN" train $T --blis_arch skylake
+expect_error "stage_layers = '4294967295,5' does not split n_layer = 4" "$MODTRAIN" train $T --pp 2 --stage_layers 4294967295,5
+expect_error "steps = 100000000 is out of range (expected an integer in \[0, 99999999\])" "$MODTRAIN" train $T --steps 100000000
 head -c 2000 data/train.bin > trunc.bin
 expect_error "trunc.bin' is 2000 bytes but its header promises" "$MODTRAIN" train $T --train_data trunc.bin
 head -c 4096 /dev/zero > zero.bin

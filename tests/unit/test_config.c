@@ -102,6 +102,76 @@ static void test_validate(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "min_lr = 1 is above lr"));
 }
 
+/* Writes text to a fresh temporary file; its path goes to path (32 bytes). */
+static void temp_config(char *path, const char *text, size_t len) {
+    strcpy(path, "/tmp/modtrain-test-XXXXXX");
+    int fd = mkstemp(path);
+    CU_ASSERT_FATAL(fd >= 0);
+    CU_ASSERT(write(fd, text, len) == (ssize_t)len);
+    close(fd);
+}
+
+/* Files as a user or an attacker may write them: lines of any length (a
+ * long comment's tail is never a setting), quoted empty strings, NUL
+ * bytes, endless and directory "files". */
+static void test_hostile_files(void) {
+    Err e;
+    Config c;
+    config_defaults(&c);
+    char path[32], text[8192];
+    memset(text, 0, sizeof text);
+    strcpy(text, "# ");
+    memset(text + 2, 'x', 3000);
+    strcat(text, " lr = 9.5\n");
+    memset(text + strlen(text), ' ', 3000);
+    strcat(text, "n_layer = 3\nval_data = \"\"\nckpt_dir = \"\"\n");
+    temp_config(path, text, strlen(text));
+    CU_ASSERT_EQUAL(config_load_file(&c, path, &e), 0);
+    CU_ASSERT_DOUBLE_EQUAL(c.lr, 6e-4, 0); /* the comment's tail is not a setting */
+    CU_ASSERT_EQUAL(c.n_layer, 3);         /* after 3000 spaces, still one line */
+    CU_ASSERT_STRING_EQUAL(c.val_data, "");
+    CU_ASSERT_STRING_EQUAL(c.ckpt_dir, "");
+    unlink(path);
+    temp_config(path, "n_layer = 2\nlr = 0.1\0\n", 21);
+    CU_ASSERT_EQUAL(config_load_file(&c, path, &e), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, ":2: holds a NUL byte"));
+    unlink(path);
+    CU_ASSERT_EQUAL(config_load_file(&c, "/dev/zero", &e), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "is longer than"));
+    CU_ASSERT_EQUAL(config_load_file(&c, "/tmp", &e), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "is a directory"));
+}
+
+/* Numbers are parsed whole and in range; stage_layers counts cannot wrap. */
+static void test_strict_numbers(void) {
+    Err e;
+    Config c;
+    config_defaults(&c);
+    long long v;
+    CU_ASSERT_EQUAL(parse_i64("12", 0, 100, &v), 0);
+    CU_ASSERT_EQUAL(v, 12);
+    const char *bad[] = {"", " 5", "5 ", "12abc", "0x10", "9223372036854775808", "101", "-1"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CU_ASSERT_EQUAL(parse_i64(bad[i], 0, 100, &v), -1);
+    double d;
+    CU_ASSERT_EQUAL(parse_f64("1e-3", &d), 0);
+    CU_ASSERT_EQUAL(parse_f64("inf", &d), -1);
+    CU_ASSERT_EQUAL(parse_f64("1e999", &d), -1);
+    CU_ASSERT_EQUAL(config_set(&c, "steps", "100000000", "t", &e), -1); /* 9 digits */
+    CU_ASSERT_EQUAL(config_set(&c, "steps", "99999999", "t", &e), 0);
+    c.n_layer = 6;
+    c.pp = 2;
+    int layers[2];
+    const char *splits[] = {"4294967295,5", "-1,7", "3,,3", "3,3,", "2147483647,2147483647", "7,-1"};
+    for (size_t i = 0; i < sizeof splits / sizeof splits[0]; i++) {
+        snprintf(c.stage_layers, sizeof c.stage_layers, "%s", splits[i]);
+        CU_ASSERT_EQUAL(config_stage_layers(&c, layers, &e), -1);
+    }
+    snprintf(c.stage_layers, sizeof c.stage_layers, "%s", "4,2");
+    CU_ASSERT_EQUAL(config_stage_layers(&c, layers, &e), 0);
+    CU_ASSERT(layers[0] == 4 && layers[1] == 2);
+}
+
 /* The model keys are the table's flagged rows: the shape and the routing,
  * nothing of the optimizer or the layout. */
 static void test_model_keys(void) {
@@ -126,6 +196,9 @@ int main(void) {
                            {"files, comments and overrides", test_file_and_overrides},
                            {"relations between keys", test_validate},
                            {"model keys are flagged in the table", test_model_keys},
+                           {"long lines, quotes, NUL bytes, /dev/zero, directories",
+                            test_hostile_files},
+                           {"strict numbers; stage_layers cannot wrap", test_strict_numbers},
                            CU_TEST_INFO_NULL};
     return run_suite("config", tests);
 }

@@ -69,6 +69,17 @@ static void test_bad_shards(void) {
     CU_ASSERT_EQUAL(shard_load(&s, p, &e), -1);
     path_in(p, sizeof p, "missing.bin");
     CU_ASSERT_EQUAL(shard_load(&s, p, &e), -1);
+    ((int32_t *)buf)[1] = SHARD_VERSION;
+    ((int32_t *)buf)[3] = 1; /* a vocabulary of one token: no model to train */
+    path_in(p, sizeof p, "bad.bin");
+    write_raw(p, buf, sizeof buf);
+    CU_ASSERT_EQUAL(shard_load(&s, p, &e), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "says its vocabulary has 1 tokens"));
+    ((int32_t *)buf)[3] = -7;
+    write_raw(p, buf, sizeof buf);
+    CU_ASSERT_EQUAL(shard_load(&s, p, &e), -1);
+    CU_ASSERT_EQUAL(shard_load(&s, dir, &e), -1); /* a directory */
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "is not a regular file"));
 }
 
 static void test_order(void) {
@@ -124,7 +135,8 @@ static void test_prep_split(void) {
 int main(void) {
     if (!mkdtemp(dir)) return 99;
     CU_TestInfo tests[] = {{"shard round trip", test_roundtrip},
-                           {"truncated, short, wrong magic, wrong version, missing", test_bad_shards},
+                           {"truncated, short, wrong magic, wrong version, missing, vocabulary 1, a directory",
+                            test_bad_shards},
                            {"seeded order: permutations, random access", test_order},
                            {"prep splits a fraction of chunks evenly", test_prep_split},
                            CU_TEST_INFO_NULL};
