@@ -316,7 +316,8 @@ int ckpt_read_config(const char *stepdir, Config *cfg, int *step, Err *err) {
     const char *s = ck_kv(&ix, "state.step");
     long long v = 0;
     if (rc == 0 && (!s || parse_i64(s, 0, CONFIG_MAX_STEP, &v) != 0))
-        rc = err_set(err, "ckpt: '%s/index' has state.step = '%.32s' (expected an integer in [0, %d])",
+        rc = err_set(err,
+                     "ckpt: '%s/index' has state.step = '%.32s' (expected an integer in [0, %d])",
                      stepdir, s ? s : "", CONFIG_MAX_STEP);
     if (rc == 0 && step) *step = (int)v;
     ck_index_free(&ix);

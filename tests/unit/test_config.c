@@ -162,7 +162,8 @@ static void test_strict_numbers(void) {
     c.n_layer = 6;
     c.pp = 2;
     int layers[2];
-    const char *splits[] = {"4294967295,5", "-1,7", "3,,3", "3,3,", "2147483647,2147483647", "7,-1"};
+    const char *splits[] = {"4294967295,5",          "-1,7", "3,,3", "3,3,",
+                            "2147483647,2147483647", "7,-1"};
     for (size_t i = 0; i < sizeof splits / sizeof splits[0]; i++) {
         snprintf(c.stage_layers, sizeof c.stage_layers, "%s", splits[i]);
         CU_ASSERT_EQUAL(config_stage_layers(&c, layers, &e), -1);
@@ -190,15 +191,15 @@ static void test_model_keys(void) {
 }
 
 int main(void) {
-    CU_TestInfo tests[] = {{"defaults", test_defaults},
-                           {"types, ranges, enums, unknown keys", test_set_types_and_ranges},
-                           {"edit distance for suggestions", test_edit_distance},
-                           {"files, comments and overrides", test_file_and_overrides},
-                           {"relations between keys", test_validate},
-                           {"model keys are flagged in the table", test_model_keys},
-                           {"long lines, quotes, NUL bytes, /dev/zero, directories",
-                            test_hostile_files},
-                           {"strict numbers; stage_layers cannot wrap", test_strict_numbers},
-                           CU_TEST_INFO_NULL};
+    CU_TestInfo tests[] = {
+        {"defaults", test_defaults},
+        {"types, ranges, enums, unknown keys", test_set_types_and_ranges},
+        {"edit distance for suggestions", test_edit_distance},
+        {"files, comments and overrides", test_file_and_overrides},
+        {"relations between keys", test_validate},
+        {"model keys are flagged in the table", test_model_keys},
+        {"long lines, quotes, NUL bytes, /dev/zero, directories", test_hostile_files},
+        {"strict numbers; stage_layers cannot wrap", test_strict_numbers},
+        CU_TEST_INFO_NULL};
     return run_suite("config", tests);
 }

@@ -134,12 +134,13 @@ static void test_prep_split(void) {
 
 int main(void) {
     if (!mkdtemp(dir)) return 99;
-    CU_TestInfo tests[] = {{"shard round trip", test_roundtrip},
-                           {"truncated, short, wrong magic, wrong version, missing, vocabulary 1, a directory",
-                            test_bad_shards},
-                           {"seeded order: permutations, random access", test_order},
-                           {"prep splits a fraction of chunks evenly", test_prep_split},
-                           CU_TEST_INFO_NULL};
+    CU_TestInfo tests[] = {
+        {"shard round trip", test_roundtrip},
+        {"truncated, short, wrong magic, wrong version, missing, vocabulary 1, a directory",
+         test_bad_shards},
+        {"seeded order: permutations, random access", test_order},
+        {"prep splits a fraction of chunks evenly", test_prep_split},
+        CU_TEST_INFO_NULL};
     int rc = run_suite("data", tests);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
