@@ -302,53 +302,152 @@ const char *ck_kv(const CkIndex *ix, const char *key) {
     return NULL;
 }
 
+/* Splits line at single spaces into at most max fields. Returns the count,
+ * or -1 for an empty field (a leading, trailing or doubled space) or too
+ * many fields. */
+static int split_fields(char *line, char **f, int max) {
+    int n = 0;
+    for (char *p = line;; p++) {
+        char *sp = strchr(p, ' ');
+        if (n == max || sp == p || *p == '\0') return -1;
+        f[n++] = p;
+        if (!sp) return n;
+        *sp = '\0';
+        p = sp;
+    }
+}
+
+/* Exactly 8 hex digits. */
+static int parse_crc(const char *s, uint32_t *out) {
+    if (strlen(s) != 8 || strspn(s, "0123456789abcdefABCDEF") != 8) return -1;
+    *out = (uint32_t)strtoul(s, NULL, 16);
+    return 0;
+}
+
+/* The fields of a chunk line into c; *why says what is wrong. Every number
+ * is parsed whole and bounded, and every sum and product is checked. */
+static int parse_chunk(CkChunk *c, char **f, const char **why) {
+    /* ndim rows cols r0 nr c0 nc offset csize usize */
+    long long v[10];
+    static const long long lo[10] = {1, 1, 1, 0, 1, 0, 1, 0, 0, 0};
+    for (int i = 0; i < 10; i++) {
+        long long hi = i < 7 ? INT32_MAX : INT64_MAX;
+        if (parse_i64(f[i + 2], lo[i], hi, &v[i]) != 0) {
+            *why = "a number is missing, malformed or out of range";
+            return -1;
+        }
+    }
+    if (strlen(f[1]) >= sizeof c->name) return (*why = "the tensor name is too long"), -1;
+    snprintf(c->name, sizeof c->name, "%s", f[1]);
+    c->ndim = (int)v[0], c->rows = v[1], c->cols = v[2], c->r0 = v[3], c->nr = v[4];
+    c->c0 = v[5], c->nc = v[6];
+    c->offset = (uint64_t)v[7], c->csize = (uint64_t)v[8], c->usize = (uint64_t)v[9];
+    uint64_t bytes;
+    if (c->ndim > 2 || (c->ndim == 1 && c->cols != 1)) *why = "ndim is not 1 or 2 (1: one column)";
+    else if (c->r0 + c->nr > c->rows || c->c0 + c->nc > c->cols) *why = "the slice leaves its tensor";
+    else if (__builtin_mul_overflow((uint64_t)c->nr * (uint64_t)c->nc, 4, &bytes) ||
+             bytes != c->usize)
+        *why = "the raw size is not 4 x rows x cols of the slice";
+    else if (parse_crc(f[12], &c->crc) != 0) *why = "the CRC32 is not 8 hex digits";
+    else return 0;
+    return -1;
+}
+
 /* One "data", "kv" or "chunk" line of an index into ix; caps are the
- * arrays' capacities. Returns 0, or -1 for a malformed line. */
-static int parse_record(CkIndex *ix, char *line, int *kcap, int *ccap) {
-    if (strncmp(line, "data ", 5) == 0) {
-        unsigned long long b;
-        if (sscanf(line, "data data.bin %llu", &b) != 1) return -1;
-        ix->data_bytes = b;
-    } else if (strncmp(line, "kv ", 3) == 0) {
+ * arrays' capacities. Returns 0, or -1 with *why saying what is wrong. */
+static int parse_record(CkIndex *ix, char *line, int *kcap, int *ccap, const char **why) {
+    char *f[14];
+    *why = "not a data, kv or chunk line";
+    if (strncmp(line, "kv ", 3) == 0) {
+        char *key = line + 3, *sp = strchr(key, ' ');
+        if (!sp || sp == key || (size_t)(sp - key) >= sizeof ix->kv[0].key ||
+            strlen(sp + 1) >= sizeof ix->kv[0].value)
+            return (*why = "a kv line needs a key and a value of bounded length"), -1;
+        *sp = '\0';
+        if (ck_kv(ix, key)) return (*why = "the key appears twice"), -1;
         if (ix->nkv == *kcap) {
             *kcap = *kcap ? 2 * *kcap : 32;
             ix->kv = xrealloc(ix->kv, (size_t)*kcap * sizeof(CkKV));
         }
-        CkKV *k = &ix->kv[ix->nkv];
-        char *sp = strchr(line + 3, ' ');
-        if (!sp) return -1;
-        snprintf(k->key, sizeof k->key, "%.*s", (int)(sp - line - 3), line + 3);
-        snprintf(k->value, sizeof k->value, "%s", sp + 1);
+        snprintf(ix->kv[ix->nkv].key, sizeof ix->kv[0].key, "%s", key);
+        snprintf(ix->kv[ix->nkv].value, sizeof ix->kv[0].value, "%s", sp + 1);
         ix->nkv++;
-    } else if (strncmp(line, "chunk ", 6) == 0) {
-        if (ix->nchunks == *ccap) {
-            *ccap = *ccap ? 2 * *ccap : 128;
-            ix->chunks = xrealloc(ix->chunks, (size_t)*ccap * sizeof(CkChunk));
-        }
-        CkChunk *c = &ix->chunks[ix->nchunks];
-        memset(c, 0, sizeof *c);
-        unsigned int crc;
-        int k = sscanf(line,
-                       "chunk %111s %d %" SCNd64 " %" SCNd64 " %" SCNd64 " %" SCNd64 " %" SCNd64
-                       " %" SCNd64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %x",
-                       c->name, &c->ndim, &c->rows, &c->cols, &c->r0, &c->nr, &c->c0, &c->nc,
-                       &c->offset, &c->csize, &c->usize, &crc);
-        if (k != 12 || c->r0 < 0 || c->c0 < 0 || c->nr < 0 || c->nc < 0 ||
-            c->r0 + c->nr > c->rows || c->c0 + c->nc > c->cols ||
-            c->usize != (uint64_t)(c->nr * c->nc) * 4)
-            return -1;
-        c->crc = crc;
-        ix->nchunks++;
-    } else {
-        return -1;
+        return 0;
     }
+    int n = split_fields(line, f, 14);
+    if (n == 3 && strcmp(f[0], "data") == 0 && strcmp(f[1], "data.bin") == 0) {
+        long long b;
+        if (parse_i64(f[2], 8, INT64_MAX, &b) != 0) return (*why = "a bad data size"), -1;
+        ix->data_bytes = (uint64_t)b;
+        return 0;
+    }
+    if (n != 13 || strcmp(f[0], "chunk") != 0) return -1;
+    if (ix->nchunks == *ccap) {
+        *ccap = *ccap ? 2 * *ccap : 128;
+        ix->chunks = xrealloc(ix->chunks, (size_t)*ccap * sizeof(CkChunk));
+    }
+    CkChunk *c = &ix->chunks[ix->nchunks];
+    memset(c, 0, sizeof *c);
+    if (parse_chunk(c, f, why) != 0) return -1;
+    ix->nchunks++;
     return 0;
+}
+
+static int chunk_order(const void *a, const void *b) {
+    const CkChunk *x = *(const CkChunk *const *)a, *y = *(const CkChunk *const *)b;
+    int k = strcmp(x->name, y->name);
+    if (k) return k;
+    if (x->r0 != y->r0) return x->r0 < y->r0 ? -1 : 1;
+    return x->c0 < y->c0 ? -1 : x->c0 > y->c0;
+}
+
+/* The chunks of one tensor, sorted by position, tile it exactly: one shape,
+ * no two overlapping, and together as many elements as the tensor has. */
+static int check_tensor_tiling(const CkIndex *ix, CkChunk **c, int k, Err *err) {
+    if (k > CK_MAX_CHUNKS)
+        return err_set(err, "ckpt: '%s/index': tensor %s has %d chunks (at most %d)", ix->dir,
+                       c[0]->name, k, CK_MAX_CHUNKS);
+    uint64_t area = 0, total = (uint64_t)c[0]->rows * (uint64_t)c[0]->cols;
+    for (int i = 0; i < k; i++) {
+        if (c[i]->ndim != c[0]->ndim || c[i]->rows != c[0]->rows || c[i]->cols != c[0]->cols)
+            return err_set(err, "ckpt: '%s/index': the chunks of %s disagree on its shape", ix->dir,
+                           c[0]->name);
+        for (int j = i + 1; j < k && c[j]->r0 < c[i]->r0 + c[i]->nr; j++)
+            if (c[j]->c0 < c[i]->c0 + c[i]->nc && c[i]->c0 < c[j]->c0 + c[j]->nc)
+                return err_set(err,
+                               "ckpt: '%s/index': chunks of %s overlap at rows %" PRId64
+                               " and %" PRId64 " (a region stored twice)",
+                               ix->dir, c[0]->name, c[i]->r0, c[j]->r0);
+        area += (uint64_t)c[i]->nr * (uint64_t)c[i]->nc; /* <= total: no overflow */
+    }
+    if (area != total)
+        return err_set(err,
+                       "ckpt: '%s/index': the chunks of %s hold %" PRIu64 " of its %" PRIu64
+                       " elements (a region is missing)",
+                       ix->dir, c[0]->name, area, total);
+    return 0;
+}
+
+/* Every tensor of the index is tiled exactly by its chunks. */
+static int check_tiling(const CkIndex *ix, Err *err) {
+    CkChunk **order = xcalloc((size_t)ix->nchunks + 1, sizeof(CkChunk *));
+    for (int i = 0; i < ix->nchunks; i++) order[i] = &ix->chunks[i];
+    qsort(order, (size_t)ix->nchunks, sizeof(CkChunk *), chunk_order);
+    int rc = 0;
+    for (int i = 0, j; rc == 0 && i < ix->nchunks; i = j) {
+        for (j = i + 1; j < ix->nchunks && strcmp(order[j]->name, order[i]->name) == 0; j++) {}
+        rc = check_tensor_tiling(ix, order + i, j - i, err);
+    }
+    free(order);
+    return rc;
 }
 
 /* The lines of an index after its magic: records, then an "end" line whose
  * CRC32 covers every line before it. Returns 0 or -1 with err set. */
 static int parse_index(CkIndex *ix, const char *path, char *text, size_t len, Err *err) {
     int lineno = 0, have_end = 0, kcap = 0, ccap = 0;
+    const char *why = "";
+    char cur[96];
     uint32_t running = (uint32_t)crc32(0L, Z_NULL, 0);
     for (char *line = text, *next; line < text + len; line = next) {
         char *nl = memchr(line, '\n', (size_t)(text + len - line));
@@ -361,19 +460,24 @@ static int parse_index(CkIndex *ix, const char *path, char *text, size_t len, Er
         *nl = '\0';
         next = nl + 1;
         lineno++;
+        snprintf(cur, sizeof cur, "%s", line); /* parsing cuts the line up */
         if (have_end)
             return err_set(err, "ckpt: '%s' has text after its 'end' line (line %d)", path, lineno);
         if (lineno == 1) continue;
         if (strncmp(line, "end ", 4) == 0) {
-            uint32_t want = (uint32_t)strtoul(line + 4, NULL, 16);
+            uint32_t want;
+            if (parse_crc(line + 4, &want) != 0)
+                return err_set(err, "ckpt: '%s' line %d is malformed (an end line needs 8 hex "
+                               "digits): '%.80s'", path, lineno, cur);
             if (want != crc_before)
                 return err_set(err,
                                "ckpt: '%s' is garbled (CRC32 %08" PRIx32 ", its end line says "
                                "%08" PRIx32 ")",
                                path, crc_before, want);
             have_end = 1;
-        } else if (parse_record(ix, line, &kcap, &ccap) != 0) {
-            return err_set(err, "ckpt: '%s' line %d is malformed: '%.80s'", path, lineno, line);
+        } else if (parse_record(ix, line, &kcap, &ccap, &why) != 0) {
+            return err_set(err, "ckpt: '%s' line %d is malformed (%s): '%.80s'", path, lineno, why,
+                           cur);
         }
     }
     if (!have_end) return err_set(err, "ckpt: '%s' has no 'end' line (truncated index)", path);
@@ -399,10 +503,12 @@ static int check_data_file(const CkIndex *ix, Err *err) {
         return err_set(err, "ckpt: '%s' has the wrong magic (expected '%s')", path, CK_DATA_MAGIC);
     for (int i = 0; i < ix->nchunks; i++) {
         const CkChunk *c = &ix->chunks[i];
-        if (c->offset < 8 || c->offset + c->csize > ix->data_bytes)
+        /* zlib deflates at most 1032:1, so usize is bounded by the file too */
+        if (c->offset < 8 || c->csize > ix->data_bytes || c->offset > ix->data_bytes - c->csize ||
+            c->usize / 1032 > c->csize + 1)
             return err_set(err,
                            "ckpt: '%s': chunk %s [%" PRId64 ":%" PRId64 ", %" PRId64 ":%" PRId64
-                           "] lies outside the data file",
+                           "] lies outside the data file or claims more than it can inflate to",
                            ix->dir, c->name, c->r0, c->r0 + c->nr, c->c0, c->c0 + c->nc);
     }
     return 0;
@@ -425,6 +531,7 @@ int ck_index_read(const char *dir, CkIndex *ix, Err *err) {
         rc = err_set(err, "ckpt: '%s' does not start with '%s' (not a modtrain checkpoint index)",
                      path, CK_INDEX_MAGIC);
     else rc = parse_index(ix, path, text, len, err);
+    if (rc == 0) rc = check_tiling(ix, err);
     if (rc == 0) rc = check_data_file(ix, err);
     free(text);
     if (rc != 0) ck_index_free(ix);

@@ -26,6 +26,7 @@
 
 #define CK_DATA_MAGIC "MODTCKP1"
 #define CK_INDEX_MAGIC "modtrain-checkpoint 1"
+#define CK_MAX_CHUNKS 4096 /* chunks of one tensor */
 
 /* A rectangle of a global (rows x cols) tensor held in local memory. */
 typedef struct {

@@ -110,6 +110,55 @@ PY
     resumes "step$bad" 20
 done
 
+# edit_index DIR PYTHON: runs PYTHON on `lines` (the index's lines, bytes,
+# without the end line), then writes them back with a valid end CRC: damage
+# that only the index's own checks can find
+edit_index() {
+    "$PYTHON" - "$1/index" "$2" <<'PY'
+import sys, zlib
+path, code = sys.argv[1], sys.argv[2]
+lines = [l for l in open(path, "rb").read().split(b"\n")[:-1] if not l.startswith(b"end ")]
+exec(code)
+text = b"".join(l + b"\n" for l in lines)
+open(path, "wb").write(text + b"end %08x\n" % zlib.crc32(text))
+PY
+}
+# chunk(NAME, i): the index of the i-th chunk line of tensor NAME
+chunk='def chunk(name, i): return [k for k, l in enumerate(lines) if l.split(b" ")[:2] == [b"chunk", name]][i]'
+qkv='b"param/h.0.attn.c_attn.weight"'
+# c_attn is stored as 3 column blocks: the second stored twice in place of
+# the third would cover as many elements as the tensor has
+breakcopy twice
+edit_index twice/ckpt/step-00000030 "$chunk
+lines[chunk($qkv, 2)] = lines[chunk($qkv, 1)]"
+expect_bad twice/ckpt/step-00000030 "chunks of param/h.0.attn.c_attn.weight overlap"
+resumes twice 20
+breakcopy gap
+edit_index gap/ckpt/step-00000030 "$chunk
+del lines[chunk($qkv, 2)]"
+expect_bad gap/ckpt/step-00000030 "hold 8192 of its 12288 elements (a region is missing)"
+# shapes and offsets that overflow 32- and 64-bit arithmetic, a negative
+# ndim, a key twice: clear errors, and ckpt diff does not crash on them
+for case in "cols 4294967296:4:a number is missing, malformed or out of range" \
+    "ndim -1:2:a number is missing" \
+    "offset 9223372036854775800:9:lies outside the data file"; do
+    field=${case%%:*} rest=${case#*:}
+    name=${field%% *} value=${field#* } col=${rest%%:*} pattern=${rest#*:}
+    breakcopy "ovf$name"
+    edit_index "ovf$name/ckpt/step-00000030" "$chunk
+f = lines[chunk($qkv, 0)].split(b' '); f[$col] = b'$value'; lines[chunk($qkv, 0)] = b' '.join(f)"
+    expect_bad "ovf$name/ckpt/step-00000030" "$pattern"
+    set +e
+    "$MODTRAIN" ckpt diff --a "ovf$name/ckpt/step-00000030" --b base/ckpt/step-00000030 > d.txt 2>&1
+    rc=$?
+    set -e
+    [ "$rc" -eq 2 ] && grep -q -- "$pattern" d.txt && ok "ckpt diff of a $name overflow: exit 2" ||
+        { cat d.txt; fail "ckpt diff of a $name overflow: rc $rc"; }
+done
+breakcopy dupkey
+edit_index dupkey/ckpt/step-00000030 'lines.insert(3, lines[2])'
+expect_bad dupkey/ckpt/step-00000030 "the key appears twice"
+
 # a NaN among the weights under a valid CRC (the chunk deflated again, the
 # index's offset, sizes and CRCs made good): verify names the tensor, eval
 # refuses it, resume = auto passes over it
