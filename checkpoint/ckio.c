@@ -344,7 +344,8 @@ static int parse_chunk(CkChunk *c, char **f, const char **why) {
     c->offset = (uint64_t)v[7], c->csize = (uint64_t)v[8], c->usize = (uint64_t)v[9];
     uint64_t bytes;
     if (c->ndim > 2 || (c->ndim == 1 && c->cols != 1)) *why = "ndim is not 1 or 2 (1: one column)";
-    else if (c->r0 + c->nr > c->rows || c->c0 + c->nc > c->cols) *why = "the slice leaves its tensor";
+    else if (c->r0 + c->nr > c->rows || c->c0 + c->nc > c->cols)
+        *why = "the slice leaves its tensor";
     else if (__builtin_mul_overflow((uint64_t)c->nr * (uint64_t)c->nc, 4, &bytes) ||
              bytes != c->usize)
         *why = "the raw size is not 4 x rows x cols of the slice";
@@ -435,7 +436,8 @@ static int check_tiling(const CkIndex *ix, Err *err) {
     qsort(order, (size_t)ix->nchunks, sizeof(CkChunk *), chunk_order);
     int rc = 0;
     for (int i = 0, j; rc == 0 && i < ix->nchunks; i = j) {
-        for (j = i + 1; j < ix->nchunks && strcmp(order[j]->name, order[i]->name) == 0; j++) {}
+        j = i + 1; /* [i, j): one tensor's chunks */
+        while (j < ix->nchunks && strcmp(order[j]->name, order[i]->name) == 0) j++;
         rc = check_tensor_tiling(ix, order + i, j - i, err);
     }
     free(order);
@@ -467,8 +469,10 @@ static int parse_index(CkIndex *ix, const char *path, char *text, size_t len, Er
         if (strncmp(line, "end ", 4) == 0) {
             uint32_t want;
             if (parse_crc(line + 4, &want) != 0)
-                return err_set(err, "ckpt: '%s' line %d is malformed (an end line needs 8 hex "
-                               "digits): '%.80s'", path, lineno, cur);
+                return err_set(err,
+                               "ckpt: '%s' line %d is malformed (an end line needs 8 hex "
+                               "digits): '%.80s'",
+                               path, lineno, cur);
             if (want != crc_before)
                 return err_set(err,
                                "ckpt: '%s' is garbled (CRC32 %08" PRIx32 ", its end line says "
