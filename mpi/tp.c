@@ -36,8 +36,3 @@ int tp_agree_u64(unsigned long long v, const TpGroup *g) {
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, g->comm));
     return lo == hi;
 }
-
-void tp_allreduce_sum_d(double *buf, int n, const TpGroup *g) {
-    if (!g || g->size <= 1) return;
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, n, MPI_DOUBLE, MPI_SUM, g->comm));
-}

@@ -16,7 +16,6 @@ typedef struct {
 /* In-place all-reduces over the tensor-parallel group. */
 void tp_allreduce_sum(float *buf, size_t n, const TpGroup *g);
 void tp_allreduce_max(float *buf, size_t n, const TpGroup *g);
-void tp_allreduce_sum_d(double *buf, int n, const TpGroup *g);
 /* out(size * n) = every rank's in(n), in rank order. */
 void tp_allgather(float *out, const float *in, size_t n, const TpGroup *g);
 /* 1 when v is the same on every rank of the group. */

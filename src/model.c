@@ -185,6 +185,12 @@ const ParamInfo *model_find_param(const Model *m, const char *name) {
     return NULL;
 }
 
+const ParamInfo *model_tied_param(const Model *m) {
+    for (int i = 0; i < m->nreg; i++)
+        if (m->reg[i].tied) return &m->reg[i];
+    return NULL;
+}
+
 size_t param_global_index(const ParamInfo *p, int tp, int tp_rank, size_t i) {
     size_t r = i / (size_t)p->lshape[1], c = i % (size_t)p->lshape[1];
     if (p->split_dim >= 0) {

@@ -208,6 +208,8 @@ void model_init_weights(Model *m, uint64_t seed);
 size_t param_global_index(const ParamInfo *p, int tp, int tp_rank, size_t i);
 /* Registry row by name, or NULL. */
 const ParamInfo *model_find_param(const Model *m, const char *name);
+/* The tied embedding's registry row, or NULL on stages without it. */
+const ParamInfo *model_tied_param(const Model *m);
 /* Points a ParamPtrs at a buffer laid out like m->params (for Adam moments). */
 void model_point(const Model *m, ParamPtrs *pp, float *base);
 

@@ -336,9 +336,7 @@ static void run_step(Run *r, int step, StepResult *out) {
     pp_run(r->sched, r->n_micro, g->pp > 1 ? g->pp_comm : MPI_COMM_NULL, &st, &out->live);
     fault_rank_exit(g->world_rank, step + 1);
     /* sync: gradients, then the loss and routing counters */
-    const ParamInfo *tied = NULL;
-    for (int i = 0; i < m->nreg && !tied; i++)
-        if (m->reg[i].tied) tied = &m->reg[i];
+    const ParamInfo *tied = model_tied_param(m);
     grads_sync(m->grads, m->nparams, tied ? m->grads + tied->offset : NULL, tied ? tied->numel : 0,
                g);
     double loss = reduce_step_stats(m, sc.loss_sum, g->dp_comm);
