@@ -366,7 +366,7 @@ int ckpt_check_model_config(const Config *ck, const Config *run, const char *ste
 }
 
 int ckpt_open_model(const char *ckpt_arg, Model *m, Config *cfg, int maxB, int *step,
-                    const TpGroup *tp, int pp, int pp_rank, Err *err) {
+                    const TpGroup *tp, int pp, int pp_rank, int local_ranks, Err *err) {
     char dir[1024];
     if (ckpt_resolve(ckpt_arg, dir, sizeof dir, err) != 0) return -1;
     if (ckpt_read_config(dir, cfg, step, err) != 0 || config_validate(cfg, err) != 0) return -1;
@@ -379,6 +379,12 @@ int ckpt_open_model(const char *ckpt_arg, Model *m, Config *cfg, int maxB, int *
         return err_set(err,
                        "ckpt: the model's n_layer = %d blocks cannot be split over pp = %d stages",
                        d.L, pp);
+    ModelMemory mm;
+    model_memory(&d, maxB, 1, 0, &mm);
+    if (model_memory_check(&mm, machine_memory() / (size_t)local_ranks, local_ranks, err) != 0) {
+        Err why = *err;
+        return err_set(err, "ckpt: '%s': %s", dir, why.msg);
+    }
     model_init(m, &d, maxB, tp);
     if (ckpt_load(dir, m, NULL, NULL, err) != 0) {
         model_free(m);

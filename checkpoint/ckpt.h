@@ -49,10 +49,11 @@ int ckpt_check_model_config(const Config *ckpt, const Config *run, const char *s
 
 /* Opens --ckpt for inference: resolves it, reads its config into cfg,
  * builds m (this rank's slice of tp, NULL: alone, and stage pp_rank of pp,
- * balanced) for micro-batches of maxB and loads the weights. Returns 0, or
- * -1 with err set and nothing to free. */
+ * balanced) for micro-batches of maxB and loads the weights. The model must
+ * fit in this node's memory shared by local_ranks ranks (checked before
+ * anything is allocated). Returns 0, or -1 with err set and nothing to free. */
 int ckpt_open_model(const char *ckpt_arg, Model *m, Config *cfg, int maxB, int *step,
-                    const TpGroup *tp, int pp, int pp_rank, Err *err);
+                    const TpGroup *tp, int pp, int pp_rank, int local_ranks, Err *err);
 
 /* Writes m's weights (or gradients) as a Hugging Face GPT-2 safetensors file
  * (tp = 1). Returns 0 or -1 with err set. */

@@ -284,21 +284,23 @@ static const ActRow scratch_rows[] = {
 #undef SC
 #define NROWS(t) (sizeof(t) / sizeof((t)[0]))
 
+/* Saturating (SIZE_MAX: more than can exist), so that model_memory() can
+ * measure any config before anything is allocated. */
 static size_t size_of(const Model *m, SizeKind k) {
     const ModelDims *d = &m->d;
-    const size_t B = (size_t)m->maxB, N = B * (size_t)d->maxT, C = (size_t)d->C;
+    const size_t B = (size_t)m->maxB, N = sat_mul(B, (size_t)d->maxT), C = (size_t)d->C;
     switch (k) {
     case SZ_N: return N;
-    case SZ_NC: return N * C;
-    case SZ_N3CL: return N * 3 * (size_t)d->Cl;
-    case SZ_NCL: return N * (size_t)d->Cl;
-    case SZ_NFL: return N * (size_t)d->Fl;
-    case SZ_NH: return N * (size_t)d->H;
-    case SZ_ATT: return B * (size_t)d->NHl * (size_t)d->maxT * (size_t)d->maxT;
+    case SZ_NC: return sat_mul(N, C);
+    case SZ_N3CL: return sat_mul(N, 3 * (size_t)d->Cl);
+    case SZ_NCL: return sat_mul(N, (size_t)d->Cl);
+    case SZ_NFL: return sat_mul(N, (size_t)d->Fl);
+    case SZ_NH: return sat_mul(N, (size_t)d->H);
+    case SZ_ATT: return sat_mul(sat_mul(B, (size_t)d->NHl), sat_mul((size_t)d->maxT, (size_t)d->maxT));
     case SZ_OFF: return B + 1;
-    case SZ_NVL: return N * (size_t)d->Vl;
-    case SZ_3N: return 3 * N;
-    case SZ_2NH: return 2 * N * (size_t)(d->predictor ? d->H : 1); /* dL/d(hidden), dL/d(gelu) */
+    case SZ_NVL: return sat_mul(N, (size_t)d->Vl);
+    case SZ_3N: return sat_mul(3, N);
+    case SZ_2NH: return sat_mul(2 * N, (size_t)(d->predictor ? d->H : 1)); /* dL/d(hidden), dL/d(gelu) */
     }
     return 0;
 }
@@ -313,7 +315,9 @@ static int row_exists(const Model *m, Where w, int l) {
     return 0;
 }
 
-static size_t round64(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
+static size_t round64(size_t bytes) {
+    return bytes > SIZE_MAX - 63 ? SIZE_MAX : (bytes + 63) & ~(size_t)63;
+}
 
 /* Lays the rows out from byte `at` of base, pointing owner's fields into it
  * (base NULL: only measures); returns the next free byte. l: the block. */
@@ -325,7 +329,7 @@ static size_t lay_out(const Model *m, const ActRow *rows, size_t n, int l, void 
             void *p = base + at;
             memcpy((char *)owner + rows[i].field, &p, sizeof p);
         }
-        at += round64(size_of(m, rows[i].n) * rows[i].elem);
+        at = sat_add(at, round64(sat_mul(size_of(m, rows[i].n), rows[i].elem)));
     }
     return at;
 }
@@ -339,6 +343,40 @@ static size_t actset_layout(const Model *m, ActSet *s, char *base) {
     for (int l = m->d.l0; l < m->d.l1; l++)
         at = lay_out(m, block_rows, NROWS(block_rows), l, base ? &s->acts[l] : NULL, base, at);
     return at;
+}
+
+void model_memory(const ModelDims *d, int maxB, int slots, int optimizer, ModelMemory *mm) {
+    Model m;
+    memset(&m, 0, sizeof m);
+    m.d = *d;
+    m.maxB = maxB;
+    build_registry(&m); /* the registry alone: L rows of names and shapes */
+    const size_t param_bytes = sat_mul(m.nparams, sizeof(float));
+    memset(mm, 0, sizeof *mm);
+    mm->params = param_bytes;
+    mm->grads = param_bytes;
+    mm->moments = optimizer ? sat_mul(2, param_bytes) : 0;
+    mm->acts = sat_mul((size_t)slots, actset_layout(&m, NULL, NULL));
+    mm->scratch = lay_out(&m, scratch_rows, NROWS(scratch_rows), -1, NULL, NULL, 0);
+    mm->total = sat_add(sat_add(sat_add(mm->params, mm->grads), sat_add(mm->moments, mm->acts)),
+                        mm->scratch);
+    free(m.reg);
+}
+
+int model_memory_check(const ModelMemory *mm, size_t budget, int ranks, Err *err) {
+    if (mm->total <= budget) return 0;
+    char tot[32], b[32], p[32], mo[32], a[32];
+    format_bytes(tot, sizeof tot, mm->total);
+    format_bytes(b, sizeof b, budget);
+    format_bytes(p, sizeof p, sat_add(mm->params, mm->grads));
+    format_bytes(mo, sizeof mo, mm->moments);
+    format_bytes(a, sizeof a, sat_add(mm->acts, mm->scratch));
+    return err_set(err,
+                   "the model needs %s per rank (parameters and gradients %s, AdamW moments %s, "
+                   "activations %s), more than the %s each of the %d rank%s on this node can have; "
+                   "lower micro_batch, seq_len, d_model or n_layer, or split the model over more "
+                   "ranks (tp, pp)",
+                   tot, p, mo, a, b, ranks, ranks == 1 ? "" : "s");
 }
 
 static void actset_alloc(const Model *m, ActSet *s) {

@@ -200,6 +200,17 @@ typedef struct {
 void model_init(Model *m, const ModelDims *d, int maxB, const TpGroup *tp);
 void model_free(Model *m);
 
+/* Bytes a rank's model takes: what model_init(d, maxB), model_set_slots(slots)
+ * and, when optimizer, adamw_init allocate. Every product saturates at
+ * SIZE_MAX, so any config can be measured before anything is allocated. */
+typedef struct {
+    size_t params, grads, moments, acts, scratch, total;
+} ModelMemory;
+void model_memory(const ModelDims *d, int maxB, int slots, int optimizer, ModelMemory *mm);
+/* 0 when mm->total fits in budget (bytes each of `ranks` ranks on a node may
+ * use), else -1 with err saying how much is needed and what would help. */
+int model_memory_check(const ModelMemory *mm, size_t budget, int ranks, Err *err);
+
 /* Counter-based init: element i of tensor `name` depends on (seed, name, i)
  * only, so every layout starts from the same model. */
 void model_init_weights(Model *m, uint64_t seed);

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -200,4 +201,40 @@ void format_duration(char *buf, size_t n, double s) {
     if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, (t / 60) % 60);
     else if (t >= 60) snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
     else snprintf(buf, n, "%lds", t);
+}
+
+/* A control group's memory limit in bytes from one of its files ("max" or
+ * a missing file: none, SIZE_MAX). */
+static size_t cgroup_limit(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return SIZE_MAX;
+    char line[64] = "";
+    long long v = 0;
+    if (fgets(line, sizeof line, f)) line[strcspn(line, "\n")] = '\0';
+    fclose(f);
+    if (parse_i64(line, 1, LLONG_MAX, &v) != 0) return SIZE_MAX;
+    return (size_t)v;
+}
+
+size_t machine_memory(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    size_t mem = pages > 0 && page > 0 ? sat_mul((size_t)pages, (size_t)page) : SIZE_MAX;
+    size_t v2 = cgroup_limit("/sys/fs/cgroup/memory.max");
+    size_t v1 = cgroup_limit("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+    if (v2 < mem) mem = v2;
+    if (v1 < mem) mem = v1;
+    return mem;
+}
+
+void format_bytes(char *buf, size_t n, size_t bytes) {
+    static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    if (bytes == SIZE_MAX) {
+        snprintf(buf, n, "more than 16 EiB");
+        return;
+    }
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024 && u < 6) v /= 1024, u++;
+    if (u == 0) snprintf(buf, n, "%zu B", bytes);
+    else snprintf(buf, n, "%.*f %s", v < 10 ? 2 : 1, v, unit[u]);
 }

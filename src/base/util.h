@@ -50,6 +50,37 @@ void err_print(const Err *e);
 int parse_i64(const char *s, long long min, long long max, long long *out);
 int parse_f64(const char *s, double *out);
 
+/* Checked size arithmetic for every size, count or offset that comes from
+ * input: size_mul/size_add return -1 on overflow (leaving *out alone), the
+ * sat_ forms saturate at SIZE_MAX ("more than can exist") for accounting
+ * that is compared against a bound afterwards. */
+static inline int size_mul(size_t a, size_t b, size_t *out) {
+    size_t r;
+    if (__builtin_mul_overflow(a, b, &r)) return -1;
+    *out = r;
+    return 0;
+}
+static inline int size_add(size_t a, size_t b, size_t *out) {
+    size_t r;
+    if (__builtin_add_overflow(a, b, &r)) return -1;
+    *out = r;
+    return 0;
+}
+static inline size_t sat_mul(size_t a, size_t b) {
+    size_t r;
+    return __builtin_mul_overflow(a, b, &r) ? SIZE_MAX : r;
+}
+static inline size_t sat_add(size_t a, size_t b) {
+    size_t r;
+    return __builtin_add_overflow(a, b, &r) ? SIZE_MAX : r;
+}
+
+/* Bytes of memory this process's node offers: the physical memory, or the
+ * control group's limit (a SLURM --mem, a container) when that is lower. */
+size_t machine_memory(void);
+/* Formats bytes as "512 B", "3.2 MiB", "1.50 GiB" ("too much" at SIZE_MAX). */
+void format_bytes(char *buf, size_t n, size_t bytes);
+
 /* Seconds since an arbitrary fixed point. */
 double now_s(void);
 

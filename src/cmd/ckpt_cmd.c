@@ -274,7 +274,7 @@ static int export_main(int argc, char **argv) {
     Model m;
     int step = 0;
     Err err;
-    if (ckpt_open_model(ckpt, &m, &cfg, 1, &step, NULL, 1, 0, &err) != 0) {
+    if (ckpt_open_model(ckpt, &m, &cfg, 1, &step, NULL, 1, 0, 1, &err) != 0) {
         err_print(&err);
         return EXIT_USAGE;
     }

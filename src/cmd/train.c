@@ -47,6 +47,7 @@ typedef struct {
     /* timing: the first step pays for warm-up and is left out of the ETA */
     double t_start, time_timed, last_save_s;
     int steps_timed;
+    ModelMemory mem; /* what the model takes on this rank */
 } Run;
 
 /* What one step measured. */
@@ -200,10 +201,20 @@ static int run_setup_model(Run *r) {
     if (rc == 0) rc = model_dims_stage(&d, g->pp, g->pp_rank, layers);
     free(layers);
     if (rc != 0) return -1; /* config_validate checked the split: not reached */
+    const int slots = pp_slots(r->sched, r->n_micro, g->pp_rank, g->pp);
+    Err err;
+    model_memory(&d, r->micro, slots, 1, &r->mem);
+    rc = model_memory_check(&r->mem, machine_memory() / (size_t)g->local_ranks, g->local_ranks,
+                            &err);
+    if (rc != 0) {
+        Err why = err;
+        err_set(&err, "train: %s", why.msg);
+    }
+    if (cmd_agree(rc, &err, MPI_COMM_WORLD) != 0) return -1;
     TpGroup tpg = {g->tp_comm, g->tp, g->tp_rank};
     model_init(&r->m, &d, r->micro, &tpg);
     r->m.pp_comm = g->pp > 1 ? g->pp_comm : MPI_COMM_NULL;
-    model_set_slots(&r->m, pp_slots(r->sched, r->n_micro, g->pp_rank, g->pp));
+    model_set_slots(&r->m, slots);
     r->m.check_routing = c->debug_checks;
     adamw_init(&r->opt, &r->m);
     r->model_ready = 1;
@@ -228,6 +239,14 @@ static void run_banner(const Run *r) {
              r->n_routed, d->L, c->capacity, model_capacity_k(d, r->T), r->T,
              c->router_gate == GATE_SIGMOID ? "sigmoid" : "raw",
              d->predictor ? "predictor" : "aux_loss");
+    char tot[32], pg[32], mo[32], ac[32];
+    format_bytes(tot, sizeof tot, r->mem.total);
+    format_bytes(pg, sizeof pg, r->mem.params + r->mem.grads);
+    format_bytes(mo, sizeof mo, r->mem.moments);
+    format_bytes(ac, sizeof ac, r->mem.acts + r->mem.scratch);
+    log0("memory (rank 0): %s = parameters and gradients %s + AdamW moments %s + activations %s "
+         "(%zu bytes)\n",
+         tot, pg, mo, ac, r->mem.total);
     log0("layout dp=%d tp=%d pp=%d | %d threads | BLIS %s kernels | sgemm peak %.1f GFLOP/s%s\n",
          r->grid.dp, r->grid.tp, r->grid.pp, r->threads, kernels_blis_arch(), r->peak_gflops,
          c->peak_gflops > 0 ? " (given)" : " (measured)");

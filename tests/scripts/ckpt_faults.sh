@@ -110,19 +110,6 @@ PY
     resumes "step$bad" 20
 done
 
-# edit_index DIR PYTHON: runs PYTHON on `lines` (the index's lines, bytes,
-# without the end line), then writes them back with a valid end CRC: damage
-# that only the index's own checks can find
-edit_index() {
-    "$PYTHON" - "$1/index" "$2" <<'PY'
-import sys, zlib
-path, code = sys.argv[1], sys.argv[2]
-lines = [l for l in open(path, "rb").read().split(b"\n")[:-1] if not l.startswith(b"end ")]
-exec(code)
-text = b"".join(l + b"\n" for l in lines)
-open(path, "wb").write(text + b"end %08x\n" % zlib.crc32(text))
-PY
-}
 # chunk(NAME, i): the index of the i-th chunk line of tensor NAME
 chunk='def chunk(name, i): return [k for k, l in enumerate(lines) if l.split(b" ")[:2] == [b"chunk", name]][i]'
 qkv='b"param/h.0.attn.c_attn.weight"'

@@ -44,6 +44,20 @@ last_json() { grep "\"$2\"" "$1" | tail -n 1 | sed -e "s/.*\"$2\":\([^,}]*\).*/\
 # Succeeds when the awk condition on a and b holds: check_ab A B 'a < b'
 check_ab() { awk -v a="$1" -v b="$2" "BEGIN { exit !($3) }"; }
 
+# edit_index DIR PYTHON: runs PYTHON on `lines` (the index's lines, bytes,
+# without the end line), then writes them back with a valid end CRC: damage
+# that only the index's own checks can find
+edit_index() {
+    "$PYTHON" - "$1/index" "$2" <<'PY'
+import sys, zlib
+path, code = sys.argv[1], sys.argv[2]
+lines = [l for l in open(path, "rb").read().split(b"\n")[:-1] if not l.startswith(b"end ")]
+exec(code)
+text = b"".join(l + b"\n" for l in lines)
+open(path, "wb").write(text + b"end %08x\n" % zlib.crc32(text))
+PY
+}
+
 finish() {
     if [ "$failures" -ne 0 ]; then
         echo "$failures check(s) failed"

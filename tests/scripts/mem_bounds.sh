@@ -1,0 +1,73 @@
+#!/bin/sh
+# Sizes that do not fit are refused before anything is allocated: each run
+# below must end with exit 2 and one line saying how much memory the model
+# needs, having touched little memory (peak RSS, measured by tests/tools/
+# peakrss). And the accounting behind that line is checked against what a
+# real run touches.
+. "$(dirname "$0")/lib.sh"
+cd "$TMP"
+PEAKRSS=${PEAKRSS:-$(dirname "$MODTRAIN")/tests/tools/peakrss}
+LIMIT_KB=262144 # a refused run stays far below this (ASan's own use included)
+
+printf 'the quick brown fox jumps over the lazy dog\n%.0s' $(seq 1 400) > text.txt
+"$MODTRAIN" prep --out data text.txt > /dev/null
+T="--train_data data/train.bin --val_data data/val.bin --run_dir run --seq_len 16 --steps 1"
+
+# refused PATTERN CMD...: exit 2, one stderr line matching PATTERN, peak RSS
+# under LIMIT_KB, no run directory
+refused() {
+    pattern=$1
+    shift
+    rm -rf run
+    set +e
+    "$PEAKRSS" rss.txt "$@" > out.txt 2> err.txt
+    rc=$?
+    set -e
+    rss=$(cat rss.txt)
+    if [ "$rc" -ne 2 ] || [ "$(wc -l < err.txt)" -ne 1 ] || ! grep -q -- "$pattern" err.txt; then
+        fail "'$*': exit $rc, expected 2 and one line /$pattern/: $(cat err.txt)"
+    elif [ "$rss" -ge "$LIMIT_KB" ]; then
+        fail "'$*' touched $rss KiB before refusing (limit $LIMIT_KB)"
+    elif [ -e run/metrics.jsonl ]; then
+        fail "'$*' started a run before refusing"
+    else
+        ok "$rss KiB: $(cat err.txt)"
+    fi
+}
+
+needs="the model needs .* per rank (parameters and gradients .*, AdamW moments .*, activations .*), more than"
+refused "train: $needs" "$MODTRAIN" train $T --d_model 65536 --n_head 4
+refused "train: $needs" "$MODTRAIN" train $T --batch_size 16777216
+refused "train: $needs" "$MODTRAIN" train $T --batch_size 1048576 --micro_batch 1048576
+refused "train: $needs" "$MODTRAIN" train $T --n_layer 4096 --d_model 4096
+# one micro-batch in flight is what counts: a batch in small pieces fits
+"$MODTRAIN" train $T --batch_size 1048576 --micro_batch 2 --steps 0 > ok.txt 2>&1 &&
+    ok "batch_size 1048576 in micro-batches of 2 fits" || fail "micro-batches of 2: $(cat ok.txt)"
+rm -rf run
+
+# a checkpoint whose config describes a model too big for this machine:
+# eval, sample and export refuse it before building the model
+"$MODTRAIN" train $T --d_model 32 --n_layer 2 --n_head 2 --batch_size 2 > /dev/null
+mkdir huge
+cp -r run/ckpt/step-00000001 huge/
+edit_index huge/step-00000001 '
+lines = [b"kv config.d_model 65536" if l.startswith(b"kv config.d_model ") else l for l in lines]'
+refused "ckpt: 'huge/step-00000001': $needs" "$MODTRAIN" eval --ckpt huge/step-00000001 --data data/val.bin
+refused "ckpt: 'huge/step-00000001': $needs" "$MODTRAIN" sample --ckpt huge/step-00000001 --tokens 4
+refused "ckpt: 'huge/step-00000001': $needs" "$MODTRAIN" ckpt export --ckpt huge/step-00000001 --out x.safetensors
+[ ! -e x.safetensors ] && ok "nothing exported" || fail "export wrote x.safetensors"
+
+# the accounting: the activations of 8 more sequences per micro-batch, as
+# the banner counts them, against the peak RSS they add to a real run
+M="--d_model 128 --n_layer 2 --n_head 4 --seq_len 256 --route_every 2 --threads 1"
+for b in 4 12; do
+    rm -rf run
+    "$PEAKRSS" rss$b.txt "$MODTRAIN" train $T $M --batch_size $b > log$b.txt
+    sed -n 's/^memory (rank 0): .*(\([0-9]*\) bytes)$/\1/p' log$b.txt > acc$b.txt
+done
+counted=$(awk -v a="$(cat acc4.txt)" -v b="$(cat acc12.txt)" 'BEGIN { printf "%.0f", (b - a) / 1024 }')
+touched=$(($(cat rss12.txt) - $(cat rss4.txt)))
+check_ab "$touched" "$counted" 'b > 0 && a >= 0.9 * b && a <= 1.3 * b' &&
+    ok "8 more sequences: counted $counted KiB, touched $touched KiB" ||
+    fail "8 more sequences: counted $counted KiB, the run touched $touched KiB more"
+finish
