@@ -7,6 +7,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -438,37 +439,65 @@ int ckpt_export_grads(const char *path, const Model *m, const Config *cfg, Err *
     return write_safetensors(path, m, m->grads, cfg, 0, err);
 }
 
-int ckpt_load_safetensors(const char *file, Model *m, Err *err) {
-    StFile f;
-    if (st_read(&f, file, err) != 0) return -1;
-    int rc = -1;
+/* Whether tensor t of the file has the shape registry row p exports. */
+static int same_shape(const StTensor *t, const ParamInfo *p) {
+    StOut want;
+    export_shape(p, &want);
+    return t->ndim == want.ndim && t->shape[0] == want.shape[0] &&
+           (want.ndim == 1 || t->shape[1] == want.shape[1]);
+}
+
+static void shape_text(char *buf, size_t n, int ndim, const int64_t *shape) {
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < ndim && k < n; i++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+}
+
+int ckpt_check_safetensors(const StFile *f, const ModelDims *d, Err *err) {
+    ParamInfo *reg;
+    int n = model_registry(d, &reg), rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        const StTensor *t = st_find(f, reg[i].name);
+        StOut want;
+        export_shape(&reg[i], &want);
+        char got[96], exp[96];
+        if (!t) {
+            rc = err_set(err, "ckpt: '%s' lacks tensor '%s'", f->path, reg[i].name);
+        } else if (!same_shape(t, &reg[i])) {
+            shape_text(got, sizeof got, t->ndim, t->shape);
+            shape_text(exp, sizeof exp, want.ndim, want.shape);
+            rc = err_set(err, "ckpt: '%s': tensor '%s' has shape %s, the model needs %s", f->path,
+                         reg[i].name, got, exp);
+        }
+    }
+    for (int i = 0; i < f->nt && rc == 0; i++) {
+        int found = 0;
+        for (int k = 0; k < n && !found; k++) found = strcmp(reg[k].name, f->t[i].name) == 0;
+        if (!found)
+            rc = err_set(err,
+                         "ckpt: '%s': tensor '%s' is not part of the model its metadata describes "
+                         "(n_layer = %d, route_every = %d)",
+                         f->path, f->t[i].name, d->L, d->route_every);
+    }
+    free(reg);
+    return rc;
+}
+
+int ckpt_load_safetensors(const StFile *f, Model *m, Err *err) {
+    if (ckpt_check_safetensors(f, &m->d, err) != 0) return -1;
     for (int i = 0; i < m->nreg; i++) {
         const ParamInfo *p = &m->reg[i];
-        const StTensor *t = st_find(&f, p->name);
-        StOut want;
-        export_shape(p, &want);
-        if (!t) {
-            err_set(err, "ckpt: '%s' lacks tensor '%s'", file, p->name);
-            goto done;
-        }
-        if (strcmp(t->dtype, "F32") != 0 || t->ndim != want.ndim || t->shape[0] != want.shape[0] ||
-            (want.ndim == 2 && t->shape[1] != want.shape[1])) {
-            err_set(err, "ckpt: '%s': tensor '%s' is %s [%lld%s%lld], expected F32 [%lld%s%lld]",
-                    file, p->name, t->dtype, (long long)t->shape[0], t->ndim > 1 ? ", " : "",
-                    t->ndim > 1 ? (long long)t->shape[1] : 0LL, (long long)want.shape[0],
-                    want.ndim > 1 ? ", " : "", want.ndim > 1 ? (long long)want.shape[1] : 0LL);
-            goto done;
-        }
-        const float *src = (const float *)(f.data + t->begin);
+        const StTensor *t = st_find(f, p->name);
         size_t limit = st_numel(t);
         float *dst = m->params + p->offset;
         for (size_t j = 0; j < p->numel; j++) {
             size_t g = param_global_index(p, m->d.tp, m->d.tp_rank, j);
-            dst[j] = g < limit ? src[g] : 0.f; /* padded vocabulary rows are zero */
+            dst[j] = g < limit ? st_float(t, f, g) : 0.f; /* padded vocabulary rows are zero */
+            if (!isfinite(dst[j]))
+                return err_set(err, "ckpt: '%s': tensor '%s' holds %f at element %zu", f->path,
+                               p->name, (double)dst[j], g);
         }
     }
-    rc = 0;
-done:
-    st_free(&f);
-    return rc;
+    return 0;
 }

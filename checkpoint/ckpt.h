@@ -12,6 +12,7 @@
 #include <mpi.h>
 #include <stddef.h>
 
+#include "checkpoint/safetensors.h"
 #include "src/base/util.h"
 #include "src/config.h"
 #include "src/model.h"
@@ -60,8 +61,13 @@ int ckpt_open_model(const char *ckpt_arg, Model *m, Config *cfg, int maxB, int *
 int ckpt_export_safetensors(const char *path, const Model *m, const Config *cfg, int step,
                             Err *err);
 int ckpt_export_grads(const char *path, const Model *m, const Config *cfg, Err *err);
-/* Loads weights from a safetensors file, checking names and shapes against
- * the registry. Returns 0 or -1 with err set. */
-int ckpt_load_safetensors(const char *file, Model *m, Err *err);
+/* Checks a parsed safetensors file against the registry of a model of dims
+ * d before any model is built: every tensor the model has is there with its
+ * shape, and the file has no tensor the model lacks. Returns 0 or -1 with
+ * err naming the tensor. */
+int ckpt_check_safetensors(const StFile *f, const ModelDims *d, Err *err);
+/* Loads m's weights from a parsed safetensors file (checked as above; a
+ * NaN or infinity is an error naming the tensor). Returns 0 or -1. */
+int ckpt_load_safetensors(const StFile *f, Model *m, Err *err);
 
 #endif

@@ -4,7 +4,6 @@
  */
 #include "checkpoint/safetensors.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -15,11 +14,17 @@
 
 typedef struct {
     const char *p, *end;
-    int bad;
+    const char *why; /* what is wrong, when something is */
 } Json;
 
+static int bad(Json *j, const char *why) {
+    if (!j->why) j->why = why;
+    return 0;
+}
+
 static void ws(Json *j) {
-    while (j->p < j->end && isspace((unsigned char)*j->p)) j->p++;
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r'))
+        j->p++;
 }
 
 static int expect(Json *j, char c) {
@@ -28,8 +33,7 @@ static int expect(Json *j, char c) {
         j->p++;
         return 1;
     }
-    j->bad = 1;
-    return 0;
+    return bad(j, "unexpected character");
 }
 
 static int peek(Json *j, char c) {
@@ -37,13 +41,24 @@ static int peek(Json *j, char c) {
     return j->p < j->end && *j->p == c;
 }
 
-/* Reads a JSON string into out (truncated to n-1 bytes). */
+static int hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* Reads a JSON string into out (n bytes with the NUL); a longer one is an
+ * error, not a truncation (two long names must not become one). \u escapes
+ * outside ASCII read as '?'; names modtrain knows are ASCII. */
 static int jstring(Json *j, char *out, size_t n) {
     if (!expect(j, '"')) return 0;
     size_t k = 0;
     while (j->p < j->end && *j->p != '"') {
         char c = *j->p++;
-        if (c == '\\' && j->p < j->end) {
+        if ((unsigned char)c < 0x20) return bad(j, "control character in a string");
+        if (c == '\\') {
+            if (j->p >= j->end) break;
             char e = *j->p++;
             switch (e) {
             case 'n': c = '\n'; break;
@@ -51,82 +66,80 @@ static int jstring(Json *j, char *out, size_t n) {
             case 'r': c = '\r'; break;
             case 'b': c = '\b'; break;
             case 'f': c = '\f'; break;
-            case 'u':
-                if (j->end - j->p < 4) {
-                    j->bad = 1;
-                    return 0;
+            case '"': case '\\': case '/': c = e; break;
+            case 'u': {
+                int v = 0;
+                for (int i = 0; i < 4; i++) {
+                    int h = j->p < j->end ? hexval(*j->p++) : -1;
+                    if (h < 0) return bad(j, "malformed \\u escape");
+                    v = v * 16 + h;
                 }
-                c = '?';
-                j->p += 4;
+                c = v > 0 && v < 0x80 ? (char)v : '?';
                 break;
-            default: c = e;
+            }
+            default: return bad(j, "unknown escape in a string");
             }
         }
-        if (k + 1 < n) out[k++] = c;
+        if (k + 1 >= n) return bad(j, "string too long");
+        out[k++] = c;
     }
-    if (k < n) out[k] = '\0';
+    out[k] = '\0';
     return expect(j, '"');
 }
 
+/* A non-negative JSON integer below 2^63, read within the buffer. */
 static int jint(Json *j, int64_t *v) {
     ws(j);
-    char *e;
-    errno = 0;
-    long long x = strtoll(j->p, &e, 10);
-    if (e == j->p || errno || x < 0) {
-        j->bad = 1;
-        return 0;
+    uint64_t x = 0;
+    const char *p0 = j->p;
+    while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
+        if (x > (uint64_t)(INT64_MAX - 9) / 10) return bad(j, "integer out of range");
+        x = x * 10 + (uint64_t)(*j->p++ - '0');
     }
-    j->p = e;
-    *v = x;
+    if (j->p == p0) return bad(j, "expected a non-negative integer");
+    if (j->p - p0 > 1 && *p0 == '0') return bad(j, "integer with a leading zero");
+    *v = (int64_t)x;
     return 1;
 }
 
-static int jint_array(Json *j, int64_t *v, int max, int *n) {
+static int jint_array(Json *j, int64_t *v, int max, int *n, const char *too_many) {
     *n = 0;
     if (!expect(j, '[')) return 0;
     if (peek(j, ']')) return expect(j, ']');
     do {
         int64_t x;
         if (!jint(j, &x)) return 0;
-        if (*n < max) v[*n] = x;
-        (*n)++;
+        if (*n == max) return bad(j, too_many);
+        v[(*n)++] = x;
     } while (peek(j, ',') && expect(j, ','));
     return expect(j, ']');
 }
 
 static int parse_tensor(Json *j, StTensor *t) {
     int64_t offs[2];
-    int noffs = 0, have_dtype = 0, have_shape = 0;
+    int noffs = -1, have_dtype = 0, have_shape = 0;
     if (!expect(j, '{')) return 0;
     if (!peek(j, '}')) do {
             char key[64];
             if (!jstring(j, key, sizeof key) || !expect(j, ':')) return 0;
-            if (strcmp(key, "dtype") == 0) {
+            if (strcmp(key, "dtype") == 0 && !have_dtype) {
                 if (!jstring(j, t->dtype, sizeof t->dtype)) return 0;
                 have_dtype = 1;
-            } else if (strcmp(key, "shape") == 0) {
-                if (!jint_array(j, t->shape, 4, &t->ndim)) return 0;
-                if (t->ndim > 4) {
-                    j->bad = 1;
+            } else if (strcmp(key, "shape") == 0 && !have_shape) {
+                if (!jint_array(j, t->shape, ST_MAX_DIMS, &t->ndim, "more than 4 dimensions"))
                     return 0;
-                }
                 have_shape = 1;
-            } else if (strcmp(key, "data_offsets") == 0) {
-                if (!jint_array(j, offs, 2, &noffs) || noffs != 2) {
-                    j->bad = 1;
+            } else if (strcmp(key, "data_offsets") == 0 && noffs < 0) {
+                if (!jint_array(j, offs, 2, &noffs, "data_offsets of more than 2 numbers"))
                     return 0;
-                }
+                if (noffs != 2) return bad(j, "data_offsets of fewer than 2 numbers");
             } else {
-                j->bad = 1;
-                return 0;
+                return bad(j, "unknown or repeated key in a tensor entry");
             }
         } while (peek(j, ',') && expect(j, ','));
     if (!expect(j, '}')) return 0;
-    if (!have_dtype || !have_shape || noffs != 2) {
-        j->bad = 1;
-        return 0;
-    }
+    if (!have_dtype || !have_shape || noffs != 2)
+        return bad(j, "a tensor entry lacks dtype, shape or data_offsets");
     t->begin = (uint64_t)offs[0];
     t->end = (uint64_t)offs[1];
     return 1;
@@ -134,44 +147,38 @@ static int parse_tensor(Json *j, StTensor *t) {
 
 size_t st_numel(const StTensor *t) {
     size_t n = 1;
-    for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i];
+    for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i]; /* checked by st_parse */
     return n;
 }
 
-int st_read(StFile *f, const char *path, Err *err) {
-    memset(f, 0, sizeof *f);
-    snprintf(f->path, sizeof f->path, "%s", path);
-    errno = 0;
-    f->file = (uint8_t *)read_file(path, &f->file_len);
-    if (!f->file) {
-        return err_set(err, "safetensors: cannot read '%s': %s", path,
-                       strerror(errno ? errno : EIO));
-    }
-    uint64_t hlen = 0;
-    if (f->file_len < 8) goto truncated;
-    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | f->file[i];
-    if (hlen > f->file_len - 8) goto truncated;
-    f->data = f->file + 8 + hlen;
-    f->data_len = f->file_len - 8 - hlen;
-    Json j = {(const char *)f->file + 8, (const char *)f->file + 8 + hlen, 0};
-    int cap = 0;
-    if (!expect(&j, '{')) goto bad_header;
-    if (!peek(&j, '}')) do {
-            char name[128];
-            if (!jstring(&j, name, sizeof name) || !expect(&j, ':')) goto bad_header;
+static int parse_meta(Json *j, StFile *f) {
+    if (!expect(j, '{')) return 0;
+    if (!peek(j, '}')) do {
+            StMeta m;
+            if (!jstring(j, m.key, sizeof m.key) || !expect(j, ':') ||
+                !jstring(j, m.value, sizeof m.value))
+                return 0;
+            if (st_meta(f, m.key)) return bad(j, "a metadata key appears twice");
+            f->meta = xrealloc(f->meta, (size_t)(f->nmeta + 1) * sizeof(StMeta));
+            f->meta[f->nmeta++] = m;
+        } while (peek(j, ',') && expect(j, ','));
+    return expect(j, '}');
+}
+
+/* The JSON header: one object of tensor entries and at most one
+ * "__metadata__", then nothing but spaces. */
+static int parse_header(Json *j, StFile *f) {
+    int cap = 0, seen_meta = 0;
+    if (!expect(j, '{')) return 0;
+    if (!peek(j, '}')) do {
+            char name[sizeof f->t[0].name];
+            if (!jstring(j, name, sizeof name) || !expect(j, ':')) return 0;
             if (strcmp(name, "__metadata__") == 0) {
-                if (!expect(&j, '{')) goto bad_header;
-                if (!peek(&j, '}')) do {
-                        StMeta m;
-                        if (!jstring(&j, m.key, sizeof m.key) || !expect(&j, ':') ||
-                            !jstring(&j, m.value, sizeof m.value))
-                            goto bad_header;
-                        f->meta = xrealloc(f->meta, (size_t)(f->nmeta + 1) * sizeof(StMeta));
-                        f->meta[f->nmeta++] = m;
-                    } while (peek(&j, ',') && expect(&j, ','));
-                if (!expect(&j, '}')) goto bad_header;
+                if (seen_meta++) return bad(j, "__metadata__ appears twice");
+                if (!parse_meta(j, f)) return 0;
                 continue;
             }
+            if (st_find(f, name)) return bad(j, "a tensor name appears twice");
             if (f->nt == cap) {
                 cap = cap ? 2 * cap : 64;
                 f->t = xrealloc(f->t, (size_t)cap * sizeof(StTensor));
@@ -179,40 +186,130 @@ int st_read(StFile *f, const char *path, Err *err) {
             StTensor *t = &f->t[f->nt];
             memset(t, 0, sizeof *t);
             snprintf(t->name, sizeof t->name, "%s", name);
-            if (!parse_tensor(&j, t)) goto bad_header;
+            if (!parse_tensor(j, t)) return 0;
             f->nt++;
-            if (t->end < t->begin || t->end > f->data_len) {
-                err_set(err,
-                        "safetensors: '%s': tensor '%s' has data_offsets [%llu, %llu] outside the "
-                        "%zu data bytes (truncated file?)",
-                        path, t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
-                        f->data_len);
-                goto fail;
-            }
-            if (strcmp(t->dtype, "F32") == 0 && t->end - t->begin != st_numel(t) * 4) {
-                err_set(err, "safetensors: '%s': tensor '%s' holds %llu bytes, its shape needs %zu",
-                        path, t->name, (unsigned long long)(t->end - t->begin), st_numel(t) * 4);
-                goto fail;
-            }
-        } while (peek(&j, ',') && expect(&j, ','));
-    if (!expect(&j, '}') || j.bad) goto bad_header;
+        } while (peek(j, ',') && expect(j, ','));
+    if (!expect(j, '}')) return 0;
+    ws(j);
+    if (j->p != j->end) return bad(j, "bytes after the JSON object");
+    return 1;
+}
+
+static int by_begin(const void *a, const void *b) {
+    const StTensor *x = *(const StTensor *const *)a, *y = *(const StTensor *const *)b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* Every tensor F32, its byte size its shape's (checked), and the tensors
+ * tiling the data section exactly: no overlap, no gap, nothing after. */
+static int check_tensors(StFile *f, Err *err) {
+    for (int i = 0; i < f->nt; i++) {
+        const StTensor *t = &f->t[i];
+        if (strcmp(t->dtype, "F32") != 0)
+            return err_set(err, "safetensors: '%s': tensor '%s' has dtype '%s' (modtrain reads F32)",
+                           f->path, t->name, t->dtype);
+        size_t bytes = 4;
+        for (int d = 0; d < t->ndim; d++)
+            if (size_mul(bytes, (size_t)t->shape[d], &bytes) != 0)
+                return err_set(err, "safetensors: '%s': tensor '%s' has a shape whose size overflows",
+                               f->path, t->name);
+        if (t->end < t->begin || t->end - t->begin != bytes)
+            return err_set(err,
+                           "safetensors: '%s': tensor '%s' has data_offsets [%llu, %llu], its shape "
+                           "needs %zu bytes",
+                           f->path, t->name, (unsigned long long)t->begin,
+                           (unsigned long long)t->end, bytes);
+    }
+    const StTensor **order = xcalloc((size_t)f->nt + 1, sizeof *order);
+    for (int i = 0; i < f->nt; i++) order[i] = &f->t[i];
+    qsort(order, (size_t)f->nt, sizeof *order, by_begin);
+    uint64_t at = 0;
+    int rc = 0;
+    for (int i = 0; i < f->nt && rc == 0; i++) {
+        const StTensor *t = order[i];
+        if (t->begin < at)
+            rc = err_set(err, "safetensors: '%s': tensors '%s' and '%s' overlap in the data section",
+                         f->path, order[i - 1]->name, t->name);
+        else if (t->begin > at)
+            rc = err_set(err,
+                         "safetensors: '%s': bytes [%llu, %llu) of the data section belong to no "
+                         "tensor",
+                         f->path, (unsigned long long)at, (unsigned long long)t->begin);
+        at = t->end;
+    }
+    if (rc == 0 && at != f->data_len)
+        rc = err_set(err,
+                     "safetensors: '%s': the tensors end at byte %llu of the %zu-byte data section "
+                     "(%s)",
+                     f->path, (unsigned long long)at, f->data_len,
+                     at > f->data_len ? "truncated file?" : "bytes after the last tensor");
+    free(order);
+    return rc;
+}
+
+int st_parse(StFile *f, const uint8_t *buf, size_t len, const char *name, Err *err) {
+    memset(f, 0, sizeof *f);
+    snprintf(f->path, sizeof f->path, "%s", name);
+    f->file = buf;
+    f->file_len = len;
+    uint64_t hlen = 0;
+    if (len < 8) return err_set(err, "safetensors: '%s' is truncated (%zu bytes)", name, len);
+    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | buf[i];
+    if (hlen > len - 8) {
+        err_set(err, "safetensors: '%s' is truncated (%zu bytes, shorter than its %llu-byte header)",
+                name, len, (unsigned long long)hlen);
+        goto fail;
+    }
+    if (hlen > ST_MAX_HEADER) {
+        err_set(err, "safetensors: '%s' has a %llu-byte header (at most %d)", name,
+                (unsigned long long)hlen, ST_MAX_HEADER);
+        goto fail;
+    }
+    f->data = buf + 8 + hlen;
+    f->data_len = len - 8 - hlen;
+    Json j = {(const char *)buf + 8, (const char *)buf + 8 + hlen, NULL};
+    if (!parse_header(&j, f)) {
+        err_set(err, "safetensors: '%s' has a malformed JSON header at byte %ld: %s", name,
+                (long)(j.p - (const char *)buf), j.why ? j.why : "unexpected character");
+        goto fail;
+    }
+    if (check_tensors(f, err) != 0) goto fail;
     return 0;
-truncated:
-    err_set(err, "safetensors: '%s' is truncated (%zu bytes, shorter than its header says)", path,
-            f->file_len);
-    goto fail;
-bad_header:
-    err_set(err, "safetensors: '%s' has a malformed JSON header near byte %ld", path,
-            (long)(j.p - (const char *)f->file));
 fail:
-    st_free(f);
+    free(f->t);
+    free(f->meta);
+    memset(f, 0, sizeof *f);
     return -1;
+}
+
+int st_read(StFile *f, const char *path, Err *err) {
+    errno = 0;
+    size_t len = 0;
+    uint8_t *buf = (uint8_t *)read_file(path, &len);
+    if (!buf) {
+        memset(f, 0, sizeof *f);
+        return err_set(err, "safetensors: cannot read '%s': %s", path,
+                       strerror(errno ? errno : EIO));
+    }
+    if (st_parse(f, buf, len, path, err) != 0) {
+        free(buf);
+        return -1;
+    }
+    f->owned = buf;
+    return 0;
+}
+
+float st_float(const StTensor *t, const StFile *f, size_t i) {
+    float v;
+    memcpy(&v, f->data + t->begin + 4 * i, sizeof v); /* data may sit at any alignment */
+    return v;
 }
 
 void st_free(StFile *f) {
     free(f->t);
     free(f->meta);
-    free(f->file);
+    free(f->owned);
     memset(f, 0, sizeof *f);
 }
 

@@ -11,11 +11,14 @@
 
 #include "src/base/util.h"
 
+#define ST_MAX_DIMS 4
+#define ST_MAX_HEADER (100 << 20) /* bytes of JSON, as Hugging Face's reader allows */
+
 typedef struct {
     char name[128];
     char dtype[8];
     int ndim;
-    int64_t shape[4];
+    int64_t shape[ST_MAX_DIMS];
     uint64_t begin, end; /* byte offsets into the data section */
 } StTensor;
 
@@ -30,20 +33,29 @@ typedef struct {
     int nt;
     StMeta *meta;
     int nmeta;
-    uint8_t *file; /* the whole file */
+    const uint8_t *file; /* the whole file */
     size_t file_len;
+    uint8_t *owned;      /* what st_free frees: the file st_read read */
     const uint8_t *data; /* start of the data section */
     size_t data_len;
 } StFile;
 
-/* Reads and checks path (header syntax, offsets inside the file, F32 sizes).
+/* Parses and checks a whole safetensors file held in buf (len bytes, kept by
+ * the caller; name is for messages): the header length within the file and
+ * at most ST_MAX_HEADER, the JSON header strictly (no key twice, nothing after
+ * it but spaces), every tensor F32 with a shape whose byte size (checked)
+ * equals its data_offsets, and the tensors tiling the data section exactly.
  * Returns 0, or -1 with err naming the file and the problem. */
+int st_parse(StFile *f, const uint8_t *buf, size_t len, const char *name, Err *err);
+/* st_parse of the file at path, which f then owns. */
 int st_read(StFile *f, const char *path, Err *err);
 void st_free(StFile *f);
 const StTensor *st_find(const StFile *f, const char *name);
 const char *st_meta(const StFile *f, const char *key);
 /* Element count of a tensor. */
 size_t st_numel(const StTensor *t);
+/* Element i of a tensor (read byte-wise: the data may have any alignment). */
+float st_float(const StTensor *t, const StFile *f, size_t i);
 
 typedef struct {
     const char *name;

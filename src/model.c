@@ -345,6 +345,15 @@ static size_t actset_layout(const Model *m, ActSet *s, char *base) {
     return at;
 }
 
+int model_registry(const ModelDims *d, ParamInfo **reg) {
+    Model m;
+    memset(&m, 0, sizeof m);
+    m.d = *d;
+    build_registry(&m);
+    *reg = m.reg;
+    return m.nreg;
+}
+
 void model_memory(const ModelDims *d, int maxB, int slots, int optimizer, ModelMemory *mm) {
     Model m;
     memset(&m, 0, sizeof m);

@@ -200,6 +200,10 @@ typedef struct {
 void model_init(Model *m, const ModelDims *d, int maxB, const TpGroup *tp);
 void model_free(Model *m);
 
+/* The parameter registry a model of dims d would have, without the model:
+ * *reg (malloc'd, the caller frees it) and the count. */
+int model_registry(const ModelDims *d, ParamInfo **reg);
+
 /* Bytes a rank's model takes: what model_init(d, maxB), model_set_slots(slots)
  * and, when optimizer, adamw_init allocate. Every product saturates at
  * SIZE_MAX, so any config can be measured before anything is allocated. */

@@ -374,10 +374,18 @@ static int import_main(int argc, char **argv) {
     }
     ModelDims d;
     model_dims_config(&d, &cfg, 1, 0);
+    ModelMemory mm;
+    model_memory(&d, 1, 1, 0, &mm);
+    if (ckpt_check_safetensors(&f, &d, &err) != 0 ||
+        model_memory_check(&mm, machine_memory(), 1, &err) != 0) {
+        err_print(&err);
+        st_free(&f);
+        return EXIT_USAGE;
+    }
     Model m;
     model_init(&m, &d, 1, NULL);
     cfg.ckpt_keep = 1 << 20;
-    if (ckpt_load_safetensors(in, &m, &err) != 0) {
+    if (ckpt_load_safetensors(&f, &m, &err) != 0) {
         err_print(&err);
     } else if (ckpt_save(ckpt, &m, NULL, &cfg, step, MPI_COMM_WORLD, 1, &err) != 0) {
         err_print(&err);
