@@ -518,9 +518,24 @@ static int check_data_file(const CkIndex *ix, Err *err) {
     return 0;
 }
 
-int ck_index_read(const char *dir, CkIndex *ix, Err *err) {
+int ck_index_parse(CkIndex *ix, const char *dir, char *text, size_t len, Err *err) {
     memset(ix, 0, sizeof *ix);
     snprintf(ix->dir, sizeof ix->dir, "%s", dir);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/index", dir);
+    int rc;
+    size_t ml = strlen(CK_INDEX_MAGIC);
+    if (len < ml + 1 || strncmp(text, CK_INDEX_MAGIC, ml) != 0 || text[ml] != '\n')
+        rc = err_set(err, "ckpt: '%s' does not start with '%s' (not a modtrain checkpoint index)",
+                     path, CK_INDEX_MAGIC);
+    else rc = parse_index(ix, path, text, len, err);
+    if (rc == 0) rc = check_tiling(ix, err);
+    if (rc != 0) ck_index_free(ix);
+    return rc;
+}
+
+int ck_index_read(const char *dir, CkIndex *ix, Err *err) {
+    memset(ix, 0, sizeof *ix);
     char path[1200];
     snprintf(path, sizeof path, "%s/index", dir);
     size_t len = 0;
@@ -529,16 +544,12 @@ int ck_index_read(const char *dir, CkIndex *ix, Err *err) {
     if (!text)
         return err_set(err, "ckpt: cannot read '%s': %s (an interrupted save or not a checkpoint)",
                        path, strerror(errno ? errno : EIO));
-    int rc;
-    size_t ml = strlen(CK_INDEX_MAGIC);
-    if (len < ml + 1 || strncmp(text, CK_INDEX_MAGIC, ml) != 0 || text[ml] != '\n')
-        rc = err_set(err, "ckpt: '%s' does not start with '%s' (not a modtrain checkpoint index)",
-                     path, CK_INDEX_MAGIC);
-    else rc = parse_index(ix, path, text, len, err);
-    if (rc == 0) rc = check_tiling(ix, err);
-    if (rc == 0) rc = check_data_file(ix, err);
+    int rc = ck_index_parse(ix, dir, text, len, err);
     free(text);
-    if (rc != 0) ck_index_free(ix);
+    if (rc == 0 && check_data_file(ix, err) != 0) {
+        ck_index_free(ix);
+        rc = -1;
+    }
     return rc;
 }
 

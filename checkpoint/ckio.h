@@ -74,6 +74,10 @@ int ck_write(MPI_Comm comm, const char *dir, const CkSlice *slices, int n, const
 /* Reads and checks dir/index (magic, every line, its CRC, the data file's
  * magic and size). Returns 0 or -1 with err set. */
 int ck_index_read(const char *dir, CkIndex *ix, Err *err);
+/* The index checks alone, on its text in memory (len bytes, cut into lines
+ * in place; dir names the checkpoint in messages): magic, every line, the
+ * CRC, chunks tiling each tensor. Returns 0 or -1 with err set (ix freed). */
+int ck_index_parse(CkIndex *ix, const char *dir, char *text, size_t len, Err *err);
 void ck_index_free(CkIndex *ix);
 const char *ck_kv(const CkIndex *ix, const char *key);
 

@@ -324,23 +324,28 @@ static int config_line(Config *c, char *line, const char *where, Err *err) {
     return config_set(c, key, val, where, err);
 }
 
-int config_load_file(Config *c, const char *path, Err *err) {
-    size_t len = 0;
-    char *text = read_config_text(path, &len, err);
-    if (!text) return -1;
+int config_load_text(Config *c, char *text, size_t len, const char *name, Err *err) {
     char where[1100];
     int lineno = 0, rc = 0;
     for (char *line = text; rc == 0 && line < text + len;) {
         char *nl = memchr(line, '\n', (size_t)(text + len - line));
         char *end = nl ? nl : text + len;
         lineno++;
-        snprintf(where, sizeof where, "%s:%d", path, lineno);
+        snprintf(where, sizeof where, "%s:%d", name, lineno);
         if (memchr(line, '\0', (size_t)(end - line)))
             rc = err_set(err, "%s: holds a NUL byte (a config is text)", where);
         *end = '\0';
         if (rc == 0) rc = config_line(c, line, where, err);
         line = end + 1;
     }
+    return rc;
+}
+
+int config_load_file(Config *c, const char *path, Err *err) {
+    size_t len = 0;
+    char *text = read_config_text(path, &len, err);
+    if (!text) return -1;
+    int rc = config_load_text(c, text, len, path, err);
     free(text);
     return rc;
 }

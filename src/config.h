@@ -63,9 +63,13 @@ void config_defaults(Config *c);
  * value and what would be right. */
 int config_set(Config *c, const char *key, const char *value, const char *where, Err *err);
 
-/* Reads `key = value` lines (# comments) from path. Returns 0 or -1 with err
- * set. */
+/* Reads `key = value` lines (# comments) from path (at most CONFIG_MAX_FILE
+ * bytes). Returns 0 or -1 with err set. */
 int config_load_file(Config *c, const char *path, Err *err);
+/* The same for a config's text already in memory: len bytes at text, which
+ * must have one more writable byte (lines are cut in place); name stands for
+ * the file in messages. */
+int config_load_text(Config *c, char *text, size_t len, const char *name, Err *err);
 
 /* Applies argv: `--config FILE` first, then every `--key value` or
  * `--key=value` in order. Returns 0 or -1 with err set. */

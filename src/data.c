@@ -13,6 +13,43 @@
 #include "src/base/rng.h"
 #include "src/base/util.h"
 
+int shard_parse_header(const uint8_t *buf, size_t len, uint64_t file_size, const char *name,
+                       size_t *n_tokens, int *vocab, Err *err) {
+    int32_t hdr[SHARD_HEADER_INTS];
+    const size_t hbytes = sizeof hdr;
+    if (file_size < hbytes || len < hbytes)
+        return err_set(err,
+                       "data: '%s' is %llu bytes, shorter than the %zu-byte shard header (not a "
+                       "token shard?)",
+                       name, (unsigned long long)file_size, hbytes);
+    memcpy(hdr, buf, hbytes);
+    if (hdr[0] != SHARD_MAGIC)
+        return err_set(err, "data: '%s' has magic %d, expected %d (an llm.c token shard)", name,
+                       hdr[0], SHARD_MAGIC);
+    if (hdr[1] != SHARD_VERSION)
+        return err_set(err, "data: '%s' has version %d, expected %d (uint16 tokens)", name, hdr[1],
+                       SHARD_VERSION);
+    if (hdr[3] < 0 || hdr[3] == 1 || hdr[3] > 65536)
+        return err_set(err,
+                       "data: '%s' says its vocabulary has %d tokens (expected 0 for unknown, or 2 "
+                       "to 65536: tokens are uint16)",
+                       name, hdr[3]);
+    if (hdr[2] < 0) return err_set(err, "data: '%s' has a negative token count %d", name, hdr[2]);
+    const size_t n = (size_t)hdr[2];
+    const uint64_t expect = hbytes + (uint64_t)n * sizeof(uint16_t); /* n < 2^31: no overflow */
+    if (file_size != expect)
+        return err_set(err,
+                       "data: '%s' is %llu bytes but its header promises %zu tokens (%llu bytes): "
+                       "truncated or corrupt",
+                       name, (unsigned long long)file_size, n, (unsigned long long)expect);
+    if (n < 2)
+        return err_set(err, "data: '%s' holds %zu tokens, too few to train on (expected at least 2)",
+                       name, n);
+    *n_tokens = n;
+    *vocab = hdr[3];
+    return 0;
+}
+
 int shard_load(Shard *s, const char *path, Err *err) {
     memset(s, 0, sizeof *s);
     snprintf(s->path, sizeof s->path, "%s", path);
@@ -22,61 +59,21 @@ int shard_load(Shard *s, const char *path, Err *err) {
                        path, strerror(errno));
     }
     struct stat st;
+    uint8_t head[SHARD_HEADER_INTS * sizeof(int32_t)];
+    size_t n = 0, got;
     if (fstat(fileno(f), &st) != 0) goto io_fail;
     if (!S_ISREG(st.st_mode)) {
         err_set(err, "data: '%s' is not a regular file (give a token shard from 'modtrain prep')",
                 path);
         goto fail;
     }
-    int32_t hdr[SHARD_HEADER_INTS];
-    size_t hbytes = sizeof hdr;
-    if ((size_t)st.st_size < hbytes || fread(hdr, 1, hbytes, f) != hbytes) {
-        err_set(err,
-                "data: '%s' is %lld bytes, shorter than the %zu-byte shard header (not a token "
-                "shard?)",
-                path, (long long)st.st_size, hbytes);
+    got = fread(head, 1, sizeof head, f);
+    if (shard_parse_header(head, got, (uint64_t)st.st_size, path, &n, &s->vocab_hint, err) != 0)
         goto fail;
-    }
-    if (hdr[0] != SHARD_MAGIC) {
-        err_set(err, "data: '%s' has magic %d, expected %d (an llm.c token shard)", path, hdr[0],
-                SHARD_MAGIC);
-        goto fail;
-    }
-    if (hdr[1] != SHARD_VERSION) {
-        err_set(err, "data: '%s' has version %d, expected %d (uint16 tokens)", path, hdr[1],
-                SHARD_VERSION);
-        goto fail;
-    }
-    if (hdr[3] < 0 || hdr[3] == 1 || hdr[3] > 65536) {
-        err_set(err,
-                "data: '%s' says its vocabulary has %d tokens (expected 0 for unknown, or 2 to "
-                "65536: tokens are uint16)",
-                path, hdr[3]);
-        goto fail;
-    }
-    if (hdr[2] < 0) {
-        err_set(err, "data: '%s' has a negative token count %d", path, hdr[2]);
-        goto fail;
-    }
-    size_t n = (size_t)hdr[2];
-    size_t expect = hbytes + n * sizeof(uint16_t);
-    if ((size_t)st.st_size != expect) {
-        err_set(err,
-                "data: '%s' is %lld bytes but its header promises %zu tokens (%zu bytes): "
-                "truncated or corrupt",
-                path, (long long)st.st_size, n, expect);
-        goto fail;
-    }
-    if (n < 2) {
-        err_set(err, "data: '%s' holds %zu tokens, too few to train on (expected at least 2)", path,
-                n);
-        goto fail;
-    }
     s->tokens = xmalloc(n * sizeof(uint16_t));
     if (fread(s->tokens, sizeof(uint16_t), n, f) != n) goto io_fail;
     fclose(f);
     s->n_tokens = n;
-    s->vocab_hint = hdr[3];
     s->max_token = 0;
     for (size_t i = 0; i < n; i++)
         if (s->tokens[i] > s->max_token) s->max_token = s->tokens[i];

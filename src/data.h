@@ -32,6 +32,11 @@ typedef struct {
 /* Loads and checks a shard (magic, version, count against file size).
  * Returns 0, or -1 with err naming the file and the problem. */
 int shard_load(Shard *s, const char *path, Err *err);
+/* Checks a shard's header: the first len bytes of a file of file_size bytes
+ * named name (magic, version, vocabulary, the token count against the size).
+ * Returns 0 with the count and the vocabulary (0: unknown), or -1 with err. */
+int shard_parse_header(const uint8_t *buf, size_t len, uint64_t file_size, const char *name,
+                       size_t *n_tokens, int *vocab, Err *err);
 void shard_free(Shard *s);
 /* Writes tokens as a shard, atomically. Returns 0 or -1 with err set. */
 int shard_write(const char *path, const uint16_t *tokens, size_t n, int vocab_size, Err *err);
