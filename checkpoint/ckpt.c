@@ -454,6 +454,21 @@ static void shape_text(char *buf, size_t n, int ndim, const int64_t *shape) {
     if (k < n) snprintf(buf + k, n - k, "]");
 }
 
+/* Hugging Face's GPT-2 files carry each block's causal mask as a buffer
+ * (h.N.attn.bias, h.N.attn.masked_bias): not a parameter, nothing to load.
+ * Whether name is one of those, for a block the model has. */
+static int is_mask_buffer(const char *name, int L) {
+    if (strncmp(name, "h.", 2) != 0) return 0;
+    const char *p = name + 2, *dot = strchr(p, '.');
+    char num[12];
+    long long l;
+    if (!dot || dot - p >= (ptrdiff_t)sizeof num) return 0;
+    memcpy(num, p, (size_t)(dot - p));
+    num[dot - p] = '\0';
+    if (parse_i64(num, 0, L - 1, &l) != 0) return 0;
+    return strcmp(dot, ".attn.bias") == 0 || strcmp(dot, ".attn.masked_bias") == 0;
+}
+
 int ckpt_check_safetensors(const StFile *f, const ModelDims *d, Err *err) {
     ParamInfo *reg;
     int n = model_registry(d, &reg), rc = 0;
@@ -472,7 +487,7 @@ int ckpt_check_safetensors(const StFile *f, const ModelDims *d, Err *err) {
         }
     }
     for (int i = 0; i < f->nt && rc == 0; i++) {
-        int found = 0;
+        int found = is_mask_buffer(f->t[i].name, d->L);
         for (int k = 0; k < n && !found; k++) found = strcmp(reg[k].name, f->t[i].name) == 0;
         if (!found)
             rc = err_set(err,

@@ -63,8 +63,9 @@ int ckpt_export_safetensors(const char *path, const Model *m, const Config *cfg,
 int ckpt_export_grads(const char *path, const Model *m, const Config *cfg, Err *err);
 /* Checks a parsed safetensors file against the registry of a model of dims
  * d before any model is built: every tensor the model has is there with its
- * shape, and the file has no tensor the model lacks. Returns 0 or -1 with
- * err naming the tensor. */
+ * shape, and the file has no tensor the model lacks (but GPT-2's causal-mask
+ * buffers, h.N.attn.bias and h.N.attn.masked_bias, of blocks it has).
+ * Returns 0 or -1 with err naming the tensor. */
 int ckpt_check_safetensors(const StFile *f, const ModelDims *d, Err *err);
 /* Loads m's weights from a parsed safetensors file (checked as above; a
  * NaN or infinity is an error naming the tensor). Returns 0 or -1. */

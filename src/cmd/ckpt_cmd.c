@@ -376,8 +376,11 @@ static int import_main(int argc, char **argv) {
     model_dims_config(&d, &cfg, 1, 0);
     ModelMemory mm;
     model_memory(&d, 1, 1, 0, &mm);
-    if (ckpt_check_safetensors(&f, &d, &err) != 0 ||
-        model_memory_check(&mm, machine_memory(), 1, &err) != 0) {
+    Err why;
+    int bad = ckpt_check_safetensors(&f, &d, &err);
+    if (!bad && model_memory_check(&mm, machine_memory(), 1, &why) != 0)
+        bad = err_set(&err, "ckpt import: '%s': %s", in, why.msg);
+    if (bad) {
         err_print(&err);
         st_free(&f);
         return EXIT_USAGE;

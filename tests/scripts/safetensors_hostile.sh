@@ -77,6 +77,11 @@ elif case == "bf16": tensors[first][0] = "BF16"; out = pack(meta, tensors)
 elif case == "nan":
     b = bytearray(tensors["h.1.router.weight"][2]); b[4:8] = struct.pack("<f", float("nan"))
     tensors["h.1.router.weight"][2] = bytes(b); out = pack(meta, tensors)
+elif case in ("masks", "mask_beyond"):
+    # Hugging Face's GPT-2 files hold each block's causal mask as a buffer
+    for l in ([0, 1, 2, 3] if case == "masks" else [7]):
+        tensors["h.%d.attn.bias" % l] = ["F32", [1, 1, 16, 16], b"\0" * 1024]
+    out = pack(meta, tensors)
 elif case == "hlen": out = struct.pack("<Q", 2**63 + 5) + raw[8:]
 elif case == "deep": out = pack(meta, tensors, text='{"a":' * 100000)
 open(case + ".safetensors", "wb").write(out)
@@ -116,6 +121,7 @@ refused twice "a tensor name appears twice"
 refused bf16 "has dtype 'BF16' (modtrain reads F32)"
 refused nan "tensor 'h.1.router.weight' holds nan at element 1"
 refused hlen "is truncated"
+refused mask_beyond "tensor 'h.7.attn.bias' is not part of the model"
 refused deep "malformed JSON header"
 
 # a valid file whose data section starts at an odd address imports the same
@@ -125,4 +131,9 @@ make_case unaligned
 a=$("$MODTRAIN" eval --ckpt ck_good --data data/val.bin --batches 2 --json)
 b=$("$MODTRAIN" eval --ckpt ck_unaligned --data data/val.bin --batches 2 --json)
 [ "$a" = "$b" ] && ok "unaligned data imports the same weights: $a" || fail "unaligned: $a vs $b"
+# GPT-2's causal-mask buffers are not parameters: imported past, same weights
+make_case masks
+"$MODTRAIN" ckpt import --in masks.safetensors --ckpt ck_masks > /dev/null
+b=$("$MODTRAIN" eval --ckpt ck_masks --data data/val.bin --batches 2 --json)
+[ "$a" = "$b" ] && ok "h.N.attn.bias buffers are passed over" || fail "masks: $a vs $b"
 finish
