@@ -66,7 +66,9 @@ static int jstring(Json *j, char *out, size_t n) {
             case 'r': c = '\r'; break;
             case 'b': c = '\b'; break;
             case 'f': c = '\f'; break;
-            case '"': case '\\': case '/': c = e; break;
+            case '"':
+            case '\\':
+            case '/': c = e; break;
             case 'u': {
                 int v = 0;
                 for (int i = 0; i < 4; i++) {
@@ -207,19 +209,21 @@ static int check_tensors(StFile *f, Err *err) {
     for (int i = 0; i < f->nt; i++) {
         const StTensor *t = &f->t[i];
         if (strcmp(t->dtype, "F32") != 0)
-            return err_set(err, "safetensors: '%s': tensor '%s' has dtype '%s' (modtrain reads F32)",
+            return err_set(err,
+                           "safetensors: '%s': tensor '%s' has dtype '%s' (modtrain reads F32)",
                            f->path, t->name, t->dtype);
         size_t bytes = 4;
         for (int d = 0; d < t->ndim; d++)
             if (size_mul(bytes, (size_t)t->shape[d], &bytes) != 0)
-                return err_set(err, "safetensors: '%s': tensor '%s' has a shape whose size overflows",
+                return err_set(err,
+                               "safetensors: '%s': tensor '%s' has a shape whose size overflows",
                                f->path, t->name);
         if (t->end < t->begin || t->end - t->begin != bytes)
-            return err_set(err,
-                           "safetensors: '%s': tensor '%s' has data_offsets [%llu, %llu], its shape "
-                           "needs %zu bytes",
-                           f->path, t->name, (unsigned long long)t->begin,
-                           (unsigned long long)t->end, bytes);
+            return err_set(
+                err,
+                "safetensors: '%s': tensor '%s' has data_offsets [%llu, %llu], its shape "
+                "needs %zu bytes",
+                f->path, t->name, (unsigned long long)t->begin, (unsigned long long)t->end, bytes);
     }
     const StTensor **order = xcalloc((size_t)f->nt + 1, sizeof *order);
     for (int i = 0; i < f->nt; i++) order[i] = &f->t[i];
@@ -229,8 +233,9 @@ static int check_tensors(StFile *f, Err *err) {
     for (int i = 0; i < f->nt && rc == 0; i++) {
         const StTensor *t = order[i];
         if (t->begin < at)
-            rc = err_set(err, "safetensors: '%s': tensors '%s' and '%s' overlap in the data section",
-                         f->path, order[i - 1]->name, t->name);
+            rc =
+                err_set(err, "safetensors: '%s': tensors '%s' and '%s' overlap in the data section",
+                        f->path, order[i - 1]->name, t->name);
         else if (t->begin > at)
             rc = err_set(err,
                          "safetensors: '%s': bytes [%llu, %llu) of the data section belong to no "
@@ -257,7 +262,8 @@ int st_parse(StFile *f, const uint8_t *buf, size_t len, const char *name, Err *e
     if (len < 8) return err_set(err, "safetensors: '%s' is truncated (%zu bytes)", name, len);
     for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | buf[i];
     if (hlen > len - 8) {
-        err_set(err, "safetensors: '%s' is truncated (%zu bytes, shorter than its %llu-byte header)",
+        err_set(err,
+                "safetensors: '%s' is truncated (%zu bytes, shorter than its %llu-byte header)",
                 name, len, (unsigned long long)hlen);
         goto fail;
     }

@@ -43,8 +43,8 @@ int shard_parse_header(const uint8_t *buf, size_t len, uint64_t file_size, const
                        "truncated or corrupt",
                        name, (unsigned long long)file_size, n, (unsigned long long)expect);
     if (n < 2)
-        return err_set(err, "data: '%s' holds %zu tokens, too few to train on (expected at least 2)",
-                       name, n);
+        return err_set(
+            err, "data: '%s' holds %zu tokens, too few to train on (expected at least 2)", name, n);
     *n_tokens = n;
     *vocab = hdr[3];
     return 0;

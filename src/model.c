@@ -296,11 +296,13 @@ static size_t size_of(const Model *m, SizeKind k) {
     case SZ_NCL: return sat_mul(N, (size_t)d->Cl);
     case SZ_NFL: return sat_mul(N, (size_t)d->Fl);
     case SZ_NH: return sat_mul(N, (size_t)d->H);
-    case SZ_ATT: return sat_mul(sat_mul(B, (size_t)d->NHl), sat_mul((size_t)d->maxT, (size_t)d->maxT));
+    case SZ_ATT:
+        return sat_mul(sat_mul(B, (size_t)d->NHl), sat_mul((size_t)d->maxT, (size_t)d->maxT));
     case SZ_OFF: return B + 1;
     case SZ_NVL: return sat_mul(N, (size_t)d->Vl);
     case SZ_3N: return sat_mul(3, N);
-    case SZ_2NH: return sat_mul(2 * N, (size_t)(d->predictor ? d->H : 1)); /* dL/d(hidden), dL/d(gelu) */
+    case SZ_2NH:
+        return sat_mul(2 * N, (size_t)(d->predictor ? d->H : 1)); /* dL/d(hidden), dL/d(gelu) */
     }
     return 0;
 }

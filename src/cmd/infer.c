@@ -49,8 +49,8 @@ static int infer_open(Infer *in, const char *cmd, const char *ckpt, int pp, int 
     kernels_init(threads ? threads : default_threads(g->local_ranks), "auto");
     TpGroup tpg = {g->tp_comm, g->tp, g->tp_rank};
     config_defaults(&in->cfg);
-    if (ckpt_open_model(ckpt, &in->m, &in->cfg, maxB, &in->step, &tpg, g->pp, g->pp_rank, g->local_ranks, &err) !=
-        0) {
+    if (ckpt_open_model(ckpt, &in->m, &in->cfg, maxB, &in->step, &tpg, g->pp, g->pp_rank,
+                        g->local_ranks, &err) != 0) {
         err_print(&err);
         grid_free(g);
         return -1;

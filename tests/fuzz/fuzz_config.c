@@ -14,7 +14,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     Config c;
     Err err;
     config_defaults(&c);
-    if (config_load_text(&c, text, size, "fuzz.conf", &err) == 0 && config_validate(&c, &err) == 0) {
+    if (config_load_text(&c, text, size, "fuzz.conf", &err) == 0 &&
+        config_validate(&c, &err) == 0) {
         int layers[64];
         if (c.pp <= 64) config_stage_layers(&c, layers, &err);
     }
