@@ -31,17 +31,42 @@ static int is_file(const char *p) {
 
 /* ---------------------------------------------------------------- slices */
 
+/* Who else holds the same data as this rank, for sharing the writing. */
+typedef struct {
+    int dp, dp_rank;
+} Replicas;
+
+/* The holders of registry row p's data on this rank (see CkSlice): the dp
+ * replicas of its slice (group 0); for a tensor replicated across tp, also
+ * every tp rank (group 1); for the tied embedding, also the other stage's
+ * copy (group 2). */
+static void share_of(const Model *m, const ParamInfo *p, const Replicas *r, CkSlice *s) {
+    const ModelDims *d = &m->d;
+    if (p->tied) {
+        const int copies = d->pp > 1 ? 2 : 1;
+        s->group = 2;
+        s->holders = r->dp * copies;
+        s->holder = r->dp_rank * copies + (copies == 2 && !model_first_stage(d));
+    } else if (p->split_dim < 0) {
+        s->group = 1;
+        s->holders = r->dp * d->tp;
+        s->holder = r->dp_rank * d->tp + d->tp_rank;
+    } else {
+        s->group = 0;
+        s->holders = r->dp;
+        s->holder = r->dp_rank;
+    }
+}
+
 /* This rank's pieces of every registry row in buffer `base` (laid out like
  * m->params), named prefix/name, with the real rows only (padded
- * vocabulary rows are not saved). Replicated tensors are included only when
- * `replicated`, the tied embedding only when `tied`. Returns the count; out
- * holds at most 3 * nreg. */
-static int model_slices(const Model *m, float *base, const char *prefix, int replicated, int tied,
+ * vocabulary rows are not saved); with r, each says who shares its
+ * writing. Returns the count; out holds at most 3 * nreg. */
+static int model_slices(const Model *m, float *base, const char *prefix, const Replicas *r,
                         CkSlice *out) {
     int n = 0;
     for (int i = 0; i < m->nreg; i++) {
         const ParamInfo *p = &m->reg[i];
-        if ((p->split_dim < 0 && !replicated) || (p->tied && !tied)) continue;
         int blocks = p->split_dim < 0 ? 1 : p->split_blocks;
         for (int b = 0; b < blocks; b++) {
             CkSlice *s = &out[n];
@@ -67,6 +92,7 @@ static int model_slices(const Model *m, float *base, const char *prefix, int rep
             /* padded vocabulary rows are not saved */
             if (s->r0 >= s->rows) continue;
             if (s->r0 + s->nr > s->rows) s->nr = s->rows - s->r0;
+            if (r) share_of(m, p, r, s);
             n++;
         }
     }
@@ -225,7 +251,7 @@ static int commit(const char *ckpt_dir, const char *name, const char *tmp, const
 }
 
 int ckpt_save(const char *ckpt_dir, const Model *m, const AdamW *opt, const Config *cfg, int step,
-              MPI_Comm comm, int writer, Err *err) {
+              MPI_Comm comm, int dp, int dp_rank, CkStats *st, Err *err) {
     int rank = 0, world = 1;
     MPI_CHECK(MPI_Comm_rank(comm, &rank));
     MPI_CHECK(MPI_Comm_size(comm, &world));
@@ -237,20 +263,17 @@ int ckpt_save(const char *ckpt_dir, const Model *m, const AdamW *opt, const Conf
 
     int cap = 3 * 3 * m->nreg, n = 0;
     CkSlice *slices = xcalloc((size_t)cap, sizeof(CkSlice));
-    if (writer) {
-        const int rep = m->d.tp_rank == 0; /* replicated tensors: written once */
-        /* a later stage's tied wte is a copy: the first stage writes it */
-        const int tied = m->d.pp == 1 || model_first_stage(&m->d);
-        n += model_slices(m, m->params, "param", rep, tied, slices + n);
-        if (opt) {
-            n += model_slices(m, opt->m, "adam_m", rep, tied, slices + n);
-            n += model_slices(m, opt->v, "adam_v", rep, tied, slices + n);
-        }
+    const Replicas r = {dp, dp_rank};
+    n += model_slices(m, m->params, "param", &r, slices + n);
+    if (opt) {
+        n += model_slices(m, opt->m, "adam_m", &r, slices + n);
+        n += model_slices(m, opt->v, "adam_v", &r, slices + n);
     }
     CkKV kv[64];
     int nkv = state_kv(cfg, m, step, world, kv);
     Err werr;
-    int rc = ck_write(comm, tmp, slices, n, kv, nkv, cfg->ckpt_level, &werr);
+    const CkWriteOpts wo = {cfg->ckpt_level, cfg->ckpt_chunk};
+    int rc = ck_write(comm, tmp, slices, n, kv, nkv, &wo, st, &werr);
     free(slices);
     if (rc != 0) {
         err_set(err, "%s (checkpoint of step %d not saved; older ones untouched)", werr.msg, step);
@@ -335,13 +358,13 @@ int ckpt_load(const char *stepdir, Model *m, AdamW *opt, int *had_moments, Err *
     CkSlice *slices = xcalloc((size_t)cap, sizeof(CkSlice));
     /* padded vocabulary rows are in no chunk: they start at zero */
     memset(m->params, 0, m->nparams * sizeof(float));
-    n += model_slices(m, m->params, "param", 1, 1, slices + n);
+    n += model_slices(m, m->params, "param", NULL, slices + n);
     if (opt) {
         memset(opt->m, 0, opt->n * sizeof(float));
         memset(opt->v, 0, opt->n * sizeof(float));
         if (have_m) {
-            n += model_slices(m, opt->m, "adam_m", 1, 1, slices + n);
-            n += model_slices(m, opt->v, "adam_v", 1, 1, slices + n);
+            n += model_slices(m, opt->m, "adam_m", NULL, slices + n);
+            n += model_slices(m, opt->v, "adam_v", NULL, slices + n);
         }
     }
     int rc = ck_read_slices(&ix, slices, n, err);

@@ -12,6 +12,7 @@
 #include <mpi.h>
 #include <stddef.h>
 
+#include "checkpoint/ckio.h"
 #include "checkpoint/safetensors.h"
 #include "src/base/util.h"
 #include "src/config.h"
@@ -19,12 +20,15 @@
 #include "src/optim.h"
 
 /* Saves weights (and moments when opt is non-NULL) after `step` completed
- * steps. Collective over comm; `writer` is 0 on ranks whose slices another
- * rank writes (data-parallel replicas). Returns 0 on every rank, or -1 on
+ * steps. Collective over comm; every rank writes a share: the data it holds
+ * alike with others (its dp replicas, of this rank dp_rank of dp; the tp
+ * ranks of a replicated tensor; the two copies of the tied embedding) is
+ * divided among them, balanced by bytes. Fills *st (when not NULL) with
+ * what the save wrote. Returns 0 on every rank, or -1 on
  * every rank with err set (rank 0's says why); the model and older
  * checkpoints are untouched either way. */
 int ckpt_save(const char *ckpt_dir, const Model *m, const AdamW *opt, const Config *cfg, int step,
-              MPI_Comm comm, int writer, Err *err);
+              MPI_Comm comm, int dp, int dp_rank, CkStats *st, Err *err);
 
 /* Turns --ckpt (a step directory, or a ckpt_dir: its `latest`, else its
  * newest step directory) into a step directory. Returns 0 or -1 with err

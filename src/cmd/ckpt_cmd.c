@@ -390,7 +390,7 @@ static int import_main(int argc, char **argv) {
     cfg.ckpt_keep = 1 << 20;
     if (ckpt_load_safetensors(&f, &m, &err) != 0) {
         err_print(&err);
-    } else if (ckpt_save(ckpt, &m, NULL, &cfg, step, MPI_COMM_WORLD, 1, &err) != 0) {
+    } else if (ckpt_save(ckpt, &m, NULL, &cfg, step, MPI_COMM_WORLD, 1, 0, NULL, &err) != 0) {
         err_print(&err);
         rc = EXIT_FAILURE;
     } else {

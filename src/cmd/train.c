@@ -445,9 +445,32 @@ static void run_validate(Run *r, int done) {
     mprintf(r->metrics, "}\n");
 }
 
+/* Saves the state after `step` and logs what the save did; the step's
+ * metrics line gets its figures. Returns 0 or -1 with err set. */
 static int run_save(Run *r, int step, Err *err) {
-    return ckpt_save(r->ckpt_dir, &r->m, &r->opt, &r->cfg, step, r->grid.world,
-                     r->grid.dp_rank == 0, err);
+    const double t0 = now_s();
+    CkStats st;
+    if (ckpt_save(r->ckpt_dir, &r->m, &r->opt, &r->cfg, step, r->grid.world, r->grid.dp,
+                  r->grid.dp_rank, &st, err) != 0)
+        return -1;
+    const double dt = now_s() - t0, ratio = st.stored > 0 ? st.raw / st.stored : 0;
+    r->last_save_s = dt;
+    char raw[32], lo[32], hi[32];
+    format_bytes(raw, sizeof raw, (size_t)st.raw);
+    format_bytes(lo, sizeof lo, (size_t)st.share_min);
+    format_bytes(hi, sizeof hi, (size_t)st.share_max);
+    log0("checkpoint: %s/step-%08d | %.2fs | %s of state at %.1f MB/s, ratio %.3f (%lld of %lld "
+         "byte planes deflated) | written by %d rank%s, %s to %s each\n",
+         r->ckpt_dir, step, dt, raw, st.raw / 1e6 / (dt > 0 ? dt : 1e-9), ratio,
+         st.planes_deflated, st.planes, r->grid.world_size, r->grid.world_size == 1 ? "" : "s",
+         lo, hi);
+    if (r->metrics)
+        fprintf(r->metrics,
+                "{\"step\":%d,\"ckpt_s\":%.4f,\"ckpt_mb_s\":%.1f,\"ckpt_ratio\":%.4f,"
+                "\"ckpt_share_min_mb\":%.3f,\"ckpt_share_max_mb\":%.3f}\n",
+                step, dt, st.raw / 1e6 / (dt > 0 ? dt : 1e-9), ratio, st.share_min / 1e6,
+                st.share_max / 1e6);
+    return 0;
 }
 
 /* After step `done` (not the last): stop early, all ranks together, on a
@@ -476,13 +499,7 @@ static int run_maybe_save_or_stop(Run *r, int done, double dt) {
     if (c->ckpt_every && done % c->ckpt_every == 0) {
         /* a failed periodic save is reported and training goes on: the state
          * is in memory and the next save may succeed */
-        double ts = now_s();
-        if (run_save(r, done, &err) == 0) {
-            r->last_save_s = now_s() - ts;
-            log0("checkpoint: %s/step-%08d (%.2fs)\n", r->ckpt_dir, done, r->last_save_s);
-        } else if (r->grid.world_rank == 0) {
-            err_print(&err);
-        }
+        if (run_save(r, done, &err) != 0 && r->grid.world_rank == 0) err_print(&err);
     }
     return -1;
 }
@@ -512,7 +529,7 @@ static int run_steps(Run *r) {
         if (r->grid.world_rank == 0) err_print(&err);
         return EXIT_FAILURE;
     }
-    log0("checkpoint: %s/step-%08d | %.1fs in all\n", r->ckpt_dir, final_step,
+    log0("done: step %d, %.1fs in all\n", final_step,
          now_s() - r->t_start);
     return EXIT_OK;
 }

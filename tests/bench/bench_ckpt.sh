@@ -18,7 +18,7 @@ MODTRAIN=$MODTRAIN "$top/jobs/prep_fortunes.sh" "$tmp/data" > /dev/null
     --train_data "$tmp/data/train.bin" --val_data "" --run_dir "$tmp/run" --resume never > "$tmp/train.log"
 head -n 3 "$tmp/train.log"
 "$BENCH" "$tmp/run/ckpt/step-$(printf %08d "$steps")" "$tmp" 3 | tee "$tmp/bench.txt"
-step_ms=$(awk -F'"step_time_ms":' 'NR > 1 { split($2, a, ","); t += a[1]; n++ } END { print t / n }' \
+step_ms=$(awk -F'"step_time_ms":' 'NR > 1 && NF > 1 { split($2, a, ","); t += a[1]; n++ } END { print t / n }' \
     "$tmp/run/metrics.jsonl")
 save_s=$(sed -n 's/^level 6: save .* (\([0-9.]*\) s), load.*/\1/p' "$tmp/bench.txt")
 awk -v ms="$step_ms" -v s="$save_s" 'BEGIN {

@@ -21,7 +21,7 @@ model="--n_layer $layers --d_model 256 --n_head 8 --seq_len 256 --batch_size 8"
     --log_every 1000 > "$tmp/modtrain.log"
 head -n 2 "$tmp/modtrain.log"
 # mean over steps 2.. (step 1 pays for warm-up), as PyTorch's figure below
-mt=$(awk -F'"step_time_ms":' 'NR > 1 { split($2, a, ","); t += a[1]; n++ }
+mt=$(awk -F'"step_time_ms":' 'NR > 1 && NF > 1 { split($2, a, ","); t += a[1]; n++ }
      END { printf "%.1f", 8 * 256 * n / (t / 1000) }' "$tmp/run/metrics.jsonl")
 mfu=$(awk -F'"mfu":' 'NR > 1 { split($2, a, ","); s += a[1]; n++ } END { printf "%.1f", 100 * s / n }' \
     "$tmp/run/metrics.jsonl")

@@ -76,7 +76,8 @@ int main(int argc, char **argv) {
             snprintf(dir, sizeof dir, "%s/bench-%d-%d", argv[2], levels[li], r);
             mkdirs(dir);
             double t0 = now_s();
-            if (ck_write(MPI_COMM_WORLD, dir, s, ix.nchunks, &kv, 1, levels[li], &err)) {
+            const CkWriteOpts wo = {levels[li], 1 << 20};
+            if (ck_write(MPI_COMM_WORLD, dir, s, ix.nchunks, &kv, 1, &wo, NULL, &err)) {
                 fprintf(stderr, "%s\n", err.msg);
                 MPI_Finalize();
                 return 1;

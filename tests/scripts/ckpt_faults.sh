@@ -73,7 +73,7 @@ resumes garbled 20
 
 breakcopy foreign
 sed -i '1s/.*/some-other-format 2/' foreign/ckpt/step-00000030/index
-expect_bad foreign/ckpt/step-00000030 "does not start with 'modtrain-checkpoint 1'"
+expect_bad foreign/ckpt/step-00000030 "does not start with 'modtrain-checkpoint 2' or 'modtrain-checkpoint 1'"
 
 breakcopy magic
 printf 'XXXXXXXX' | dd of=magic/ckpt/step-00000030/data.bin bs=1 seek=0 conv=notrunc 2> /dev/null
@@ -146,8 +146,8 @@ breakcopy dupkey
 edit_index dupkey/ckpt/step-00000030 'lines.insert(3, lines[2])'
 expect_bad dupkey/ckpt/step-00000030 "the key appears twice"
 
-# a NaN among the weights under a valid CRC (the chunk deflated again, the
-# index's offset, sizes and CRCs made good): verify names the tensor, eval
+# a NaN among the weights under a valid CRC (the chunk stored again, the
+# index's offset, sizes, planes and CRCs made good): verify names the tensor, eval
 # refuses it, resume = auto passes over it
 breakcopy nan
 "$PYTHON" - nan/ckpt/step-00000030 <<'PY'
@@ -160,14 +160,20 @@ for l in lines:
     f = l.split(b" ")
     if f[0] == b"chunk" and f[1] == b"param/h.0.mlp.c_fc.weight":
         off, csize, usize = int(f[9]), int(f[10]), int(f[11])
-        planes, n = zlib.decompress(bytes(data[off:off + csize])), usize // 4
+        n, at, planes = usize // 4, off, b""
+        for p in f[13].split(b","):  # each plane raw (r) or a zlib stream (h)
+            size = int(p[1:])
+            chunk = bytes(data[at:at + size])
+            planes += chunk if p[:1] == b"r" else zlib.decompress(chunk)
+            at += size
         raw = bytearray(usize)
         for b in range(4):
             raw[b::4] = planes[b * n:(b + 1) * n]
         raw[0:4] = struct.pack("<f", float("nan"))
-        comp = zlib.compress(b"".join(bytes(raw[b::4]) for b in range(4)), 6)
-        f[9], f[10], f[12] = b"%d" % len(data), b"%d" % len(comp), b"%08x" % zlib.crc32(bytes(raw))
-        data += comp
+        stored = b"".join(bytes(raw[b::4]) for b in range(4))  # every plane raw
+        f[9], f[10], f[12] = b"%d" % len(data), b"%d" % len(stored), b"%08x" % zlib.crc32(bytes(raw))
+        f[13] = b",".join(b"r%d" % n for _ in range(4))
+        data += stored
         l = b" ".join(f)
     out.append(b"data data.bin %d" % len(data) if l.startswith(b"data ") else l)
 out = [b"data data.bin %d" % len(data) if l.startswith(b"data ") else l for l in out]
