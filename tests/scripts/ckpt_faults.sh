@@ -145,6 +145,29 @@ done
 breakcopy dupkey
 edit_index dupkey/ckpt/step-00000030 'lines.insert(3, lines[2])'
 expect_bad dupkey/ckpt/step-00000030 "the key appears twice"
+# the planes field of a version-2 chunk (under a valid CRC): sizes that do
+# not add up, a raw plane of the wrong size, an unknown codec, a missing
+# plane, and a deflated plane cut one byte short of its stream
+wte='b"param/wte.weight"'
+for case in "sum|a[3] = a[3][:1] + b'%d' % (int(a[3][1:]) + 1)|do not add up to the stored size" \
+    "raw|a[0] = b'r7'|a raw plane is not a quarter" \
+    "codec|a[0] = b'x' + a[0][1:]|a plane is not h or r" \
+    "three|del a[3]|does not have 4 planes"; do
+    name=${case%%|*} rest=${case#*|}
+    code=${rest%%|*} pattern=${rest#*|}
+    breakcopy "pl$name"
+    edit_index "pl$name/ckpt/step-00000030" "$chunk
+f = lines[chunk($wte, 0)].split(b' '); a = f[13].split(b','); $code
+f[13] = b','.join(a); lines[chunk($wte, 0)] = b' '.join(f)"
+    expect_bad "pl$name/ckpt/step-00000030" "$pattern"
+done
+breakcopy plstream
+edit_index plstream/ckpt/step-00000030 "$chunk
+f = lines[chunk($wte, 0)].split(b' '); a = f[13].split(b',')
+k = [i for i, p in enumerate(a) if p[:1] == b'h'][0]
+a[k] = b'h%d' % (int(a[k][1:]) - 1); f[10] = b'%d' % (int(f[10]) - 1)
+f[13] = b','.join(a); lines[chunk($wte, 0)] = b' '.join(f)"
+expect_bad plstream/ckpt/step-00000030 "chunk param/wte.weight .*does not inflate"
 
 # a NaN among the weights under a valid CRC (the chunk stored again, the
 # index's offset, sizes, planes and CRCs made good): verify names the tensor, eval
