@@ -17,11 +17,21 @@
 #include "src/cmd/cmd.h"
 #include "src/config.h"
 
-static void human_bytes(char *buf, size_t n, double b) {
-    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int i = 0;
-    while (b >= 1024 && i < 4) b /= 1024, i++;
-    snprintf(buf, n, i ? "%.1f %s" : "%.0f %s", b, u[i]);
+/* The codec mix of a checkpoint: "v1 zlib", or for version 2 the share of
+ * the raw bytes in Huffman-coded planes, e.g. "v2 h 25% r 75%". */
+static void codec_mix(const CkIndex *ix, char *buf, size_t n) {
+    if (ix->version == 1) {
+        snprintf(buf, n, "v1 zlib");
+        return;
+    }
+    double h = 0, all = 0;
+    for (int i = 0; i < ix->nchunks; i++)
+        for (int p = 0; p < 4; p++) {
+            all += (double)ix->chunks[i].usize / 4;
+            if (ix->chunks[i].codec[p] == 'h') h += (double)ix->chunks[i].usize / 4;
+        }
+    double f = all > 0 ? 100 * h / all : 0;
+    snprintf(buf, n, "v2 h %.0f%% r %.0f%%", f, 100 - f);
 }
 
 /* One line of `ckpt list` for a step directory; returns 0 when it verifies. */
@@ -38,11 +48,11 @@ static int list_one(const char *dir, const char *name) {
     }
     snprintf(path, sizeof path, "%s/%s/index", dir, name);
     if (stat(path, &st) == 0) bytes += (double)st.st_size;
-    human_bytes(size, sizeof size, bytes);
+    format_bytes(size, sizeof size, (size_t)bytes);
     snprintf(path, sizeof path, "%s/%s", dir, name);
     CkIndex ix;
     if (ck_index_read(path, &ix, &err) != 0) {
-        printf("%-15s %-19s %10s %7s  BAD: %s\n", name, when, size, "-", err.msg);
+        printf("%-15s %-19s %10s %7s %-16s BAD: %s\n", name, when, size, "-", "-", err.msg);
         return -1;
     }
     double raw = 0, comp = 0;
@@ -50,8 +60,11 @@ static int list_one(const char *dir, const char *name) {
         raw += (double)ix.chunks[i].usize, comp += (double)ix.chunks[i].csize;
     int rc = ck_verify(&ix, &err);
     const char *step = ck_kv(&ix, "state.step");
-    printf("%-15s %-19s %10s %6.2fx  %s%s (step %s)\n", name, when, size, comp > 0 ? raw / comp : 0,
-           rc == 0 ? "verified" : "BAD: ", rc == 0 ? "" : err.msg, step ? step : "?");
+    char mix[32];
+    codec_mix(&ix, mix, sizeof mix);
+    printf("%-15s %-19s %10s %6.2fx %-16s %s%s (step %s)\n", name, when, size,
+           comp > 0 ? raw / comp : 0, mix, rc == 0 ? "verified" : "BAD: ", rc == 0 ? "" : err.msg,
+           step ? step : "?");
     ck_index_free(&ix);
     return rc;
 }
@@ -61,7 +74,7 @@ static int list_main(int argc, char **argv) {
     CliOpt opts[] = {{"ckpt", CLI_STR, &ckpt, "ckpt_dir to list"}, {NULL, 0, NULL, NULL}};
     int h = cli_parse("ckpt list", "modtrain ckpt list --ckpt DIR",
                       "Lists a ckpt_dir's checkpoints: step, time, size on disk, compression "
-                      "ratio, and whether every chunk verifies.",
+                      "ratio, format and codec mix, and whether every chunk verifies.",
                       opts, argc, argv);
     if (h != 1) return h == 0 ? EXIT_OK : EXIT_USAGE;
     if (!ckpt) {
@@ -70,7 +83,8 @@ static int list_main(int argc, char **argv) {
     }
     char **names;
     int n = ckpt_list_steps(ckpt, &names), bad = 0;
-    printf("%-15s %-19s %10s %7s  %s\n", "checkpoint", "written", "size", "ratio", "status");
+    printf("%-15s %-19s %10s %7s %-16s %s\n", "checkpoint", "written", "size", "ratio", "format",
+           "status");
     for (int i = n - 1; i >= 0; i--) {
         bad += list_one(ckpt, names[i]) != 0;
         free(names[i]);
@@ -84,8 +98,8 @@ static int list_main(int argc, char **argv) {
     struct dirent *e;
     while ((e = readdir(d)))
         if (strncmp(e->d_name, "step-", 5) == 0 && strstr(e->d_name, ".tmp"))
-            printf("%-15s %-19s %10s %7s  incomplete: left by an interrupted save, ignored\n",
-                   e->d_name, "-", "-", "-");
+            printf("%-15s %-19s %10s %7s %-16s incomplete: left by an interrupted save, ignored\n",
+                   e->d_name, "-", "-", "-", "-");
     closedir(d);
     char p[1100];
     snprintf(p, sizeof p, "%s/latest", ckpt);

@@ -65,6 +65,9 @@ done
 # version 1
 v1=$srcdir/tests/fixtures/ckpt-v1/step-00000004
 "$MODTRAIN" ckpt verify --ckpt "$v1" > v.txt 2>&1 && ok "v1: $(cat v.txt)" || fail "v1 verify: $(cat v.txt)"
+mkdir lsv1 && cp -r "$v1" lsv1/
+"$MODTRAIN" ckpt list --ckpt lsv1 | grep -q "step-00000004 .* v1 zlib *verified" &&
+    ok "ckpt list names version 1" || fail "ckpt list of v1: $("$MODTRAIN" ckpt list --ckpt lsv1)"
 printf 'the quick brown fox jumps over the lazy dog\n%.0s' $(seq 1 400) > text.txt
 "$MODTRAIN" prep --out fx text.txt > /dev/null
 e1=$("$MODTRAIN" eval --ckpt "$v1" --data fx/val.bin --json)

@@ -26,7 +26,9 @@ set -e
 cat list.txt
 [ "$(grep -c verified list.txt)" -eq 3 ] && grep -q "latest -> step-00000030" list.txt &&
     grep -q "step-00000040.tmp .*incomplete" list.txt &&
-    ok "ckpt list: 3 verified checkpoints, latest step 30, an incomplete step 40" || fail "ckpt list"
+    [ "$(grep -c " v2 h [1-9][0-9]*% r [1-9][0-9]*% *verified" list.txt)" -eq 3 ] &&
+    ok "ckpt list: 3 verified checkpoints (format 2, their codec mix), latest step 30, an incomplete step 40" ||
+    fail "ckpt list"
 
 # expect_bad DIR PATTERN: verify fails and names the problem
 expect_bad() {
