@@ -15,6 +15,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "mpi/check.h"
 #include "src/base/util.h"
@@ -177,11 +180,30 @@ static int plan_pieces(const CkSlice *slices, int n, int64_t chunk, Piece **out)
     return np;
 }
 
+/* One round's collective write, done by the master thread while the other
+ * threads pack the next round. */
+typedef struct {
+    MPI_File fh;
+    MPI_Comm comm;
+    const char *path;
+    const Blob *blob;
+    unsigned long long base; /* where the round starts in the file */
+    unsigned long long at;   /* out: this rank's offset */
+    unsigned long long total; /* out: the round's bytes over all ranks */
+    int *failed;
+    Err *err;
+} RoundWrite;
+
+static void write_round(RoundWrite *w);
+
 /* Packs pieces [lo, hi) into blob (which has room for the magic already
  * in it plus every piece's bound) on all threads, each piece into a slot of
  * its own, then closes the gaps in piece order: the same bytes whatever
- * the thread count. Chunk offsets are relative to the blob. */
-static void pack_round(const Piece *pcs, int lo, int hi, int level, CkChunk *chunks, Blob *blob) {
+ * the thread count. Chunk offsets are relative to the blob. When w is not
+ * NULL, the master thread first does that write (the previous round's),
+ * then joins the packing. */
+static void pack_round(const Piece *pcs, int lo, int hi, int level, CkChunk *chunks, Blob *blob,
+                       RoundWrite *w) {
     size_t *slot = xcalloc((size_t)(hi - lo) + 1, sizeof(size_t)), at = blob->len, most = 0;
     for (int i = lo; i < hi; i++) {
         slot[i - lo] = at;
@@ -191,6 +213,12 @@ static void pack_round(const Piece *pcs, int lo, int hi, int level, CkChunk *chu
     }
 #pragma omp parallel
     {
+#ifdef _OPENMP
+        const int master = omp_get_thread_num() == 0;
+#else
+        const int master = 1;
+#endif
+        if (w && master) write_round(w);
         float *raw = xmalloc(most + 4);
         uint8_t *planes = xmalloc(most + 4);
 #pragma omp for schedule(dynamic)
@@ -223,37 +251,36 @@ static int any_failed(MPI_Comm comm, int failed) {
     return any;
 }
 
-/* One collective write of every rank's blob at base + its exclusive prefix
- * sum; returns the round's total bytes in *total. The call's return code
- * and byte count are checked; *failed is set (first failure kept). */
-static void write_round(MPI_File fh, MPI_Comm comm, const char *path, const Blob *blob,
-                        unsigned long long base, unsigned long long *mine_at,
-                        unsigned long long *total, int *failed, Err *err) {
-    unsigned long long mine = blob->len, before = 0;
+/* The collective write of every rank's blob at base + its exclusive prefix
+ * sum; the call's return code and byte count are checked (*failed set, the
+ * first failure kept). MPI calls from the master thread only. */
+static void write_round(RoundWrite *w) {
+    unsigned long long mine = w->blob->len, before = 0;
     int rank = 0;
-    MPI_CHECK(MPI_Comm_rank(comm, &rank));
-    MPI_CHECK(MPI_Exscan(&mine, &before, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm));
+    MPI_CHECK(MPI_Comm_rank(w->comm, &rank));
+    MPI_CHECK(MPI_Exscan(&mine, &before, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, w->comm));
     if (rank == 0) before = 0;
-    MPI_CHECK(MPI_Allreduce(&mine, total, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm));
-    *mine_at = base + before;
+    MPI_CHECK(MPI_Allreduce(&mine, &w->total, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, w->comm));
+    w->at = w->base + before;
     MPI_Status st;
-    int rc = MPI_File_write_at_all(fh, (MPI_Offset)*mine_at, blob->buf, (int)blob->len, MPI_BYTE,
-                                   &st);
-    if (!*failed && mpi_failed(rc, "MPI_File_write_at_all", path, err)) *failed = 1;
+    int rc = MPI_File_write_at_all(w->fh, (MPI_Offset)w->at, w->blob->buf, (int)w->blob->len,
+                                   MPI_BYTE, &st);
+    if (!*w->failed && mpi_failed(rc, "MPI_File_write_at_all", w->path, w->err)) *w->failed = 1;
     int wrote = 0;
     if (rc == MPI_SUCCESS) MPI_Get_count(&st, MPI_BYTE, &wrote);
-    if (!*failed && (size_t)wrote != blob->len) {
-        err_set(err, "ckpt: wrote %d of %zu bytes to '%s' at offset %llu (disk full?)", wrote,
-                blob->len, path, *mine_at);
-        *failed = 1;
+    if (!*w->failed && (size_t)wrote != w->blob->len) {
+        err_set(w->err, "ckpt: wrote %d of %zu bytes to '%s' at offset %llu (disk full?)", wrote,
+                w->blob->len, w->path, w->at);
+        *w->failed = 1;
     }
 }
 
 /* The data file: rounds of at most CK_ROUND_BYTES of raw state a rank,
- * each packed on all threads and written collectively, so that the memory
- * a save takes stays bounded whatever the model. Rank 0's first round
- * starts with the magic. Fills the chunks' file offsets and *total.
- * Returns 0 on every rank or -1 on every rank (err set where it failed). */
+ * each packed on all threads while the master thread writes the previous
+ * one (two buffers in turn), so that the memory a save takes stays bounded
+ * whatever the model. Rank 0's first round starts with the magic. Fills
+ * the chunks' file offsets and *total. Returns 0 on every rank or -1 on
+ * every rank (err set where it failed). */
 static int write_data(MPI_Comm comm, const char *path, const Piece *pcs, int np, int level,
                       CkChunk *chunks, unsigned long long *total, Err *err) {
     int rank = 0;
@@ -274,7 +301,7 @@ static int write_data(MPI_Comm comm, const char *path, const Piece *pcs, int np,
     rc = MPI_File_set_size(fh, 0);
     int failed = mpi_failed(rc, "MPI_File_set_size", path, err);
     /* round boundaries: pieces in order, at most CK_ROUND_BYTES raw each;
-     * one buffer, reused, holds the largest round's bound */
+     * two buffers, used in turn, hold the largest round's bound */
     int *ends = xcalloc((size_t)np + 2, sizeof(int)), nr = 0;
     size_t arena = 0;
     for (int i = 0; i < np;) {
@@ -288,26 +315,33 @@ static int write_data(MPI_Comm comm, const char *path, const Piece *pcs, int np,
         ends[nr++] = i;
         if (bound > arena) arena = bound;
     }
-    Blob blob = {xmalloc(arena + 8), 0, arena + 8};
     int rounds = 0;
     MPI_CHECK(MPI_Allreduce(&nr, &rounds, 1, MPI_INT, MPI_MAX, comm));
     if (rounds < 1) rounds = 1; /* the magic */
-    unsigned long long base = 0;
-    for (int k = 0, lo = 0; k < rounds; k++) {
-        blob.len = 0;
-        if (rank == 0 && k == 0) {
-            memcpy(blob.buf, CK_DATA_MAGIC, 8);
-            blob.len = 8;
-        }
-        const int hi = k < nr ? ends[k] : lo;
-        pack_round(pcs, lo, hi, level, chunks, &blob);
-        unsigned long long at = 0, sum = 0;
-        write_round(fh, comm, path, &blob, base, &at, &sum, &failed, err);
-        for (int i = lo; i < hi; i++) chunks[i].offset += at;
-        base += sum;
-        lo = hi;
+    Blob blob[2] = {{xmalloc(arena + 8), 0, arena + 8}, {NULL, 0, 0}};
+    if (rounds > 1) blob[1] = (Blob){xmalloc(arena + 8), 0, arena + 8};
+    if (rank == 0) {
+        memcpy(blob[0].buf, CK_DATA_MAGIC, 8);
+        blob[0].len = 8;
     }
-    free(blob.buf);
+    pack_round(pcs, 0, nr > 0 ? ends[0] : 0, level, chunks, &blob[0], NULL);
+    unsigned long long base = 0;
+    for (int k = 0; k < rounds; k++) {
+        /* round k is written while round k + 1 packs into the other buffer */
+        RoundWrite w = {fh, comm, path, &blob[k % 2], base, 0, 0, &failed, err};
+        const int lo = k < nr ? ends[k] : np, hi = k + 1 < nr ? ends[k + 1] : lo;
+        if (k + 1 < rounds) {
+            blob[(k + 1) % 2].len = 0;
+            pack_round(pcs, lo, hi, level, chunks, &blob[(k + 1) % 2], &w);
+        } else {
+            write_round(&w);
+        }
+        const int first = k == 0 ? 0 : k - 1 < nr ? ends[k - 1] : np, last = k < nr ? ends[k] : np;
+        for (int i = first; i < last; i++) chunks[i].offset += w.at;
+        base += w.total;
+    }
+    free(blob[0].buf);
+    free(blob[1].buf);
     free(ends);
     *total = base;
     rc = MPI_File_sync(fh);

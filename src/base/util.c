@@ -238,3 +238,21 @@ void format_bytes(char *buf, size_t n, size_t bytes) {
     if (u == 0) snprintf(buf, n, "%zu B", bytes);
     else snprintf(buf, n, "%.*f %s", v < 10 ? 2 : 1, v, unit[u]);
 }
+
+size_t peak_rss(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "VmHWM:", 6) == 0) {
+            char *p = line + 6, *end;
+            while (*p == ' ' || *p == '\t') p++;
+            end = p + strspn(p, "0123456789");
+            *end = '\0';
+            if (parse_i64(p, 0, LLONG_MAX / 1024, &kb) != 0) kb = 0;
+            break;
+        }
+    fclose(f);
+    return (size_t)kb * 1024;
+}

@@ -78,6 +78,9 @@ static inline size_t sat_add(size_t a, size_t b) {
 /* Bytes of memory this process's node offers: the physical memory, or the
  * control group's limit (a SLURM --mem, a container) when that is lower. */
 size_t machine_memory(void);
+/* This process's peak resident set size so far (VmHWM), or 0 where the
+ * system does not say. */
+size_t peak_rss(void);
 /* Formats bytes as "512 B", "3.2 MiB", "1.50 GiB" ("too much" at SIZE_MAX). */
 void format_bytes(char *buf, size_t n, size_t bytes);
 

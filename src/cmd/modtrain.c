@@ -47,7 +47,10 @@ int main(int argc, char **argv) {
         errorf("unknown command '%s' (expected prep, train, eval, sample or ckpt)", cmd);
         return EXIT_USAGE;
     }
-    MPI_Init(&argc, &argv);
+    /* MPI is called from the main thread alone, also inside OpenMP regions
+     * (a checkpoint's writes while the other threads pack the next round) */
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &util_rank);
     int rc = run(argc - 2, argv + 2);
     MPI_Finalize();

@@ -449,27 +449,32 @@ static void run_validate(Run *r, int done) {
  * metrics line gets its figures. Returns 0 or -1 with err set. */
 static int run_save(Run *r, int step, Err *err) {
     const double t0 = now_s();
+    const size_t rss0 = peak_rss();
     CkStats st;
     if (ckpt_save(r->ckpt_dir, &r->m, &r->opt, &r->cfg, step, r->grid.world, r->grid.dp,
                   r->grid.dp_rank, &st, err) != 0)
         return -1;
     const double dt = now_s() - t0, ratio = st.stored > 0 ? st.raw / st.stored : 0;
     r->last_save_s = dt;
-    char raw[32], lo[32], hi[32];
+    const size_t rss1 = peak_rss();
+    char raw[32], lo[32], hi[32], p0[32], p1[32];
     format_bytes(raw, sizeof raw, (size_t)st.raw);
     format_bytes(lo, sizeof lo, (size_t)st.share_min);
     format_bytes(hi, sizeof hi, (size_t)st.share_max);
+    format_bytes(p0, sizeof p0, rss0);
+    format_bytes(p1, sizeof p1, rss1);
     log0("checkpoint: %s/step-%08d | %.2fs | %s of state at %.1f MB/s, ratio %.3f (%lld of %lld "
-         "byte planes deflated) | written by %d rank%s, %s to %s each\n",
+         "byte planes deflated) | written by %d rank%s, %s to %s each | peak RSS %s, %s after\n",
          r->ckpt_dir, step, dt, raw, st.raw / 1e6 / (dt > 0 ? dt : 1e-9), ratio,
          st.planes_deflated, st.planes, r->grid.world_size, r->grid.world_size == 1 ? "" : "s",
-         lo, hi);
+         lo, hi, p0, p1);
     if (r->metrics)
         fprintf(r->metrics,
                 "{\"step\":%d,\"ckpt_s\":%.4f,\"ckpt_mb_s\":%.1f,\"ckpt_ratio\":%.4f,"
-                "\"ckpt_share_min_mb\":%.3f,\"ckpt_share_max_mb\":%.3f}\n",
+                "\"ckpt_share_min_mb\":%.3f,\"ckpt_share_max_mb\":%.3f,"
+                "\"ckpt_rss_before_mb\":%.1f,\"ckpt_rss_after_mb\":%.1f}\n",
                 step, dt, st.raw / 1e6 / (dt > 0 ? dt : 1e-9), ratio, st.share_min / 1e6,
-                st.share_max / 1e6);
+                st.share_max / 1e6, rss0 / 1e6, rss1 / 1e6);
     return 0;
 }
 

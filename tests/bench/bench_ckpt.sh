@@ -1,8 +1,9 @@
 #!/bin/sh
 # Checkpoint benchmark: trains the quickstart model (jobs/small.conf) for a
-# while, then on its saved state prints the compression ratio of
-# shuffle+deflate against deflate alone, save and load throughput, and the
-# fraction of training time spent saving at the default ckpt_every (500).
+# while, then on its saved state prints the compression ratio of deflate
+# alone, of deflated byte planes (format 1) and of format 2, save and load
+# throughput, and the fraction of training time spent saving at the default
+# ckpt_every (500).
 # usage: tests/bench/bench_ckpt.sh [STEPS]
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
@@ -20,7 +21,7 @@ head -n 3 "$tmp/train.log"
 "$BENCH" "$tmp/run/ckpt/step-$(printf %08d "$steps")" "$tmp" 3 | tee "$tmp/bench.txt"
 step_ms=$(awk -F'"step_time_ms":' 'NR > 1 && NF > 1 { split($2, a, ","); t += a[1]; n++ } END { print t / n }' \
     "$tmp/run/metrics.jsonl")
-save_s=$(sed -n 's/^level 6: save .* (\([0-9.]*\) s), load.*/\1/p' "$tmp/bench.txt")
+save_s=$(sed -n 's/^format 2, level 6: .* save .* (\([0-9.]*\) s), load.*/\1/p' "$tmp/bench.txt")
 awk -v ms="$step_ms" -v s="$save_s" 'BEGIN {
     printf "mean step %.1f ms; a save at level 6 takes %.3f s: %.3f%% of training time at ckpt_every = 500\n",
         ms, s, 100 * s / (500 * ms / 1000 + s) }'

@@ -56,7 +56,8 @@ static int check_slice(const CkSlice *s) {
 }
 
 int main(int argc, char **argv) {
-    MPI_Init(&argc, &argv);
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
     int rank, W;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &W);
