@@ -43,7 +43,7 @@ typedef struct {
     double *frac;          /* (L) share of tokens each block processed */
     FILE *metrics;         /* rank 0 only */
     int threads, n_routed, start;
-    double peak_gflops, dense_fpt, step_tokens;
+    double peak_gflops, job_peak_gflops, dense_fpt, step_tokens;
     /* timing: the first step pays for warm-up and is left out of the ETA */
     double t_start, time_timed, last_save_s;
     int steps_timed;
@@ -247,9 +247,10 @@ static void run_banner(const Run *r) {
     log0("memory (rank 0): %s = parameters and gradients %s + AdamW moments %s + activations %s "
          "(%zu bytes)\n",
          tot, pg, mo, ac, r->mem.total);
-    log0("layout dp=%d tp=%d pp=%d | %d threads | BLIS %s kernels | sgemm peak %.1f GFLOP/s%s\n",
+    log0("layout dp=%d tp=%d pp=%d | %d threads | BLIS %s kernels | sgemm peak %.1f GFLOP/s%s, "
+         "%.1f over the job\n",
          r->grid.dp, r->grid.tp, r->grid.pp, r->threads, kernels_blis_arch(), r->peak_gflops,
-         c->peak_gflops > 0 ? " (given)" : " (measured)");
+         c->peak_gflops > 0 ? " (given)" : " (measured on rank 0)", r->job_peak_gflops);
 }
 
 /* Rank 0 alone writes the metrics. Returns 0 or -1 (printed). */
@@ -272,6 +273,9 @@ static int run_setup(Run *r, int argc, char **argv) {
     if (run_setup_layout(r, argc, argv) != 0 || run_setup_data(r) != 0 || run_setup_model(r) != 0)
         return EXIT_USAGE;
     r->peak_gflops = r->cfg.peak_gflops > 0 ? r->cfg.peak_gflops : kernels_measure_peak_gflops();
+    /* MFU is the job's model FLOPs over the job's peak: every rank's */
+    MPI_CHECK(MPI_Allreduce(&r->peak_gflops, &r->job_peak_gflops, 1, MPI_DOUBLE, MPI_SUM,
+                            r->grid.world));
     run_banner(r);
     if (run_open_metrics(r) != 0) return EXIT_USAGE;
     install_stop_handlers();
@@ -399,7 +403,7 @@ static void run_log(Run *r, int step, const StepResult *s) {
     const Config *c = &r->cfg;
     const RouteStats *st = &r->m.stats;
     const int done = step + 1;
-    const double tps = r->step_tokens / s->dt, mfu = s->fpt * tps / (r->peak_gflops * 1e9);
+    const double tps = r->step_tokens / s->dt, mfu = s->fpt * tps / (r->job_peak_gflops * 1e9);
     double aux = 0, acc = 0;
     mprintf(r->metrics, "{\"step\":%d,\"loss\":%.6f", done, s->loss);
     if (r->n_routed) {
