@@ -867,15 +867,18 @@ typedef struct {
  * the thread count. Returns 0 or -1 with err set. */
 static int run_loads(const CkIndex *ix, int fd, const Load *jobs, int n, Err *err) {
     int first = n;
-    Err *errs = xcalloc((size_t)n + 1, sizeof(Err));
 #pragma omp parallel for schedule(dynamic)
     for (int i = 0; i < n; i++) {
         const Load *L = &jobs[i];
         const CkChunk *c = L->c;
         float *buf = xmalloc(c->usize + 4);
-        if (load_chunk(ix, fd, c, buf, &errs[i]) != 0) {
+        Err e;
+        if (load_chunk(ix, fd, c, buf, &e) != 0) {
 #pragma omp critical
-            if (i < first) first = i;
+            if (i < first) {
+                first = i;
+                *err = e;
+            }
         } else if (L->s) {
             const CkSlice *s = L->s;
             for (int64_t r = L->r0; r < L->r1; r++)
@@ -884,8 +887,6 @@ static int run_loads(const CkIndex *ix, int fd, const Load *jobs, int n, Err *er
         }
         free(buf);
     }
-    if (first < n) *err = errs[first];
-    free(errs);
     return first < n ? -1 : 0;
 }
 

@@ -4,6 +4,7 @@
 #include "src/cmd/cli.h"
 
 #include <ctype.h>
+#include <limits.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -66,16 +67,19 @@ int cli_parse(const char *cmd, const char *usage, const char *about, const CliOp
             errorf("%s: --%s needs a value", cmd, name);
             return -1;
         }
-        char *end;
-        errno = 0;
         switch (o->type) {
         case CLI_STR: *(const char **)o->dst = val; break;
         case CLI_INT:
         case CLI_I64: {
-            long long v = strtoll(val, &end, 10);
-            if (end == val || *end || errno ||
-                (o->type == CLI_INT && (v > 1 << 30 || v < -(1 << 30)))) {
+            long long v;
+            const long long bound = o->type == CLI_INT ? 1 << 30 : LLONG_MAX;
+            if (parse_i64(val, LLONG_MIN, LLONG_MAX, &v) != 0) {
                 errorf("%s: --%s = '%s' is not an integer", cmd, name, val);
+                return -1;
+            }
+            if (v > bound || v < -bound) {
+                errorf("%s: --%s = %s is out of range (at most %lld in size)", cmd, name, val,
+                       bound);
                 return -1;
             }
             if (o->type == CLI_INT) *(int *)o->dst = (int)v;
@@ -83,8 +87,8 @@ int cli_parse(const char *cmd, const char *usage, const char *about, const CliOp
             break;
         }
         case CLI_FLOAT: {
-            double v = strtod(val, &end);
-            if (end == val || *end || errno || !isfinite(v)) {
+            double v;
+            if (parse_f64(val, &v) != 0) {
                 errorf("%s: --%s = '%s' is not a number", cmd, name, val);
                 return -1;
             }

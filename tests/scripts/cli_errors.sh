@@ -63,6 +63,9 @@ expect_error "neither a checkpoint directory" "$MODTRAIN" ckpt inspect --ckpt no
 expect_error "neither a checkpoint directory" "$MODTRAIN" ckpt export --ckpt nowhere --out x.st
 expect_error "neither a checkpoint directory" "$MODTRAIN" ckpt diff --a nowhere --b nowhere
 expect_error "unknown option '--dta' (did you mean '--data'?)" "$MODTRAIN" eval --ckpt nowhere --dta x
+expect_error "sample: --tokens = 2147483647 is out of range" "$MODTRAIN" sample --ckpt nowhere --tokens 2147483647
+expect_error "sample: --tokens = ' 5' is not an integer" "$MODTRAIN" sample --ckpt nowhere --tokens ' 5'
+expect_error "sample: --temperature = 'inf' is not a number" "$MODTRAIN" sample --ckpt nowhere --temperature inf
 expect_error "unknown command 'trian'" "$MODTRAIN" trian
 [ ! -e run ] && ok "no run directory was created by the failed runs" || fail "a failed run created run/"
 [ ! -e data2 ] && ok "no output directory was created by the failed prep" || fail "prep created data2/"

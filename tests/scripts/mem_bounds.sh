@@ -57,6 +57,23 @@ refused "ckpt: 'huge/step-00000001': $needs" "$MODTRAIN" sample --ckpt huge/step
 refused "ckpt: 'huge/step-00000001': $needs" "$MODTRAIN" ckpt export --ckpt huge/step-00000001 --out x.safetensors
 [ ! -e x.safetensors ] && ok "nothing exported" || fail "export wrote x.safetensors"
 
+# sample --tokens N keeps a window of 2·T tokens, not N: under a 4 GiB
+# address-space limit, --tokens 1073741824 (the most; 4 GiB of tokens, which
+# the previous main allocated up front) streams until stopped. The sanitizer
+# build is left out: AddressSanitizer reserves terabytes of address space.
+if ldd "$MODTRAIN" | grep -q libasan; then
+    echo "skip: sample under ulimit -v (AddressSanitizer build)"
+else
+    set +e
+    (ulimit -v 4194304 && exec timeout 5 "$MODTRAIN" sample --ckpt run/ckpt/step-00000001 \
+        --tokens 1073741824 --threads 1) > s.txt 2> se.txt
+    rc=$?
+    set -e
+    [ "$rc" -eq 124 ] && [ "$(wc -c < s.txt)" -gt 1000 ] &&
+        ok "sample --tokens 1073741824 streams under a 4 GiB limit ($(wc -c < s.txt) bytes in 5 s)" ||
+        fail "sample --tokens 1073741824 under a 4 GiB limit: exit $rc, $(wc -c < s.txt) bytes: $(cat se.txt)"
+fi
+
 # the accounting: the activations of 8 more sequences per micro-batch, as
 # the banner counts them, against the peak RSS they add to a real run
 M="--d_model 128 --n_layer 2 --n_head 4 --seq_len 256 --route_every 2 --threads 1"
