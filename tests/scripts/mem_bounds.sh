@@ -50,6 +50,7 @@ rm -rf run
 "$MODTRAIN" train $T --d_model 32 --n_layer 2 --n_head 2 --batch_size 2 > /dev/null
 mkdir huge
 cp -r run/ckpt/step-00000001 huge/
+cp -r run/ckpt/step-00000001 small
 edit_index huge/step-00000001 '
 lines = [b"kv config.d_model 65536" if l.startswith(b"kv config.d_model ") else l for l in lines]'
 refused "ckpt: 'huge/step-00000001': $needs" "$MODTRAIN" eval --ckpt huge/step-00000001 --data data/val.bin
@@ -65,7 +66,7 @@ if ldd "$MODTRAIN" | grep -q libasan; then
     echo "skip: sample under ulimit -v (AddressSanitizer build)"
 else
     set +e
-    (ulimit -v 4194304 && exec timeout 5 "$MODTRAIN" sample --ckpt run/ckpt/step-00000001 \
+    (ulimit -v 4194304 && exec timeout 5 "$MODTRAIN" sample --ckpt small \
         --tokens 1073741824 --threads 1) > s.txt 2> se.txt
     rc=$?
     set -e
