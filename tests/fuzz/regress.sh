@@ -1,6 +1,6 @@
 #!/bin/sh
 # Replays every fuzz seed and every input that once crashed or hung a
-# parser (tests/fuzz/regress/NAME/) through its harness, without libFuzzer:
+# parser (tests/fuzz/regressions/NAME/) through its harness, without libFuzzer:
 # under the sanitizer build a regression is an AddressSanitizer or UBSan
 # report, in any build a crash.
 set -eu
@@ -9,7 +9,7 @@ bin=$(dirname "${MODTRAIN:-./modtrain}")/tests/fuzz
 failures=0
 for t in config shard index safetensors; do
     dirs="$srcdir/tests/fuzz/seeds/$t"
-    [ -d "$srcdir/tests/fuzz/regress/$t" ] && dirs="$dirs $srcdir/tests/fuzz/regress/$t"
+    [ -d "$srcdir/tests/fuzz/regressions/$t" ] && dirs="$dirs $srcdir/tests/fuzz/regressions/$t"
     # shellcheck disable=SC2086 # two directories
     if out=$("$bin/regress_$t" $dirs 2>&1); then
         echo "ok: $t: $out"

@@ -4,7 +4,7 @@
 # FUZZ_SECONDS (default 60) from its seed corpus. Needs clang (Debian:
 # clang, libclang-rt-14-dev, libomp-14-dev). Inputs that crash, leak, run
 # out of memory or hang land in $FUZZ_OUT/crashes/NAME/; copy each into
-# tests/fuzz/regress/NAME/ once fixed, and `make check` replays it forever.
+# tests/fuzz/regressions/NAME/ once fixed, and `make check` replays it forever.
 #
 #   FUZZ_SECONDS=300 FUZZ_TARGETS="config index" make fuzz
 set -eu
@@ -29,7 +29,7 @@ for t in $targets; do
     # shellcheck disable=SC2086 # word splitting of the flag and source lists is meant
     OMPI_CC=${FUZZ_CC:-clang} "$mpicc" $flags -o "$out/fuzz_$t" $srcs -lz
     mkdir -p "$out/corpus/$t" "$out/crashes/$t"
-    regress="$srcdir/tests/fuzz/regress/$t"
+    regress="$srcdir/tests/fuzz/regressions/$t"
     [ -d "$regress" ] || regress=
     # the bounds modtrain enforces: a config is at most 1 MiB, and nothing a
     # parser allocates exceeds a small multiple of its input
