@@ -68,41 +68,36 @@ typedef struct {
     int64_t r0, nr;
 } Piece;
 
-/* Deflates one byte plane with Huffman coding alone (the planes of floats
- * gain from their byte statistics, not from LZ77 matches) when a sample of
- * it gains at least 2%, into out (compressBound(n) bytes). Returns the
- * stored size and sets *codec: 'h' (a zlib stream) or 'r' (raw bytes). */
+/* Huffman-codes n bytes (zlib's Z_HUFFMAN_ONLY: the planes of floats gain
+ * from their byte statistics, not from repeated strings) into out (cap
+ * bytes). Returns the stream's size, or 0 when it does not fit. */
+static size_t huffman(const uint8_t *in, size_t n, int level, uint8_t *out, size_t cap) {
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    if (deflateInit2(&z, level, Z_DEFLATED, 15, 9, Z_HUFFMAN_ONLY) != Z_OK) return 0;
+    z.next_in = (Bytef *)in;
+    z.avail_in = (uInt)n;
+    z.next_out = out;
+    z.avail_out = (uInt)cap;
+    const size_t got = deflate(&z, Z_FINISH) == Z_STREAM_END ? z.total_out : 0;
+    deflateEnd(&z);
+    return got;
+}
+
+/* Stores one byte plane into out (compressBound(n) bytes): Huffman-coded
+ * when a sample of it gains at least 2% and the whole does gain, raw
+ * otherwise. Returns the stored size and sets *codec: 'h' (a zlib stream)
+ * or 'r' (raw bytes). */
 static size_t pack_plane(const uint8_t *plane, size_t n, int level, uint8_t *out, char *codec) {
     *codec = 'r';
     if (level > 0 && n >= 64) {
-        size_t probe = n < CK_PROBE_BYTES ? n : CK_PROBE_BYTES;
-        uLongf plen = compressBound((uLong)probe);
-        z_stream z;
-        memset(&z, 0, sizeof z);
-        int gain = 0;
-        if (deflateInit2(&z, level, Z_DEFLATED, 15, 9, Z_HUFFMAN_ONLY) == Z_OK) {
-            z.next_in = (Bytef *)plane;
-            z.avail_in = (uInt)probe;
-            z.next_out = out;
-            z.avail_out = (uInt)plen;
-            gain = deflate(&z, Z_FINISH) == Z_STREAM_END && z.total_out < probe - probe / 50;
-            deflateEnd(&z);
-        }
-        if (gain) {
-            memset(&z, 0, sizeof z);
-            uLongf bound = compressBound((uLong)n);
-            if (deflateInit2(&z, level, Z_DEFLATED, 15, 9, Z_HUFFMAN_ONLY) == Z_OK) {
-                z.next_in = (Bytef *)plane;
-                z.avail_in = (uInt)n;
-                z.next_out = out;
-                z.avail_out = (uInt)bound;
-                int done = deflate(&z, Z_FINISH) == Z_STREAM_END && z.total_out < n;
-                size_t got = z.total_out;
-                deflateEnd(&z);
-                if (done) {
-                    *codec = 'h';
-                    return got;
-                }
+        const size_t probe = n < CK_PROBE_BYTES ? n : CK_PROBE_BYTES;
+        const size_t sample = huffman(plane, probe, level, out, compressBound((uLong)probe));
+        if (sample > 0 && sample < probe - probe / 50) {
+            const size_t got = huffman(plane, n, level, out, compressBound((uLong)n));
+            if (got > 0 && got < n) {
+                *codec = 'h';
+                return got;
             }
         }
     }
