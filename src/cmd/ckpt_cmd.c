@@ -163,20 +163,26 @@ static int inspect_main(int argc, char **argv) {
         err_print(&err);
         return EXIT_USAGE;
     }
-    printf("checkpoint %s (data.bin: %" PRIu64 " bytes)\n", dir, ix.data_bytes);
+    printf("checkpoint %s (format %d, data.bin: %" PRIu64 " bytes)\n", dir, ix.version,
+           ix.data_bytes);
     for (int i = 0; i < ix.nkv; i++) printf("  %-24s %s\n", ix.kv[i].key, ix.kv[i].value);
     printf("%-40s %-12s %s\n", "tensor", "shape",
-           "chunks: [rows, cols] slice, bytes raw -> deflated");
+           "chunks: [rows, cols] slice, bytes raw -> stored (each byte plane: h Huffman-coded, "
+           "r raw)");
     for (int i = 0; i < ix.nchunks; i++) {
         const CkChunk *c = &ix.chunks[i];
         int first = i == 0 || strcmp(ix.chunks[i - 1].name, c->name) != 0;
         char shape[40];
         if (c->ndim == 1) snprintf(shape, sizeof shape, "[%" PRId64 "]", c->rows);
         else snprintf(shape, sizeof shape, "[%" PRId64 ", %" PRId64 "]", c->rows, c->cols);
+        char planes[16] = "";
+        if (ix.version >= 2)
+            snprintf(planes, sizeof planes, " (%c %c %c %c)", c->codec[0], c->codec[1],
+                     c->codec[2], c->codec[3]);
         printf("%-40s %-12s [%" PRId64 ":%" PRId64 ", %" PRId64 ":%" PRId64 "] %" PRIu64
-               " -> %" PRIu64 "\n",
+               " -> %" PRIu64 "%s\n",
                first ? c->name : "", first ? shape : "", c->r0, c->r0 + c->nr, c->c0, c->c0 + c->nc,
-               c->usize, c->csize);
+               c->usize, c->csize, planes);
     }
     ck_index_free(&ix);
     return EXIT_OK;

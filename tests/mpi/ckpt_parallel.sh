@@ -65,6 +65,10 @@ done
 # version 1
 v1=$srcdir/tests/fixtures/ckpt-v1/step-00000004
 "$MODTRAIN" ckpt verify --ckpt "$v1" > v.txt 2>&1 && ok "v1: $(cat v.txt)" || fail "v1 verify: $(cat v.txt)"
+"$MODTRAIN" ckpt inspect --ckpt "$v1" | grep -q "(format 1, " &&
+    "$MODTRAIN" ckpt inspect --ckpt dp2-chunks/ckpt | grep -q "(format 2, " &&
+    "$MODTRAIN" ckpt inspect --ckpt dp2-chunks/ckpt | grep -q "^param/wte.weight .* -> [0-9]* ([hr] [hr] [hr] h)$" &&
+    ok "ckpt inspect names the format and each chunk's plane codecs" || fail "ckpt inspect of formats"
 mkdir lsv1 && cp -r "$v1" lsv1/
 "$MODTRAIN" ckpt list --ckpt lsv1 | grep -q "step-00000004 .* v1 zlib *verified" &&
     ok "ckpt list names version 1" || fail "ckpt list of v1: $("$MODTRAIN" ckpt list --ckpt lsv1)"
