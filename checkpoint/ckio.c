@@ -206,7 +206,13 @@ static void pack_round(const Piece *pcs, int lo, int hi, int level, CkChunk *chu
         size_t bytes = (size_t)pcs[i].nr * (size_t)pcs[i].s->nc * 4;
         if (bytes > most) most = bytes;
     }
-#pragma omp parallel
+    /* a write in flight keeps the master thread in the kernel: one more
+     * thread packs meanwhile, also for a rank that trains on one */
+    int team = 1;
+#ifdef _OPENMP
+    team = omp_get_max_threads() + (w != NULL && omp_get_max_threads() < 2);
+#endif
+#pragma omp parallel num_threads(team)
     {
 #ifdef _OPENMP
         const int master = omp_get_thread_num() == 0;
