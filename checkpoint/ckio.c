@@ -36,9 +36,10 @@ void ck_unshuffle(float *dst, const uint8_t *src, size_t n) {
 
 /* ------------------------------------------------------------------ write */
 
+/* A round's packed bytes (room for the round's bound, reused). */
 typedef struct {
     uint8_t *buf;
-    size_t len, cap;
+    size_t len;
 } Blob;
 
 static void text_append(char **s, size_t *len, size_t *cap, const char *fmt, ...)
@@ -319,8 +320,8 @@ static int write_data(MPI_Comm comm, const char *path, const Piece *pcs, int np,
     int rounds = 0;
     MPI_CHECK(MPI_Allreduce(&nr, &rounds, 1, MPI_INT, MPI_MAX, comm));
     if (rounds < 1) rounds = 1; /* the magic */
-    Blob blob[2] = {{xmalloc(arena + 8), 0, arena + 8}, {NULL, 0, 0}};
-    if (rounds > 1) blob[1] = (Blob){xmalloc(arena + 8), 0, arena + 8};
+    Blob blob[2] = {{xmalloc(arena + 8), 0}, {NULL, 0}};
+    if (rounds > 1) blob[1] = (Blob){xmalloc(arena + 8), 0};
     if (rank == 0) {
         memcpy(blob[0].buf, CK_DATA_MAGIC, 8);
         blob[0].len = 8;

@@ -459,6 +459,7 @@ static int run_save(Run *r, int step, Err *err) {
                   r->grid.dp_rank, &st, err) != 0)
         return -1;
     const double dt = now_s() - t0, ratio = st.stored > 0 ? st.raw / st.stored : 0;
+    const double mb_s = st.raw / 1e6 / (dt > 0 ? dt : 1e-9);
     r->last_save_s = dt;
     const size_t rss1 = peak_rss();
     char raw[32], lo[32], hi[32], p0[32], p1[32];
@@ -469,7 +470,7 @@ static int run_save(Run *r, int step, Err *err) {
     format_bytes(p1, sizeof p1, rss1);
     log0("checkpoint: %s/step-%08d | %.2fs | %s of state at %.1f MB/s, ratio %.3f (%lld of %lld "
          "byte planes deflated) | written by %d rank%s, %s to %s each | peak RSS %s, %s after\n",
-         r->ckpt_dir, step, dt, raw, st.raw / 1e6 / (dt > 0 ? dt : 1e-9), ratio,
+         r->ckpt_dir, step, dt, raw, mb_s, ratio,
          st.planes_deflated, st.planes, r->grid.world_size, r->grid.world_size == 1 ? "" : "s",
          lo, hi, p0, p1);
     if (r->metrics)
@@ -477,7 +478,7 @@ static int run_save(Run *r, int step, Err *err) {
                 "{\"step\":%d,\"ckpt_s\":%.4f,\"ckpt_mb_s\":%.1f,\"ckpt_ratio\":%.4f,"
                 "\"ckpt_share_min_mb\":%.3f,\"ckpt_share_max_mb\":%.3f,"
                 "\"ckpt_rss_before_mb\":%.1f,\"ckpt_rss_after_mb\":%.1f}\n",
-                step, dt, st.raw / 1e6 / (dt > 0 ? dt : 1e-9), ratio, st.share_min / 1e6,
+                step, dt, mb_s, ratio, st.share_min / 1e6,
                 st.share_max / 1e6, rss0 / 1e6, rss1 / 1e6);
     return 0;
 }

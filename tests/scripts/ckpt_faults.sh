@@ -261,7 +261,9 @@ wait $pid 2> /dev/null || true
 "$MODTRAIN" ckpt list --ckpt killed/ckpt > kl.txt 2>&1 || true
 cat kl.txt
 if grep -q BAD kl.txt; then fail "kill -9 left a damaged checkpoint"; else ok "kill -9: every committed checkpoint verifies"; fi
-last=$(sed -n 's/latest -> step-0*\([0-9]*\)/\1/p' kl.txt)
+# resume = auto takes the newest checkpoint, not `latest`: a kill between the
+# rename of step N into place and the update of `latest` leaves latest at N-1
+last=$(sed -n 's/^step-0*\([0-9][0-9]*\) .*verified.*/\1/p' kl.txt | tail -n 1)
 train --steps $((last + 2)) --ckpt_every 1 --ckpt_keep 3 --run_dir killed > killed2.log 2>&1 &&
     grep -q "resume: loaded killed/ckpt/step-.*(step $last)" killed2.log &&
     ok "resumed from step $last after kill -9" || { cat killed2.log; fail "resume after kill -9"; }
