@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -198,8 +199,8 @@ static void write_round(RoundWrite *w);
  * the thread count. Chunk offsets are relative to the blob. When w is not
  * NULL, the master thread first does that write (the previous round's),
  * then joins the packing. */
-static void pack_round(const Piece *pcs, int lo, int hi, int level, CkChunk *chunks, Blob *blob,
-                       RoundWrite *w) {
+static void pack_round(const Piece *pcs, int lo, int hi, const CkWriteOpts *opt, CkChunk *chunks,
+                       Blob *blob, RoundWrite *w) {
     size_t *slot = xcalloc((size_t)(hi - lo) + 1, sizeof(size_t)), at = blob->len, most = 0;
     for (int i = lo; i < hi; i++) {
         slot[i - lo] = at;
@@ -211,7 +212,8 @@ static void pack_round(const Piece *pcs, int lo, int hi, int level, CkChunk *chu
      * thread packs meanwhile, also for a rank that trains on one */
     int team = 1;
 #ifdef _OPENMP
-    team = omp_get_max_threads() + (w != NULL && omp_get_max_threads() < 2);
+    team = opt->threads > 0 ? opt->threads : omp_get_max_threads();
+    team += w != NULL && team < 2;
 #endif
 #pragma omp parallel num_threads(team)
     {
@@ -225,7 +227,7 @@ static void pack_round(const Piece *pcs, int lo, int hi, int level, CkChunk *chu
         uint8_t *planes = xmalloc(most + 4);
 #pragma omp for schedule(dynamic)
         for (int i = lo; i < hi; i++)
-            pack_piece(&pcs[i], level, &chunks[i], blob->buf + slot[i - lo], raw, planes);
+            pack_piece(&pcs[i], opt->level, &chunks[i], blob->buf + slot[i - lo], raw, planes);
         free(raw);
         free(planes);
     }
@@ -283,8 +285,9 @@ static void write_round(RoundWrite *w) {
  * whatever the model. Rank 0's first round starts with the magic. Fills
  * the chunks' file offsets and *total. Returns 0 on every rank or -1 on
  * every rank (err set where it failed). */
-static int write_data(MPI_Comm comm, const char *path, const Piece *pcs, int np, int level,
-                      CkChunk *chunks, unsigned long long *total, Err *err) {
+static int write_data(MPI_Comm comm, const char *path, const Piece *pcs, int np,
+                      const CkWriteOpts *opt, long step, CkChunk *chunks, unsigned long long *total,
+                      Err *err) {
     int rank = 0;
     MPI_CHECK(MPI_Comm_rank(comm, &rank));
     /* Each rank writes one contiguous extent a round: aggregating them
@@ -326,7 +329,8 @@ static int write_data(MPI_Comm comm, const char *path, const Piece *pcs, int np,
         memcpy(blob[0].buf, CK_DATA_MAGIC, 8);
         blob[0].len = 8;
     }
-    pack_round(pcs, 0, nr > 0 ? ends[0] : 0, level, chunks, &blob[0], NULL);
+    pack_round(pcs, 0, nr > 0 ? ends[0] : 0, opt, chunks, &blob[0], NULL);
+    ck_fault("pack", step);
     unsigned long long base = 0;
     for (int k = 0; k < rounds; k++) {
         /* round k is written while round k + 1 packs into the other buffer */
@@ -334,10 +338,11 @@ static int write_data(MPI_Comm comm, const char *path, const Piece *pcs, int np,
         const int lo = k < nr ? ends[k] : np, hi = k + 1 < nr ? ends[k + 1] : lo;
         if (k + 1 < rounds) {
             blob[(k + 1) % 2].len = 0;
-            pack_round(pcs, lo, hi, level, chunks, &blob[(k + 1) % 2], &w);
+            pack_round(pcs, lo, hi, opt, chunks, &blob[(k + 1) % 2], &w);
         } else {
             write_round(&w);
         }
+        ck_fault("write", step);
         const int first = k == 0 ? 0 : k - 1 < nr ? ends[k - 1] : np, last = k < nr ? ends[k] : np;
         for (int i = first; i < last; i++) chunks[i].offset += w.at;
         base += w.total;
@@ -353,18 +358,57 @@ static int write_data(MPI_Comm comm, const char *path, const Piece *pcs, int np,
     return any_failed(comm, failed) ? -1 : 0;
 }
 
-/* Test hook: "save-crash" or "save-crash:STEP" exits between the data and
- * the index, as a process killed in the middle of a save. */
-static void fault_save_crash(const CkKV *kv, int nkv) {
-    const char *fault = getenv("MODTRAIN_FAULT");
-    const char *fstep = NULL;
-    for (int i = 0; i < nkv; i++)
-        if (strcmp(kv[i].key, "state.step") == 0) fstep = kv[i].value;
-    if (fault && (strcmp(fault, "save-crash") == 0 ||
-                  (strncmp(fault, "save-crash:", 11) == 0 && fstep && strcmp(fault + 11, fstep) == 0))) {
+/* MODTRAIN_FAULT cut at its colons: NAME[:ARG[:ARG]]; *n fields. */
+static int fault_fields(char f[3][64]) {
+    const char *env = getenv("MODTRAIN_FAULT");
+    int n = 0;
+    if (!env || strlen(env) >= 64) return 0;
+    for (const char *p = env; n < 3; n++) {
+        size_t len = strcspn(p, ":");
+        memcpy(f[n], p, len);
+        f[n][len] = '\0';
+        if (!p[len]) return n + 1;
+        p += len + 1;
+    }
+    return n;
+}
+
+/* Whether field s (absent when NULL) leaves the hook on for step. */
+static int fault_step(const char *s, long step) {
+    long long want;
+    return !s || (parse_i64(s, 0, 99999999, &want) == 0 && want == step);
+}
+
+void ck_fault(const char *phase, long step) {
+    char f[3][64];
+    const int n = fault_fields(f);
+    long long ms;
+    if (n == 0) return;
+    if (strcmp(phase, "slow") == 0 && n == 2 && strcmp(f[0], "save-slow") == 0 &&
+        parse_i64(f[1], 1, 600000, &ms) == 0)
+        usleep((useconds_t)ms * 1000);
+    if (strcmp(phase, "index") == 0 && strcmp(f[0], "save-crash") == 0 && n <= 2 &&
+        fault_step(n == 2 ? f[1] : NULL, step)) {
         fprintf(stderr, "modtrain: MODTRAIN_FAULT=save-crash: exiting in the middle of a save\n");
         _exit(137);
     }
+    if (strcmp(f[0], "save-kill") == 0 && n >= 2 && strcmp(f[1], phase) == 0 &&
+        fault_step(n == 3 ? f[2] : NULL, step)) {
+        fprintf(stderr, "modtrain: MODTRAIN_FAULT=save-kill:%s: killed in the save of step %ld\n",
+                phase, step);
+        raise(SIGKILL);
+    }
+}
+
+/* The "state.step" value among kv, for the fault hooks (-1: none). */
+static long kv_step(const CkKV *kv, int nkv) {
+    long step = -1;
+    for (int i = 0; i < nkv; i++)
+        if (strcmp(kv[i].key, "state.step") == 0) {
+            long long v;
+            step = parse_i64(kv[i].value, 0, 99999999, &v) == 0 ? (long)v : -1;
+        }
+    return step;
 }
 
 /* Every rank's chunk lines, gathered in rank order on rank 0 (NULL
@@ -458,13 +502,15 @@ int ck_write(MPI_Comm comm, const char *dir, const CkSlice *slices, int n, const
     CkChunk *chunks = xcalloc((size_t)np + 1, sizeof(CkChunk));
     unsigned long long total = 0;
     /* 1. the data, packed and written collectively in rounds */
-    if (write_data(comm, path, pcs, np, opt->level, chunks, &total, err) != 0) {
+    const long step = kv_step(kv, nkv);
+    ck_fault("slow", step);
+    if (write_data(comm, path, pcs, np, opt, step, chunks, &total, err) != 0) {
         if (!err->msg[0]) err_set(err, "ckpt: another rank failed while writing '%s'", path);
         free(chunks);
         free(pcs);
         return -1;
     }
-    fault_save_crash(kv, nkv);
+    ck_fault("index", step);
     /* 2. the index, after the data */
     char *lines = gather_chunk_lines(comm, chunks, np);
     if (rank == 0) failed = write_index(dir, total, kv, nkv, lines, err) != 0;

@@ -80,15 +80,25 @@ typedef struct {
     uint64_t data_bytes; /* data.bin size the index promises */
 } CkIndex;
 
-/* Test hook: MODTRAIN_FAULT=save-crash (or save-crash:STEP, matching the
- * "state.step" key) makes ck_write exit(137) after the data is written and
- * before the index is: a process killed in the middle of a save. */
+/* Test hooks, for a process killed in the middle of a save:
+ * MODTRAIN_FAULT=save-crash (or save-crash:STEP, matching the "state.step"
+ * key) makes ck_write exit(137) after the data is written and before the
+ * index is; MODTRAIN_FAULT=save-kill:PHASE (or save-kill:PHASE:STEP) makes
+ * the process kill itself with SIGKILL at ck_fault(PHASE, step): "staged"
+ * (the state copied for an asynchronous save), "pack" (a round packed,
+ * nothing written), "write" (a round written, the data not synced),
+ * "rename" (the index written, the directory not renamed); and
+ * MODTRAIN_FAULT=save-slow:MS makes ck_fault("slow", ...) sleep MS ms, a
+ * save that takes long. */
+void ck_fault(const char *phase, long step);
 
 /* How ck_write packs: the zlib level of the planes that gain (0: every
- * plane raw) and the elements of a chunk (a longer row is a chunk alone). */
+ * plane raw), the elements of a chunk (a longer row is a chunk alone) and
+ * the threads that pack (0: OpenMP's count for the calling thread). */
 typedef struct {
     int level;
     int64_t chunk_floats;
+    int threads;
 } CkWriteOpts;
 
 /* What a save did, over all ranks. */

@@ -8,6 +8,9 @@
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -233,8 +236,9 @@ static int make_tmp_dir(const char *ckpt_dir, const char *tmp, int step, MPI_Com
 /* Rank 0 moves step-N.tmp into place, points `latest` at it and prunes.
  * Returns 0 or -1 with err set (rank 0 only). */
 static int commit(const char *ckpt_dir, const char *name, const char *tmp, const char *fin,
-                  int keep, Err *err) {
+                  int keep, int step, Err *err) {
     fsync_dir(tmp);
+    ck_fault("rename", step);
     char old[1200];
     snprintf(old, sizeof old, "%s.old", fin);
     if (is_dir(fin)) rename(fin, old); /* a resumed run saving this step again */
@@ -250,41 +254,184 @@ static int commit(const char *ckpt_dir, const char *name, const char *tmp, const
     return 0;
 }
 
-int ckpt_save(const char *ckpt_dir, const Model *m, const AdamW *opt, const Config *cfg, int step,
-              MPI_Comm comm, int dp, int dp_rank, CkStats *st, Err *err) {
-    int rank = 0, world = 1;
-    MPI_CHECK(MPI_Comm_rank(comm, &rank));
-    MPI_CHECK(MPI_Comm_size(comm, &world));
-    char name[32], tmp[1100], fin[1100];
-    snprintf(name, sizeof name, "step-%08d", step);
-    snprintf(tmp, sizeof tmp, "%s/%s.tmp", ckpt_dir, name);
-    snprintf(fin, sizeof fin, "%s/%s", ckpt_dir, name);
-    if (make_tmp_dir(ckpt_dir, tmp, step, comm, err) != 0) return -1;
-
-    int cap = 3 * 3 * m->nreg, n = 0;
-    CkSlice *slices = xcalloc((size_t)cap, sizeof(CkSlice));
-    const Replicas r = {dp, dp_rank};
-    n += model_slices(m, m->params, "param", &r, slices + n);
-    if (opt) {
-        n += model_slices(m, opt->m, "adam_m", &r, slices + n);
-        n += model_slices(m, opt->v, "adam_v", &r, slices + n);
-    }
+/* One save: this rank's slices of the state in buffers laid out like
+ * m->params, the key/value lines, and where it goes. */
+typedef struct {
+    char ckpt_dir[1024];
+    int step, keep;
+    CkSlice *slices;
+    int n;
     CkKV kv[64];
-    int nkv = state_kv(cfg, m, step, world, kv);
+    int nkv;
+    CkWriteOpts wo;
+} SaveJob;
+
+/* The save of weights `params` and moments `mom_m`, `mom_v` (NULL: none)
+ * of model m after `step`. */
+static void job_init(SaveJob *j, const char *ckpt_dir, const Model *m, float *params, float *mom_m,
+                     float *mom_v, const Config *cfg, int step, MPI_Comm comm, const Replicas *r) {
+    int world = 1;
+    MPI_CHECK(MPI_Comm_size(comm, &world));
+    memset(j, 0, sizeof *j);
+    snprintf(j->ckpt_dir, sizeof j->ckpt_dir, "%s", ckpt_dir);
+    j->step = step;
+    j->keep = cfg->ckpt_keep;
+    j->slices = xcalloc((size_t)(3 * 3 * m->nreg), sizeof(CkSlice));
+    j->n += model_slices(m, params, "param", r, j->slices + j->n);
+    if (mom_m) {
+        j->n += model_slices(m, mom_m, "adam_m", r, j->slices + j->n);
+        j->n += model_slices(m, mom_v, "adam_v", r, j->slices + j->n);
+    }
+    j->nkv = state_kv(cfg, m, step, world, j->kv);
+    j->wo = (CkWriteOpts){cfg->ckpt_level, cfg->ckpt_chunk, 0};
+}
+
+/* Writes step-N.tmp, then commits it. Collective over comm; returns 0 on
+ * every rank or -1 on every rank with err set. */
+static int job_run(const SaveJob *j, MPI_Comm comm, CkStats *st, Err *err) {
+    int rank = 0;
+    MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    char name[32], tmp[1100], fin[1100];
+    snprintf(name, sizeof name, "step-%08d", j->step);
+    snprintf(tmp, sizeof tmp, "%s/%s.tmp", j->ckpt_dir, name);
+    snprintf(fin, sizeof fin, "%s/%s", j->ckpt_dir, name);
+    if (make_tmp_dir(j->ckpt_dir, tmp, j->step, comm, err) != 0) return -1;
     Err werr;
-    const CkWriteOpts wo = {cfg->ckpt_level, cfg->ckpt_chunk};
-    int rc = ck_write(comm, tmp, slices, n, kv, nkv, &wo, st, &werr);
-    free(slices);
-    if (rc != 0) {
-        err_set(err, "%s (checkpoint of step %d not saved; older ones untouched)", werr.msg, step);
+    if (ck_write(comm, tmp, j->slices, j->n, j->kv, j->nkv, &j->wo, st, &werr) != 0) {
+        err_set(err, "%s (checkpoint of step %d not saved; older ones untouched)", werr.msg,
+                j->step);
         if (rank == 0) rm_checkpoint_dir(tmp);
         return -1;
     }
-    int ok = rank != 0 || commit(ckpt_dir, name, tmp, fin, cfg->ckpt_keep, err) == 0;
+    int ok = rank != 0 || commit(j->ckpt_dir, name, tmp, fin, j->keep, j->step, err) == 0;
     MPI_CHECK(MPI_Bcast(&ok, 1, MPI_INT, 0, comm));
     if (!ok && rank != 0)
-        err_set(err, "ckpt: checkpoint of step %d not saved (rank 0 says why)", step);
+        err_set(err, "ckpt: checkpoint of step %d not saved (rank 0 says why)", j->step);
     return ok ? 0 : -1;
+}
+
+int ckpt_save(const char *ckpt_dir, const Model *m, const AdamW *opt, const Config *cfg, int step,
+              MPI_Comm comm, int dp, int dp_rank, CkStats *st, Err *err) {
+    SaveJob j;
+    const Replicas r = {dp, dp_rank};
+    job_init(&j, ckpt_dir, m, m->params, opt ? opt->m : NULL, opt ? opt->v : NULL, cfg, step, comm,
+             &r);
+    int rc = job_run(&j, comm, st, err);
+    free(j.slices);
+    return rc;
+}
+
+/* ----------------------------------------------------------------- async */
+
+struct CkptAsync {
+    MPI_Comm comm; /* the saves' own: their collectives never meet training's */
+    float *stage;  /* the state copied: weights, then both moments */
+    size_t cap;    /* its floats */
+    pthread_t thread;
+    int busy; /* a save started and not yet waited for */
+    atomic_int finished;
+    SaveJob job;
+    double t0, seconds; /* its start, and its time to the commit */
+    int rc;
+    CkStats st;
+    Err err;
+};
+
+CkptAsync *ckpt_async_new(MPI_Comm comm, Err *err) {
+    int level = MPI_THREAD_SINGLE;
+    MPI_CHECK(MPI_Query_thread(&level));
+    if (level < MPI_THREAD_MULTIPLE) {
+        err_set(err,
+                "ckpt_async: MPI gives thread level %d, not MPI_THREAD_MULTIPLE (%d), which a "
+                "save in the background needs; saving synchronously (set ckpt_async 0 to say so)",
+                level, MPI_THREAD_MULTIPLE);
+        return NULL;
+    }
+    CkptAsync *a = xcalloc(1, sizeof *a);
+    MPI_CHECK(MPI_Comm_dup(comm, &a->comm));
+    return a;
+}
+
+static void *async_main(void *p) {
+    CkptAsync *a = p;
+    a->rc = job_run(&a->job, a->comm, &a->st, &a->err);
+    a->seconds = now_s() - a->t0;
+    atomic_store(&a->finished, 1);
+    return NULL;
+}
+
+/* dst = src, n floats, on `threads` threads. */
+static void copy_floats(float *dst, const float *src, size_t n, int threads) {
+    const size_t block = (size_t)1 << 20;
+    const long blocks = (long)((n + block - 1) / block);
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (long b = 0; b < blocks; b++) {
+        const size_t lo = (size_t)b * block, len = n - lo < block ? n - lo : block;
+        memcpy(dst + lo, src + lo, len * sizeof(float));
+    }
+}
+
+void ckpt_async_start(CkptAsync *a, const char *ckpt_dir, const Model *m, const AdamW *opt,
+                      const Config *cfg, int step, int dp, int dp_rank, int threads) {
+    if (a->busy) abort(); /* the caller waits first: at most one save in flight */
+    const size_t n = m->nparams, need = opt ? 3 * n : n;
+    a->t0 = now_s();
+    if (threads < 1) threads = 1;
+    if (a->cap < need) {
+        free(a->stage);
+        a->stage = xmalloc(need * sizeof(float));
+        a->cap = need;
+    }
+    copy_floats(a->stage, m->params, n, threads);
+    if (opt) {
+        copy_floats(a->stage + n, opt->m, n, threads);
+        copy_floats(a->stage + 2 * n, opt->v, n, threads);
+    }
+    const Replicas r = {dp, dp_rank};
+    job_init(&a->job, ckpt_dir, m, a->stage, opt ? a->stage + n : NULL,
+             opt ? a->stage + 2 * n : NULL, cfg, step, a->comm, &r);
+    a->job.wo.threads = threads;
+    ck_fault("staged", step);
+    atomic_store(&a->finished, 0);
+    a->err.msg[0] = '\0';
+    /* signals (a scheduler's SIGTERM, SIGUSR1) go to the training thread */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    if (pthread_create(&a->thread, NULL, async_main, a) != 0) {
+        /* no thread: the save runs here, as a synchronous one would */
+        async_main(a);
+        a->thread = pthread_self();
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    a->busy = 1;
+}
+
+int ckpt_async_step(const CkptAsync *a) { return a && a->busy ? a->job.step : -1; }
+
+int ckpt_async_ready(CkptAsync *a) { return a && a->busy && atomic_load(&a->finished); }
+
+double ckpt_async_elapsed(const CkptAsync *a) { return a && a->busy ? now_s() - a->t0 : 0; }
+
+int ckpt_async_wait(CkptAsync *a, CkStats *st, double *seconds, Err *err) {
+    if (!a->busy) return 0;
+    if (!pthread_equal(a->thread, pthread_self())) pthread_join(a->thread, NULL);
+    a->busy = 0;
+    free(a->job.slices);
+    a->job.slices = NULL;
+    if (st) *st = a->st;
+    if (seconds) *seconds = a->seconds;
+    if (a->rc != 0) *err = a->err;
+    return a->rc;
+}
+
+void ckpt_async_free(CkptAsync *a) {
+    if (!a) return;
+    Err err;
+    ckpt_async_wait(a, NULL, NULL, &err);
+    MPI_Comm_free(&a->comm);
+    free(a->stage);
+    free(a);
 }
 
 /* ------------------------------------------------------------------ load */

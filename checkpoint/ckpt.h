@@ -30,6 +30,36 @@
 int ckpt_save(const char *ckpt_dir, const Model *m, const AdamW *opt, const Config *cfg, int step,
               MPI_Comm comm, int dp, int dp_rank, CkStats *st, Err *err);
 
+/* Asynchronous saves: the state is copied into a staging buffer on the
+ * calling thread (the only stall), then a thread of its own packs, writes
+ * (collectively, over a duplicate of comm, beside training's MPI calls) and
+ * commits it exactly as ckpt_save would. At most one save is in flight; a
+ * save commits only when every rank's data is durable. Needs
+ * MPI_THREAD_MULTIPLE. */
+typedef struct CkptAsync CkptAsync;
+
+/* Sets up asynchronous saves over comm. Collective. Returns NULL with err
+ * set when MPI does not give MPI_THREAD_MULTIPLE. */
+CkptAsync *ckpt_async_new(MPI_Comm comm, Err *err);
+/* Starts saving what ckpt_save would save (the copy on `threads` threads)
+ * and returns once the state is copied. None may be in flight (wait for it
+ * first). Collective over the ranks of ckpt_async_new's comm. */
+void ckpt_async_start(CkptAsync *a, const char *ckpt_dir, const Model *m, const AdamW *opt,
+                      const Config *cfg, int step, int dp, int dp_rank, int threads);
+/* The step of the save in flight (started and not waited for), or -1;
+ * whether it has finished on this rank (never blocks); seconds since it
+ * started (0 when none). a may be NULL. */
+int ckpt_async_step(const CkptAsync *a);
+int ckpt_async_ready(CkptAsync *a);
+double ckpt_async_elapsed(const CkptAsync *a);
+/* Waits for the save in flight (none: returns 0 at once): its result as
+ * ckpt_save's (0, or -1 on every rank with err set), *st its figures and
+ * *seconds its time from the start of the copy to the commit (either may be
+ * NULL). Local: the saving threads of all ranks finish together. */
+int ckpt_async_wait(CkptAsync *a, CkStats *st, double *seconds, Err *err);
+/* Waits for a save in flight and frees everything. a may be NULL. */
+void ckpt_async_free(CkptAsync *a);
+
 /* Turns --ckpt (a step directory, or a ckpt_dir: its `latest`, else its
  * newest step directory) into a step directory. Returns 0 or -1 with err
  * set. */

@@ -95,6 +95,8 @@ static const KeySpec keys[] = {
      "zlib level of the byte planes that compress; 0 = store every plane raw"},
     {"ckpt_chunk", K_INT, 0, OFF(ckpt_chunk), "1048576", 64, 1 << 28, 0, NULL,
      "elements per checkpoint chunk (4 bytes each), the unit threads pack"},
+    {"ckpt_async", K_INT, 0, OFF(ckpt_async), "1", 0, 1, 0, NULL,
+     "1 = periodic saves copy the state and write it in the background"},
     {"resume", K_STR, 0, OFF(resume), "auto", 0, 0, 0, NULL, "auto | never | checkpoint path"},
     {"run_dir", K_STR, 0, OFF(run_dir), "runs/default", 0, 0, 0, NULL, "metrics.jsonl goes here"},
     {"log_every", K_INT, 0, OFF(log_every), "10", 1, 1 << 30, 0, NULL,

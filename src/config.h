@@ -43,7 +43,7 @@ typedef struct {
     char stage_layers[CONFIG_STR]; /* "3,5": blocks per pipeline stage; "" balanced */
     /* checkpoints and output */
     char ckpt_dir[CONFIG_STR];
-    int ckpt_every, ckpt_keep, ckpt_level, ckpt_chunk;
+    int ckpt_every, ckpt_keep, ckpt_level, ckpt_chunk, ckpt_async;
     char resume[CONFIG_STR];
     char run_dir[CONFIG_STR];
     int log_every;

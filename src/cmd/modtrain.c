@@ -47,10 +47,12 @@ int main(int argc, char **argv) {
         errorf("unknown command '%s' (expected prep, train, eval, sample or ckpt)", cmd);
         return EXIT_USAGE;
     }
-    /* MPI is called from the main thread alone, also inside OpenMP regions
-     * (a checkpoint's writes while the other threads pack the next round) */
+    /* MPI is called from the main thread, also inside OpenMP regions (a
+     * checkpoint's writes while the other threads pack the next round);
+     * training's asynchronous saves call it from a thread of their own too */
     int provided = MPI_THREAD_SINGLE;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+    MPI_Init_thread(&argc, &argv, run == train_main ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED,
+                    &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &util_rank);
     int rc = run(argc - 2, argv + 2);
     MPI_Finalize();

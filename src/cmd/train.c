@@ -47,6 +47,11 @@ typedef struct {
     /* timing: the first step pays for warm-up and is left out of the ETA */
     double t_start, time_timed, last_save_s;
     int steps_timed;
+    /* asynchronous saves (NULL: synchronous); the one in flight's stall
+     * and peak RSS at its start */
+    CkptAsync *async;
+    double async_stall;
+    size_t async_rss0;
     ModelMemory mem; /* what the model takes on this rank */
 } Run;
 
@@ -278,6 +283,11 @@ static int run_setup(Run *r, int argc, char **argv) {
                             r->grid.world));
     run_banner(r);
     if (run_open_metrics(r) != 0) return EXIT_USAGE;
+    if (r->cfg.ckpt_async) {
+        Err err;
+        r->async = ckpt_async_new(r->grid.world, &err);
+        if (!r->async && r->grid.world_rank == 0) err_print(&err);
+    }
     install_stop_handlers();
     order_init(&r->order, (uint64_t)r->cfg.seed, r->n_train);
     r->order_ready = 1;
@@ -289,6 +299,7 @@ static int run_setup(Run *r, int argc, char **argv) {
 }
 
 static void run_teardown(Run *r) {
+    ckpt_async_free(r->async);
     if (r->metrics) fclose(r->metrics);
     if (r->order_ready) order_free(&r->order);
     free(r->inputs);
@@ -449,8 +460,44 @@ static void run_validate(Run *r, int done) {
     mprintf(r->metrics, "}\n");
 }
 
-/* Saves the state after `step` and logs what the save did; the step's
- * metrics line gets its figures. Returns 0 or -1 with err set. */
+/* Logs a committed save of `step` (seen at step `done`) and gives the
+ * metrics its figures: its time (for an asynchronous one, from the copy to
+ * the commit, of which `stall` held training up), rate, ratio, shares and
+ * the peak RSS before it and now. */
+static void run_report_save(Run *r, int done, int step, double dt, double stall, const CkStats *st,
+                            size_t rss0) {
+    const double ratio = st->stored > 0 ? st->raw / st->stored : 0;
+    const double mb_s = st->raw / 1e6 / (dt > 0 ? dt : 1e-9);
+    const int async = stall < dt;
+    r->last_save_s = dt;
+    const size_t rss1 = peak_rss();
+    char raw[32], lo[32], hi[32], p0[32], p1[32], how[64] = "";
+    format_bytes(raw, sizeof raw, (size_t)st->raw);
+    format_bytes(lo, sizeof lo, (size_t)st->share_min);
+    format_bytes(hi, sizeof hi, (size_t)st->share_max);
+    format_bytes(p0, sizeof p0, rss0);
+    format_bytes(p1, sizeof p1, rss1);
+    if (async) snprintf(how, sizeof how, " in the background, stall %.2fs", stall);
+    log0("checkpoint: %s/step-%08d | %.2fs%s | %s of state at %.1f MB/s, ratio %.3f (%lld of "
+         "%lld byte planes deflated) | written by %d rank%s, %s to %s each | peak RSS %s, %s "
+         "after\n",
+         r->ckpt_dir, step, dt, how, raw, mb_s, ratio, st->planes_deflated, st->planes,
+         r->grid.world_size, r->grid.world_size == 1 ? "" : "s", lo, hi, p0, p1);
+    mprintf(r->metrics,
+            "{\"step\":%d,\"ckpt_step\":%d,\"ckpt_async\":%d,\"ckpt_s\":%.4f,\"ckpt_mb_s\":%.1f,"
+            "\"ckpt_ratio\":%.4f,\"ckpt_share_min_mb\":%.3f,\"ckpt_share_max_mb\":%.3f,"
+            "\"ckpt_rss_before_mb\":%.1f,\"ckpt_rss_after_mb\":%.1f}\n",
+            done, step, async, dt, mb_s, ratio, st->share_min / 1e6, st->share_max / 1e6,
+            rss0 / 1e6, rss1 / 1e6);
+}
+
+/* The metrics record of a step boundary that waited for checkpoint work. */
+static void run_log_stall(Run *r, int done, double stall) {
+    mprintf(r->metrics, "{\"step\":%d,\"ckpt_stall_ms\":%.3f}\n", done, stall * 1e3);
+}
+
+/* Saves the state after `step` now and logs what the save did. Returns 0
+ * or -1 with err set. */
 static int run_save(Run *r, int step, Err *err) {
     const double t0 = now_s();
     const size_t rss0 = peak_rss();
@@ -458,44 +505,81 @@ static int run_save(Run *r, int step, Err *err) {
     if (ckpt_save(r->ckpt_dir, &r->m, &r->opt, &r->cfg, step, r->grid.world, r->grid.dp,
                   r->grid.dp_rank, &st, err) != 0)
         return -1;
-    const double dt = now_s() - t0, ratio = st.stored > 0 ? st.raw / st.stored : 0;
-    const double mb_s = st.raw / 1e6 / (dt > 0 ? dt : 1e-9);
-    r->last_save_s = dt;
-    const size_t rss1 = peak_rss();
-    char raw[32], lo[32], hi[32], p0[32], p1[32];
-    format_bytes(raw, sizeof raw, (size_t)st.raw);
-    format_bytes(lo, sizeof lo, (size_t)st.share_min);
-    format_bytes(hi, sizeof hi, (size_t)st.share_max);
-    format_bytes(p0, sizeof p0, rss0);
-    format_bytes(p1, sizeof p1, rss1);
-    log0("checkpoint: %s/step-%08d | %.2fs | %s of state at %.1f MB/s, ratio %.3f (%lld of %lld "
-         "byte planes deflated) | written by %d rank%s, %s to %s each | peak RSS %s, %s after\n",
-         r->ckpt_dir, step, dt, raw, mb_s, ratio,
-         st.planes_deflated, st.planes, r->grid.world_size, r->grid.world_size == 1 ? "" : "s",
-         lo, hi, p0, p1);
-    if (r->metrics)
-        fprintf(r->metrics,
-                "{\"step\":%d,\"ckpt_s\":%.4f,\"ckpt_mb_s\":%.1f,\"ckpt_ratio\":%.4f,"
-                "\"ckpt_share_min_mb\":%.3f,\"ckpt_share_max_mb\":%.3f,"
-                "\"ckpt_rss_before_mb\":%.1f,\"ckpt_rss_after_mb\":%.1f}\n",
-                step, dt, mb_s, ratio, st.share_min / 1e6,
-                st.share_max / 1e6, rss0 / 1e6, rss1 / 1e6);
+    const double dt = now_s() - t0;
+    run_log_stall(r, step, dt);
+    run_report_save(r, step, step, dt, dt, &st, rss0);
     return 0;
+}
+
+/* At step `done`: when an asynchronous save is in flight and `block` or it
+ * has finished, waits for it (adding the wait to *stall) and reports it.
+ * A failed save is printed; training goes on (the state is in memory).
+ * Returns 0, or -1 when it failed. */
+static int run_finish_async(Run *r, int done, int block, double *stall) {
+    const int step = ckpt_async_step(r->async);
+    if (step < 0 || (!block && !ckpt_async_ready(r->async))) return 0;
+    const double t0 = now_s();
+    CkStats st;
+    double dt;
+    Err err;
+    const int rc = ckpt_async_wait(r->async, &st, &dt, &err);
+    if (block) *stall += now_s() - t0; /* joining a finished thread is no wait */
+    if (rc != 0) {
+        if (r->grid.world_rank == 0) err_print(&err);
+        return -1;
+    }
+    run_report_save(r, done, step, dt, r->async_stall, &st, r->async_rss0);
+    return 0;
+}
+
+/* A periodic save at step `done`: started in the background (after the one
+ * still in flight, if any, finishes), or made now. */
+static void run_periodic_save(Run *r, int done, double *stall) {
+    Err err;
+    if (!r->async) {
+        if (run_save(r, done, &err) != 0 && r->grid.world_rank == 0) err_print(&err);
+        return;
+    }
+    run_finish_async(r, done, 1, stall);
+    const double t0 = now_s();
+    r->async_rss0 = peak_rss();
+    ckpt_async_start(r->async, r->ckpt_dir, &r->m, &r->opt, &r->cfg, done, r->grid.dp,
+                     r->grid.dp_rank, r->threads);
+    r->async_stall = now_s() - t0;
+    *stall += r->async_stall;
+}
+
+/* Whether the next step, the save in flight and a save at the stop would
+ * overrun time_limit. */
+static int run_out_of_time(const Run *r, double per_step) {
+    const Config *c = &r->cfg;
+    if (c->time_limit <= 0) return 0;
+    double left = 0; /* what the save in flight may still take */
+    if (ckpt_async_step(r->async) >= 0) {
+        const double t = ckpt_async_elapsed(r->async);
+        left = (r->last_save_s > 0 ? r->last_save_s : 2 * t) - t;
+        if (left < 0) left = 0;
+    }
+    return now_s() - r->t_start + per_step + left + 2 * r->last_save_s + 1 > c->time_limit;
 }
 
 /* After step `done` (not the last): stop early, all ranks together, on a
  * signal or when the next step and a save would not fit in time_limit; or
- * save periodically. Returns -1 to go on, or the exit code to stop with. */
+ * save periodically. A save in flight that finished is reported. Returns
+ * -1 to go on, or the exit code to stop with. */
 static int run_maybe_save_or_stop(Run *r, int done, double dt) {
     const Config *c = &r->cfg;
     Err err;
+    double stall = 0;
+    run_finish_async(r, done, 0, &stall);
     double per_step = r->steps_timed ? r->time_timed / r->steps_timed : dt;
     int stop = stop_signal;
-    if (c->time_limit > 0 &&
-        now_s() - r->t_start + per_step + 2 * r->last_save_s + 1 > c->time_limit)
-        stop = -1;
+    if (run_out_of_time(r, per_step)) stop = -1;
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, r->grid.world));
     if (stop) {
+        /* the save in flight commits first: it is the older checkpoint */
+        run_finish_async(r, done, 1, &stall);
+        if (stall > 0) run_log_stall(r, done, stall);
         if (run_save(r, done, &err) != 0) {
             if (r->grid.world_rank == 0) err_print(&err);
             return EXIT_FAILURE;
@@ -506,11 +590,8 @@ static int run_maybe_save_or_stop(Run *r, int done, double dt) {
              r->ckpt_dir, done, EXIT_REQUEUE);
         return EXIT_REQUEUE;
     }
-    if (c->ckpt_every && done % c->ckpt_every == 0) {
-        /* a failed periodic save is reported and training goes on: the state
-         * is in memory and the next save may succeed */
-        if (run_save(r, done, &err) != 0 && r->grid.world_rank == 0) err_print(&err);
-    }
+    if (c->ckpt_every && done % c->ckpt_every == 0) run_periodic_save(r, done, &stall);
+    if (stall > 0) run_log_stall(r, done, stall);
     return -1;
 }
 
@@ -535,6 +616,9 @@ static int run_steps(Run *r) {
     }
     int final_step = c->steps > r->start ? c->steps : r->start;
     Err err;
+    double stall = 0;
+    run_finish_async(r, final_step, 1, &stall);
+    if (stall > 0) run_log_stall(r, final_step, stall);
     if (run_save(r, final_step, &err) != 0) {
         if (r->grid.world_rank == 0) err_print(&err);
         return EXIT_FAILURE;
