@@ -6,17 +6,48 @@
 # ckpt_every (500).
 #
 # With --gpt2, the GPT-2-small shape instead (vocabulary 50257, d_model 768,
-# 12 layers, 12 heads, seq_len 256, batch 4; random tokens): 3 steps with a
-# save after each, at 1 rank x 2 threads and 2 ranks (dp 2) x 1 thread;
-# per layout the step time, each save's time, MB/s of state and ratio, the
-# raw write bandwidth of the same folder (dd ... conv=fsync of the same
-# size, measured in the same run), load + verify MB/s, and the peak RSS
-# before and after a save.
+# 12 layers, 12 heads, seq_len 256, batch 4; random tokens), at 1 rank x 2
+# threads and 2 ranks (dp 2) x 1 thread. First 3 steps with a synchronous
+# save after each: per layout the step time, each save's time, MB/s of
+# state and ratio, the raw write bandwidth of the same folder (dd ...
+# conv=fsync of the same size, measured in the same run), load + verify
+# MB/s, and the peak RSS before and after a save. Then the whole cost of a
+# save to training, synchronous and asynchronous: GPT2_STEPS (8) steps with
+# no save, with synchronous and with asynchronous saves every 3 steps, run
+# side by side; per save the extra time of the steps plus the stalls, the
+# asynchronous stall alone, its time in the background, and peak RSS.
 # usage: tests/bench/bench_ckpt.sh [STEPS] | tests/bench/bench_ckpt.sh --gpt2
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
 MODTRAIN=${MODTRAIN:-$top/modtrain}
+
+# train RUN NP THREADS [--key value ...]: the GPT-2-small shape, logged to RUN.log
+train() {
+    run=$1 np=$2 thr=$3
+    shift 3
+    if [ "$np" -eq 1 ]; then
+        "$MODTRAIN" train $model --val_data "" --threads "$thr" --run_dir "$run" "$@" > "$run.log" 2>&1
+    else
+        mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$np" "$MODTRAIN" train \
+            $model --val_data "" --threads "$thr" --run_dir "$run" "$@" > "$run.log" 2>&1
+    fi || { cat "$run.log"; exit 1; }
+}
+
+# busy RUN LAST: seconds of steps 2..LAST plus the checkpoint stalls before
+# step LAST (the final save left out): what training took
+busy() {
+    awk -v last="$2" -F'[:,}]' '{ step = $2 + 0 }
+        /"step_time_ms"/ && step > 1 { for (i = 1; i < NF; i++) if ($i ~ /"step_time_ms"/) t += $(i + 1) / 1e3 }
+        /"ckpt_stall_ms"/ && step < last { for (i = 1; i < NF; i++) if ($i ~ /"ckpt_stall_ms"/) t += $(i + 1) / 1e3 }
+        END { printf "%.2f", t }' "$1/metrics.jsonl"
+}
+
+# mean KEY RUN: the mean of KEY over the records that have it
+mean() {
+    awk -F"\"$1\":" -v fmt="${3:-%.2f}" 'NF > 1 { split($2, a, /[,}]/); t += a[1]; n++ }
+        END { printf fmt, n ? t / n : 0 }' "$2/metrics.jsonl"
+}
 
 gpt2() {
     tmp=$(mktemp -d "${TMPDIR:-/tmp}/modtrain-bench.XXXXXX")
@@ -29,24 +60,21 @@ with open(sys.argv[1], "wb") as f:
     f.write(struct.pack("<256i", 20240520, 1, n, 50257, *[0] * 252))
     f.write(struct.pack("<%dH" % n, *[random.randrange(50257) for _ in range(n)]))
 PY
-    model="--train_data $tmp/train.bin --val_data '' --d_model 768 --n_layer 12 --n_head 12 \
-        --seq_len 256 --batch_size 4 --route_every 0 --steps 3 --ckpt_every 1 --ckpt_keep 1"
+    model="--train_data $tmp/train.bin --d_model 768 --n_layer 12 --n_head 12 \
+        --seq_len 256 --batch_size 4 --route_every 0 --ckpt_keep 1 --eval_every 0"
+    steps=${GPT2_STEPS:-8} every=3
+    echo "Synchronous saves (ckpt_async 0), 3 steps with a save after each:"
     printf "%-18s %8s %8s %9s %7s %9s %10s %s\n" layout "step s" "save s" "save MB/s" ratio \
         "dd MB/s" "load MB/s" "peak RSS before -> after a save (rank 0)"
     for lay in "1 2" "2 1"; do
         set -- $lay
-        run="$tmp/run-$1x$2"
-        if [ "$1" -eq 1 ]; then
-            eval "\"$MODTRAIN\" train $model --threads $2 --run_dir $run" > "$run.log" 2>&1
-        else
-            eval "mpirun --allow-run-as-root --oversubscribe --bind-to none -np $1 \"$MODTRAIN\" train \
-                $model --threads $2 --run_dir $run" > "$run.log" 2>&1
-        fi || { cat "$run.log"; exit 1; }
+        run="$tmp/sync-$1x$2"
+        train "$run" "$1" "$2" --steps 3 --ckpt_every 1 --ckpt_async 0
         m="$run/metrics.jsonl"
         step_s=$(awk -F'"step_time_ms":' 'NF > 1 && !/"step":1,/ { split($2, a, ","); t += a[1]; n++ }
             END { printf "%.2f", t / n / 1000 }' "$m")
-        save=$(awk -F'"ckpt_s":' 'NF > 1 { split($2, a, ","); t += a[1]; n++ } END { printf "%.2f", t / n }' "$m")
-        mbs=$(awk -F'"ckpt_mb_s":' 'NF > 1 { split($2, a, ","); t += a[1]; n++ } END { printf "%.0f", t / n }' "$m")
+        save=$(mean ckpt_s "$run")
+        mbs=$(mean ckpt_mb_s "$run" %.0f)
         ratio=$(grep '"ckpt_ratio"' "$m" | tail -n 1 | sed 's/.*"ckpt_ratio":\([^,]*\).*/\1/')
         rss=$(grep '"ckpt_rss_before_mb"' "$m" | head -n 1 |
             sed 's/.*"ckpt_rss_before_mb":\([^,]*\),"ckpt_rss_after_mb":\([^}]*\).*/\1 MB -> \2 MB/')
@@ -62,7 +90,39 @@ PY
             -v b="$bytes" -v raw="$raw" -v a="$t0" -v b1="$t1" -v c="$t2" -v rss="$rss" 'BEGIN {
             printf "%-18s %8s %8s %9s %7.3f %9.0f %10.0f %s\n", l, st, sv, mbs, r,
                 b / (b1 - a) / 1e6, raw / (c - b1) / 1e6, rss }'
+        rm -rf "$run"
     done
+    echo
+    echo "The whole cost of a save: $steps steps, saves after every $every (the final one left out), against no save; side by side:"
+    printf "%-18s %8s %10s %10s %12s %12s %9s %s\n" layout "step s" "sync cost" "async cost" \
+        "async stall" "async total" "RSS MB" "(no save, sync, async: peak RSS of rank 0)"
+    for lay in "1 2" "2 1"; do
+        set -- $lay
+        for how in none sync async; do
+            case $how in
+            none) opts="--ckpt_every 0" ;;
+            sync) opts="--ckpt_every $every --ckpt_async 0" ;;
+            async) opts="--ckpt_every $every --ckpt_async 1" ;;
+            esac
+            train "$tmp/$how-$1x$2" "$1" "$2" --steps "$steps" $opts
+        done
+        saves=$(( (steps - 1) / every ))
+        awk -v l="$1 rank x $2 thr" -v n="$saves" -v none="$(busy "$tmp/none-$1x$2" "$steps")" \
+            -v sync="$(busy "$tmp/sync-$1x$2" "$steps")" -v async="$(busy "$tmp/async-$1x$2" "$steps")" \
+            -v step="$(awk -F'"step_time_ms":' 'NF > 1 && !/"step":1,/ { split($2, a, ","); t += a[1]; k++ }
+                END { printf "%.2f", t / k / 1000 }' "$tmp/none-$1x$2/metrics.jsonl")" \
+            -v stall="$(awk -F'"ckpt_stall_ms":' -v last="$steps" 'NF > 1 && !/"step":'"$steps"',/ {
+                split($2, a, /[,}]/); t += a[1]; k++ } END { printf "%.2f", t / 1e3 }' "$tmp/async-$1x$2/metrics.jsonl")" \
+            -v total="$(awk -F'"ckpt_s":' '/"ckpt_async":1/ { split($2, a, ","); t += a[1]; k++ }
+                END { printf "%.2f", k ? t / k : 0 }' "$tmp/async-$1x$2/metrics.jsonl")" \
+            -v rss="$(for h in none sync async; do grep '"ckpt_rss_after_mb"' "$tmp/$h-$1x$2/metrics.jsonl" |
+                tail -n 1 | sed 's/.*"ckpt_rss_after_mb":\([^}]*\).*/\1/'; done | tr '\n' ' ')" 'BEGIN {
+            printf "%-18s %8.2f %9.2fs %9.2fs %11.2fs %11.2fs %s\n", l, step, (sync - none) / n,
+                (async - none) / n, stall / n, total, rss }'
+        rm -rf "$tmp"/*-"$1x$2"
+    done
+    echo "(cost: per save, the steps' extra time plus the stalls; async stall: the staging copy"
+    echo " and any wait; async total: a save's time in the background from the copy to the commit)"
 }
 if [ "${1:-}" = "--gpt2" ]; then
     gpt2
