@@ -9,12 +9,15 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "mpi/check.h"
@@ -337,7 +340,7 @@ struct CkptAsync {
     Err err;
 };
 
-CkptAsync *ckpt_async_new(MPI_Comm comm, Err *err) {
+CkptAsync *ckpt_async_new(MPI_Comm comm, size_t floats, int threads, Err *err) {
     int level = MPI_THREAD_SINGLE;
     MPI_CHECK(MPI_Query_thread(&level));
     if (level < MPI_THREAD_MULTIPLE) {
@@ -349,11 +352,27 @@ CkptAsync *ckpt_async_new(MPI_Comm comm, Err *err) {
     }
     CkptAsync *a = xcalloc(1, sizeof *a);
     MPI_CHECK(MPI_Comm_dup(comm, &a->comm));
+    /* the staging buffer, its pages touched now rather than in the first
+     * save's stall */
+    a->stage = xmalloc(floats * sizeof(float));
+    a->cap = floats;
+    const long blocks = (long)((floats + (1 << 20) - 1) >> 20);
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)
+    for (long b = 0; b < blocks; b++) {
+        const size_t lo = (size_t)b << 20, n = floats - lo < (1u << 20) ? floats - lo : 1u << 20;
+        memset(a->stage + lo, 0, n * sizeof(float));
+    }
     return a;
 }
 
 static void *async_main(void *p) {
     CkptAsync *a = p;
+    /* the save takes the cores training leaves idle: at SCHED_IDLE (and
+     * the threads it starts with it), it never preempts a training thread,
+     * which an OpenMP barrier would make every other thread wait for */
+    struct sched_param sp = {0};
+    if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp) != 0)
+        setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
     a->rc = job_run(&a->job, a->comm, &a->st, &a->err);
     a->seconds = now_s() - a->t0;
     atomic_store(&a->finished, 1);

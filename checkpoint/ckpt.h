@@ -38,9 +38,11 @@ int ckpt_save(const char *ckpt_dir, const Model *m, const AdamW *opt, const Conf
  * MPI_THREAD_MULTIPLE. */
 typedef struct CkptAsync CkptAsync;
 
-/* Sets up asynchronous saves over comm. Collective. Returns NULL with err
- * set when MPI does not give MPI_THREAD_MULTIPLE. */
-CkptAsync *ckpt_async_new(MPI_Comm comm, Err *err);
+/* Sets up asynchronous saves over comm, with a staging buffer of `floats`
+ * (3 x Model.nparams for weights and moments) touched by `threads`
+ * threads. Collective. Returns NULL with err set when MPI does not give
+ * MPI_THREAD_MULTIPLE. */
+CkptAsync *ckpt_async_new(MPI_Comm comm, size_t floats, int threads, Err *err);
 /* Starts saving what ckpt_save would save (the copy on `threads` threads)
  * and returns once the state is copied. None may be in flight (wait for it
  * first). Collective over the ranks of ckpt_async_new's comm. */

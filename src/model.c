@@ -382,12 +382,18 @@ int model_memory_check(const ModelMemory *mm, size_t budget, int ranks, Err *err
     format_bytes(p, sizeof p, sat_add(mm->params, mm->grads));
     format_bytes(mo, sizeof mo, mm->moments);
     format_bytes(a, sizeof a, sat_add(mm->acts, mm->scratch));
+    char st[64] = "", sb[32];
+    if (mm->staging) {
+        format_bytes(sb, sizeof sb, mm->staging);
+        snprintf(st, sizeof st, ", checkpoint staging copy %s", sb);
+    }
     return err_set(err,
                    "the model needs %s per rank (parameters and gradients %s, AdamW moments %s, "
-                   "activations %s), more than the %s each of the %d rank%s on this node can have; "
-                   "lower micro_batch, seq_len, d_model or n_layer, or split the model over more "
-                   "ranks (tp, pp)",
-                   tot, p, mo, a, b, ranks, ranks == 1 ? "" : "s");
+                   "activations %s%s), more than the %s each of the %d rank%s on this node can "
+                   "have; lower micro_batch, seq_len, d_model or n_layer, or split the model over "
+                   "more ranks (tp, pp)%s",
+                   tot, p, mo, a, st, b, ranks, ranks == 1 ? "" : "s",
+                   mm->staging ? ", or save synchronously (ckpt_async 0)" : "");
 }
 
 static void actset_alloc(const Model *m, ActSet *s) {

@@ -208,7 +208,9 @@ int model_registry(const ModelDims *d, ParamInfo **reg);
  * and, when optimizer, adamw_init allocate. Every product saturates at
  * SIZE_MAX, so any config can be measured before anything is allocated. */
 typedef struct {
-    size_t params, grads, moments, acts, scratch, total;
+    size_t params, grads, moments, acts, scratch;
+    size_t staging; /* a copy of the weights and moments for asynchronous saves, set by the caller */
+    size_t total;
 } ModelMemory;
 void model_memory(const ModelDims *d, int maxB, int slots, int optimizer, ModelMemory *mm);
 /* 0 when mm->total fits in budget (bytes each of `ranks` ranks on a node may

@@ -194,6 +194,12 @@ static int run_setup_data(Run *r) {
     return cmd_agree(rc, &err, r->grid.world);
 }
 
+/* Whether the run makes periodic saves in the background (the final save
+ * and a stop's are synchronous: nothing is left to overlap them with). */
+static int run_saves_async(const Config *c) {
+    return c->ckpt_async && c->ckpt_every > 0 && c->ckpt_every < c->steps;
+}
+
 /* This rank's stage of the model and its optimizer, restored from a
  * checkpoint or freshly initialised. Returns 0 or -1 (printed). */
 static int run_setup_model(Run *r) {
@@ -209,6 +215,10 @@ static int run_setup_model(Run *r) {
     const int slots = pp_slots(r->sched, r->n_micro, g->pp_rank, g->pp);
     Err err;
     model_memory(&d, r->micro, slots, 1, &r->mem);
+    if (run_saves_async(c)) { /* the copy an asynchronous save writes from */
+        r->mem.staging = sat_add(r->mem.params, r->mem.moments);
+        r->mem.total = sat_add(r->mem.total, r->mem.staging);
+    }
     rc = model_memory_check(&r->mem, machine_memory() / (size_t)g->local_ranks, g->local_ranks,
                             &err);
     if (rc != 0) {
@@ -249,9 +259,15 @@ static void run_banner(const Run *r) {
     format_bytes(pg, sizeof pg, r->mem.params + r->mem.grads);
     format_bytes(mo, sizeof mo, r->mem.moments);
     format_bytes(ac, sizeof ac, r->mem.acts + r->mem.scratch);
-    log0("memory (rank 0): %s = parameters and gradients %s + AdamW moments %s + activations %s "
-         "(%zu bytes)\n",
-         tot, pg, mo, ac, r->mem.total);
+    char sg[64] = "";
+    if (r->mem.staging) {
+        char b[32];
+        format_bytes(b, sizeof b, r->mem.staging);
+        snprintf(sg, sizeof sg, " + checkpoint staging %s", b);
+    }
+    log0("memory (rank 0): %s = parameters and gradients %s + AdamW moments %s + activations "
+         "%s%s (%zu bytes)\n",
+         tot, pg, mo, ac, sg, r->mem.total);
     log0("layout dp=%d tp=%d pp=%d | %d threads | BLIS %s kernels | sgemm peak %.1f GFLOP/s%s, "
          "%.1f over the job\n",
          r->grid.dp, r->grid.tp, r->grid.pp, r->threads, kernels_blis_arch(), r->peak_gflops,
@@ -283,9 +299,9 @@ static int run_setup(Run *r, int argc, char **argv) {
                             r->grid.world));
     run_banner(r);
     if (run_open_metrics(r) != 0) return EXIT_USAGE;
-    if (r->cfg.ckpt_async) {
+    if (run_saves_async(&r->cfg)) {
         Err err;
-        r->async = ckpt_async_new(r->grid.world, &err);
+        r->async = ckpt_async_new(r->grid.world, 3 * r->m.nparams, r->threads, &err);
         if (!r->async && r->grid.world_rank == 0) err_print(&err);
     }
     install_stop_handlers();
