@@ -3,6 +3,7 @@
  * text index, and reading any slice back from the chunks that overlap it.
  */
 #include "checkpoint/ckio.h"
+#include "checkpoint/huff.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -70,22 +71,6 @@ typedef struct {
     int64_t r0, nr;
 } Piece;
 
-/* Huffman-codes n bytes (zlib's Z_HUFFMAN_ONLY: the planes of floats gain
- * from their byte statistics, not from repeated strings) into out (cap
- * bytes). Returns the stream's size, or 0 when it does not fit. */
-static size_t huffman(const uint8_t *in, size_t n, int level, uint8_t *out, size_t cap) {
-    z_stream z;
-    memset(&z, 0, sizeof z);
-    if (deflateInit2(&z, level, Z_DEFLATED, 15, 9, Z_HUFFMAN_ONLY) != Z_OK) return 0;
-    z.next_in = (Bytef *)in;
-    z.avail_in = (uInt)n;
-    z.next_out = out;
-    z.avail_out = (uInt)cap;
-    const size_t got = deflate(&z, Z_FINISH) == Z_STREAM_END ? z.total_out : 0;
-    deflateEnd(&z);
-    return got;
-}
-
 /* Stores one byte plane into out (compressBound(n) bytes): Huffman-coded
  * when a sample of it gains at least 2% and the whole does gain, raw
  * otherwise. Returns the stored size and sets *codec: 'h' (a zlib stream)
@@ -94,9 +79,9 @@ static size_t pack_plane(const uint8_t *plane, size_t n, int level, uint8_t *out
     *codec = 'r';
     if (level > 0 && n >= 64) {
         const size_t probe = n < CK_PROBE_BYTES ? n : CK_PROBE_BYTES;
-        const size_t sample = huffman(plane, probe, level, out, compressBound((uLong)probe));
+        const size_t sample = ck_huffman(plane, probe, out, compressBound((uLong)probe));
         if (sample > 0 && sample < probe - probe / 50) {
-            const size_t got = huffman(plane, n, level, out, compressBound((uLong)n));
+            const size_t got = ck_huffman(plane, n, out, compressBound((uLong)n));
             if (got > 0 && got < n) {
                 *codec = 'h';
                 return got;

@@ -35,7 +35,7 @@
 #define CK_DATA_MAGIC_V1 "MODTCKP1"
 #define CK_INDEX_MAGIC_V1 "modtrain-checkpoint 1"
 #define CK_MAX_CHUNKS 4096          /* chunks of one tensor */
-#define CK_ROUND_BYTES (64u << 20)  /* raw state a rank packs per collective write */
+#define CK_ROUND_BYTES (16u << 20)  /* raw state a rank packs per collective write */
 #define CK_PROBE_BYTES (64 << 10)   /* sample of a plane that decides its codec */
 #define CK_GROUPS 4                 /* kinds of holder groups (CkSlice.group) */
 
