@@ -9,12 +9,17 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 #include <zlib.h>
 #ifdef _OPENMP
@@ -178,6 +183,21 @@ typedef struct {
 
 static void write_round(RoundWrite *w);
 
+/* Puts the calling packing thread at SCHED_IDLE (nice 19 where that is
+ * refused), once: beside training it takes only the cycles training
+ * leaves idle and never preempts a training thread, which an OpenMP
+ * barrier of training would make every other thread wait for. Only
+ * threads that make no MPI call: one holding an MPI lock at idle priority
+ * would stall training's MPI calls. */
+static void pack_idle(void) {
+    static _Thread_local int idle;
+    if (idle) return;
+    idle = 1;
+    struct sched_param sp = {0};
+    if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp) != 0)
+        setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
+}
+
 /* Packs pieces [lo, hi) into blob (which has room for the magic already
  * in it plus every piece's bound) on all threads, each piece into a slot of
  * its own, then closes the gaps in piece order: the same bytes whatever
@@ -194,12 +214,14 @@ static void pack_round(const Piece *pcs, int lo, int hi, const CkWriteOpts *opt,
         if (bytes > most) most = bytes;
     }
     /* a write in flight keeps the master thread in the kernel: one more
-     * thread packs meanwhile, also for a rank that trains on one */
+     * thread packs meanwhile, also for a rank that trains on one; beside
+     * training, the master thread only writes and `threads` others pack */
     int team = 1;
 #ifdef _OPENMP
     team = opt->threads > 0 ? opt->threads : omp_get_max_threads();
-    team += w != NULL && team < 2;
+    team += opt->background || (w != NULL && team < 2);
 #endif
+    atomic_int next = lo;
 #pragma omp parallel num_threads(team)
     {
 #ifdef _OPENMP
@@ -208,13 +230,15 @@ static void pack_round(const Piece *pcs, int lo, int hi, const CkWriteOpts *opt,
         const int master = 1;
 #endif
         if (w && master) write_round(w);
-        float *raw = xmalloc(most + 4);
-        uint8_t *planes = xmalloc(most + 4);
-#pragma omp for schedule(dynamic)
-        for (int i = lo; i < hi; i++)
-            pack_piece(&pcs[i], opt->level, &chunks[i], blob->buf + slot[i - lo], raw, planes);
-        free(raw);
-        free(planes);
+        if (opt->background && !master) pack_idle();
+        if (!opt->background || !master || team == 1) {
+            float *raw = xmalloc(most + 4);
+            uint8_t *planes = xmalloc(most + 4);
+            for (int i; (i = atomic_fetch_add(&next, 1)) < hi;)
+                pack_piece(&pcs[i], opt->level, &chunks[i], blob->buf + slot[i - lo], raw, planes);
+            free(raw);
+            free(planes);
+        }
     }
     for (int i = lo; i < hi; i++) {
         memmove(blob->buf + blob->len, blob->buf + slot[i - lo], chunks[i].csize);

@@ -93,12 +93,15 @@ typedef struct {
 void ck_fault(const char *phase, long step);
 
 /* How ck_write packs: the zlib level of the planes that gain (0: every
- * plane raw), the elements of a chunk (a longer row is a chunk alone) and
- * the threads that pack (0: OpenMP's count for the calling thread). */
+ * plane raw), the elements of a chunk (a longer row is a chunk alone), the
+ * threads that pack (0: OpenMP's count for the calling thread), and
+ * whether it runs beside training (background: the calling thread only
+ * writes, and `threads` others pack at SCHED_IDLE). */
 typedef struct {
     int level;
     int64_t chunk_floats;
     int threads;
+    int background;
 } CkWriteOpts;
 
 /* What a save did, over all ranks. */

@@ -9,15 +9,12 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "mpi/check.h"
@@ -286,7 +283,7 @@ static void job_init(SaveJob *j, const char *ckpt_dir, const Model *m, float *pa
         j->n += model_slices(m, mom_v, "adam_v", r, j->slices + j->n);
     }
     j->nkv = state_kv(cfg, m, step, world, j->kv);
-    j->wo = (CkWriteOpts){cfg->ckpt_level, cfg->ckpt_chunk, 0};
+    j->wo = (CkWriteOpts){cfg->ckpt_level, cfg->ckpt_chunk, 0, 0};
 }
 
 /* Writes step-N.tmp, then commits it. Collective over comm; returns 0 on
@@ -367,12 +364,6 @@ CkptAsync *ckpt_async_new(MPI_Comm comm, size_t floats, int threads, Err *err) {
 
 static void *async_main(void *p) {
     CkptAsync *a = p;
-    /* the save takes the cores training leaves idle: at SCHED_IDLE (and
-     * the threads it starts with it), it never preempts a training thread,
-     * which an OpenMP barrier would make every other thread wait for */
-    struct sched_param sp = {0};
-    if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp) != 0)
-        setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19);
     a->rc = job_run(&a->job, a->comm, &a->st, &a->err);
     a->seconds = now_s() - a->t0;
     atomic_store(&a->finished, 1);
@@ -410,6 +401,7 @@ void ckpt_async_start(CkptAsync *a, const char *ckpt_dir, const Model *m, const 
     job_init(&a->job, ckpt_dir, m, a->stage, opt ? a->stage + n : NULL,
              opt ? a->stage + 2 * n : NULL, cfg, step, a->comm, &r);
     a->job.wo.threads = threads;
+    a->job.wo.background = 1;
     ck_fault("staged", step);
     atomic_store(&a->finished, 0);
     a->err.msg[0] = '\0';

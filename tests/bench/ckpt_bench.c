@@ -77,7 +77,7 @@ int main(int argc, char **argv) {
             char dir[1100];
             snprintf(dir, sizeof dir, "%s/bench-%d-%d", argv[2], levels[li], r);
             mkdirs(dir);
-            const CkWriteOpts wo = {levels[li], 1 << 20};
+            const CkWriteOpts wo = {levels[li], 1 << 20, 0, 0};
             CkStats st;
             double t0 = now_s();
             if (ck_write(MPI_COMM_WORLD, dir, s, ix.nchunks, &kv, 1, &wo, &st, &err)) {

@@ -86,7 +86,7 @@ int main(int argc, char **argv) {
         if (rank == 0) s[n++] = make_slice(&tensors[2], 0, 10, 0, 1, 1);
         mkdirs(dir);
         CkKV kv = {"state.step", "7"};
-        const CkWriteOpts wo = {6, 1 << 20};
+        const CkWriteOpts wo = {6, 1 << 20, 0, 0};
         if (ck_write(MPI_COMM_WORLD, dir, s, n, &kv, 1, &wo, NULL, &err) != 0) {
             fprintf(stderr, "rank %d: %s\n", rank, err.msg);
             failures++;
