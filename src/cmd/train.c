@@ -478,13 +478,13 @@ static void run_validate(Run *r, int done) {
 
 /* Logs a committed save of `step` (seen at step `done`) and gives the
  * metrics its figures: its time (for an asynchronous one, from the copy to
- * the commit, of which `stall` held training up), rate, ratio, shares and
- * the peak RSS before it and now. */
+ * the commit, of which `stall` held training up; stall < 0: synchronous),
+ * rate, ratio, shares and the peak RSS before it and now. */
 static void run_report_save(Run *r, int done, int step, double dt, double stall, const CkStats *st,
                             size_t rss0) {
     const double ratio = st->stored > 0 ? st->raw / st->stored : 0;
     const double mb_s = st->raw / 1e6 / (dt > 0 ? dt : 1e-9);
-    const int async = stall < dt;
+    const int async = stall >= 0;
     r->last_save_s = dt;
     const size_t rss1 = peak_rss();
     char raw[32], lo[32], hi[32], p0[32], p1[32], how[64] = "";
@@ -523,7 +523,7 @@ static int run_save(Run *r, int step, Err *err) {
         return -1;
     const double dt = now_s() - t0;
     run_log_stall(r, step, dt);
-    run_report_save(r, step, step, dt, dt, &st, rss0);
+    run_report_save(r, step, step, dt, -1, &st, rss0);
     return 0;
 }
 
