@@ -96,7 +96,8 @@ void ck_fault(const char *phase, long step);
  * plane raw), the elements of a chunk (a longer row is a chunk alone), the
  * threads that pack (0: OpenMP's count for the calling thread), and
  * whether it runs beside training (background: the calling thread only
- * writes, and `threads` others pack at SCHED_IDLE). */
+ * writes, and `threads` others pack at low priority: SCHED_IDLE beside
+ * an OpenMP team, nice 10 beside one training thread). */
 typedef struct {
     int level;
     int64_t chunk_floats;
@@ -139,7 +140,7 @@ int ck_verify(const CkIndex *ix, Err *err);
 
 /* Byte shuffle of n floats into 4 planes, and back (exposed for tests and
  * the benchmark). */
-void ck_shuffle(uint8_t *dst, const float *src, size_t n);
-void ck_unshuffle(float *dst, const uint8_t *src, size_t n);
+void ck_shuffle(uint8_t *restrict dst, const float *restrict src, size_t n);
+void ck_unshuffle(float *restrict dst, const uint8_t *restrict src, size_t n);
 
 #endif

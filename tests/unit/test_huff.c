@@ -5,12 +5,15 @@
  * as on Fibonacci counts, 15%); a too small output buffer gives 0 and
  * is never written past; code lengths are optimal (a naive Huffman
  * reference's cost) when the limit does not bind and within the limit and
- * the Kraft inequality when it does.
+ * the Kraft inequality when it does. The byte shuffle that feeds it puts
+ * byte b of float i at plane b, position i, as a byte loop does, and the
+ * unshuffle restores every float's bits.
  */
 #include <stdint.h>
 #include <string.h>
 #include <zlib.h>
 
+#include "checkpoint/ckio.h"
 #include "checkpoint/huff.h"
 #include "tests/unit/testutil.h"
 
@@ -172,10 +175,37 @@ static void test_lengths(void) {
     }
 }
 
+static void test_shuffle(void) {
+    const size_t sizes[] = {0, 1, 7, 64, 1001, 4099};
+    uint32_t x = 12345;
+    for (int k = 0; k < 6; k++) {
+        const size_t n = sizes[k];
+        float *in = malloc(n * 4 + 4), *back = malloc(n * 4 + 4);
+        uint8_t *planes = malloc(n * 4 + 4);
+        for (size_t i = 0; i < n * 4; i++) {
+            x = x * 1103515245u + 12345u;
+            ((uint8_t *)in)[i] = (uint8_t)(x >> 16);
+        }
+        ck_shuffle(planes, in, n);
+        int same = 1;
+        for (size_t i = 0; i < n; i++)
+            for (int b = 0; b < 4; b++)
+                same &= planes[(size_t)b * n + i] == ((uint8_t *)in)[4 * i + b];
+        CU_ASSERT(same);
+        ck_unshuffle(back, planes, n);
+        CU_ASSERT(memcmp(back, in, n * 4) == 0);
+        free(in);
+        free(back);
+        free(planes);
+    }
+}
+
 int main(void) {
-    CU_TestInfo tests[] = {{"streams inflate with zlib, no larger than zlib's", test_round_trips},
-                           {"a too small buffer: 0, nothing written past it", test_too_small},
-                           {"code lengths: optimal, or within the limit", test_lengths},
-                           CU_TEST_INFO_NULL};
+    CU_TestInfo tests[] = {
+        {"streams inflate with zlib, no larger than zlib's", test_round_trips},
+        {"a too small buffer: 0, nothing written past it", test_too_small},
+        {"code lengths: optimal, or within the limit", test_lengths},
+        {"byte shuffle: planes as a byte loop makes them, and back", test_shuffle},
+        CU_TEST_INFO_NULL};
     return run_suite("huff", tests);
 }
