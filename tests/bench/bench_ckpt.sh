@@ -12,10 +12,11 @@
 # state and ratio, the raw write bandwidth of the same folder (dd ...
 # conv=fsync of the same size, measured in the same run), load + verify
 # MB/s, and the peak RSS before and after a save. Then the whole cost of a
-# save to training, synchronous and asynchronous: GPT2_STEPS (18) steps with
-# no save, with synchronous and with asynchronous saves every third of them
-# (far enough apart that one finishes before the next), side by side; per save the extra time of the steps plus the stalls, the
-# asynchronous stall alone, its time in the background, and peak RSS.
+# save to training, synchronous and asynchronous, each measured within its
+# run (the machine drifts between runs): GPT2_STEPS (20) steps with a save
+# after half of them; the stalls plus the extra time of the steps the save
+# was in flight for over the run's median step, the asynchronous stall
+# alone, its time in the background, and peak RSS.
 # usage: tests/bench/bench_ckpt.sh [STEPS] | tests/bench/bench_ckpt.sh --gpt2
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
@@ -34,15 +35,29 @@ train() {
     fi || { cat "$run.log"; exit 1; }
 }
 
-# busy RUN LAST: seconds of steps 2..LAST plus the checkpoint stalls, the
-# final save left out (the last stall record at step LAST; a wait for the
-# save in flight before it counts): what training took
-busy() {
-    awk -v last="$2" -F'[:,}]' '{ step = $2 + 0 }
-        /"step_time_ms"/ && step > 1 { for (i = 1; i < NF; i++) if ($i ~ /"step_time_ms"/) t += $(i + 1) / 1e3 }
-        /"ckpt_stall_ms"/ { for (i = 1; i < NF; i++) if ($i ~ /"ckpt_stall_ms"/) s = $(i + 1) / 1e3
-            t += s; if (step == last) final = s }
-        END { printf "%.2f", t - final }' "$1/metrics.jsonl"
+# cost RUN LAST: the whole cost of the run's one periodic save (step S),
+# measured within the run: the stalls it caused (the final save's left
+# out) plus the extra time of the steps it was in flight for (S + 1 to the
+# step that saw its commit) over the median of the other steps from 2 on;
+# prints "COST MEDIAN STEP"
+cost() {
+    awk -v last="$2" -F'[:,}]' '
+        function val(key,   i) { for (i = 1; i < NF; i++) if ($i ~ key) return $(i + 1); return "" }
+        { step = $2 + 0 }
+        /"step_time_ms"/ { t[step] = val("\"step_time_ms\"") / 1e3 }
+        /"ckpt_stall_ms"/ { x = val("\"ckpt_stall_ms\"") / 1e3; stall += x; if (step == last) final = x }
+        /"ckpt_step"/ { c = val("\"ckpt_step\"") + 0; if (c < last) { from = c; to = step } }
+        END {
+            n = 0
+            for (k = 2; k <= last; k++) if (k <= from || k > to) {
+                for (j = ++n; j > 1 && v[j - 1] > t[k]; j--) v[j] = v[j - 1]
+                v[j] = t[k]
+            }
+            med = n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+            extra = 0
+            for (k = from + 1; k <= to; k++) extra += t[k] - med
+            printf "%.2f %.2f", stall - final + extra, med
+        }' "$1/metrics.jsonl"
 }
 
 # mean KEY RUN: the mean of KEY over the records that have it
@@ -64,7 +79,7 @@ with open(sys.argv[1], "wb") as f:
 PY
     model="--train_data $tmp/train.bin --d_model 768 --n_layer 12 --n_head 12 \
         --seq_len 256 --batch_size 4 --route_every 0 --ckpt_keep 1 --eval_every 0"
-    steps=${GPT2_STEPS:-18} every=$(( ${GPT2_STEPS:-18} / 3 ))
+    steps=${GPT2_STEPS:-20} every=$(( ${GPT2_STEPS:-20} / 2 ))
     echo "Synchronous saves (ckpt_async 0), 3 steps with a save after each:"
     printf "%-18s %8s %8s %9s %7s %9s %10s %s\n" layout "step s" "save s" "save MB/s" ratio \
         "dd MB/s" "load MB/s" "peak RSS before -> after a save (rank 0)"
@@ -95,36 +110,32 @@ PY
         rm -rf "$run"
     done
     echo
-    echo "The whole cost of a save: $steps steps, saves after every $every (the final one left out), against no save; side by side:"
+    echo "The whole cost of one save, within each run: $steps steps, a save after $every (and at the end, left out):"
     printf "%-18s %8s %10s %10s %12s %12s %9s %s\n" layout "step s" "sync cost" "async cost" \
-        "async stall" "async total" "RSS MB" "(no save, sync, async: peak RSS of rank 0)"
+        "async stall" "async total" "RSS MB" "(training alone, sync, async: peak RSS of rank 0)"
     for lay in "1 2" "2 1"; do
         set -- $lay
-        for how in none sync async; do
-            case $how in
-            none) opts="--ckpt_every 0" ;;
-            sync) opts="--ckpt_every $every --ckpt_async 0" ;;
-            async) opts="--ckpt_every $every --ckpt_async 1" ;;
-            esac
-            train "$tmp/$how-$1x$2" "$1" "$2" --steps "$steps" $opts
+        for how in sync async; do
+            train "$tmp/$how-$1x$2" "$1" "$2" --steps "$steps" --ckpt_every "$every" \
+                --ckpt_async "$([ $how = async ] && echo 1 || echo 0)"
         done
-        saves=$(( (steps - 1) / every ))
-        awk -v l="$1 rank x $2 thr" -v n="$saves" -v none="$(busy "$tmp/none-$1x$2" "$steps")" \
-            -v sync="$(busy "$tmp/sync-$1x$2" "$steps")" -v async="$(busy "$tmp/async-$1x$2" "$steps")" \
-            -v step="$(awk -F'"step_time_ms":' 'NF > 1 && !/"step":1,/ { split($2, a, ","); t += a[1]; k++ }
-                END { printf "%.2f", t / k / 1000 }' "$tmp/none-$1x$2/metrics.jsonl")" \
-            -v stall="$(awk -F'"ckpt_stall_ms":' 'NF > 1 { split($2, a, /[,}]/); t += a[1]; s = a[1] }
-                END { printf "%.2f", (t - s) / 1e3 }' "$tmp/async-$1x$2/metrics.jsonl")" \
-            -v total="$(awk -F'"ckpt_s":' '/"ckpt_async":1/ { split($2, a, ","); t += a[1]; k++ }
-                END { printf "%.2f", k ? t / k : 0 }' "$tmp/async-$1x$2/metrics.jsonl")" \
-            -v rss="$(for h in none sync async; do grep '"ckpt_rss_after_mb"' "$tmp/$h-$1x$2/metrics.jsonl" |
-                tail -n 1 | sed 's/.*"ckpt_rss_after_mb":\([^}]*\).*/\1/'; done | tr '\n' ' ')" 'BEGIN {
-            printf "%-18s %8.2f %9.2fs %9.2fs %11.2fs %11.2fs %s\n", l, step, (sync - none) / n,
-                (async - none) / n, stall / n, total, rss }'
+        set -- "$1" "$2" $(cost "$tmp/sync-$1x$2" "$steps") $(cost "$tmp/async-$1x$2" "$steps")
+        awk -v l="$1 rank x $2 thr" -v sync="$3" -v step="$4" -v async="$5" \
+            -v stall="$(awk -F'"ckpt_stall_ms":' -v at="$every" 'NF > 1 && $0 ~ "\"step\":" at "," {
+                split($2, a, /[,}]/); printf "%.2f", a[1] / 1e3 }' "$tmp/async-$1x$2/metrics.jsonl")" \
+            -v total="$(awk -F'"ckpt_s":' '/"ckpt_async":1/ { split($2, a, ","); printf "%.2f", a[1] }' \
+                "$tmp/async-$1x$2/metrics.jsonl")" \
+            -v rss="$({ grep -m 1 '"ckpt_rss_before_mb"' "$tmp/sync-$1x$2/metrics.jsonl" |
+                sed 's/.*"ckpt_rss_before_mb":\([^,]*\),.*/\1/'; for h in sync async; do
+                grep '"ckpt_rss_after_mb"' "$tmp/$h-$1x$2/metrics.jsonl" | tail -n 1 |
+                sed 's/.*"ckpt_rss_after_mb":\([^}]*\).*/\1/'; done; } | tr '\n' ' ')" 'BEGIN {
+            printf "%-18s %8.2f %9.2fs %9.2fs %11.2fs %11.2fs %s\n", l, step, sync, async, stall,
+                total, rss }'
         rm -rf "$tmp"/*-"$1x$2"
     done
-    echo "(cost: per save, the steps' extra time plus the stalls; async stall: the staging copy"
-    echo " and any wait; async total: a save's time in the background from the copy to the commit)"
+    echo "(cost: the stalls plus the steps' extra time while the save was in flight, over the"
+    echo " run's median step; async stall: the staging copy; async total: the save's time in the"
+    echo " background from the copy to the commit)"
 }
 if [ "${1:-}" = "--gpt2" ]; then
     gpt2
