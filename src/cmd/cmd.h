@@ -25,6 +25,7 @@
 
 /* The subcommands; each returns its exit code. */
 int prep_main(int argc, char **argv);   /* prep.c */
+int tokenize_main(int argc, char **argv); /* tokenize.c */
 int train_main(int argc, char **argv);  /* train.c */
 int eval_main(int argc, char **argv);   /* infer.c */
 int sample_main(int argc, char **argv); /* infer.c */

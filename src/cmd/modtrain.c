@@ -1,6 +1,6 @@
 /*
- * modtrain: the command-line entry point. Subcommands: prep, train, eval,
- * sample, ckpt; exit codes in src/cmd/cmd.h.
+ * modtrain: the command-line entry point. Subcommands: prep, tokenize,
+ * train, eval, sample, ckpt; exit codes in src/cmd/cmd.h.
  */
 #include <blis.h>
 #include <mpi.h>
@@ -15,6 +15,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: modtrain <command> [options]\n\n"
                "commands:\n"
                "  prep     text files -> token shards (train.bin, val.bin)\n"
+               "  tokenize text -> GPT-2 BPE token ids, and back\n"
                "  train    train a model (alone or under mpirun/srun)\n"
                "  eval     loss of a checkpoint on a token shard\n"
                "  sample   generate text from a checkpoint\n"
@@ -38,13 +39,14 @@ int main(int argc, char **argv) {
         return EXIT_OK;
     }
     if (strcmp(cmd, "prep") == 0) return prep_main(argc - 2, argv + 2);
+    if (strcmp(cmd, "tokenize") == 0) return tokenize_main(argc - 2, argv + 2);
     int (*run)(int, char **) = strcmp(cmd, "train") == 0    ? train_main
                                : strcmp(cmd, "eval") == 0   ? eval_main
                                : strcmp(cmd, "sample") == 0 ? sample_main
                                : strcmp(cmd, "ckpt") == 0   ? ckpt_main
                                                             : NULL;
     if (!run) {
-        errorf("unknown command '%s' (expected prep, train, eval, sample or ckpt)", cmd);
+        errorf("unknown command '%s' (expected prep, tokenize, train, eval, sample or ckpt)", cmd);
         return EXIT_USAGE;
     }
     /* MPI is called from the main thread, also inside OpenMP regions (a

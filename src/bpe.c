@@ -1,0 +1,673 @@
+/*
+ * bpe: GPT-2's byte-level BPE (see bpe.h).
+ */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "src/bpe.h"
+
+#include <errno.h>
+#include <pcre2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* GPT-2's pre-tokenisation, as tiktoken's "gpt2" encoding writes it. */
+static const char PATTERN[] =
+    "'(?:[sdmt]|ll|ve|re)| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+enum { CACHE_WORD_MAX = 64, CACHE_ENTRIES_MAX = 1 << 16 };
+
+/* An open-addressing map from byte strings (kept in an arena) to a value. */
+typedef struct {
+    uint32_t *slot; /* entry index + 1, 0 = empty */
+    size_t mask;
+    uint8_t *arena;
+    size_t alen, acap;
+    size_t *off;   /* entry -> key offset in arena */
+    uint32_t *len; /* entry -> key length */
+    int64_t *val;
+    size_t n, cap;
+} StrMap;
+
+static uint64_t hash_bytes(const uint8_t *p, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h ^ (h >> 29);
+}
+
+static void strmap_init(StrMap *m, size_t want) {
+    memset(m, 0, sizeof *m);
+    size_t slots = 64;
+    while (slots < 2 * want) slots *= 2;
+    m->slot = xcalloc(slots, sizeof *m->slot);
+    m->mask = slots - 1;
+}
+
+static void strmap_free(StrMap *m) {
+    free(m->slot);
+    free(m->arena);
+    free(m->off);
+    free(m->len);
+    free(m->val);
+    memset(m, 0, sizeof *m);
+}
+
+/* The slot that holds key or the empty one where it would go. */
+static size_t strmap_find(const StrMap *m, const uint8_t *k, size_t n) {
+    for (size_t i = hash_bytes(k, n) & m->mask;; i = (i + 1) & m->mask) {
+        const uint32_t e = m->slot[i];
+        if (e == 0) return i;
+        if (m->len[e - 1] == n && memcmp(m->arena + m->off[e - 1], k, n) == 0) return i;
+    }
+}
+
+static int64_t strmap_get(const StrMap *m, const uint8_t *k, size_t n, int64_t missing) {
+    const uint32_t e = m->slot[strmap_find(m, k, n)];
+    return e ? m->val[e - 1] : missing;
+}
+
+static void strmap_grow(StrMap *m) {
+    const size_t slots = 2 * (m->mask + 1);
+    free(m->slot);
+    m->slot = xcalloc(slots, sizeof *m->slot);
+    m->mask = slots - 1;
+    for (size_t e = 0; e < m->n; e++)
+        m->slot[strmap_find(m, m->arena + m->off[e], m->len[e])] = (uint32_t)e + 1;
+}
+
+/* Adds key -> v; returns 0, or -1 when the key is there already. */
+static int strmap_put(StrMap *m, const uint8_t *k, size_t n, int64_t v) {
+    if (m->slot[strmap_find(m, k, n)]) return -1;
+    if (2 * (m->n + 1) > m->mask + 1) strmap_grow(m);
+    if (m->n == m->cap) {
+        m->cap = m->cap ? 2 * m->cap : 256;
+        m->off = xrealloc(m->off, m->cap * sizeof *m->off);
+        m->len = xrealloc(m->len, m->cap * sizeof *m->len);
+        m->val = xrealloc(m->val, m->cap * sizeof *m->val);
+    }
+    if (m->alen + n > m->acap) {
+        m->acap = 2 * (m->acap + n);
+        m->arena = xrealloc(m->arena, m->acap);
+    }
+    memcpy(m->arena + m->alen, k, n);
+    m->off[m->n] = m->alen, m->len[m->n] = (uint32_t)n, m->val[m->n] = v;
+    m->alen += n;
+    m->slot[strmap_find(m, k, n)] = (uint32_t)++m->n;
+    return 0;
+}
+
+/* The merges: (left id, right id) -> rank and merged id. */
+typedef struct {
+    uint64_t *key; /* (left << 32 | right) + 1, 0 = empty */
+    int32_t *rank, *to;
+    size_t mask;
+} PairMap;
+
+static size_t pair_find(const PairMap *p, uint64_t key) {
+    for (size_t i = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 20) & p->mask;; i = (i + 1) & p->mask)
+        if (p->key[i] == 0 || p->key[i] == key) return i;
+}
+
+/* Shared by a Bpe and its clones. */
+typedef struct {
+    int refs;
+    StrMap tokens;   /* bytes -> id */
+    size_t *tok_off; /* id -> offset of its bytes in tokens.arena (SIZE_MAX: none) */
+    uint32_t *tok_len;
+    int vocab, eot;
+    int32_t byte_id[256];
+    int16_t inverse[512]; /* alphabet code point -> byte, -1: none */
+    PairMap merges;
+    pcre2_code *re;
+} Vocab;
+
+struct Bpe {
+    Vocab *v;
+    pcre2_match_data *md;
+    pcre2_match_context *mctx;
+    pcre2_jit_stack *stack;
+    StrMap cache; /* word -> offset into cache_ids (low 40 bits) and count (high) */
+    int32_t *cache_ids;
+    size_t cache_n, cache_cap;
+    /* scratch of the merge: symbols as a linked list and a heap of pairs */
+    int32_t *tok, *prev, *next;
+    uint64_t *heap; /* rank << 32 | left position */
+    size_t scratch;
+};
+
+/* ------------------------------------------------------------ the alphabet */
+
+/* GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves,
+ * the other bytes for code points 256 and up, in byte order. */
+static void byte_alphabet(int cp[256]) {
+    int extra = 0;
+    for (int b = 0; b < 256; b++) {
+        const int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+        cp[b] = printable ? b : 256 + extra++;
+    }
+}
+
+/* One UTF-8 code point from s[*i..n); -1 when it is not valid UTF-8. */
+static int32_t utf8_next(const uint8_t *s, size_t n, size_t *i) {
+    const uint8_t c = s[*i];
+    int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (len == 0 || *i + (size_t)len > n) return -1;
+    int32_t cp = len == 1 ? c : c & (0x7F >> len);
+    for (int k = 1; k < len; k++) {
+        if ((s[*i + k] & 0xC0) != 0x80) return -1;
+        cp = (cp << 6) | (s[*i + k] & 0x3F);
+    }
+    static const int32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < least[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return -1;
+    *i += (size_t)len;
+    return cp;
+}
+
+/* Code points of the alphabet -> bytes into out (one byte each). Returns
+ * 0, or -1 at a code point outside the alphabet. */
+static int alphabet_bytes(const Vocab *v, const int32_t *cps, size_t n, uint8_t *out) {
+    for (size_t i = 0; i < n; i++) {
+        if (cps[i] < 0 || cps[i] >= 512 || v->inverse[cps[i]] < 0) return -1;
+        out[i] = (uint8_t)v->inverse[cps[i]];
+    }
+    return 0;
+}
+
+/* ----------------------------------------------------------- encoder.json */
+
+typedef struct {
+    const uint8_t *s;
+    size_t n, i;
+    int32_t *cps; /* the string just read, as code points */
+    size_t ncp, cap;
+} Json;
+
+static void json_ws(Json *j) {
+    while (j->i < j->n &&
+           (j->s[j->i] == ' ' || j->s[j->i] == '\t' || j->s[j->i] == '\n' || j->s[j->i] == '\r'))
+        j->i++;
+}
+
+static int json_hex4(Json *j, int32_t *out) {
+    if (j->i + 4 > j->n) return -1;
+    int32_t v = 0;
+    for (int k = 0; k < 4; k++) {
+        const uint8_t c = j->s[j->i++];
+        const int d = c >= '0' && c <= '9'   ? c - '0'
+                      : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                      : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                             : -1;
+        if (d < 0) return -1;
+        v = v * 16 + d;
+    }
+    *out = v;
+    return 0;
+}
+
+/* One escape after the backslash into *cp. */
+static int json_escape(Json *j, int32_t *cp) {
+    if (j->i >= j->n) return -1;
+    const uint8_t c = j->s[j->i++];
+    static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+    const char *at = c ? strchr(from, c) : NULL;
+    if (at) {
+        *cp = (uint8_t)to[at - from];
+        return 0;
+    }
+    if (c != 'u' || json_hex4(j, cp) != 0) return -1;
+    if (*cp >= 0xDC00 && *cp <= 0xDFFF) return -1;
+    if (*cp >= 0xD800 && *cp <= 0xDBFF) { /* a surrogate pair */
+        int32_t lo;
+        if (j->i + 2 > j->n || j->s[j->i] != '\\' || j->s[j->i + 1] != 'u') return -1;
+        j->i += 2;
+        if (json_hex4(j, &lo) != 0 || lo < 0xDC00 || lo > 0xDFFF) return -1;
+        *cp = 0x10000 + ((*cp - 0xD800) << 10) + (lo - 0xDC00);
+    }
+    return 0;
+}
+
+/* A JSON string into j->cps. Returns 0 or -1 (malformed). */
+static int json_string(Json *j) {
+    j->ncp = 0;
+    if (j->i >= j->n || j->s[j->i] != '"') return -1;
+    j->i++;
+    for (;;) {
+        if (j->i >= j->n) return -1;
+        int32_t cp;
+        if (j->s[j->i] == '"') {
+            j->i++;
+            return 0;
+        } else if (j->s[j->i] == '\\') {
+            j->i++;
+            if (json_escape(j, &cp) != 0) return -1;
+        } else if (j->s[j->i] < 0x20 || (cp = utf8_next(j->s, j->n, &j->i)) < 0) {
+            return -1;
+        }
+        if (j->ncp == j->cap) {
+            j->cap = j->cap ? 2 * j->cap : 64;
+            j->cps = xrealloc(j->cps, j->cap * sizeof *j->cps);
+        }
+        j->cps[j->ncp++] = cp;
+    }
+}
+
+/* A non-negative integer below BPE_MAX_VOCAB, no leading zero. */
+#define BPE_MAX_VOCAB (1 << 24)
+static int json_id(Json *j, int32_t *out) {
+    size_t start = j->i;
+    int64_t v = 0;
+    while (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9' && v < BPE_MAX_VOCAB)
+        v = v * 10 + (j->s[j->i++] - '0');
+    const size_t len = j->i - start;
+    if (len == 0 || (len > 1 && j->s[start] == '0') || v >= BPE_MAX_VOCAB ||
+        (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9'))
+        return -1;
+    *out = (int32_t)v;
+    return 0;
+}
+
+/* Fills v->tokens, tok_off/tok_len and vocab from encoder.json. */
+static int load_encoder(Vocab *v, const uint8_t *s, size_t n, Err *err) {
+    Json j = {s, n, 0, NULL, 0, 0};
+    uint8_t *bytes = NULL;
+    int32_t maxid = -1;
+    strmap_init(&v->tokens, 1024);
+    json_ws(&j);
+    int ok = j.i < n && s[j.i++] == '{';
+    json_ws(&j);
+    for (int first = 1; ok && !(j.i < n && s[j.i] == '}'); first = 0) {
+        if (!first) {
+            ok = j.i < n && s[j.i++] == ',';
+            json_ws(&j);
+        }
+        int32_t id;
+        size_t key_at = j.i;
+        if (!ok || json_string(&j) != 0) {
+            err_set(err, "encoder.json: at byte %zu: expected a token as a JSON string", key_at);
+            goto fail;
+        }
+        bytes = xrealloc(bytes, j.ncp + 1);
+        if (alphabet_bytes(v, j.cps, j.ncp, bytes) != 0 || j.ncp == 0) {
+            err_set(err,
+                    "encoder.json: at byte %zu: a token with a character outside GPT-2's "
+                    "byte alphabet (or empty); expected the file GPT-2 was released with",
+                    key_at);
+            goto fail;
+        }
+        json_ws(&j);
+        ok = j.i < n && s[j.i++] == ':';
+        json_ws(&j);
+        if (!ok || json_id(&j, &id) != 0) {
+            err_set(err, "encoder.json: at byte %zu: expected ': ID' with ID an integer in [0, %d)",
+                    j.i, BPE_MAX_VOCAB);
+            goto fail;
+        }
+        if (strmap_put(&v->tokens, bytes, j.ncp, id) != 0) {
+            err_set(err, "encoder.json: at byte %zu: a token listed twice", key_at);
+            goto fail;
+        }
+        if (id > maxid) maxid = id;
+        json_ws(&j);
+    }
+    ok = ok && j.i < n && s[j.i++] == '}';
+    json_ws(&j);
+    if (!ok || j.i != n) {
+        err_set(err, "encoder.json: at byte %zu: expected ',' or '}' and then the end of the file",
+                j.i);
+        goto fail;
+    }
+    free(bytes);
+    free(j.cps);
+    return 0;
+fail:
+    free(bytes);
+    free(j.cps);
+    return -1;
+}
+
+/* id -> bytes, every id in [0, vocab) present once; the bytes' ids; the
+ * end-of-text token's. */
+static int index_ids(Vocab *v, Err *err) {
+    const StrMap *t = &v->tokens;
+    v->vocab = 0;
+    for (size_t e = 0; e < t->n; e++)
+        if (t->val[e] + 1 > v->vocab) v->vocab = (int)t->val[e] + 1;
+    if ((size_t)v->vocab != t->n)
+        return err_set(err,
+                       "encoder.json: %zu tokens with ids up to %d; expected the ids 0 to %zu, "
+                       "each once",
+                       t->n, v->vocab - 1, t->n - 1);
+    v->tok_off = xcalloc((size_t)v->vocab, sizeof *v->tok_off);
+    v->tok_len = xcalloc((size_t)v->vocab, sizeof *v->tok_len);
+    for (int i = 0; i < v->vocab; i++) v->tok_off[i] = SIZE_MAX;
+    for (size_t e = 0; e < t->n; e++) {
+        if (v->tok_off[t->val[e]] != SIZE_MAX)
+            return err_set(err, "encoder.json: id %lld given to two tokens; expected each id once",
+                           (long long)t->val[e]);
+        v->tok_off[t->val[e]] = t->off[e], v->tok_len[t->val[e]] = t->len[e];
+    }
+    for (int b = 0; b < 256; b++) {
+        const uint8_t byte = (uint8_t)b;
+        v->byte_id[b] = (int32_t)strmap_get(t, &byte, 1, -1);
+        if (v->byte_id[b] < 0)
+            return err_set(err,
+                           "encoder.json: no token for the byte 0x%02x; a byte-level vocabulary "
+                           "has one for each of the 256",
+                           b);
+    }
+    v->eot = (int)strmap_get(t, (const uint8_t *)"<|endoftext|>", 13, -1);
+    return 0;
+}
+
+/* ------------------------------------------------------------- vocab.bpe */
+
+/* One side of a merge line: UTF-8 of alphabet characters -> its id. */
+static int32_t merge_side(const Vocab *v, const uint8_t *s, size_t n, uint8_t *bytes,
+                          int32_t *cps) {
+    size_t k = 0;
+    for (size_t i = 0; i < n;) {
+        const int32_t cp = utf8_next(s, n, &i);
+        if (cp < 0) return -1;
+        cps[k++] = cp;
+    }
+    if (k == 0 || alphabet_bytes(v, cps, k, bytes) != 0) return -1;
+    return (int32_t)strmap_get(&v->tokens, bytes, k, -1);
+}
+
+static int load_merges(Vocab *v, const uint8_t *s, size_t n, Err *err) {
+    size_t lines = 1;
+    for (size_t i = 0; i < n; i++) lines += s[i] == '\n';
+    size_t slots = 64;
+    while (slots < 2 * lines) slots *= 2;
+    PairMap *p = &v->merges;
+    p->key = xcalloc(slots, sizeof *p->key);
+    p->rank = xcalloc(slots, sizeof *p->rank);
+    p->to = xcalloc(slots, sizeof *p->to);
+    p->mask = slots - 1;
+    size_t longest = 0;
+    for (int i = 0; i < v->vocab; i++)
+        if (v->tok_len[i] > longest) longest = v->tok_len[i];
+    uint8_t *bytes = xmalloc(n + 2 * longest + 2);
+    int32_t *cps = xcalloc(n + 1, sizeof *cps);
+    int32_t rank = 0, rc = 0;
+    size_t line = 0;
+    for (size_t at = 0; at < n && rc == 0; line++) {
+        const uint8_t *nl = memchr(s + at, '\n', n - at);
+        const size_t len = nl ? (size_t)(nl - (s + at)) : n - at, from = at;
+        at += len + 1;
+        if (len == 0 || (line == 0 && len >= 8 && memcmp(s + from, "#version", 8) == 0)) continue;
+        const uint8_t *sp = memchr(s + from, ' ', len);
+        const size_t ll = sp ? (size_t)(sp - (s + from)) : len, rl = sp ? len - ll - 1 : 0;
+        int32_t a = -1, b = -1, to = -1;
+        if (sp && !memchr(sp + 1, ' ', rl)) {
+            a = merge_side(v, s + from, ll, bytes, cps);
+            b = merge_side(v, sp + 1, rl, bytes, cps);
+        }
+        if (a >= 0 && b >= 0) {
+            memcpy(bytes, v->tokens.arena + v->tok_off[a], v->tok_len[a]);
+            memcpy(bytes + v->tok_len[a], v->tokens.arena + v->tok_off[b], v->tok_len[b]);
+            to = (int32_t)strmap_get(&v->tokens, bytes, v->tok_len[a] + v->tok_len[b], -1);
+        }
+        const uint64_t key = ((uint64_t)(uint32_t)a << 32 | (uint32_t)b) + 1;
+        const size_t slot = to >= 0 ? pair_find(p, key) : 0;
+        if (to < 0)
+            rc = err_set(err,
+                         "vocab.bpe: line %zu: expected 'A B', two tokens of encoder.json "
+                         "whose concatenation is one too",
+                         line + 1);
+        else if (p->key[slot] != 0)
+            rc = err_set(err, "vocab.bpe: line %zu: a merge listed twice", line + 1);
+        else p->key[slot] = key, p->rank[slot] = rank++, p->to[slot] = to;
+    }
+    free(bytes);
+    free(cps);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ load */
+
+static void vocab_free(Vocab *v) {
+    strmap_free(&v->tokens);
+    free(v->tok_off);
+    free(v->tok_len);
+    free(v->merges.key);
+    free(v->merges.rank);
+    free(v->merges.to);
+    if (v->re) pcre2_code_free(v->re);
+    free(v);
+}
+
+static Bpe *bpe_on(Vocab *v) {
+    Bpe *b = xcalloc(1, sizeof *b);
+    b->v = v;
+    __atomic_add_fetch(&v->refs, 1, __ATOMIC_RELAXED);
+    b->md = pcre2_match_data_create_from_pattern(v->re, NULL);
+    b->mctx = pcre2_match_context_create(NULL);
+    b->stack = pcre2_jit_stack_create(32 << 10, 8 << 20, NULL);
+    if (!b->md || !b->mctx || !b->stack) {
+        bpe_free(b);
+        return NULL;
+    }
+    pcre2_jit_stack_assign(b->mctx, NULL, b->stack);
+    strmap_init(&b->cache, 1024);
+    return b;
+}
+
+Bpe *bpe_from_memory(const char *encoder_json, size_t elen, const char *vocab_bpe, size_t vlen,
+                     Err *err) {
+    Vocab *v = xcalloc(1, sizeof *v);
+    int cp[256];
+    byte_alphabet(cp);
+    for (int i = 0; i < 512; i++) v->inverse[i] = -1;
+    for (int b = 0; b < 256; b++) v->inverse[cp[b]] = (int16_t)b;
+    if (load_encoder(v, (const uint8_t *)encoder_json, elen, err) != 0 || index_ids(v, err) != 0 ||
+        load_merges(v, (const uint8_t *)vocab_bpe, vlen, err) != 0) {
+        vocab_free(v);
+        return NULL;
+    }
+    int ec;
+    PCRE2_SIZE eo;
+    v->re = pcre2_compile((PCRE2_SPTR)PATTERN, PCRE2_ZERO_TERMINATED,
+                          PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &ec, &eo, NULL);
+    if (!v->re) {
+        err_set(err,
+                "bpe: PCRE2 could not compile GPT-2's pattern (error %d at %zu); is it built "
+                "with Unicode support?",
+                ec, (size_t)eo);
+        vocab_free(v);
+        return NULL;
+    }
+    pcre2_jit_compile(v->re, PCRE2_JIT_COMPLETE); /* the interpreter where JIT is missing */
+    Bpe *b = bpe_on(v);
+    if (!b) err_set(err, "bpe: out of memory for PCRE2's match data");
+    return b;
+}
+
+/* A vocabulary file's bytes, bounded before they are read. */
+static char *read_vocab_file(const char *dir, const char *name, size_t *len, Err *err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        err_set(err, "bpe: cannot open '%s': %s (jobs/get_gpt2_vocab.sh DIR places GPT-2's files)",
+                path, strerror(errno));
+        return NULL;
+    }
+    long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    fclose(f);
+    if (size < 0 || size > (64L << 20)) {
+        err_set(err, "bpe: '%s' is %ld bytes; a vocabulary file is at most 64 MiB", path, size);
+        return NULL;
+    }
+    char *s = read_file(path, len);
+    if (!s) err_set(err, "bpe: cannot read '%s': %s", path, strerror(errno));
+    return s;
+}
+
+Bpe *bpe_load(const char *dir, Err *err) {
+    size_t elen = 0, vlen = 0;
+    char *e = read_vocab_file(dir, "encoder.json", &elen, err), *m = NULL;
+    if (e) m = read_vocab_file(dir, "vocab.bpe", &vlen, err);
+    Bpe *b = e && m ? bpe_from_memory(e, elen, m, vlen, err) : NULL;
+    if (e && m && !b) { /* name the folder too */
+        char msg[sizeof err->msg];
+        snprintf(msg, sizeof msg, "%s", err->msg);
+        err_set(err, "bpe: %s/%s", dir, msg);
+    }
+    free(e);
+    free(m);
+    return b;
+}
+
+Bpe *bpe_clone(const Bpe *b) { return bpe_on(b->v); }
+
+void bpe_free(Bpe *b) {
+    if (!b) return;
+    if (__atomic_sub_fetch(&b->v->refs, 1, __ATOMIC_ACQ_REL) == 0) vocab_free(b->v);
+    pcre2_match_data_free(b->md);
+    pcre2_match_context_free(b->mctx);
+    pcre2_jit_stack_free(b->stack);
+    strmap_free(&b->cache);
+    free(b->cache_ids);
+    free(b->tok);
+    free(b->prev);
+    free(b->next);
+    free(b->heap);
+    free(b);
+}
+
+int bpe_vocab_size(const Bpe *b) { return b->v->vocab; }
+int bpe_eot(const Bpe *b) { return b->v->eot; }
+
+const uint8_t *bpe_token(const Bpe *b, int id, size_t *len) {
+    if (id < 0 || id >= b->v->vocab) return NULL;
+    *len = b->v->tok_len[id];
+    return b->v->tokens.arena + b->v->tok_off[id];
+}
+
+/* ---------------------------------------------------------------- encode */
+
+static void ids_push(BpeIds *o, int32_t id) {
+    if (o->n == o->cap) {
+        o->cap = o->cap ? 2 * o->cap : 1024;
+        o->ids = xrealloc(o->ids, o->cap * sizeof *o->ids);
+    }
+    o->ids[o->n++] = id;
+}
+
+/* The merge of the pair at i and its right neighbour: rank and id, or 0. */
+static int pair_at(const Bpe *b, int32_t i, int32_t *rank, int32_t *to) {
+    if (i < 0 || b->next[i] < 0) return 0;
+    const int32_t j = b->next[i];
+    const PairMap *p = &b->v->merges;
+    const uint64_t key = ((uint64_t)(uint32_t)b->tok[i] << 32 | (uint32_t)b->tok[j]) + 1;
+    const size_t s = pair_find(p, key);
+    if (p->key[s] != key) return 0;
+    *rank = p->rank[s], *to = p->to[s];
+    return 1;
+}
+
+static void heap_push(uint64_t *h, size_t *n, uint64_t x) {
+    size_t i = (*n)++;
+    for (; i > 0 && h[(i - 1) / 2] > x; i = (i - 1) / 2) h[i] = h[(i - 1) / 2];
+    h[i] = x;
+}
+
+static uint64_t heap_pop(uint64_t *h, size_t *n) {
+    const uint64_t top = h[0], last = h[--*n];
+    size_t i = 0;
+    for (size_t c; (c = 2 * i + 1) < *n; i = c) {
+        if (c + 1 < *n && h[c + 1] < h[c]) c++;
+        if (h[c] >= last) break;
+        h[i] = h[c];
+    }
+    h[i] = last;
+    return top;
+}
+
+static void push_pair(Bpe *b, int32_t i, size_t *hn) {
+    int32_t rank, to;
+    if (pair_at(b, i, &rank, &to)) heap_push(b->heap, hn, (uint64_t)rank << 32 | (uint32_t)i);
+}
+
+/* The ids of one piece: its bytes merged as tiktoken does, the pair of
+ * lowest rank first (the leftmost among equals), one merge at a time; a
+ * heap of candidate pairs keeps a long piece O(n log n). */
+static void bpe_word(Bpe *b, const uint8_t *w, size_t n, BpeIds *out) {
+    if (n > b->scratch) {
+        b->scratch = n;
+        b->tok = xrealloc(b->tok, n * sizeof *b->tok);
+        b->prev = xrealloc(b->prev, n * sizeof *b->prev);
+        b->next = xrealloc(b->next, n * sizeof *b->next);
+        b->heap = xrealloc(b->heap, 2 * n * sizeof *b->heap);
+    }
+    for (size_t i = 0; i < n; i++) {
+        b->tok[i] = b->v->byte_id[w[i]];
+        b->prev[i] = (int32_t)i - 1;
+        b->next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+    }
+    size_t hn = 0;
+    for (size_t i = 0; i + 1 < n; i++) push_pair(b, (int32_t)i, &hn);
+    while (hn > 0) {
+        const uint64_t e = heap_pop(b->heap, &hn);
+        const int32_t i = (int32_t)(e & 0xFFFFFFFFu);
+        int32_t rank, to;
+        if (b->tok[i] < 0 || !pair_at(b, i, &rank, &to) || (uint64_t)rank != e >> 32) continue;
+        const int32_t j = b->next[i];
+        b->tok[i] = to, b->tok[j] = -1;
+        b->next[i] = b->next[j];
+        if (b->next[j] >= 0) b->prev[b->next[j]] = i;
+        push_pair(b, b->prev[i], &hn);
+        push_pair(b, i, &hn);
+    }
+    for (int32_t i = 0; i >= 0; i = b->next[i]) ids_push(out, b->tok[i]);
+}
+
+/* A piece through the cache of words seen (short ones; the cache starts
+ * over when full, so hostile text cannot grow it without bound). */
+static void bpe_piece(Bpe *b, const uint8_t *w, size_t n, BpeIds *out) {
+    if (n == 1) {
+        ids_push(out, b->v->byte_id[w[0]]);
+        return;
+    }
+    if (n > CACHE_WORD_MAX) {
+        bpe_word(b, w, n, out);
+        return;
+    }
+    const int64_t hit = strmap_get(&b->cache, w, n, -1);
+    if (hit >= 0) {
+        for (int64_t k = 0; k < (hit & 0xFF); k++) ids_push(out, b->cache_ids[(hit >> 8) + k]);
+        return;
+    }
+    const size_t from = out->n;
+    bpe_word(b, w, n, out);
+    const size_t count = out->n - from;
+    if (b->cache.n >= CACHE_ENTRIES_MAX) {
+        strmap_free(&b->cache);
+        strmap_init(&b->cache, 1024);
+        b->cache_n = 0;
+    }
+    if (b->cache_n + count > b->cache_cap) {
+        b->cache_cap = 2 * (b->cache_cap + count);
+        b->cache_ids = xrealloc(b->cache_ids, b->cache_cap * sizeof *b->cache_ids);
+    }
+    memcpy(b->cache_ids + b->cache_n, out->ids + from, count * sizeof *out->ids);
+    strmap_put(&b->cache, w, n, (int64_t)(b->cache_n << 8 | count));
+    b->cache_n += count;
+}
+
+void bpe_encode(Bpe *b, const char *text, size_t n, BpeIds *out) {
+    const uint8_t *s = (const uint8_t *)text;
+    for (size_t at = 0; at < n;) {
+        const int rc = pcre2_match(b->v->re, s, n, at, 0, b->md, b->mctx);
+        size_t from = n, to = n;
+        if (rc > 0) {
+            const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(b->md);
+            from = ov[0], to = ov[1];
+        } else if (rc != PCRE2_ERROR_NOMATCH) { /* a limit of PCRE2's: this byte alone */
+            from = at, to = at + 1;
+        }
+        if (from > at) bpe_piece(b, s + at, from - at, out); /* bytes that are not UTF-8 */
+        if (to > from) bpe_piece(b, s + from, to - from, out);
+        at = to > at ? to : at + 1;
+    }
+}

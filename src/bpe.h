@@ -1,0 +1,54 @@
+/*
+ * bpe: GPT-2's byte-level BPE tokenizer, loaded from the two files GPT-2
+ * was released with (encoder.json: token -> id; vocab.bpe: the merges in
+ * rank order), or any vocabulary in that format.
+ *
+ * Encoding splits the text with GPT-2's pre-tokenisation pattern (PCRE2,
+ * Unicode letter/number/space classes; bytes that are not valid UTF-8 are
+ * pieces of their own), then merges each piece's bytes by rank. Any bytes
+ * encode, and decode(encode(x)) == x.
+ */
+#ifndef MODTRAIN_BPE_H
+#define MODTRAIN_BPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "src/base/util.h"
+
+typedef struct Bpe Bpe;
+
+/* Loads DIR/encoder.json and DIR/vocab.bpe. Both are untrusted: a file
+ * that is not what GPT-2's are (bad JSON, an id twice or out of range, a
+ * merge naming a token the encoder lacks, a token that is not in the byte
+ * alphabet) gives NULL and a one-line err naming the file, the line and
+ * what was expected. */
+Bpe *bpe_load(const char *dir, Err *err);
+/* The same from the files' contents (for tests and the fuzz harness). */
+Bpe *bpe_from_memory(const char *encoder_json, size_t elen, const char *vocab_bpe, size_t vlen,
+                     Err *err);
+void bpe_free(Bpe *b);
+
+/* One more than the largest id. */
+int bpe_vocab_size(const Bpe *b);
+/* The id of "<|endoftext|>", or -1 when the vocabulary has none. */
+int bpe_eot(const Bpe *b);
+
+/* A growable array of token ids. */
+typedef struct {
+    int32_t *ids;
+    size_t n, cap;
+} BpeIds;
+
+/* Appends the ids of n bytes of text to out. Not thread-safe on one Bpe
+ * (its cache of words seen); give each thread its own (bpe_clone). */
+void bpe_encode(Bpe *b, const char *text, size_t n, BpeIds *out);
+/* Another Bpe sharing the vocabulary, with a cache of its own (NULL when
+ * out of memory). Clone on one thread, then use each on its own. */
+Bpe *bpe_clone(const Bpe *b);
+
+/* The bytes of token id: *len of them, NULL for an id outside the
+ * vocabulary. */
+const uint8_t *bpe_token(const Bpe *b, int id, size_t *len);
+
+#endif

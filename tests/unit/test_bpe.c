@@ -1,0 +1,220 @@
+/*
+ * test_bpe: GPT-2's byte-level BPE on vocabularies built here. The ids of
+ * words equal a naive reference merge (the lowest-ranked adjacent pair,
+ * the leftmost among equals, one merge at a time, as tiktoken does) on
+ * random words and random merge lists; any bytes, UTF-8 or not, decode
+ * back to themselves; malformed vocabulary files are refused with a line
+ * naming the file and what is wrong.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "src/bpe.h"
+#include "tests/unit/testutil.h"
+
+/* GPT-2's byte alphabet, written out again: the printable Latin-1 bytes
+ * stand for themselves, the others for 256, 257, ... in byte order. */
+static int alphabet(int b) {
+    int extra = 0;
+    for (int x = 0; x < 256; x++) {
+        const int keep = (x >= '!' && x <= '~') || (x >= 0xA1 && x <= 0xAC) || x >= 0xAE;
+        if (x == b) return keep ? x : 256 + extra;
+        extra += !keep;
+    }
+    return -1;
+}
+
+/* Appends the JSON string of token bytes t[0..n) in the alphabet. */
+static void json_token(char *out, const uint8_t *t, size_t n) {
+    strcat(out, "\"");
+    for (size_t i = 0; i < n; i++) {
+        const int c = alphabet(t[i]);
+        char e[16];
+        if (c == '"' || c == '\\') snprintf(e, sizeof e, "\\%c", c);
+        else if (c < 128) snprintf(e, sizeof e, "%c", c);
+        else snprintf(e, sizeof e, "\\u%04x", c);
+        strcat(out, e);
+    }
+    strcat(out, "\"");
+}
+
+/* The same token as a vocab.bpe side: UTF-8 of the alphabet characters. */
+static void utf8_token(char *out, const uint8_t *t, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const int c = alphabet(t[i]);
+        char e[4] = {0};
+        if (c < 128) e[0] = (char)c;
+        else e[0] = (char)(0xC0 | (c >> 6)), e[1] = (char)(0x80 | (c & 0x3F));
+        strcat(out, e);
+    }
+}
+
+enum { NMERGE = 40, MAXTOK = 64 };
+typedef struct {
+    uint8_t tok[256 + NMERGE][MAXTOK];
+    size_t len[256 + NMERGE];
+    int left[NMERGE], right[NMERGE], ntok;
+} Vocab;
+
+/* A random vocabulary over the bytes 'a'..'d': each merge joins two
+ * tokens already there (bytes or earlier merges) into a new one. */
+static Bpe *random_vocab(Vocab *v, uint32_t *seed, char *ej, char *vb) {
+    v->ntok = 256;
+    for (int b = 0; b < 256; b++) v->tok[b][0] = (uint8_t)b, v->len[b] = 1;
+    for (int m = 0; m < NMERGE;) {
+        *seed = *seed * 1103515245u + 12345u;
+        const int pool = 4 + m, a = (int)(*seed >> 8) % pool, c = (int)(*seed >> 20) % pool;
+        const int ta = a < 4 ? 'a' + a : 256 + a - 4, tc = c < 4 ? 'a' + c : 256 + c - 4;
+        if (v->len[ta] + v->len[tc] > MAXTOK) continue;
+        uint8_t cat[2 * MAXTOK];
+        memcpy(cat, v->tok[ta], v->len[ta]);
+        memcpy(cat + v->len[ta], v->tok[tc], v->len[tc]);
+        int dup = 0;
+        for (int t = 0; t < v->ntok; t++)
+            dup |= v->len[t] == v->len[ta] + v->len[tc] && !memcmp(v->tok[t], cat, v->len[t]);
+        if (dup) continue;
+        memcpy(v->tok[v->ntok], cat, v->len[ta] + v->len[tc]);
+        v->len[v->ntok++] = v->len[ta] + v->len[tc];
+        v->left[m] = ta, v->right[m] = tc, m++;
+    }
+    strcpy(ej, "{");
+    for (int t = 0; t < v->ntok; t++) {
+        if (t) strcat(ej, ", ");
+        json_token(ej, v->tok[t], v->len[t]);
+        sprintf(ej + strlen(ej), ": %d", t);
+    }
+    strcat(ej, "}");
+    strcpy(vb, "#version: 0.2\n");
+    for (int m = 0; m < NMERGE; m++) {
+        utf8_token(vb, v->tok[v->left[m]], v->len[v->left[m]]);
+        strcat(vb, " ");
+        utf8_token(vb, v->tok[v->right[m]], v->len[v->right[m]]);
+        strcat(vb, "\n");
+    }
+    Err err;
+    Bpe *b = bpe_from_memory(ej, strlen(ej), vb, strlen(vb), &err);
+    if (!b) fprintf(stderr, "%s\n", err.msg);
+    return b;
+}
+
+/* The naive reference: ids of w under v's merges. */
+static size_t naive(const Vocab *v, const uint8_t *w, size_t n, int *ids) {
+    for (size_t i = 0; i < n; i++) ids[i] = w[i];
+    for (;;) {
+        int best = -1, at = -1;
+        for (size_t i = 0; i + 1 < n; i++)
+            for (int m = 0; m < NMERGE; m++)
+                if (v->left[m] == ids[i] && v->right[m] == ids[i + 1] && (best < 0 || m < best))
+                    best = m, at = (int)i;
+        if (best < 0) return n;
+        ids[at] = 256 + best;
+        memmove(ids + at + 1, ids + at + 2, (n - (size_t)at - 2) * sizeof *ids);
+        n--;
+    }
+}
+
+static void test_merges(void) {
+    static char ej[1 << 16], vb[1 << 14];
+    static Vocab v;
+    uint32_t seed = 7;
+    for (int round = 0; round < 20; round++) {
+        Bpe *b = random_vocab(&v, &seed, ej, vb);
+        CU_ASSERT_FATAL(b != NULL);
+        CU_ASSERT(bpe_vocab_size(b) == 256 + NMERGE && bpe_eot(b) == -1);
+        for (int k = 0; k < 50; k++) {
+            uint8_t w[200];
+            seed = seed * 1103515245u + 12345u;
+            const size_t n = 1 + (seed >> 16) % 199;
+            for (size_t i = 0; i < n; i++) {
+                seed = seed * 1103515245u + 12345u;
+                w[i] = (uint8_t)('a' + (seed >> 20) % 4);
+            }
+            int want[200];
+            const size_t nw = naive(&v, w, n, want);
+            BpeIds got = {0};
+            bpe_encode(b, (const char *)w, n, &got);
+            CU_ASSERT(got.n == nw && memcmp(got.ids, want, nw * sizeof *want) == 0);
+            free(got.ids);
+        }
+        bpe_free(b);
+    }
+}
+
+static void test_round_trip(void) {
+    static char ej[1 << 16], vb[1 << 14];
+    static Vocab v;
+    uint32_t seed = 99;
+    Bpe *b = random_vocab(&v, &seed, ej, vb);
+    CU_ASSERT_FATAL(b != NULL);
+    const char *texts[] = {"abcd dcba  \n\n  ab12cd's x",
+                           "caf\xc3\xa9 \xe2\x80\x99s \xf0\x9f\x98\x80",
+                           "\xff\xfe bad \xc3 utf8 \xed\xa0\x80 \xf4\x90\x80\x80 ok"};
+    uint8_t rnd[4096];
+    for (size_t i = 0; i < sizeof rnd; i++) {
+        seed = seed * 1103515245u + 12345u;
+        rnd[i] = (uint8_t)(seed >> 16);
+    }
+    for (int t = 0; t < 4; t++) {
+        const char *s = t < 3 ? texts[t] : (const char *)rnd;
+        const size_t n = t < 3 ? strlen(s) : sizeof rnd;
+        BpeIds ids = {0};
+        bpe_encode(b, s, n, &ids);
+        uint8_t back[4096 + 64];
+        size_t at = 0;
+        for (size_t i = 0; i < ids.n; i++) {
+            size_t len = 0;
+            const uint8_t *p = bpe_token(b, ids.ids[i], &len);
+            CU_ASSERT_FATAL(p != NULL && at + len <= sizeof back);
+            memcpy(back + at, p, len);
+            at += len;
+        }
+        CU_ASSERT(at == n && memcmp(back, s, n) == 0);
+        free(ids.ids);
+    }
+    size_t len;
+    CU_ASSERT(bpe_token(b, -1, &len) == NULL && bpe_token(b, 256 + NMERGE, &len) == NULL);
+    bpe_free(b);
+}
+
+/* A vocabulary whose load fails with a message containing want. */
+static void refused(const char *ej, const char *vb, const char *want) {
+    Err err = {{0}};
+    Bpe *b = bpe_from_memory(ej, strlen(ej), vb, strlen(vb), &err);
+    CU_ASSERT(b == NULL);
+    if (!b && !strstr(err.msg, want)) fprintf(stderr, "got '%s', want '%s'\n", err.msg, want);
+    CU_ASSERT(!b && strstr(err.msg, want) != NULL);
+    bpe_free(b);
+}
+
+static void test_refused(void) {
+    static char ej[1 << 16], vb[1 << 14];
+    static Vocab v;
+    uint32_t seed = 5;
+    Bpe *ok = random_vocab(&v, &seed, ej, vb);
+    CU_ASSERT_FATAL(ok != NULL);
+    bpe_free(ok);
+    refused("", vb, "encoder.json: at byte 0");
+    refused("{\"a\": 0, \"a\": 1}", vb, "listed twice");
+    refused("{\"a\": 01}", vb, "expected ': ID'");
+    refused("{\"a\": 0, \"b\": 0}", vb, "each once");
+    refused("{\"a\": 0}", vb, "no token for the byte");
+    refused("{\"a b\": 0}", vb, "outside GPT-2's byte alphabet");
+    refused("{\"a\": 0} x", vb, "then the end of the file");
+    static char bad[1 << 15];
+    snprintf(bad, sizeof bad, "%szz q\n", vb);
+    refused(ej, bad, "vocab.bpe: line 42");
+    snprintf(bad, sizeof bad, "%sa  b\n", vb);
+    refused(ej, bad, "expected 'A B'");
+    const char *nl = strchr(vb, '\n') + 1, *second = strchr(nl, '\n') + 1;
+    snprintf(bad, sizeof bad, "%s%.*s", vb, (int)(second - nl), nl);
+    refused(ej, bad, "listed twice");
+}
+
+int main(void) {
+    CU_TestInfo tests[] = {{"merges equal a naive reference on random vocabularies", test_merges},
+                           {"any bytes decode back to themselves", test_round_trip},
+                           {"malformed vocabularies: one line naming what is wrong", test_refused},
+                           CU_TEST_INFO_NULL};
+    return run_suite("bpe", tests);
+}
