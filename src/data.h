@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "src/base/util.h"
+#include "src/bpe.h"
 
 #define SHARD_MAGIC 20240520
 #define SHARD_VERSION 1
@@ -67,5 +68,26 @@ size_t order_window(DataOrder *o, uint64_t g);
  * set. */
 int prep_byte_files(char **files, int nfiles, const char *out_dir, double val_fraction,
                     size_t counts[2], Err *err);
+
+/* Progress of a long prep: fn(ctx, bytes done, bytes in all, seconds). */
+typedef struct {
+    void (*fn)(void *ctx, size_t done, size_t total, double seconds);
+    void *ctx;
+} PrepProgress;
+
+typedef struct {
+    size_t counts[2]; /* tokens of train and val */
+    size_t bytes, docs;
+    double seconds; /* tokenising alone */
+} PrepStats;
+
+/* `modtrain prep --tokenizer gpt2`: the documents of the files (each file,
+ * or with doc_sep the pieces between lines equal to it) encoded with bpe
+ * on `threads` threads, each after <|endoftext|> as llm.c writes them,
+ * split and written as prep_byte_files does, with the vocabulary size in
+ * the shards' header; the same shards whatever the thread count. */
+int prep_gpt2_files(char **files, int nfiles, const char *out_dir, double val_fraction,
+                    const Bpe *bpe, const char *doc_sep, int threads, const PrepProgress *pg,
+                    PrepStats *st, Err *err);
 
 #endif

@@ -6,7 +6,9 @@
 # CJK, combining marks, right-to-left text, contractions with curly quotes,
 # long whitespace runs, digits next to letters); ids decode back to the
 # exact bytes of every fortunes file, of the stress text and of random
-# bytes (not UTF-8); a missing or damaged vocabulary is a one-line error.
+# bytes (not UTF-8); `prep --tokenizer gpt2 --doc-sep %` writes every
+# fortune after <|endoftext|> with js-tiktoken's ids, the same on 1 and 2
+# threads; a missing or damaged vocabulary is a one-line error.
 # The vocabulary (jobs/get_gpt2_vocab.sh) and js-tiktoken are kept in
 # $MODTRAIN_CACHE (default ~/.cache/modtrain). Without node/npm or the npm
 # registry this test skips, unless MODTRAIN_REQUIRE_REFERENCE=1 (CI).
@@ -82,6 +84,50 @@ for f in stress.txt $valid; do
     fi
 done
 [ "$differ" -eq 0 ] && ok "ids equal js-tiktoken's gpt2 on $compared texts (the stress text and $((compared - 1)) of $n fortunes files; the rest are not UTF-8)"
+# prep --tokenizer gpt2: every fortune a document, after <|endoftext|>,
+# against js-tiktoken's ids of each fortune; 1 and 2 threads write the same
+cat > docs.js <<'JS'
+// FILE...: <|endoftext|> and the ids of every fortune (the pieces between
+// lines equal to "%"), one id a line
+const { getEncoding } = require("js-tiktoken");
+const fs = require("fs");
+const enc = getEncoding("gpt2");
+const out = [];
+for (const f of process.argv.slice(2)) {
+    const text = fs.readFileSync(f, "utf8");
+    for (let start = 0, at = 0; ; ) {
+        const nl = text.indexOf("\n", at), end = nl < 0 ? text.length : nl;
+        const sep = text.slice(at, end) === "%";
+        if (sep || end >= text.length) {
+            const stop = sep ? at : text.length;
+            if (stop > start) out.push(50256, ...enc.encode(text.slice(start, stop), [], []));
+            start = sep ? (nl < 0 ? text.length : end + 1) : text.length;
+        }
+        if (nl < 0) break;
+        at = end + 1;
+    }
+}
+process.stdout.write(out.join("\n") + "\n");
+JS
+# shellcheck disable=SC2086 # the file list
+NODE_PATH="$ref/node_modules" node docs.js $valid > docs.ids
+for t in 1 2; do
+    # shellcheck disable=SC2086
+    "$MODTRAIN" prep --out "prep$t" --tokenizer gpt2 --vocab "$vocab" --doc-sep % --val-fraction 0 \
+        --threads $t $valid > "prep$t.log" || { cat "prep$t.log"; fail "prep --tokenizer gpt2 failed"; }
+done
+"$PYTHON" - prep1/train.bin > shard.ids <<'PY'
+import struct, sys
+raw = open(sys.argv[1], "rb").read()
+head = struct.unpack("<256i", raw[:1024])
+assert head[0] == 20240520 and head[3] == 50257, head[:4]
+print("\n".join(map(str, struct.unpack("<%dH" % head[2], raw[1024:]))))
+PY
+cmp -s shard.ids docs.ids && ok "prep --tokenizer gpt2 --doc-sep %: $(grep -c '^50256$' docs.ids) fortunes, each after <|endoftext|>, hold js-tiktoken's ids (vocabulary 50257 in the header)" ||
+    fail "prep --tokenizer gpt2: the shard's ids differ from js-tiktoken's: $(diff shard.ids docs.ids | head -n 4 | tr '\n' ' ')"
+cmp -s prep1/train.bin prep2/train.bin && ok "prep on 1 and 2 threads writes the same shard" ||
+    fail "prep on 1 and 2 threads wrote different shards"
+
 head -c 200000 /dev/urandom > random.bin
 trips=0
 for f in stress.txt random.bin f*.txt; do

@@ -57,6 +57,12 @@ expect_error "outside vocab_size = 100" "$MODTRAIN" train $T --vocab_size 100
 : > empty.txt
 expect_error "'empty.txt' is empty" "$MODTRAIN" prep --out data2 empty.txt
 expect_error "val-fraction = '2' is not a number in \[0, 1)" "$MODTRAIN" prep --out data2 --val-fraction 2 text.txt
+expect_error "needs --vocab DIR" "$MODTRAIN" prep --out data2 --tokenizer gpt2 text.txt
+expect_error "'wordpiece' is not available (expected byte or gpt2)" "$MODTRAIN" prep --out data2 --tokenizer wordpiece text.txt
+expect_error "threads = 'x' is not an integer" "$MODTRAIN" prep --out data2 --tokenizer gpt2 --threads x text.txt
+expect_error "cannot open 'nowhere/encoder.json'" "$MODTRAIN" prep --out data2 --tokenizer gpt2 --vocab nowhere text.txt
+expect_error "tokenize: --vocab DIR is required" "$MODTRAIN" tokenize text.txt
+expect_error "cannot open 'nowhere/encoder.json'" "$MODTRAIN" tokenize --vocab nowhere text.txt
 expect_error "neither a checkpoint directory" "$MODTRAIN" eval --ckpt nowhere --data data/val.bin
 expect_error "neither a checkpoint directory" "$MODTRAIN" ckpt verify --ckpt nowhere
 expect_error "neither a checkpoint directory" "$MODTRAIN" ckpt inspect --ckpt nowhere
@@ -71,7 +77,7 @@ expect_error "unknown command 'trian'" "$MODTRAIN" trian
 [ ! -e data2 ] && ok "no output directory was created by the failed prep" || fail "prep created data2/"
 
 # --help works for every command and exits 0
-for c in prep train eval sample ckpt; do
+for c in prep tokenize train eval sample ckpt; do
     if "$MODTRAIN" $c --help > help.txt 2>&1 && [ -s help.txt ]; then ok "modtrain $c --help"; else fail "modtrain $c --help"; fi
 done
 "$MODTRAIN" --version | grep -q "^modtrain [0-9]" && ok "--version" || fail "--version"
