@@ -14,7 +14,11 @@
 static const char PATTERN[] =
     "'(?:[sdmt]|ll|ve|re)| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-enum { CACHE_WORD_MAX = 64, CACHE_ENTRIES_MAX = 1 << 16 };
+/* Pieces of up to CACHE_WORD_MAX bytes are cached, up to CACHE_ENTRIES_MAX
+ * of them; a piece longer than PIECE_MAX (a megabyte of letters, spaces or
+ * bytes that are not UTF-8) is merged in slices of that length, so that
+ * the merge's scratch (28 bytes a byte) stays bounded whatever the text. */
+enum { CACHE_WORD_MAX = 64, CACHE_ENTRIES_MAX = 1 << 16, PIECE_MAX = 1 << 20 };
 
 /* An open-addressing map from byte strings (kept in an arena) to a value. */
 typedef struct {
@@ -629,8 +633,9 @@ static void bpe_piece(Bpe *b, const uint8_t *w, size_t n, BpeIds *out) {
         ids_push(out, b->v->byte_id[w[0]]);
         return;
     }
-    if (n > CACHE_WORD_MAX) {
-        bpe_word(b, w, n, out);
+    if (n > CACHE_WORD_MAX) { /* a piece longer than PIECE_MAX merges in slices of it */
+        for (size_t at = 0; at < n; at += PIECE_MAX)
+            bpe_word(b, w + at, n - at < PIECE_MAX ? n - at : PIECE_MAX, out);
         return;
     }
     const int64_t hit = strmap_get(&b->cache, w, n, -1);

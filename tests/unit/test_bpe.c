@@ -2,8 +2,9 @@
  * test_bpe: GPT-2's byte-level BPE on vocabularies built here. The ids of
  * words equal a naive reference merge (the lowest-ranked adjacent pair,
  * the leftmost among equals, one merge at a time, as tiktoken does) on
- * random words and random merge lists; any bytes, UTF-8 or not, decode
- * back to themselves; malformed vocabulary files are refused with a line
+ * random words and random merge lists; any bytes, UTF-8 or not, and a
+ * piece longer than the 1 MiB the merge takes at once, decode back to
+ * themselves; malformed vocabulary files are refused with a line
  * naming the file and what is wrong.
  */
 #include <stdint.h>
@@ -174,6 +175,25 @@ static void test_round_trip(void) {
     }
     size_t len;
     CU_ASSERT(bpe_token(b, -1, &len) == NULL && bpe_token(b, 256 + NMERGE, &len) == NULL);
+    /* one piece of 2.5 MB (letters only), merged in 1 MiB slices */
+    const size_t big = 2500000;
+    char *letters = malloc(big);
+    for (size_t i = 0; i < big; i++) {
+        seed = seed * 1103515245u + 12345u;
+        letters[i] = (char)('a' + (seed >> 20) % 4);
+    }
+    BpeIds ids = {0};
+    bpe_encode(b, letters, big, &ids);
+    size_t at = 0;
+    int same = 1;
+    for (size_t i = 0; i < ids.n && same; i++) {
+        const uint8_t *p = bpe_token(b, ids.ids[i], &len);
+        same = p && at + len <= big && memcmp(letters + at, p, len) == 0;
+        at += len;
+    }
+    CU_ASSERT(same && at == big && ids.n < big);
+    free(ids.ids);
+    free(letters);
     bpe_free(b);
 }
 
