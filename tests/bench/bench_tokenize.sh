@@ -3,7 +3,8 @@
 # and on all cores, next to the npm package js-tiktoken (the reference
 # test's implementation, run with node) on the same documents, in the same
 # run: every fortune of Debian's fortunes package, as prep --doc-sep %
-# splits them, REPEAT (4) times over. Prints MB/s of each and the ratios.
+# splits them, REPEAT (1) times over (repeats make the word cache look
+# better than on new text). Prints MB/s of each and the ratios.
 # Needs node and npm (jobs/deps.sh --node); the vocabulary and js-tiktoken
 # are kept in $MODTRAIN_CACHE (default ~/.cache/modtrain).
 # usage: tests/bench/bench_tokenize.sh [REPEAT]
@@ -12,7 +13,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
 MODTRAIN=${MODTRAIN:-$top/modtrain}
 cache=${MODTRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modtrain}
-repeat=${1:-4}
+repeat=${1:-1}
 vocab=$cache/gpt2
 "$top/jobs/get_gpt2_vocab.sh" "$vocab" > /dev/null
 ref=$cache/js-tiktoken-1.0.21
