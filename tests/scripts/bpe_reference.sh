@@ -4,8 +4,10 @@
 # "gpt2" encoding (a port of OpenAI's tiktoken, run with node) on every
 # fortunes file that is valid UTF-8 and on a Unicode stress text (emoji,
 # CJK, combining marks, right-to-left text, contractions with curly quotes,
-# long whitespace runs, digits next to letters); ids decode back to the
-# exact bytes of every fortunes file, of the stress text and of random
+# long whitespace runs, digits next to letters, and characters regex
+# engines' \s treats differently: U+FEFF, U+0085, U+180E, U+200B, U+2028);
+# ids decode back to the exact bytes of every fortunes file, of the stress
+# text and of random
 # bytes (not UTF-8); `prep --tokenizer gpt2 --doc-sep %` writes every
 # fortune after <|endoftext|> with js-tiktoken's ids, the same on 1 and 2
 # threads; a missing or damaged vocabulary is a one-line error.
@@ -59,6 +61,7 @@ parts = [
     "Spaces:   a    b\t\t c \n\n\n   \n d" + " " * 40 + "e\u00A0\u00A0f\u2003g\u3000h",
     "Digits: abc123def 4.5e10 1,000,000 x2 \u0661\u0662\u0663 \u00BD \u2168 2nd 3rd",
     "Punct: ...!!! ??? --- ((x)) [y] {z} @#$%^&* <|endoftext|> \u00AB\u00BB \u2014 \u2026",
+    "Unicode spaces: a \uFEFF\uFEFF b\uFEFFc \u0085\u0085d \u2028 e\u180Ef\u200Bg \u2029\u205F h",
     "Mixed: na\u00EFve caf\u00E9 \u00DCber stra\u00DFe \u0391\u03B8\u03AE\u03BD\u03B1 \u041C\u043E\u0441\u043A\u0432\u0430",
 ]
 open(sys.argv[1], "w", encoding="utf-8").write("\n".join(parts) + "\n   \n")
