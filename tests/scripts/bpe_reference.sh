@@ -7,8 +7,7 @@
 # long whitespace runs, digits next to letters, and characters regex
 # engines' \s treats differently: U+FEFF, U+0085, U+180E, U+200B, U+2028);
 # ids decode back to the exact bytes of every fortunes file, of the stress
-# text and of random
-# bytes (not UTF-8); `prep --tokenizer gpt2 --doc-sep %` writes every
+# text and of random bytes (not UTF-8); `prep --tokenizer gpt2 --doc-sep %` writes every
 # fortune after <|endoftext|> with js-tiktoken's ids, the same on 1 and 2
 # threads; a missing or damaged vocabulary is a one-line error.
 # The vocabulary (jobs/get_gpt2_vocab.sh) and js-tiktoken are kept in
