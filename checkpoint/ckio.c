@@ -341,11 +341,10 @@ static void pack_round(const Piece *pcs, int lo, int hi, const CkWriteOpts *opt,
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    int started = 0;
-    for (int t = 1; t < team && hi > lo; t++) {
+    int started = 0; /* threads 1..started run */
+    for (int t = 1; t < team && hi > lo; started = t++) {
         pk[t] = (Packer){&work, &scratch[t]};
-        if (pthread_create(&tid[started + 1], NULL, packer_main, &pk[t]) != 0) break;
-        started++;
+        if (pthread_create(&tid[t], NULL, packer_main, &pk[t]) != 0) break;
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (w) write_round(w);
@@ -377,15 +376,14 @@ static int any_failed(MPI_Comm comm, int failed) {
     return any;
 }
 
-/* Waits for req (its status into *st when st is not NULL) without
- * spinning: Open MPI's blocking calls poll at full speed for as long as
+/* Waits for req without spinning: Open MPI's blocking calls poll at full speed for as long as
  * the slowest rank is behind, which takes a core from the threads packing
  * (and beside training, from training). Tests between naps that double
  * from 20 us to 2 ms. */
-static void quiet_wait(MPI_Request *req, MPI_Status *st) {
+static void quiet_wait(MPI_Request *req) {
     for (long ns = 20000;; ns = ns < 1000000 ? 2 * ns : 2000000) {
         int done = 0;
-        MPI_CHECK(MPI_Test(req, &done, st ? st : MPI_STATUS_IGNORE));
+        MPI_CHECK(MPI_Test(req, &done, MPI_STATUS_IGNORE));
         if (done) return;
         struct timespec nap = {0, ns};
         nanosleep(&nap, NULL);
@@ -397,7 +395,7 @@ static void quiet_wait(MPI_Request *req, MPI_Status *st) {
 static void quiet_barrier(MPI_Comm comm) {
     MPI_Request req;
     MPI_CHECK(MPI_Ibarrier(comm, &req));
-    quiet_wait(&req, NULL);
+    quiet_wait(&req);
 }
 
 /* The collective write of every rank's blob at base + the bytes of the
@@ -413,7 +411,7 @@ static void write_round(RoundWrite *w) {
     MPI_Request req;
     MPI_CHECK(MPI_Iallgather(&mine, 1, MPI_UNSIGNED_LONG_LONG, lens, 1, MPI_UNSIGNED_LONG_LONG,
                              w->comm, &req));
-    quiet_wait(&req, NULL);
+    quiet_wait(&req);
     w->total = 0;
     for (int r = 0; r < size; r++) {
         if (r < rank) before += lens[r];

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* GPT-2's pre-tokenisation, as tiktoken's "gpt2" encoding writes it. */
 static const char PATTERN[] =
@@ -490,16 +491,15 @@ Bpe *bpe_from_memory(const char *encoder_json, size_t elen, const char *vocab_bp
 static char *read_vocab_file(const char *dir, const char *name, size_t *len, Err *err) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
         err_set(err, "bpe: cannot open '%s': %s (jobs/get_gpt2_vocab.sh DIR places GPT-2's files)",
                 path, strerror(errno));
         return NULL;
     }
-    long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
-    fclose(f);
-    if (size < 0 || size > (64L << 20)) {
-        err_set(err, "bpe: '%s' is %ld bytes; a vocabulary file is at most 64 MiB", path, size);
+    if (st.st_size > (64L << 20)) {
+        err_set(err, "bpe: '%s' is %lld bytes; a vocabulary file is at most 64 MiB", path,
+                (long long)st.st_size);
         return NULL;
     }
     char *s = read_file(path, len);
