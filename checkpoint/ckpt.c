@@ -491,10 +491,21 @@ int ckpt_read_config(const char *stepdir, Config *cfg, int *step, Err *err) {
         char k[80];
         snprintf(k, sizeof k, "config.%s", key);
         const char *v = ck_kv(&ix, k);
+        if (!v && config_model_key_optional(key)) continue; /* older: see below */
         if (!v) rc = err_set(err, "ckpt: '%s/index' lacks '%s'", stepdir, k);
         else if (config_set(cfg, key, v, stepdir, NULL) != 0)
             rc = err_set(err, "ckpt: '%s/index' has a bad value for '%s'", stepdir, k);
     }
+    /* A checkpoint from before the tokenizer was recorded: its vocabulary
+     * says which (the byte tokenizer's 256 tokens, as they all were). */
+    if (rc == 0 && !ck_kv(&ix, "config.tokenizer")) {
+        cfg->tokenizer = config_tokenizer_for_vocab(cfg->vocab_size);
+        cfg->tokenizer_hash[0] = '\0';
+    }
+    if (rc == 0 && cfg->tokenizer == TOK_AUTO)
+        rc =
+            err_set(err, "ckpt: '%s/index' has config.tokenizer = auto (expected the one resolved)",
+                    stepdir);
     const char *s = ck_kv(&ix, "state.step");
     long long v = 0;
     if (rc == 0 && (!s || parse_i64(s, 0, CONFIG_MAX_STEP, &v) != 0))

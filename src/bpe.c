@@ -39,6 +39,17 @@ static uint64_t hash_bytes(const uint8_t *p, size_t n) {
     return h ^ (h >> 29);
 }
 
+/* FNV-1a, 64 bits, continued from h: the vocabulary's hash. */
+static uint64_t fnv1a(uint64_t h, const uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+static uint64_t fnv1a_u32(uint64_t h, uint32_t x) {
+    const uint8_t le[4] = {(uint8_t)x, (uint8_t)(x >> 8), (uint8_t)(x >> 16), (uint8_t)(x >> 24)};
+    return fnv1a(h, le, 4);
+}
+
 static void strmap_init(StrMap *m, size_t want) {
     memset(m, 0, sizeof *m);
     size_t slots = 64;
@@ -122,6 +133,7 @@ typedef struct {
     int32_t byte_id[256];
     int16_t inverse[512]; /* alphabet code point -> byte, -1: none */
     PairMap merges;
+    uint64_t hash; /* bpe_hash */
     pcre2_code *re;
 } Vocab;
 
@@ -360,6 +372,9 @@ static int index_ids(Vocab *v, Err *err) {
                            b);
     }
     v->eot = (int)strmap_get(t, (const uint8_t *)"<|endoftext|>", 13, -1);
+    v->hash = 14695981039346656037ull;
+    for (int i = 0; i < v->vocab; i++)
+        v->hash = fnv1a(fnv1a_u32(v->hash, v->tok_len[i]), t->arena + v->tok_off[i], v->tok_len[i]);
     return 0;
 }
 
@@ -421,7 +436,10 @@ static int load_merges(Vocab *v, const uint8_t *s, size_t n, Err *err) {
                          line + 1);
         else if (p->key[slot] != 0)
             rc = err_set(err, "vocab.bpe: line %zu: a merge listed twice", line + 1);
-        else p->key[slot] = key, p->rank[slot] = rank++, p->to[slot] = to;
+        else {
+            p->key[slot] = key, p->rank[slot] = rank++, p->to[slot] = to;
+            v->hash = fnv1a_u32(fnv1a_u32(v->hash, (uint32_t)a), (uint32_t)b);
+        }
     }
     free(bytes);
     free(cps);
@@ -541,6 +559,7 @@ void bpe_free(Bpe *b) {
 
 int bpe_vocab_size(const Bpe *b) { return b->v->vocab; }
 int bpe_eot(const Bpe *b) { return b->v->eot; }
+uint64_t bpe_hash(const Bpe *b) { return b->v->hash; }
 
 const uint8_t *bpe_token(const Bpe *b, int id, size_t *len) {
     if (id < 0 || id >= b->v->vocab) return NULL;

@@ -34,6 +34,12 @@ int bpe_vocab_size(const Bpe *b);
 /* The id of "<|endoftext|>", or -1 when the vocabulary has none. */
 int bpe_eot(const Bpe *b);
 
+/* The vocabulary's identity: FNV-1a (64 bits) of every token's length
+ * (uint32, little-endian) and bytes in id order, then each merge's two ids
+ * (uint32 each) in rank order. Files that differ only in how their JSON is
+ * written hash the same; any change to a token or a merge changes it. */
+uint64_t bpe_hash(const Bpe *b);
+
 /* A growable array of token ids. */
 typedef struct {
     int32_t *ids;

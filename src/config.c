@@ -24,7 +24,8 @@ typedef enum { K_INT, K_I64, K_FLOAT, K_STR, K_ENUM } KeyType;
 typedef struct {
     const char *name;
     KeyType type;
-    int model; /* 1: a model key (shape, routing), recorded in checkpoints */
+    int model; /* 1: a model key (shape, routing), recorded in checkpoints; 2: one added
+                  later, which older checkpoints lack */
     size_t offset;
     const char *def;
     double min, max;     /* inclusive range for numbers */
@@ -56,6 +57,10 @@ static const KeySpec keys[] = {
      "weight of the router BCE loss"},
     {"predictor_hidden", K_INT, 1, OFF(predictor_hidden), "64", 1, 1 << 16, 0, NULL,
      "hidden width of the causal predictor"},
+    {"tokenizer", K_ENUM, 2, OFF(tokenizer), "auto", 0, 0, 0, "auto|byte|gpt2|none",
+     "how ids map to text; auto = as the training shard's header says"},
+    {"tokenizer_hash", K_STR, 2, OFF(tokenizer_hash), "", 0, 0, 0, NULL,
+     "the vocabulary's hash (16 hex digits); empty = the shard's"},
     {"batch_size", K_INT, 0, OFF(batch_size), "8", 1, 1 << 24, 0, NULL,
      "global sequences per step"},
     {"micro_batch", K_INT, 0, OFF(micro_batch), "0", 0, 1 << 24, 0, NULL,
@@ -120,6 +125,10 @@ const char *config_model_key(int i) {
     return NULL;
 }
 
+Tokenizer config_tokenizer_for_vocab(int V) {
+    return V == 256 ? TOK_BYTE : V == 50257 ? TOK_GPT2 : TOK_NONE;
+}
+
 int config_edit_distance(const char *a, const char *b) {
     size_t n = strlen(a), m = strlen(b);
     int row[256];
@@ -145,6 +154,11 @@ static const KeySpec *find_key(const char *name) {
     for (size_t i = 0; i < NKEYS; i++)
         if (strcmp(keys[i].name, name) == 0) return &keys[i];
     return NULL;
+}
+
+int config_model_key_optional(const char *key) {
+    const KeySpec *k = find_key(key);
+    return k && k->model == 2;
 }
 
 /* Normalises "--Eval-Every" style names to "eval_every". */
@@ -434,6 +448,13 @@ int config_validate(const Config *c, Err *err) {
         return err_set(err, "config: n_head = %d is not divisible by tp = %d (choose tp in {%s})",
                        c->n_head, c->tp, alts);
     }
+    const char *h = c->tokenizer_hash;
+    if (h[0] && (strlen(h) != CONFIG_HASH_HEX || strspn(h, "0123456789abcdef") != CONFIG_HASH_HEX))
+        return err_set(err,
+                       "config: tokenizer_hash = '%.32s' is not a vocabulary hash (expected %d "
+                       "lowercase hex digits, as 'modtrain tokenize --vocab DIR --hash' prints, "
+                       "or empty)",
+                       h, CONFIG_HASH_HEX);
     if (c->vocab_size > 0 && c->vocab_size < 2) {
         return err_set(err,
                        "config: vocab_size = %d is too small (expected >= 2, or 0 for the data's)",

@@ -18,6 +18,11 @@
 typedef enum { GATE_RAW = 0, GATE_SIGMOID = 1 } RouterGate;
 typedef enum { CAUSAL_AUX_LOSS = 0, CAUSAL_PREDICTOR = 1 } CausalRouter;
 typedef enum { SCHED_1F1B = 0, SCHED_GPIPE = 1 } Schedule;
+/* How token ids map to text. AUTO is resolved before training (from the
+ * training shard's header) and is never recorded in a checkpoint. */
+typedef enum { TOK_AUTO = 0, TOK_BYTE = 1, TOK_GPT2 = 2, TOK_NONE = 3 } Tokenizer;
+
+#define CONFIG_HASH_HEX 16 /* tokenizer_hash: 64 bits in hex */
 
 typedef struct {
     /* model */
@@ -28,6 +33,8 @@ typedef struct {
     CausalRouter causal_router;
     double aux_weight;
     int predictor_hidden;
+    Tokenizer tokenizer;
+    char tokenizer_hash[CONFIG_STR]; /* "" or CONFIG_HASH_HEX lowercase hex digits */
     /* optimisation */
     int batch_size, micro_batch, steps;
     double lr, min_lr;
@@ -87,8 +94,15 @@ int config_get(const Config *c, const char *key, char *buf, size_t n);
 int config_describe(int i, const char **name, const char **def, const char **help);
 
 /* The i-th of the model keys (those that must match between a checkpoint
- * and a run: the shape and the routing), or NULL past the last. */
+ * and a run: the shape, the routing, the tokenizer), or NULL past the last. */
 const char *config_model_key(int i);
+/* 1 for a model key added after the first checkpoints were written: a
+ * checkpoint without it means its default (the tokenizer's: see
+ * config_tokenizer_for_vocab). */
+int config_model_key_optional(const char *key);
+/* The tokenizer a vocabulary of V tokens implies when nothing records one:
+ * 256 the byte tokenizer, 50257 GPT-2's (llm.c's shards), else none. */
+Tokenizer config_tokenizer_for_vocab(int V);
 
 /* Blocks per pipeline stage from stage_layers (or balanced) into
  * layers[0 .. pp). Returns 0, or -1 with err saying what would fit. */

@@ -17,7 +17,7 @@
 #include "src/base/util.h"
 
 int shard_parse_header(const uint8_t *buf, size_t len, uint64_t file_size, const char *name,
-                       size_t *n_tokens, int *vocab, Err *err) {
+                       size_t *n_tokens, ShardMeta *meta, Err *err) {
     int32_t hdr[SHARD_HEADER_INTS];
     const size_t hbytes = sizeof hdr;
     if (file_size < hbytes || len < hbytes)
@@ -37,6 +37,11 @@ int shard_parse_header(const uint8_t *buf, size_t len, uint64_t file_size, const
                        "data: '%s' says its vocabulary has %d tokens (expected 0 for unknown, or 2 "
                        "to 65536: tokens are uint16)",
                        name, hdr[3]);
+    if (hdr[4] < SHARD_TOK_UNKNOWN || hdr[4] > SHARD_TOK_GPT2)
+        return err_set(err,
+                       "data: '%s' names tokenizer %d in its header (expected 0 unknown, 1 byte "
+                       "or 2 gpt2)",
+                       name, hdr[4]);
     if (hdr[2] < 0) return err_set(err, "data: '%s' has a negative token count %d", name, hdr[2]);
     const size_t n = (size_t)hdr[2];
     const uint64_t expect = hbytes + (uint64_t)n * sizeof(uint16_t); /* n < 2^31: no overflow */
@@ -49,7 +54,9 @@ int shard_parse_header(const uint8_t *buf, size_t len, uint64_t file_size, const
         return err_set(
             err, "data: '%s' holds %zu tokens, too few to train on (expected at least 2)", name, n);
     *n_tokens = n;
-    *vocab = hdr[3];
+    meta->vocab = hdr[3];
+    meta->tokenizer = hdr[4];
+    meta->vocab_hash = (uint64_t)(uint32_t)hdr[6] << 32 | (uint32_t)hdr[5];
     return 0;
 }
 
@@ -71,7 +78,7 @@ int shard_load(Shard *s, const char *path, Err *err) {
         goto fail;
     }
     got = fread(head, 1, sizeof head, f);
-    if (shard_parse_header(head, got, (uint64_t)st.st_size, path, &n, &s->vocab_hint, err) != 0)
+    if (shard_parse_header(head, got, (uint64_t)st.st_size, path, &n, &s->meta, err) != 0)
         goto fail;
     s->tokens = xmalloc(n * sizeof(uint16_t));
     if (fread(s->tokens, sizeof(uint16_t), n, f) != n) goto io_fail;
@@ -95,7 +102,20 @@ void shard_free(Shard *s) {
     s->tokens = NULL;
 }
 
-int shard_write(const char *path, const uint16_t *tokens, size_t n, int vocab_size, Err *err) {
+const char *shard_tokenizer_name(int tokenizer) {
+    return tokenizer == SHARD_TOK_BYTE ? "byte" : tokenizer == SHARD_TOK_GPT2 ? "gpt2" : "unknown";
+}
+
+void shard_describe_tokenizer(const ShardMeta *m, char *buf, size_t n) {
+    if (m->tokenizer == SHARD_TOK_GPT2)
+        snprintf(buf, n, "the gpt2 tokenizer (vocabulary %016llx)",
+                 (unsigned long long)m->vocab_hash);
+    else if (m->tokenizer == SHARD_TOK_BYTE) snprintf(buf, n, "the byte tokenizer");
+    else snprintf(buf, n, "an unknown tokenizer");
+}
+
+int shard_write(const char *path, const uint16_t *tokens, size_t n, const ShardMeta *meta,
+                Err *err) {
     if (n > INT32_MAX) {
         return err_set(err, "data: %zu tokens do not fit one shard (max %d)", n, INT32_MAX);
     }
@@ -105,7 +125,10 @@ int shard_write(const char *path, const uint16_t *tokens, size_t n, int vocab_si
     hdr[0] = SHARD_MAGIC;
     hdr[1] = SHARD_VERSION;
     hdr[2] = (int32_t)n;
-    hdr[3] = vocab_size;
+    hdr[3] = meta->vocab;
+    hdr[4] = meta->tokenizer;
+    hdr[5] = (int32_t)(uint32_t)meta->vocab_hash;
+    hdr[6] = (int32_t)(uint32_t)(meta->vocab_hash >> 32);
     memcpy(buf + SHARD_HEADER_INTS * sizeof(int32_t), tokens, n * sizeof(uint16_t));
     int rc = write_file_atomic(path, buf, bytes, err);
     free(buf);
@@ -173,8 +196,8 @@ static char *prep_read(const char *path, size_t *len, Err *err) {
 
 /* Splits n tokens into train and val by 4096-token chunks (a val_fraction
  * of them, spread evenly, at least one when there are two or more) and
- * writes out_dir/train.bin and out_dir/val.bin with vocab in the header. */
-static int split_write(const uint16_t *tokens, size_t n, int vocab, const char *out_dir,
+ * writes out_dir/train.bin and out_dir/val.bin with meta in the header. */
+static int split_write(const uint16_t *tokens, size_t n, const ShardMeta *meta, const char *out_dir,
                        double val_fraction, size_t counts[2], Err *err) {
     size_t n_chunks = (n + PREP_CHUNK - 1) / PREP_CHUNK;
     uint16_t *train = xmalloc(n * sizeof(uint16_t) + 2), *val = xmalloc(n * sizeof(uint16_t) + 2);
@@ -205,10 +228,10 @@ static int split_write(const uint16_t *tokens, size_t n, int vocab, const char *
     }
     char path[1024];
     snprintf(path, sizeof path, "%s/train.bin", out_dir);
-    if (shard_write(path, train, nt, vocab, err) != 0) goto done;
+    if (shard_write(path, train, nt, meta, err) != 0) goto done;
     if (nv > 0) {
         snprintf(path, sizeof path, "%s/val.bin", out_dir);
-        if (shard_write(path, val, nv, vocab, err) != 0) goto done;
+        if (shard_write(path, val, nv, meta, err) != 0) goto done;
     }
     counts[0] = nt;
     counts[1] = nv;
@@ -237,7 +260,8 @@ int prep_byte_files(char **files, int nfiles, const char *out_dir, double val_fr
         for (size_t k = 0; k < len; k++) tokens[n++] = (uint8_t)buf[k];
         free(buf);
     }
-    const int rc = split_write(tokens, n, 256, out_dir, val_fraction, counts, err);
+    const ShardMeta meta = {256, SHARD_TOK_BYTE, 0};
+    const int rc = split_write(tokens, n, &meta, out_dir, val_fraction, counts, err);
     free(tokens);
     return rc;
 }
@@ -339,7 +363,8 @@ int prep_gpt2_files(char **files, int nfiles, const char *out_dir, double val_fr
         free(ids[d].ids);
     }
     free(ids);
-    rc = split_write(tokens, n, vocab, out_dir, val_fraction, st->counts, err);
+    const ShardMeta meta = {vocab, SHARD_TOK_GPT2, bpe_hash(bpe)};
+    rc = split_write(tokens, n, &meta, out_dir, val_fraction, st->counts, err);
     free(tokens);
 done:
     for (int i = 0; i < nfiles; i++) free(bufs[i]);

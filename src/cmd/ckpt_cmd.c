@@ -344,6 +344,8 @@ static int import_config(Config *cfg, const StFile *f, int n_head, int *step, Er
         const char *v = st_meta(f, key);
         if (v && config_set(cfg, key, v, f->path, err) != 0) return -1;
     }
+    if (cfg->tokenizer == TOK_AUTO) /* GPT-2's own weights, or modtrain's from before */
+        cfg->tokenizer = config_tokenizer_for_vocab(cfg->vocab_size);
     if (n_head > 0) cfg->n_head = n_head;
     else if (!st_meta(f, "n_head"))
         return err_set(err,

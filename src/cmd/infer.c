@@ -2,6 +2,7 @@
  * infer: `modtrain eval` and `modtrain sample` on a checkpoint, over all
  * ranks as pp pipeline stages of tp = world / pp ranks.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -10,6 +11,7 @@
 #include "mpi/check.h"
 #include "mpi/grid.h"
 #include "src/base/rng.h"
+#include "src/bpe.h"
 #include "src/cmd/cli.h"
 #include "src/cmd/cmd.h"
 #include "src/kernels.h"
@@ -177,6 +179,30 @@ static int eval_run(Infer *in, const EvalArgs *a, const Shard *s, size_t total) 
     return EXIT_OK;
 }
 
+/* Warns (ids below the model's vocabulary still evaluate) when the shard's
+ * header names another vocabulary or tokenizer than the model's. */
+static void warn_vocab(const Shard *s, const Infer *in) {
+    const ShardMeta *sm = &s->meta;
+    const Config *c = &in->cfg;
+    if (sm->vocab && sm->vocab != in->m.d.V)
+        errorf("warning: eval: '%s' was written for a %d-token vocabulary, but the model has "
+               "vocab_size = %d",
+               s->path, sm->vocab, in->m.d.V);
+    const int mine = c->tokenizer == TOK_BYTE   ? SHARD_TOK_BYTE
+                     : c->tokenizer == TOK_GPT2 ? SHARD_TOK_GPT2
+                                                : SHARD_TOK_UNKNOWN;
+    char hex[CONFIG_HASH_HEX + 1], what[64];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)sm->vocab_hash);
+    shard_describe_tokenizer(sm, what, sizeof what);
+    if (sm->tokenizer &&
+        (sm->tokenizer != mine ||
+         (mine == SHARD_TOK_GPT2 && c->tokenizer_hash[0] && strcmp(hex, c->tokenizer_hash) != 0)))
+        errorf(
+            "warning: eval: '%s' was tokenized by %s, but the model was trained on %s tokens%s%s%s",
+            s->path, what, shard_tokenizer_name(mine), c->tokenizer_hash[0] ? " (vocabulary " : "",
+            c->tokenizer_hash, c->tokenizer_hash[0] ? ")" : "");
+}
+
 int eval_main(int argc, char **argv) {
     EvalArgs a;
     int rc = eval_args(&a, argc, argv);
@@ -192,6 +218,7 @@ int eval_main(int argc, char **argv) {
         shard_free(&s);
         return EXIT_USAGE;
     }
+    if (in.grid.world_rank == 0) warn_vocab(&s, &in);
     const int T = in.cfg.seq_len;
     size_t n_seqs = shard_num_seqs(&s, T);
     size_t total = a.batches ? (size_t)a.batches * a.micro : n_seqs;
@@ -253,7 +280,7 @@ static int draw(float *logits, int V, double temperature, int top_k, Rng *rng) {
 }
 
 typedef struct {
-    const char *ckpt, *prompt;
+    const char *ckpt, *prompt, *vocab, *ids;
     int tokens, top_k, threads, stats, pp;
     double temperature;
     long long seed;
@@ -269,12 +296,17 @@ static int sample_args(SampleArgs *a, int argc, char **argv) {
         {"temperature", CLI_FLOAT, &a->temperature, "softmax temperature; 0 = greedy (1.0)"},
         {"top_k", CLI_INT, &a->top_k, "sample from the k likeliest tokens; 0 = all (0)"},
         {"seed", CLI_I64, &a->seed, "sampling seed (42)"},
+        {"vocab", CLI_STR, &a->vocab,
+         "folder with encoder.json and vocab.bpe, for a model trained on gpt2 tokens"},
+        {"ids", CLI_STR, &a->ids, "also write the generated token ids to this file, one a line"},
         {"threads", CLI_INT, &a->threads, "threads; 0 = all cores (0)"},
         {"stats", CLI_FLAG, &a->stats, "print tokens/s to stderr at the end"},
         {"pp", CLI_INT, &a->pp, "pipeline stages over the ranks; the rest is tensor-parallel (1)"},
         {NULL, 0, NULL, NULL}};
     int h = cli_parse("sample", "modtrain sample --ckpt DIR [--prompt TEXT] [--tokens N]",
-                      "Generates text from a checkpoint (byte tokenizer).", opts, argc, argv);
+                      "Generates text from a checkpoint, with the tokenizer it was trained with "
+                      "(byte, or GPT-2's BPE from --vocab).",
+                      opts, argc, argv);
     if (h != 1) return h == 0 ? EXIT_OK : EXIT_USAGE;
     if (!a->ckpt) {
         errorf("sample: --ckpt is required (see modtrain sample --help)");
@@ -287,6 +319,58 @@ static int sample_args(SampleArgs *a, int argc, char **argv) {
     return 1;
 }
 
+/* The tokenizer the checkpoint records: *bpe stays NULL for bytes, or is
+ * GPT-2's from --vocab, checked against the recorded hash. *vdraw is the
+ * number of ids that have text (a padded vocabulary has more rows). Returns
+ * 0, or -1 with err set. */
+static int sample_tokenizer(const Infer *in, const SampleArgs *a, Bpe **bpe, int *vdraw, Err *err) {
+    const Config *c = &in->cfg;
+    const int V = in->m.d.V;
+    *bpe = NULL;
+    *vdraw = V;
+    if (c->tokenizer == TOK_BYTE) {
+        if (a->vocab)
+            return err_set(err,
+                           "sample: the model was trained on byte tokens; --vocab is for models "
+                           "trained on gpt2 tokens (leave it out)");
+        if (V != 256)
+            return err_set(err,
+                           "sample: the model has vocab_size = %d; text with the byte tokenizer "
+                           "needs vocab_size = 256",
+                           V);
+        return 0;
+    }
+    if (c->tokenizer != TOK_GPT2)
+        return err_set(err,
+                       "sample: the checkpoint records no tokenizer for its %d-token vocabulary "
+                       "(tokenizer = none); train with tokenizer = byte or gpt2 to sample text",
+                       V);
+    if (!a->vocab)
+        return err_set(err,
+                       "sample: the model was trained on gpt2 tokens; pass --vocab DIR with its "
+                       "encoder.json and vocab.bpe (jobs/get_gpt2_vocab.sh DIR places GPT-2's)");
+    if (!(*bpe = bpe_load(a->vocab, err))) return -1;
+    char hex[CONFIG_HASH_HEX + 1];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)bpe_hash(*bpe));
+    const char *why = NULL;
+    if (c->tokenizer_hash[0] && strcmp(hex, c->tokenizer_hash) != 0)
+        why = "its vocabulary hash differs from the one the model was trained with";
+    else if (bpe_vocab_size(*bpe) > V || bpe_eot(*bpe) < 0)
+        why = bpe_eot(*bpe) < 0 ? "it has no <|endoftext|>" : "it has more tokens than the model";
+    if (why) {
+        err_set(
+            err,
+            "sample: '%s' is not this model's vocabulary: %s (%s, %d tokens; the model: %s, %d)",
+            a->vocab, why, hex, bpe_vocab_size(*bpe),
+            c->tokenizer_hash[0] ? c->tokenizer_hash : "no hash", V);
+        bpe_free(*bpe);
+        *bpe = NULL;
+        return -1;
+    }
+    *vdraw = bpe_vocab_size(*bpe);
+    return 0;
+}
+
 /* The text being generated, and where decoding stands in it. Only the
  * newest tokens are kept: a context refill needs the last T / 2. */
 typedef struct {
@@ -294,6 +378,9 @@ typedef struct {
     size_t n, cap;
     int pos; /* position of the next token in the model's context */
     int T;
+    int vdraw; /* ids drawn from: those with text */
+    Bpe *bpe;  /* GPT-2's tokens, or NULL for bytes */
+    FILE *ids; /* --ids, or NULL */
 } Text;
 
 /* Appends a token; when the buffer is full, its newest T tokens move to
@@ -309,15 +396,26 @@ static void text_push(Text *tx, int tok) {
 /* Draws the next token on the last stage (every tp rank gathers all logits
  * and, with the same seed, draws the same token) and gives it to every
  * stage. */
-static int next_token(Infer *in, const SampleArgs *a, const float *logits, float *probs, Rng *rng) {
+static int next_token(Infer *in, const SampleArgs *a, int vdraw, const float *logits, float *probs,
+                      Rng *rng) {
     Model *m = &in->m;
     int tok = 0;
     if (model_last_stage(&m->d)) {
         tp_allgather(probs, logits, (size_t)m->d.Vl, &m->tp);
-        tok = draw(probs, m->d.V, a->temperature, a->top_k, rng);
+        tok = draw(probs, vdraw, a->temperature, a->top_k, rng);
     }
     if (in->grid.pp > 1) MPI_CHECK(MPI_Bcast(&tok, 1, MPI_INT, in->grid.pp - 1, in->grid.pp_comm));
     return tok;
+}
+
+/* Prints a generated token's text, and its id to --ids. */
+static void emit(const Text *tx, int tok) {
+    if (tx->bpe) {
+        size_t len = 0;
+        const uint8_t *p = bpe_token(tx->bpe, tok, &len); /* tok < vdraw: never NULL */
+        fwrite(p, 1, len, stdout);
+    } else putchar(tok);
+    if (tx->ids) fprintf(tx->ids, "%d\n", tok);
 }
 
 /* Generates a->tokens tokens after the prompt, printing each. Returns the
@@ -337,9 +435,9 @@ static double generate(Infer *in, const SampleArgs *a, DecodeState *ds, Text *tx
     memset(ds->processed, 0, (size_t)m->d.L * sizeof(long long));
     ds->steps = 0;
     for (int i = 0; i < a->tokens; i++) {
-        int tok = next_token(in, a, logits, probs, &rng);
+        int tok = next_token(in, a, tx->vdraw, logits, probs, &rng);
         text_push(tx, tok);
-        putchar(tok);
+        emit(tx, tok);
         if (i + 1 == a->tokens) break;
         if (tx->pos == T) {
             /* the context is full: start over from the newest half */
@@ -356,6 +454,23 @@ static double generate(Infer *in, const SampleArgs *a, DecodeState *ds, Text *tx
     return now_s() - t0;
 }
 
+/* The prompt's tokens into tx (a fresh passage when it is empty: a newline,
+ * or <|endoftext|>), echoed to stdout. */
+static void sample_prompt(Text *tx, const char *prompt) {
+    const size_t plen = strlen(prompt);
+    if (tx->bpe) {
+        BpeIds ids = {0};
+        bpe_encode(tx->bpe, prompt, plen, &ids);
+        if (ids.n == 0) tx->seq[tx->n++] = bpe_eot(tx->bpe);
+        for (size_t i = 0; i < ids.n; i++) tx->seq[tx->n++] = ids.ids[i];
+        free(ids.ids);
+    } else {
+        if (plen == 0) tx->seq[tx->n++] = '\n';
+        for (size_t i = 0; i < plen; i++) tx->seq[tx->n++] = (unsigned char)prompt[i];
+    }
+    fwrite(prompt, 1, plen, stdout);
+}
+
 int sample_main(int argc, char **argv) {
     SampleArgs a;
     int rc = sample_args(&a, argc, argv);
@@ -363,25 +478,29 @@ int sample_main(int argc, char **argv) {
     Infer in;
     if (infer_open(&in, "sample", a.ckpt, a.pp, a.threads, 1) != 0) return EXIT_USAGE;
     Model *m = &in.m;
-    if (m->d.V != 256) {
-        errorf("sample: the model has vocab_size = %d; text prompts need the byte tokenizer "
-               "(vocab_size = 256)",
-               m->d.V);
+    Bpe *bpe = NULL;
+    Err err;
+    const int root = in.grid.world_rank == 0;
+    Text tx = {.T = m->d.maxT};
+    rc = sample_tokenizer(&in, &a, &bpe, &tx.vdraw, &err);
+    if (rc == 0 && root && a.ids && !(tx.ids = fopen(a.ids, "w")))
+        rc = err_set(&err, "sample: cannot write --ids '%s': %s", a.ids, strerror(errno));
+    if (cmd_agree(rc, &err, MPI_COMM_WORLD) != 0) {
+        if (tx.ids) fclose(tx.ids);
+        bpe_free(bpe);
         infer_close(&in);
         return EXIT_USAGE;
     }
-    size_t plen = strlen(a.prompt);
-    const size_t T = (size_t)m->d.maxT;
-    Text tx = {NULL, 0, (plen > T ? plen : T) + T + 1, 0, (int)T};
+    tx.bpe = bpe;
+    const size_t plen = strlen(a.prompt), T = (size_t)m->d.maxT; /* ids <= bytes + 1 */
+    tx.cap = (plen > T ? plen : T) + T + 1;
     tx.seq = xmalloc(tx.cap * sizeof(int));
-    if (plen == 0) tx.seq[tx.n++] = '\n'; /* a newline starts a fresh passage */
-    for (size_t i = 0; i < plen; i++) tx.seq[tx.n++] = (unsigned char)a.prompt[i];
-    fwrite(a.prompt, 1, plen, stdout);
+    sample_prompt(&tx, a.prompt);
     DecodeState ds;
     decode_init(&ds, m);
-    const long long prompt_steps = (long long)(tx.n > (size_t)m->d.maxT ? (size_t)m->d.maxT : tx.n);
+    const long long prompt_steps = (long long)(tx.n > T ? T : tx.n);
     double dt = generate(&in, &a, &ds, &tx);
-    if (a.stats && in.grid.world_rank == 0) {
+    if (a.stats && root) {
         fprintf(stderr, "sample: %d tokens in %.3fs, %.1f tokens/s (prompt: %lld tokens)\n",
                 a.tokens, dt, a.tokens / (dt > 0 ? dt : 1e-9), prompt_steps);
         for (int l = 0; l < m->d.L; l++)
@@ -389,8 +508,14 @@ int sample_main(int argc, char **argv) {
                 fprintf(stderr, "sample: block %d processed %.1f%% of tokens\n", l,
                         ds.steps ? 100.0 * ds.processed[l] / ds.steps : 0.0);
     }
+    rc = EXIT_OK;
+    if (tx.ids && fclose(tx.ids) != 0) {
+        errorf("sample: cannot write --ids '%s': %s", a.ids, strerror(errno));
+        rc = EXIT_FAILURE;
+    }
     decode_free(&ds, m);
     free(tx.seq);
+    bpe_free(bpe);
     infer_close(&in);
-    return EXIT_OK;
+    return rc;
 }

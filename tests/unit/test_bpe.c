@@ -231,10 +231,58 @@ static void test_refused(void) {
     refused(ej, bad, "listed twice");
 }
 
+/* The hash names the vocabulary, not how its files are written: the same
+ * tokens and merges hash the same in JSON laid out another way and without
+ * the #version line; one merge fewer, or two ids swapped, hash otherwise. */
+static void test_hash(void) {
+    static char ej[1 << 16], vb[1 << 14], other[1 << 17];
+    static Vocab v;
+    uint32_t seed = 11;
+    Bpe *a = random_vocab(&v, &seed, ej, vb);
+    CU_ASSERT_FATAL(a != NULL);
+    const uint64_t h = bpe_hash(a);
+    Err err;
+    size_t o = 0; /* ej with every ", " between entries as " ,\n\t", a newline after "{" */
+    memcpy(other, " {\n", 3), o = 3;
+    for (const char *p = ej + 1; *p; p++) {
+        if (p[0] == ',' && p[1] == ' ' && p[-1] >= '0' && p[-1] <= '9') { /* after an id */
+            memcpy(other + o, " ,\n\t", 4), o += 4, p++;
+        } else other[o++] = *p;
+    }
+    other[o] = '\0';
+    Bpe *b = bpe_from_memory(other, o, vb, strlen(vb), &err);
+    CU_ASSERT_FATAL(b != NULL);
+    CU_ASSERT(bpe_hash(b) == h);
+    bpe_free(b);
+    const char *merges = strchr(vb, '\n') + 1; /* past "#version: 0.2" */
+    b = bpe_from_memory(ej, strlen(ej), merges, strlen(merges), &err);
+    CU_ASSERT_FATAL(b != NULL);
+    CU_ASSERT(bpe_hash(b) == h);
+    bpe_free(b);
+    const size_t cut = (size_t)(strrchr(vb, '\n') - vb); /* the last line's newline */
+    const char *last = vb + cut - 1;
+    while (last[-1] != '\n') last--;
+    b = bpe_from_memory(ej, strlen(ej), vb, (size_t)(last - vb), &err);
+    CU_ASSERT_FATAL(b != NULL);
+    CU_ASSERT(bpe_hash(b) != h);
+    bpe_free(b);
+    /* the ids of the first two tokens swapped: ": 0" and ": 1" trade places */
+    snprintf(other, sizeof other, "%s", ej);
+    char *zero = strstr(other, ": 0,"), *one = strstr(other, ": 1,");
+    CU_ASSERT_FATAL(zero && one);
+    zero[2] = '1', one[2] = '0';
+    b = bpe_from_memory(other, strlen(other), vb, strlen(vb), &err);
+    CU_ASSERT_FATAL(b != NULL);
+    CU_ASSERT(bpe_hash(b) != h);
+    bpe_free(b);
+    bpe_free(a);
+}
+
 int main(void) {
     CU_TestInfo tests[] = {{"merges equal a naive reference on random vocabularies", test_merges},
                            {"any bytes decode back to themselves", test_round_trip},
                            {"malformed vocabularies: one line naming what is wrong", test_refused},
+                           {"the hash names the tokens and merges, not the layout", test_hash},
                            CU_TEST_INFO_NULL};
     return run_suite("bpe", tests);
 }

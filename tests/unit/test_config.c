@@ -173,12 +173,13 @@ static void test_strict_numbers(void) {
     CU_ASSERT(layers[0] == 4 && layers[1] == 2);
 }
 
-/* The model keys are the table's flagged rows: the shape and the routing,
- * nothing of the optimizer or the layout. */
+/* The model keys are the table's flagged rows: the shape, the routing and
+ * the tokenizer, nothing of the optimizer or the layout; only the tokenizer's
+ * (added later) may be missing from a checkpoint. */
 static void test_model_keys(void) {
-    const char *want[] = {"n_layer",       "n_head",          "d_model",     "seq_len",
-                          "vocab_size",    "capacity",        "route_every", "router_gate",
-                          "causal_router", "predictor_hidden"};
+    const char *want[] = {"n_layer",       "n_head",           "d_model",     "seq_len",
+                          "vocab_size",    "capacity",         "route_every", "router_gate",
+                          "causal_router", "predictor_hidden", "tokenizer",   "tokenizer_hash"};
     const size_t n = sizeof want / sizeof want[0];
     size_t i = 0;
     for (const char *k; (k = config_model_key((int)i)); i++) {
@@ -188,6 +189,23 @@ static void test_model_keys(void) {
     }
     CU_ASSERT_EQUAL(i, n);
     CU_ASSERT_PTR_NULL(config_model_key((int)n + 5));
+    for (size_t j = 0; j < n; j++)
+        CU_ASSERT_EQUAL(config_model_key_optional(want[j]), strncmp(want[j], "tokenizer", 9) == 0);
+    CU_ASSERT(config_tokenizer_for_vocab(256) == TOK_BYTE &&
+              config_tokenizer_for_vocab(50257) == TOK_GPT2 &&
+              config_tokenizer_for_vocab(50304) == TOK_NONE);
+    Config c;
+    config_defaults(&c);
+    Err e;
+    CU_ASSERT_EQUAL(config_set(&c, "tokenizer_hash", "bd6033949ec1ca1d", "t", &e), 0);
+    CU_ASSERT_EQUAL(config_validate(&c, &e), 0);
+    const char *bad[] = {"BD6033949EC1CA1D", "bd6033949ec1ca1", "bd6033949ec1ca1dd",
+                         "zz6033949ec1ca1d"};
+    for (size_t j = 0; j < 4; j++) {
+        config_set(&c, "tokenizer_hash", bad[j], "t", &e);
+        CU_ASSERT_EQUAL(config_validate(&c, &e), -1);
+        CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "16 lowercase hex digits"));
+    }
 }
 
 int main(void) {

@@ -21,11 +21,14 @@ static void test_roundtrip(void) {
     for (int i = 0; i < 100; i++) tok[i] = (uint16_t)(i * 37 % 300);
     char p[256];
     path_in(p, sizeof p, "a.bin");
-    CU_ASSERT_EQUAL(shard_write(p, tok, 100, 300, NULL), 0);
+    const ShardMeta meta = {300, SHARD_TOK_GPT2, 0xfedcba9876543210ull};
+    CU_ASSERT_EQUAL(shard_write(p, tok, 100, &meta, NULL), 0);
     Shard s;
     CU_ASSERT_EQUAL_FATAL(shard_load(&s, p, &e), 0);
     CU_ASSERT_EQUAL(s.n_tokens, 100);
-    CU_ASSERT_EQUAL(s.vocab_hint, 300);
+    CU_ASSERT_EQUAL(s.meta.vocab, 300);
+    CU_ASSERT_EQUAL(s.meta.tokenizer, SHARD_TOK_GPT2);
+    CU_ASSERT_EQUAL(s.meta.vocab_hash, 0xfedcba9876543210ull); /* both halves, no sign spill */
     CU_ASSERT_EQUAL(memcmp(s.tokens, tok, sizeof tok), 0);
     CU_ASSERT_EQUAL(shard_num_seqs(&s, 10), 9); /* windows need T+1 tokens */
     int in[10], tg[10];
@@ -53,7 +56,8 @@ static void test_bad_shards(void) {
     Shard s;
     write_raw(p, buf, sizeof buf);
     CU_ASSERT_EQUAL(shard_load(&s, p, &e), 0); /* the good one, made by hand like llm.c */
-    CU_ASSERT_EQUAL(s.vocab_hint, 0);
+    CU_ASSERT_EQUAL(s.meta.vocab, 0);
+    CU_ASSERT_EQUAL(s.meta.tokenizer, SHARD_TOK_UNKNOWN);
     shard_free(&s);
     write_raw(p, buf, sizeof buf - 2); /* truncated */
     CU_ASSERT_EQUAL(shard_load(&s, p, &e), -1);
@@ -78,6 +82,11 @@ static void test_bad_shards(void) {
     ((int32_t *)buf)[3] = -7;
     write_raw(p, buf, sizeof buf);
     CU_ASSERT_EQUAL(shard_load(&s, p, &e), -1);
+    ((int32_t *)buf)[3] = 0;
+    ((int32_t *)buf)[4] = 3; /* a tokenizer modtrain does not know */
+    write_raw(p, buf, sizeof buf);
+    CU_ASSERT_EQUAL(shard_load(&s, p, &e), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "names tokenizer 3"));
     CU_ASSERT_EQUAL(shard_load(&s, dir, &e), -1); /* a directory */
     CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "is not a regular file"));
 }
