@@ -34,8 +34,9 @@ print(h[3], h[4], "%016x" % ((h[6] & 0xffffffff) << 32 | (h[5] & 0xffffffff)))' 
 
 model="--n_layer 2 --n_head 2 --d_model 32 --seq_len 32 --batch_size 8 --lr 3e-3 --warmup_steps 5"
 # shellcheck disable=SC2086 # the options
-"$MODTRAIN" train --train_data data/train.bin --val_data data/val.bin --run_dir run $model \
-    --steps 60 --eval_every 60 --eval_batches 4 --log_every 1 > train.log 2>&1 ||
+"$MODTRAIN" train --config "$srcdir/jobs/text.conf" --train_data data/train.bin --val_data data/val.bin \
+    --run_dir run $model --steps 60 --eval_every 60 --eval_batches 4 --log_every 1 \
+    --ckpt_every 0 > train.log 2>&1 ||
     { cat train.log; fail "training on gpt2 tokens"; finish; }
 first=$(grep '"loss"' run/metrics.jsonl | head -n 1 | sed 's/.*"loss":\([^,]*\).*/\1/')
 val=$(last_json run/metrics.jsonl val_loss)

@@ -54,6 +54,11 @@ head -c 4096 /dev/zero > zero.bin
 expect_error "zero.bin' has magic 0, expected 20240520" "$MODTRAIN" train $T --train_data zero.bin
 expect_error "fewer than seq_len + 1 = 100001" "$MODTRAIN" train $T --seq_len 100000
 expect_error "outside vocab_size = 100" "$MODTRAIN" train $T --vocab_size 100
+expect_error "tokenizer = 'bpe' is not one of auto/byte/gpt2/none" "$MODTRAIN" train $T --tokenizer bpe
+expect_error "tokenizer_hash = 'ABC' is not a vocabulary hash (expected 16 lowercase hex digits" "$MODTRAIN" train $T --tokenizer_hash ABC
+expect_error "tokenizer = gpt2, but 'data/train.bin' was written by 'modtrain prep --tokenizer byte'" "$MODTRAIN" train $T --tokenizer gpt2
+tok4=$("$PYTHON" -c 'import struct,sys; print(struct.unpack("<5i", open(sys.argv[1],"rb").read(20))[4])' data/train.bin)
+[ "$tok4" = 1 ] && ok "byte prep records tokenizer 1 in header slot 4" || fail "byte prep's header slot 4 is $tok4"
 : > empty.txt
 expect_error "'empty.txt' is empty" "$MODTRAIN" prep --out data2 empty.txt
 expect_error "val-fraction = '2' is not a number in \[0, 1)" "$MODTRAIN" prep --out data2 --val-fraction 2 text.txt
