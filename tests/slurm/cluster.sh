@@ -1,6 +1,8 @@
 # A real single-node SLURM cluster for the tests: munged, slurmctld and slurmd
-# with a generated slurm.conf under $1, all as root. Sourced; defines
-# cluster_up DIR and cluster_down. Exports SLURM_CONF.
+# with a generated slurm.conf under $1, all as root (MpiDefault from
+# $SLURM_MPI_DEFAULT, SLURM's default none when unset). Sourced; defines
+# cluster_up DIR, cluster_down, job_state JOB and wait_done JOB. Exports
+# SLURM_CONF.
 cluster_up() {
     SLURM_DIR=$1
     mkdir -p "$SLURM_DIR/state" "$SLURM_DIR/spool" "$SLURM_DIR/munge"
@@ -26,7 +28,7 @@ AccountingStorageType=accounting_storage/none
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
-MpiDefault=none
+MpiDefault=${SLURM_MPI_DEFAULT:-none}
 ReturnToService=2
 JobRequeue=1
 KillWait=30
@@ -57,4 +59,16 @@ cluster_down() {
     done
     sleep 1
     if [ "${STARTED_MUNGE:-0}" -eq 1 ]; then pkill -x munged || true; fi
+}
+
+job_state() { scontrol show job "$1" 2> /dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
+
+wait_done() { # JOB: until it has left the queue for good
+    i=0
+    while [ $i -lt 1800 ]; do
+        case "$(job_state "$1")" in COMPLETED | FAILED | CANCELLED | TIMEOUT | "") return 0 ;; esac
+        sleep 0.2
+        i=$((i + 1))
+    done
+    return 1
 }

@@ -44,22 +44,12 @@ MPIRUN="mpirun $MODTRAIN_MPIRUN_ARGS"
 $MPIRUN -np 2 "$MODTRAIN" train --config run.conf --run_dir "$TMP/ref" --resume never --threads 1 \
     > ref.log 2>&1 || { cat ref.log; fail "reference run"; finish; }
 
-job_state() { scontrol show job "$1" 2> /dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
 wait_steps() { # RUN_DIR N: until the run has logged N steps
     i=0
     while [ $i -lt 1200 ]; do
         n=$(cat "$1/metrics.jsonl" 2> /dev/null | grep -c '"loss"' || true)
         [ "${n:-0}" -ge "$2" ] && return 0
         sleep 0.1
-        i=$((i + 1))
-    done
-    return 1
-}
-wait_done() { # JOB: until it has left the queue for good
-    i=0
-    while [ $i -lt 1800 ]; do
-        case "$(job_state "$1")" in COMPLETED | FAILED | CANCELLED | TIMEOUT | "") return 0 ;; esac
-        sleep 0.2
         i=$((i + 1))
     done
     return 1

@@ -1,0 +1,51 @@
+#!/bin/sh
+# The whole test suite from a fresh Debian machine, in one command: installs
+# what the tests need (jobs/deps.sh --slurm --node, when run as root), builds
+# with warnings as errors, runs `make check`, and fails when a test failed or
+# was skipped: the SLURM test starts its own cluster as root, and the
+# tokenizer's reference tests fail rather than skip without node or the npm
+# registry. More options go to jobs/deps.sh (--fuzz).
+# usage: jobs/test.sh [--no-deps] [--fuzz]
+set -eu
+cd "$(dirname "$0")/.."
+deps="--slurm --node"
+install=1
+for opt in "$@"; do
+    case $opt in
+    --no-deps) install=0 ;;
+    --fuzz) deps="$deps $opt" ;;
+    *)
+        echo "test: unknown option '$opt' (expected --no-deps or --fuzz)" >&2
+        exit 2
+        ;;
+    esac
+done
+if [ "$install" -eq 1 ]; then
+    if [ "$(id -u)" -eq 0 ]; then
+        # shellcheck disable=SC2086 # the options
+        jobs/deps.sh $deps
+    else
+        echo "test: not root, so the packages are not installed (jobs/deps.sh $deps as root does it)"
+    fi
+fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export MODTRAIN_REQUIRE_REFERENCE="${MODTRAIN_REQUIRE_REFERENCE:-1}"
+unset MODTRAIN_SKIP_SLOW
+./autogen.sh
+./configure --enable-werror
+rc=0
+make -j"$(nproc)" check || rc=$?
+log=test-suite.log
+pass=$(sed -n 's/^# PASS: *//p' "$log")
+fail=$(($(sed -n 's/^# FAIL: *//p' "$log") + $(sed -n 's/^# ERROR: *//p' "$log")))
+skip=$(sed -n 's/^# SKIP: *//p' "$log")
+echo "test: ${pass:-0} passed, $fail failed, ${skip:-0} skipped"
+if [ "$rc" -ne 0 ]; then
+    cat "$log"
+    exit 1
+fi
+if [ "${skip:-0}" -ne 0 ]; then
+    grep -h '^SKIP' tests/*/*.log 2> /dev/null || true
+    echo "test: ${skip} test(s) skipped; on a fresh Debian machine, as root, none should" >&2
+    exit 1
+fi

@@ -1,0 +1,69 @@
+#!/bin/sh
+# jobs/train.sbatch starts on whatever SLURM it meets, with no launcher
+# setting: on a stock SLURM (MpiDefault=none, where a plain srun leaves Open
+# MPI without PMI) it finds pmix in `srun --mpi=list` and uses srun
+# --mpi=pmix; where MpiDefault is pmix it uses plain srun; where srun offers
+# no PMIx plugin (a stand-in srun on the PATH) it falls back to mpirun. Each
+# job says in its log which launcher it chose and why, its two ranks form
+# one job (dp = 2), and its final checkpoint is bitwise equal to the same
+# run under mpirun outside SLURM.
+. "$(dirname "$0")/../scripts/lib.sh"
+[ -n "${MODTRAIN_SKIP_SLOW:-}" ] && { echo "SKIP: MODTRAIN_SKIP_SLOW is set"; exit 77; }
+for t in slurmctld slurmd munged sbatch; do
+    command -v $t > /dev/null || { echo "SKIP: $t not installed (apt-get install slurm-wlm munge)"; exit 77; }
+done
+[ "$(id -u)" -eq 0 ] || { echo "SKIP: the test cluster runs as root"; exit 77; }
+. "$srcdir/tests/slurm/cluster.sh"
+cd "$TMP"
+trap 'cluster_down; rm -rf "$TMP"' EXIT
+printf 'the quick brown fox jumps over the lazy dog\n%.0s' $(seq 1 400) > text.txt
+"$MODTRAIN" prep --out data text.txt > /dev/null
+cat > run.conf <<CONF
+seq_len = 16
+n_layer = 2
+n_head = 2
+d_model = 16
+batch_size = 4
+steps = 6
+train_data = $TMP/data/train.bin
+val_data =
+log_every = 1
+ckpt_every = 0
+CONF
+unset MODTRAIN_LAUNCH MODTRAIN_SRUN_MPI
+export MODTRAIN MODTRAIN_MPIRUN_ARGS="--allow-run-as-root --oversubscribe --mca btl self,vader"
+mpirun $MODTRAIN_MPIRUN_ARGS -np 2 "$MODTRAIN" train --config run.conf --run_dir "$TMP/ref" --threads 1 \
+    > ref.log 2>&1 || { cat ref.log; fail "reference run"; finish; }
+mkdir nopmix
+cat > nopmix/srun <<'SH'
+#!/bin/sh
+# a SLURM whose srun has no PMI plugin for Open MPI
+[ "$*" = "--mpi=list" ] && { printf 'MPI plugin types are...\n\tnone\n' >&2; exit 0; }
+echo "stand-in srun: called with '$*', where the job should have chosen mpirun" >&2
+exit 1
+SH
+chmod +x nopmix/srun
+
+port=6917
+case_run() { # NAME MPI_DEFAULT PATH EXPECTED-LAUNCH-LINE
+    SLURM_MPI_DEFAULT=$2 SLURMCTLD_PORT=$port SLURMD_PORT=$((port + 1)) cluster_up "$TMP/slurm-$1" ||
+        { fail "$1: could not start the SLURM cluster"; return; }
+    port=$((port + 2))
+    job=$(PATH=$3 sbatch --parsable --ntasks=2 --cpus-per-task=1 --output="$TMP/$1.out" \
+        "$srcdir/jobs/train.sbatch" run.conf --run_dir "$TMP/$1")
+    wait_done "$job" || fail "$1: job $job never finished"
+    state=$(job_state "$job")
+    line=$(grep "launching with" "$TMP/$1.out" | sed 's/^modtrain job [0-9]*: //')
+    if [ "$state" = COMPLETED ] && printf '%s' "$line" | grep -q -- "$4" && grep -q "dp=2 tp=1 pp=1" "$TMP/$1.out" &&
+        cmp -s "$TMP/ref/ckpt/step-00000006/data.bin" "$TMP/$1/ckpt/step-00000006/data.bin"; then
+        ok "$1 (MpiDefault=$2): $line; two ranks, bitwise equal to mpirun outside SLURM"
+    else
+        cat "$TMP/$1.out"
+        fail "$1: job $job $state, '$line', expected '$4'"
+    fi
+    cluster_down
+}
+case_run stock none "$PATH" "launching with srun --kill-on-bad-exit=1 --mpi=pmix (srun --mpi=list offers pmix; MpiDefault=none)"
+case_run pmix-default pmix "$PATH" "launching with srun --kill-on-bad-exit=1 (MpiDefault=pmix)"
+case_run no-pmix none "$TMP/nopmix:$PATH" "launching with mpirun -np 2 .*(srun --mpi=list offers no pmix plugin; MpiDefault=none)"
+finish
