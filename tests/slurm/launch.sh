@@ -44,11 +44,19 @@ exit 1
 SH
 chmod +x nopmix/srun
 
-port=6917
+cluster_up "$TMP/slurm" || { fail "could not start the SLURM cluster"; finish; }
+set_mpi_default() { # PLUGIN: slurm.conf's MpiDefault, read again by slurmctld
+    sed -i "s/^MpiDefault=.*/MpiDefault=$1/" "$SLURM_CONF"
+    scontrol reconfigure
+    i=0
+    until scontrol show config | grep -q "^MpiDefault *= *$1\$"; do
+        sleep 0.2
+        i=$((i + 1))
+        [ $i -lt 100 ] || { fail "slurmctld did not take MpiDefault=$1"; return 1; }
+    done
+}
 case_run() { # NAME MPI_DEFAULT PATH EXPECTED-LAUNCH-LINE
-    SLURM_MPI_DEFAULT=$2 SLURMCTLD_PORT=$port SLURMD_PORT=$((port + 1)) cluster_up "$TMP/slurm-$1" ||
-        { fail "$1: could not start the SLURM cluster"; return; }
-    port=$((port + 2))
+    set_mpi_default "$2" || return
     job=$(PATH=$3 sbatch --parsable --ntasks=2 --cpus-per-task=1 --output="$TMP/$1.out" \
         "$srcdir/jobs/train.sbatch" run.conf --run_dir "$TMP/$1")
     wait_done "$job" || fail "$1: job $job never finished"
@@ -61,7 +69,6 @@ case_run() { # NAME MPI_DEFAULT PATH EXPECTED-LAUNCH-LINE
         cat "$TMP/$1.out"
         fail "$1: job $job $state, '$line', expected '$4'"
     fi
-    cluster_down
 }
 case_run stock none "$PATH" "launching with srun --kill-on-bad-exit=1 --mpi=pmix (srun --mpi=list offers pmix; MpiDefault=none)"
 case_run pmix-default pmix "$PATH" "launching with srun --kill-on-bad-exit=1 (MpiDefault=pmix)"
