@@ -5,6 +5,10 @@
 # SLURM_CONF.
 cluster_up() {
     SLURM_DIR=$1
+    # one test cluster at a time on this machine (make -j runs tests side by
+    # side; they share the ports and munged): held until the test exits
+    exec 9> "${TMPDIR:-/tmp}/modtrain-slurm-test.lock"
+    flock -w 900 9 || return 1
     mkdir -p "$SLURM_DIR/state" "$SLURM_DIR/spool" "$SLURM_DIR/munge"
     node=$(hostname -s)
     cat > "$SLURM_DIR/slurm.conf" <<CONF
@@ -38,12 +42,12 @@ CONF
     export SLURM_CONF="$SLURM_DIR/slurm.conf"
     STARTED_MUNGE=0
     if ! pgrep -x munged > /dev/null; then
-        munged --force --socket="/run/munge/munge.socket.2" 2> "$SLURM_DIR/munged.log" ||
-            { mkdir -p /run/munge && chown munge:munge /run/munge 2> /dev/null; munged --force; } || return 1
+        munged --force --socket="/run/munge/munge.socket.2" 2> "$SLURM_DIR/munged.log" 9>&- ||
+            { mkdir -p /run/munge && chown munge:munge /run/munge 2> /dev/null; munged --force 9>&-; } || return 1
         STARTED_MUNGE=1
     fi
-    slurmctld -f "$SLURM_CONF" || return 1
-    slurmd -f "$SLURM_CONF" -N "$node" || return 1
+    slurmctld -f "$SLURM_CONF" 9>&- || return 1 # the daemons do not hold the lock
+    slurmd -f "$SLURM_CONF" -N "$node" 9>&- || return 1
     i=0
     while ! sinfo -h -o %t 2> /dev/null | grep -q idle; do
         sleep 0.5
@@ -54,11 +58,18 @@ CONF
 
 cluster_down() {
     scancel --full --quiet -u root 2> /dev/null || true
-    for d in slurmd slurmctld; do
-        [ -f "$SLURM_DIR/$d.pid" ] && kill "$(cat "$SLURM_DIR/$d.pid")" 2> /dev/null || true
+    # this cluster's daemons (by their config, should a pid file be missing),
+    # then munged if this test started it; each gone before the next test
+    # cluster may start
+    pkill -f "^slurm(ctld|d) -f $SLURM_CONF" 2> /dev/null || true
+    [ "${STARTED_MUNGE:-0}" -eq 1 ] && { pkill -x munged || true; }
+    i=0
+    while pgrep -f "^slurm(ctld|d) -f $SLURM_CONF" > /dev/null ||
+        { [ "${STARTED_MUNGE:-0}" -eq 1 ] && pgrep -x munged > /dev/null; }; do
+        sleep 0.2
+        i=$((i + 1))
+        [ $i -lt 150 ] || { pkill -9 -f "^slurm(ctld|d) -f $SLURM_CONF"; break; }
     done
-    sleep 1
-    if [ "${STARTED_MUNGE:-0}" -eq 1 ]; then pkill -x munged || true; fi
 }
 
 job_state() { scontrol show job "$1" 2> /dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
