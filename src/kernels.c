@@ -133,6 +133,8 @@ int kernels_threads(void) { return g_threads; }
 
 const char *kernels_blis_arch(void) { return bli_arch_string(bli_arch_query_id()); }
 
+int kernels_blis_arch_id(void) { return (int)bli_arch_query_id(); }
+
 static void blis_gemm(int nt, int ta, int tb, int M, int N, int K, float alpha, const float *A,
                       int lda, const float *B, int ldb, float beta, float *C, int ldc) {
     if (M <= 0 || N <= 0) return;

@@ -25,6 +25,9 @@ int kernels_threads(void);
 int kernels_check_arch(const char *blis_arch, Err *err);
 /* The BLIS configuration in use, for the run's log ("skx", "haswell", ...). */
 const char *kernels_blis_arch(void);
+/* Its id: what BLIS_ARCH_TYPE gives another program on the same BLIS
+ * (PyTorch, in the benchmarks) for the same kernels. */
+int kernels_blis_arch_id(void);
 /* Best-of-several sgemm rate in GFLOP/s at the current thread count. */
 double kernels_measure_peak_gflops(void);
 

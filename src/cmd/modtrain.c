@@ -10,6 +10,7 @@
 #include <zlib.h>
 
 #include "src/cmd/cmd.h"
+#include "src/kernels.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: modtrain <command> [options]\n\n"
@@ -34,8 +35,10 @@ int main(int argc, char **argv) {
         int len = 0;
         MPI_Get_library_version(mpiv, &len);
         mpiv[strcspn(mpiv, ",\n")] = '\0';
-        printf("modtrain %s (BLIS %s, zlib %s, %s)\n", PACKAGE_VERSION, bli_info_get_version_str(),
-               zlibVersion(), mpiv);
+        kernels_init(1, "auto"); /* the kernels a run would use here */
+        printf("modtrain %s (BLIS %s with %s kernels: BLIS_ARCH_TYPE=%d, zlib %s, %s)\n",
+               PACKAGE_VERSION, bli_info_get_version_str(), kernels_blis_arch(),
+               kernels_blis_arch_id(), zlibVersion(), mpiv);
         return EXIT_OK;
     }
     if (strcmp(cmd, "prep") == 0) return prep_main(argc - 2, argv + 2);
