@@ -4,17 +4,21 @@
 #include "mpi/tp.h"
 
 #include "mpi/check.h"
+#include "src/base/util.h"
 
 unsigned long long tp_bytes = 0;
+double tp_time_s = 0;
 
 static void allreduce(float *buf, size_t n, MPI_Op op, const TpGroup *g) {
     if (!g || g->size <= 1) return;
     tp_bytes += (unsigned long long)n * sizeof(float);
+    const double t0 = now_s();
     const size_t chunk = (size_t)1 << 30;
     for (size_t off = 0; off < n; off += chunk) {
         int cnt = (int)(n - off < chunk ? n - off : chunk);
         MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf + off, cnt, MPI_FLOAT, op, g->comm));
     }
+    tp_time_s += now_s() - t0;
 }
 
 void tp_allreduce_sum(float *buf, size_t n, const TpGroup *g) { allreduce(buf, n, MPI_SUM, g); }
@@ -26,7 +30,9 @@ void tp_allgather(float *out, const float *in, size_t n, const TpGroup *g) {
         return;
     }
     tp_bytes += (unsigned long long)n * sizeof(float) * (unsigned long long)g->size;
+    const double t0 = now_s();
     MPI_CHECK(MPI_Allgather(in, (int)n, MPI_FLOAT, out, (int)n, MPI_FLOAT, g->comm));
+    tp_time_s += now_s() - t0;
 }
 
 int tp_agree_u64(unsigned long long v, const TpGroup *g) {

@@ -23,5 +23,7 @@ int tp_agree_u64(unsigned long long v, const TpGroup *g);
 
 /* Bytes handed to tensor-parallel collectives since start (benchmarks). */
 extern unsigned long long tp_bytes;
+/* Seconds this rank spent in the tp collectives (for the step's phases). */
+extern double tp_time_s;
 
 #endif

@@ -19,6 +19,7 @@
 #include "mpi/pipeline.h"
 #include "mpi/sync.h"
 #include "src/cmd/cmd.h"
+#include "src/cmd/phases.h"
 #include "src/config.h"
 #include "src/kernels.h"
 
@@ -53,6 +54,7 @@ typedef struct {
     double async_stall;
     size_t async_rss0;
     ModelMemory mem; /* what the model takes on this rank */
+    Phases ph;       /* where the steps' time goes */
 } Run;
 
 /* What one step measured. */
@@ -379,6 +381,7 @@ static void step_forward(void *p, int mb, int slot) {
     StepCtx *c = p;
     Run *r = c->r;
     const int T = r->T;
+    const double t0 = now_s(), tp0 = tp_time_s;
     for (int b = 0; b < r->micro; b++) {
         /* the fixed slice of the step's global batch this dp rank takes */
         uint64_t g = (uint64_t)c->step * r->cfg.batch_size +
@@ -389,13 +392,16 @@ static void step_forward(void *p, int mb, int slot) {
     model_use_slot(&r->m, slot);
     c->loss_sum += model_forward(&r->m, r->inputs, r->targets, r->micro, T) * (double)r->micro * T;
     check_model_fault(&r->m);
+    phases_add(&r->ph, PH_FORWARD, now_s() - t0 - (tp_time_s - tp0));
 }
 
 static void step_backward(void *p, int mb, int slot) {
     StepCtx *c = p;
     (void)mb;
+    const double t0 = now_s(), tp0 = tp_time_s;
     model_use_slot(&c->r->m, slot);
     model_backward(&c->r->m, (float)(1.0 / c->r->step_tokens), (float)c->r->cfg.aux_weight);
+    phases_add(&c->r->ph, PH_BACKWARD, now_s() - t0 - (tp_time_s - tp0));
 }
 
 static float *step_input(void *p, int slot) { return ((StepCtx *)p)->r->m.slots[slot].enc; }
@@ -412,7 +418,7 @@ static float *step_grad(void *p) { return ((StepCtx *)p)->r->m.s.dres; }
 static void run_step(Run *r, int step, StepResult *out) {
     Model *m = &r->m;
     const Grid *g = &r->grid;
-    const double t0 = now_s(), wait0 = pp_wait_s;
+    const double t0 = now_s(), wait0 = pp_wait_s, tp_s0 = tp_time_s;
     const unsigned long long tp0 = tp_bytes, dp0 = dp_bytes;
     model_zero_grad(m);
     model_stats_reset(m);
@@ -429,6 +435,7 @@ static void run_step(Run *r, int step, StepResult *out) {
     pp_run(r->sched, r->n_micro, g->pp > 1 ? g->pp_comm : MPI_COMM_NULL, &st, &out->live);
     fault_rank_exit(g->world_rank, step + 1);
     /* sync: gradients, then the loss and routing counters */
+    double t1 = now_s(), tp1 = tp_time_s;
     const ParamInfo *tied = model_tied_param(m);
     grads_sync(m->grads, m->nparams, tied ? m->grads + tied->offset : NULL, tied ? tied->numel : 0,
                g);
@@ -438,6 +445,8 @@ static void run_step(Run *r, int step, StepResult *out) {
         MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &out->live, 1, MPI_INT, MPI_MAX, g->pp_comm));
     }
     out->loss = loss / r->step_tokens;
+    phases_add(&r->ph, PH_DP, now_s() - t1 - (tp_time_s - tp1));
+    t1 = now_s(), tp1 = tp_time_s;
     /* clip */
     double split, replicated;
     model_grad_sumsq(m, &split, &replicated);
@@ -450,6 +459,9 @@ static void run_step(Run *r, int step, StepResult *out) {
     out->lr = lr_at(c, step);
     adamw_step(&r->opt, m, out->lr, c->beta1, c->beta2, c->adam_eps, c->weight_decay, step + 1,
                scale);
+    phases_add(&r->ph, PH_OPTIMIZER, now_s() - t1 - (tp_time_s - tp1));
+    phases_add(&r->ph, PH_TP, tp_time_s - tp_s0);
+    phases_add(&r->ph, PH_PP_WAIT, pp_wait_s - wait0);
     out->dt = now_s() - t0;
     out->tp_bytes = tp_bytes - tp0;
     out->dp_bytes = dp_bytes - dp0;
@@ -466,6 +478,7 @@ static void run_step(Run *r, int step, StepResult *out) {
         r->steps_timed++;
         r->time_timed += out->dt;
     }
+    phases_end_step(&r->ph);
 }
 
 /* The step's metrics line, and the progress line every log_every steps. */
@@ -484,9 +497,11 @@ static void run_log(Run *r, int step, const StepResult *s) {
     mprintf(r->metrics,
             ",\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"step_time_ms\":%.3f,"
             "\"mfu\":%.4f,\"flops_per_token\":%.0f,\"flops_ratio_dense\":%.4f,"
-            "\"tp_bytes\":%llu,\"dp_bytes\":%llu,\"pp_live\":%d,\"pp_bubble\":%.4f}\n",
+            "\"tp_bytes\":%llu,\"dp_bytes\":%llu,\"pp_live\":%d,\"pp_bubble\":%.4f",
             s->lr, s->grad_norm, tps, s->dt * 1e3, mfu, s->fpt, s->fpt / r->dense_fpt, s->tp_bytes,
             s->dp_bytes, s->live, s->bubble);
+    phases_json(&r->ph, r->grid.world, r->metrics);
+    mprintf(r->metrics, "}\n");
     if (done % c->log_every != 0 && done != c->steps && step != r->start) return;
     char eta[32], mod[96] = "";
     double per = r->steps_timed ? r->time_timed / r->steps_timed : s->dt;
@@ -503,6 +518,7 @@ static void run_log(Run *r, int step, const StepResult *s) {
 static void run_validate(Run *r, int done) {
     const Config *c = &r->cfg;
     if (!r->have_val || !((c->eval_every && done % c->eval_every == 0) || done == c->steps)) return;
+    const double t0 = now_s();
     Model *m = &r->m;
     size_t n_val = (size_t)c->eval_batches * r->micro;
     double vl = evaluate(m, &r->val, r->micro, n_val, ROUTE_TOPK, 0, 0.f);
@@ -517,6 +533,7 @@ static void run_validate(Run *r, int done) {
         log0("step %d | val_loss %.4f\n", done, vl);
     }
     mprintf(r->metrics, "}\n");
+    phases_add(&r->ph, PH_EVAL, now_s() - t0);
 }
 
 /* Logs a committed save of `step` (seen at step `done`) and gives the
@@ -550,9 +567,11 @@ static void run_report_save(Run *r, int done, int step, double dt, double stall,
             rss0 / 1e6, rss1 / 1e6);
 }
 
-/* The metrics record of a step boundary that waited for checkpoint work. */
+/* The metrics record of a step boundary that waited for checkpoint work,
+ * which the next step's phases count. */
 static void run_log_stall(Run *r, int done, double stall) {
     mprintf(r->metrics, "{\"step\":%d,\"ckpt_stall_ms\":%.3f}\n", done, stall * 1e3);
+    phases_add(&r->ph, PH_CKPT, stall);
 }
 
 /* Saves the state after `step` now and logs what the save did. Returns 0
@@ -657,6 +676,7 @@ static int run_maybe_save_or_stop(Run *r, int done, double dt) {
 /* The steps from the run's start; returns the exit code. */
 static int run_steps(Run *r) {
     const Config *c = &r->cfg;
+    phases_start(&r->ph);
     for (int step = r->start; step < c->steps; step++) {
         StepResult s = {0};
         run_step(r, step, &s);
@@ -671,6 +691,7 @@ static int run_steps(Run *r) {
         if (r->metrics) fflush(r->metrics);
         if (step + 1 == c->steps) break;
         int rc = run_maybe_save_or_stop(r, step + 1, s.dt);
+        if (rc == EXIT_REQUEUE) phases_summary(&r->ph, r->grid.world);
         if (rc >= 0) return rc;
     }
     int final_step = c->steps > r->start ? c->steps : r->start;
@@ -682,6 +703,7 @@ static int run_steps(Run *r) {
         if (r->grid.world_rank == 0) err_print(&err);
         return EXIT_FAILURE;
     }
+    phases_summary(&r->ph, r->grid.world);
     log0("done: step %d, %.1fs in all\n", final_step,
          now_s() - r->t_start);
     return EXIT_OK;

@@ -1,0 +1,83 @@
+/*
+ * phases: per-phase step timers, reduced over the ranks.
+ */
+#include "src/cmd/phases.h"
+
+#include <string.h>
+
+#include "mpi/check.h"
+#include "src/base/util.h"
+
+static const char *const names[PH_N] = {"forward",   "backward",   "tp_comm", "dp_comm", "pp_wait",
+                                        "optimizer", "ckpt_stall", "eval",    "other"};
+
+/* Phases that are waits on other ranks: their spread over ranks is shown. */
+static int is_wait(int ph) {
+    return ph == PH_TP || ph == PH_DP || ph == PH_PP_WAIT || ph == PH_CKPT;
+}
+
+void phases_start(Phases *p) {
+    memset(p, 0, sizeof *p);
+    p->mark = now_s();
+}
+
+void phases_add(Phases *p, Phase ph, double s) { p->cur[ph] += s; }
+
+void phases_end_step(Phases *p) {
+    const double now = now_s(), len = now - p->mark;
+    double claimed = 0;
+    for (int i = 0; i < PH_OTHER; i++) claimed += p->cur[i];
+    p->cur[PH_OTHER] = len - claimed;
+    for (int i = 0; i < PH_N; i++) {
+        p->last[i] = p->cur[i];
+        p->total[i] += p->cur[i];
+        p->cur[i] = 0;
+    }
+    p->last_len = len;
+    p->total_len += len;
+    p->steps++;
+    p->mark = now;
+}
+
+/* Sum, min and max over comm of v[0 .. PH_N] (the length last) on rank 0. */
+static void reduce(const double *v, MPI_Comm comm, double *sum, double *lo, double *hi, int *n) {
+    MPI_CHECK(MPI_Comm_size(comm, n));
+    MPI_CHECK(MPI_Reduce(v, sum, PH_N + 1, MPI_DOUBLE, MPI_SUM, 0, comm));
+    MPI_CHECK(MPI_Reduce(v, lo, PH_N + 1, MPI_DOUBLE, MPI_MIN, 0, comm));
+    MPI_CHECK(MPI_Reduce(v, hi, PH_N + 1, MPI_DOUBLE, MPI_MAX, 0, comm));
+}
+
+void phases_json(const Phases *p, MPI_Comm comm, FILE *f) {
+    double v[PH_N + 1], sum[PH_N + 1], lo[PH_N + 1], hi[PH_N + 1];
+    memcpy(v, p->last, sizeof p->last);
+    v[PH_N] = p->last_len;
+    int n, rank;
+    reduce(v, comm, sum, lo, hi, &n);
+    MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    if (rank != 0 || !f) return;
+    fprintf(f, ",\"interval_ms\":%.3f,\"phase_ms\":{", sum[PH_N] / n * 1e3);
+    for (int i = 0; i < PH_N; i++)
+        fprintf(f, "%s\"%s\":%.3f", i ? "," : "", names[i], sum[i] / n * 1e3);
+    fprintf(f, "},\"wait_ms\":{");
+    for (int i = 0, k = 0; i < PH_N; i++)
+        if (is_wait(i))
+            fprintf(f, "%s\"%s\":[%.3f,%.3f]", k++ ? "," : "", names[i], lo[i] * 1e3, hi[i] * 1e3);
+    fputc('}', f);
+}
+
+void phases_summary(const Phases *p, MPI_Comm comm) {
+    double v[PH_N + 1], sum[PH_N + 1], lo[PH_N + 1], hi[PH_N + 1];
+    memcpy(v, p->total, sizeof p->total);
+    v[PH_N] = p->total_len;
+    int n;
+    reduce(v, comm, sum, lo, hi, &n);
+    if (p->steps == 0) return;
+    const double len = sum[PH_N] / n, per = 1e3 / p->steps;
+    log0("where the time went: %d steps, %.1f ms each (mean over %d rank%s; min and max over "
+         "ranks)\n",
+         p->steps, len * per, n, n == 1 ? "" : "s");
+    log0("  %-11s %10s %7s %10s %10s\n", "phase", "ms/step", "share", "min", "max");
+    for (int i = 0; i < PH_N; i++)
+        log0("  %-11s %10.2f %6.1f%% %10.2f %10.2f\n", names[i], sum[i] / n * per,
+             len > 0 ? 100 * sum[i] / n / len : 0, lo[i] * per, hi[i] * per);
+}
