@@ -121,3 +121,23 @@ void pp_run(PpSchedule s, int m, MPI_Comm comm, const PpStage *st, int *max_live
     free(r.bwd_buf);
     if (max_live) *max_live = r.max_live;
 }
+
+double pp_pingpong(MPI_Comm comm, int bytes, int reps) {
+    int rank, size;
+    MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    MPI_CHECK(MPI_Comm_size(comm, &size));
+    if (size < 2 || rank > 1) return 0;
+    char *buf = xcalloc((size_t)bytes + 1, 1);
+    const int peer = 1 - rank;
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        const double t0 = now_s();
+        if (rank == 0) MPI_CHECK(MPI_Send(buf, bytes, MPI_BYTE, peer, 0, comm));
+        MPI_CHECK(MPI_Recv(buf, bytes, MPI_BYTE, peer, 0, comm, MPI_STATUS_IGNORE));
+        if (rank == 1) MPI_CHECK(MPI_Send(buf, bytes, MPI_BYTE, peer, 0, comm));
+        const double half = (now_s() - t0) / 2;
+        if (half < best) best = half;
+    }
+    free(buf);
+    return best;
+}

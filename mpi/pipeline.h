@@ -52,4 +52,10 @@ void pp_run(PpSchedule s, int n_micro, MPI_Comm pp_comm, const PpStage *st, int 
 /* Seconds this rank spent waiting for its neighbours in pp_run (benchmarks). */
 extern double pp_wait_s;
 
+/* Ranks 0 and 1 of comm send `bytes` back and forth `reps` times; returns
+ * the best one-way time in seconds on both (0 on the other ranks, or with
+ * fewer than 2). For `modtrain plan --calibrate`: the link a pipeline's
+ * sends and every collective ride on. */
+double pp_pingpong(MPI_Comm comm, int bytes, int reps);
+
 #endif

@@ -30,6 +30,7 @@ int train_main(int argc, char **argv);  /* train.c */
 int eval_main(int argc, char **argv);   /* infer.c */
 int sample_main(int argc, char **argv); /* infer.c */
 int ckpt_main(int argc, char **argv);   /* ckpt_cmd.c */
+int plan_main(int argc, char **argv);   /* plan.c */
 
 /* Number of threads for "threads = 0": the node's cores over its ranks. */
 int default_threads(int local_ranks);

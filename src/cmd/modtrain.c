@@ -20,7 +20,8 @@ static void usage(FILE *f) {
                "  train    train a model (alone or under mpirun/srun)\n"
                "  eval     loss of a checkpoint on a token shard\n"
                "  sample   generate text from a checkpoint\n"
-               "  ckpt     list | verify | inspect | diff | export | import checkpoints\n\n"
+               "  ckpt     list | verify | inspect | diff | export | import checkpoints\n"
+               "  plan     memory, traffic and step time of each layout on a cluster\n\n"
                "'modtrain <command> --help' describes each; 'modtrain --version' the build.\n");
 }
 
@@ -47,9 +48,11 @@ int main(int argc, char **argv) {
                                : strcmp(cmd, "eval") == 0   ? eval_main
                                : strcmp(cmd, "sample") == 0 ? sample_main
                                : strcmp(cmd, "ckpt") == 0   ? ckpt_main
+                               : strcmp(cmd, "plan") == 0   ? plan_main
                                                             : NULL;
     if (!run) {
-        errorf("unknown command '%s' (expected prep, tokenize, train, eval, sample or ckpt)", cmd);
+        errorf("unknown command '%s' (expected prep, tokenize, train, eval, sample, ckpt or plan)",
+               cmd);
         return EXIT_USAGE;
     }
     /* MPI is called from the main thread, also inside OpenMP regions (a

@@ -82,7 +82,7 @@ expect_error "unknown command 'trian'" "$MODTRAIN" trian
 [ ! -e data2 ] && ok "no output directory was created by the failed prep" || fail "prep created data2/"
 
 # --help works for every command and exits 0
-for c in prep tokenize train eval sample ckpt; do
+for c in prep tokenize train eval sample ckpt plan; do
     if "$MODTRAIN" $c --help > help.txt 2>&1 && [ -s help.txt ]; then ok "modtrain $c --help"; else fail "modtrain $c --help"; fi
 done
 "$MODTRAIN" --version | grep -q "^modtrain [0-9]" && ok "--version" || fail "--version"

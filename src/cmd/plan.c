@@ -1,0 +1,213 @@
+/*
+ * plan: `modtrain plan`, the candidate layouts of a config on a cluster,
+ * and `modtrain plan --calibrate`, which measures this machine into a
+ * cluster file to start from.
+ */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "mpi/check.h"
+#include "mpi/pipeline.h"
+#include "src/cmd/cmd.h"
+#include "src/data.h"
+#include "src/kernels.h"
+#include "src/plan.h"
+
+typedef struct {
+    const char *cluster, *out;
+    int calibrate, top, tp, pp, rpn;
+} PlanArgs;
+
+/* Takes plan's own options out of argv (the rest are config keys, as for
+ * train). Returns 1 to go on, 0 after --help, -1 after an error. */
+static int plan_args(PlanArgs *a, int *argc, char **argv) {
+    *a = (PlanArgs){.top = 20};
+    int n = 0;
+    for (int i = 0; i < *argc; i++) {
+        const char *s = argv[i];
+        const char *v = i + 1 < *argc ? argv[i + 1] : NULL;
+        long long x = 0;
+        if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
+            printf("usage: modtrain plan --config FILE [--cluster FILE] [--layout "
+                   "TP,PP,RANKS_PER_NODE]\n"
+                   "                     [--top N] [--key value ...]\n"
+                   "       modtrain plan --calibrate --out FILE   (under mpirun -np 2 to measure "
+                   "MPI)\n"
+                   "Prints, for each layout of the config on the cluster: memory per rank, FLOPs\n"
+                   "and bytes per step, the estimated step time and tokens/s, checkpoint size and\n"
+                   "save time; the best first, layouts that do not fit marked.\n");
+            return 0;
+        }
+        if (strcmp(s, "--calibrate") == 0) a->calibrate = 1;
+        else if ((strcmp(s, "--cluster") == 0 || strcmp(s, "--out") == 0) && v) {
+            *(s[2] == 'c' ? &a->cluster : &a->out) = v;
+            i++;
+        } else if (strcmp(s, "--top") == 0 && v && parse_i64(v, 1, 1 << 20, &x) == 0) {
+            a->top = (int)x;
+            i++;
+        } else if (strcmp(s, "--layout") == 0 && v) {
+            if (sscanf(v, "%d,%d,%d", &a->tp, &a->pp, &a->rpn) != 3 || a->tp < 1 || a->pp < 1 ||
+                a->rpn < 1) {
+                errorf("plan: --layout '%.40s' is not TP,PP,RANKS_PER_NODE (e.g. 2,4,8)", v);
+                return -1;
+            }
+            i++;
+        } else if (strcmp(s, "--top") == 0) {
+            errorf("plan: --top takes a count >= 1");
+            return -1;
+        } else argv[n++] = argv[i];
+    }
+    *argc = n;
+    return 1;
+}
+
+/* The vocabulary when the config leaves it to the data: the training
+ * shard's header, else GPT-2's. */
+static void plan_vocab(Config *c) {
+    if (c->vocab_size) return;
+    c->vocab_size = 50257;
+    FILE *f = fopen(c->train_data, "rb");
+    if (!f) return;
+    uint8_t head[SHARD_HEADER_INTS * 4];
+    const size_t got = fread(head, 1, sizeof head, f);
+    fseek(f, 0, SEEK_END);
+    const long size = ftell(f);
+    fclose(f);
+    size_t n;
+    ShardMeta m;
+    if (size > 0 && shard_parse_header(head, got, (uint64_t)size, c->train_data, &n, &m, NULL) == 0)
+        c->vocab_size = m.vocab ? m.vocab : 50257;
+}
+
+static void print_row(const PlanRow *r) {
+    char mem[32];
+    format_bytes(mem, sizeof mem, r->rank_bytes);
+    printf(
+        "%3d %3d %4d %4d %4d %11s %-4s %9.1f %9.1f %9.1f %9.1f %9.3f %6.1f%% %11.0f %8.2f %7.1f\n",
+        r->tp, r->pp, r->dp, r->ranks_per_node, r->threads, mem, r->fits ? "yes" : "NO",
+        r->flops_step / 1e12, r->tp_bytes / 1e6, r->dp_bytes / 1e6, r->pp_bytes / 1e6, r->t_step,
+        100 * r->t_bubble / r->t_step, r->tokens_per_s, r->ckpt_bytes / 1e9, r->ckpt_s);
+}
+
+static int plan_print(const Config *c, const Cluster *cl, const PlanArgs *a) {
+    Err err;
+    PlanRow *rows = NULL, one;
+    int n;
+    size_t *stage = a->tp ? xcalloc((size_t)a->pp, sizeof(size_t)) : NULL;
+    if (a->tp) {
+        n = plan_layout(c, cl, a->tp, a->pp, a->rpn, &one, stage, &err) == 0 ? 1 : -1;
+        rows = &one;
+    } else n = plan_candidates(c, cl, &rows, &err);
+    if (n < 0) {
+        err_print(&err);
+        free(stage);
+        return EXIT_USAGE;
+    }
+    printf("plan: L=%d C=%d NH=%d T=%d V=%d, batch %d; %d node%s x %d cores, %.0f GiB, %.1f "
+           "GFLOP/s a core at %.0f%%\n",
+           c->n_layer, c->d_model, c->n_head, c->seq_len, c->vocab_size, c->batch_size, cl->nodes,
+           cl->nodes == 1 ? "" : "s", cl->cores_per_node, cl->mem_per_node_gib, cl->gflops_per_core,
+           100 * cl->efficiency);
+    printf("%3s %3s %4s %4s %4s %11s %-4s %9s %9s %9s %9s %9s %7s %11s %8s %7s\n", "tp", "pp", "dp",
+           "rpn", "thr", "mem/rank", "fits", "TFLOP", "tp MB", "dp MB", "pp MB", "step s", "bubble",
+           "tokens/s", "ckpt GB", "save s");
+    for (int i = 0; i < n && i < a->top; i++) print_row(&rows[i]);
+    if (n > a->top) printf("(%d more; --top N shows more)\n", n - a->top);
+    if (stage) { /* exact figures of the one layout (the tests compare them) */
+        printf("bytes per step of the busiest rank: tp %.0f, dp %.0f, pp %.0f\n", one.tp_bytes,
+               one.dp_bytes, one.pp_bytes);
+        for (int s = 0; s < a->pp; s++) printf("stage %d: %zu bytes per rank\n", s, stage[s]);
+    }
+    free(stage);
+    if (rows != &one) free(rows);
+    return EXIT_OK;
+}
+
+/* Memory bandwidth: the best of a few passes of a[i] = b[i] + s*c[i] over
+ * 3 x 64 MiB on all threads (bytes moved: 3 per element, as STREAM). */
+static double measure_mem_bw(void) {
+    const size_t n = (size_t)16 << 20;
+    float *x = xmalloc(n * sizeof(float)), *y = xmalloc(n * sizeof(float)),
+          *z = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) y[i] = (float)i, z[i] = 1.f, x[i] = 0.f;
+    double best = 0;
+    for (int rep = 0; rep < 4; rep++) {
+        const double t0 = now_s();
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < n; i++) x[i] = y[i] + 0.5f * z[i];
+        const double dt = now_s() - t0, gbs = 3.0 * n * sizeof(float) / dt / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    free(x), free(y), free(z);
+    return best;
+}
+
+/* MPI between two ranks of this node: latency from 8-byte messages,
+ * bandwidth from 8 MiB ones (the best of several), on rank 0. */
+static void measure_shm(double *lat_us, double *bw_gbs) {
+    const int big = 8 << 20;
+    const double small = pp_pingpong(MPI_COMM_WORLD, 8, 1000);
+    const double large = pp_pingpong(MPI_COMM_WORLD, big, 10);
+    if (small > 0) *lat_us = small * 1e6;
+    if (large > 0) *bw_gbs = big / large / 1e9;
+}
+
+static int plan_calibrate(const PlanArgs *a) {
+    int rank, size;
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+    if (!a->out) {
+        if (rank == 0) errorf("plan: --calibrate needs --out FILE (the cluster file it writes)");
+        return EXIT_USAGE;
+    }
+    Cluster cl;
+    cluster_defaults(&cl);
+    /* the baseline: MPI is up; BLIS and OpenMP start with the sgemm below,
+     * whose own three matrices (8 MiB) are not part of it */
+    kernels_init(1, "auto");
+    cl.gflops_per_core = kernels_measure_peak_gflops();
+    const size_t mats = (size_t)8 << 20, rss = peak_rss();
+    const size_t baseline = rss > mats ? rss - mats : rss;
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    cl.cores_per_node = cores > 0 ? (int)cores : 1;
+    cl.mem_per_node_gib = (double)machine_memory() / 1073741824.0;
+    kernels_init(cl.cores_per_node, "auto");
+    if (rank == 0) cl.mem_bw_gbs = measure_mem_bw();
+    measure_shm(&cl.shm_latency_us, &cl.shm_bw_gbs);
+    cl.baseline_mib = (double)baseline / 1048576.0;
+    Err err;
+    int rc = rank == 0 ? cluster_write(&cl, a->out, &err) : 0;
+    if (cmd_agree(rc, &err, MPI_COMM_WORLD) != 0) return EXIT_FAILURE;
+    if (rank == 0)
+        printf("plan: wrote %s: %d cores, %.1f GiB, sgemm %.1f GFLOP/s a core, memory %.1f GB/s, "
+               "MPI on a node %.2f us and %.2f GB/s%s; the network, file system and efficiency "
+               "are stated defaults to edit\n",
+               a->out, cl.cores_per_node, cl.mem_per_node_gib, cl.gflops_per_core, cl.mem_bw_gbs,
+               cl.shm_latency_us, cl.shm_bw_gbs,
+               size < 2 ? " (defaults: run under mpirun -np 2 to measure)" : "");
+    return EXIT_OK;
+}
+
+int plan_main(int argc, char **argv) {
+    PlanArgs a;
+    int h = plan_args(&a, &argc, argv);
+    if (h != 1) return h == 0 ? EXIT_OK : EXIT_USAGE;
+    if (a.calibrate) return plan_calibrate(&a);
+    int rank;
+    MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    Config c;
+    config_defaults(&c);
+    Cluster cl;
+    cluster_defaults(&cl);
+    Err err;
+    if (config_from_args(&c, argc, argv, &err) != 0 || config_validate(&c, &err) != 0 ||
+        (a.cluster && cluster_load(&cl, a.cluster, &err) != 0)) {
+        if (rank == 0) err_print(&err);
+        return EXIT_USAGE;
+    }
+    plan_vocab(&c);
+    return rank == 0 ? plan_print(&c, &cl, &a) : EXIT_OK;
+}

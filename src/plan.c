@@ -1,0 +1,351 @@
+/*
+ * plan: memory, bytes and an estimated step time per layout (see plan.h).
+ */
+#include "src/plan.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "mpi/dp.h"
+#include "mpi/pipeline.h"
+
+/* ------------------------------------------------------------ the cluster */
+
+typedef struct {
+    const char *name;
+    size_t offset;
+    int is_int;
+    double min, max;
+    const char *help;
+} ClusterKey;
+
+#define CK(f) offsetof(Cluster, f)
+static const ClusterKey ckeys[] = {
+    {"nodes", CK(nodes), 1, 1, 1 << 20, "nodes"},
+    {"cores_per_node", CK(cores_per_node), 1, 1, 1 << 16, "cores a node gives the job"},
+    {"mem_per_node_gib", CK(mem_per_node_gib), 0, 0.001, 1 << 30, "GiB of memory a node gives"},
+    {"gflops_per_core", CK(gflops_per_core), 0, 0.001, 1e9, "sgemm GFLOP/s of one core"},
+    {"efficiency", CK(efficiency), 0, 0.001, 1, "share of the sgemm rate a step reaches (MFU)"},
+    {"mem_bw_gbs", CK(mem_bw_gbs), 0, 0.001, 1e9, "GB/s of a node's memory"},
+    {"shm_bw_gbs", CK(shm_bw_gbs), 0, 0.001, 1e9, "GB/s between ranks of a node (MPI)"},
+    {"shm_latency_us", CK(shm_latency_us), 0, 0, 1e9, "microseconds per message on a node"},
+    {"net_bw_gbs", CK(net_bw_gbs), 0, 0.001, 1e9, "GB/s between nodes (MPI)"},
+    {"net_latency_us", CK(net_latency_us), 0, 0, 1e9, "microseconds per message between nodes"},
+    {"fs_bw_gbs", CK(fs_bw_gbs), 0, 0.001, 1e9, "GB/s the checkpoint file system writes"},
+    {"pack_mbs", CK(pack_mbs), 0, 0.001, 1e9, "MB/s of state a rank packs a checkpoint at"},
+    {"baseline_mib", CK(baseline_mib), 0, 0, 1 << 30, "MiB a rank holds before the model"},
+};
+#define NCKEYS (sizeof ckeys / sizeof ckeys[0])
+
+void cluster_defaults(Cluster *c) {
+    /* this project's 2-core machine, roughly: calibrate for a real one */
+    *c = (Cluster){.nodes = 1,
+                   .cores_per_node = 2,
+                   .mem_per_node_gib = 24,
+                   .gflops_per_core = 100,
+                   .efficiency = 0.4,
+                   .mem_bw_gbs = 10,
+                   .shm_bw_gbs = 5,
+                   .shm_latency_us = 1,
+                   .net_bw_gbs = 12.5,
+                   .net_latency_us = 2,
+                   .fs_bw_gbs = 1,
+                   .pack_mbs = 700,
+                   .baseline_mib = 60};
+}
+
+static int cluster_set(Cluster *c, const char *key, const char *value, const char *where,
+                       Err *err) {
+    for (size_t i = 0; i < NCKEYS; i++) {
+        const ClusterKey *k = &ckeys[i];
+        if (strcmp(k->name, key) != 0) continue;
+        double v;
+        long long iv = 0;
+        const int bad = k->is_int ? parse_i64(value, (long long)k->min, (long long)k->max, &iv)
+                                  : parse_f64(value, &v) != 0 || v < k->min || v > k->max;
+        if (bad)
+            return err_set(err, "%s: %s = '%.40s' is not %s in [%g, %g] (%s)", where, key, value,
+                           k->is_int ? "an integer" : "a number", k->min, k->max, k->help);
+        if (k->is_int) *(int *)((char *)c + k->offset) = (int)iv;
+        else *(double *)((char *)c + k->offset) = v;
+        return 0;
+    }
+    char names[512] = "";
+    for (size_t i = 0; i < NCKEYS; i++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "",
+                 ckeys[i].name);
+    return err_set(err, "%s: unknown key '%.40s' (expected one of %s)", where, key, names);
+}
+
+static char *trim(char *s) {
+    while (isspace((unsigned char)*s)) s++;
+    char *e = s + strlen(s);
+    while (e > s && isspace((unsigned char)e[-1])) *--e = '\0';
+    return s;
+}
+
+int cluster_load(Cluster *c, const char *path, Err *err) {
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return err_set(err,
+                       "plan: cannot open cluster file '%s': %s (modtrain plan --calibrate "
+                       "writes one)",
+                       path, strerror(errno));
+    if (!S_ISREG(st.st_mode) || st.st_size > (1 << 20))
+        return err_set(err, "plan: '%s' is not a cluster file (a regular file of at most 1 MiB)",
+                       path);
+    size_t len = 0;
+    char *text = read_file(path, &len);
+    if (!text) return err_set(err, "plan: cannot read '%s': %s", path, strerror(errno));
+    int rc = memchr(text, '\0', len)
+                 ? err_set(err, "plan: '%s' holds a NUL byte (not a cluster file)", path)
+                 : 0,
+        line = 0;
+    for (char *save = NULL, *l = strtok_r(text, "\n", &save); l && rc == 0;
+         l = strtok_r(NULL, "\n", &save)) {
+        line++; /* blank lines are skipped by strtok_r and not counted: close enough */
+        char *hash = strchr(l, '#');
+        if (hash) *hash = '\0';
+        char *s = trim(l), where[600];
+        if (!*s) continue;
+        snprintf(where, sizeof where, "%s:%d", path, line);
+        char *eq = strchr(s, '=');
+        if (!eq || memchr(s, '\0', (size_t)(eq - s))) {
+            rc = err_set(err, "%s: expected 'key = value'", where);
+            break;
+        }
+        *eq = '\0';
+        rc = cluster_set(c, trim(s), trim(eq + 1), where, err);
+    }
+    free(text);
+    return rc;
+}
+
+int cluster_write(const Cluster *c, const char *path, Err *err) {
+    char buf[4096];
+    size_t n = (size_t)snprintf(buf, sizeof buf,
+                                "# modtrain plan --cluster: measured or stated; one key a line\n");
+    for (size_t i = 0; i < NCKEYS && n < sizeof buf; i++) {
+        const ClusterKey *k = &ckeys[i];
+        const char *f = (const char *)c + k->offset;
+        if (k->is_int)
+            n += (size_t)snprintf(buf + n, sizeof buf - n, "%-16s = %d  # %s\n", k->name,
+                                  *(const int *)f, k->help);
+        else
+            n += (size_t)snprintf(buf + n, sizeof buf - n, "%-16s = %.6g  # %s\n", k->name,
+                                  *(const double *)f, k->help);
+    }
+    return write_file_atomic(path, buf, n < sizeof buf ? n : sizeof buf - 1, err);
+}
+
+/* ------------------------------------------------------------- the model */
+
+/* Ring all-reduce of n bytes over p ranks. */
+static double allreduce_s(double n, int p, double alpha, double beta) {
+    return p <= 1 ? 0 : 2.0 * (p - 1) * alpha + 2.0 * (p - 1) / p * n / beta;
+}
+
+/* One stage's figures per micro-batch of B sequences on one rank. */
+typedef struct {
+    double flops, tp_bytes;
+    int tp_calls;
+} StageCost;
+
+static StageCost stage_cost(const ModelDims *d, int B, int T) {
+    const double C = d->C, N = (double)B * T, tp = d->tp;
+    const double K = model_capacity_k(d, T), f = K / T;
+    StageCost s = {0, 0, 0};
+    if (model_first_stage(d)) s.tp_bytes += N * C, s.tp_calls++; /* the embedding */
+    for (int l = 0; l < d->L; l++) {
+        const int routed = model_is_routed(d, l);
+        const double rows = routed ? (double)B * K : N, ff = routed ? f : 1;
+        s.flops += N * ff * (6.0 * 12.0 * C * C + 12.0 * (ff * T) * C) / tp;
+        if (routed) s.flops += N * (6.0 * C + (d->predictor ? 6.0 * (C * d->H + d->H) : 0));
+        s.tp_bytes += 4 * rows * C, s.tp_calls += 4; /* 2 forward, 2 backward */
+    }
+    if (model_last_stage(d)) {
+        s.flops += N * 6.0 * d->V * C / tp;
+        s.tp_bytes += 3 * N + N * C, s.tp_calls += 4; /* the loss's max and sums, the head */
+    }
+    s.tp_bytes *= sizeof(float);
+    return s;
+}
+
+/* The group alphas and betas: shared memory within a node, else the network. */
+static void link(const Cluster *cl, int spans, double *alpha, double *beta) {
+    *alpha = (spans ? cl->net_latency_us : cl->shm_latency_us) * 1e-6;
+    *beta = (spans ? cl->net_bw_gbs : cl->shm_bw_gbs) * 1e9;
+}
+
+/* A micro-batch's time on the slowest stage: compute, tp, pp sends. */
+typedef struct {
+    double compute, tp, pp;
+} MicroTime;
+
+/* Per stage: memory, the micro-batch's time, and the busiest rank's bytes.
+ * Returns 0 or -1 (a stage split config_validate would refuse). */
+static int plan_stages(const Config *cfg, const Cluster *cl, PlanRow *r, MicroTime *slow,
+                       size_t *stage_bytes) {
+    const int T = cfg->seq_len, world = r->tp * r->pp * r->dp;
+    const PpSchedule sched = cfg->schedule == SCHED_GPIPE ? PP_GPIPE : PP_1F1B;
+    int *layers = xcalloc((size_t)r->pp, sizeof(int));
+    Config c = *cfg;
+    c.pp = r->pp;
+    int rc = config_stage_layers(&c, layers, NULL);
+    double ta, tb, pa, pb;
+    link(cl, r->tp > r->ranks_per_node, &ta, &tb);
+    link(cl, cl->nodes > 1 && r->tp * r->dp >= r->ranks_per_node && world > r->ranks_per_node, &pa,
+         &pb);
+    const double act = (double)r->micro * T * cfg->d_model * sizeof(float);
+    *slow = (MicroTime){0, 0, 0};
+    for (int s = 0; s < r->pp && rc == 0; s++) {
+        ModelDims d;
+        model_dims_config(&d, cfg, r->tp, 0);
+        if ((rc = model_dims_stage(&d, r->pp, s, layers)) != 0) break;
+        ModelMemory mm;
+        const int slots = pp_slots(sched, r->n_micro, s, r->pp);
+        model_memory(&d, r->micro, slots, 1, &mm);
+        if (cfg->ckpt_async && cfg->ckpt_every > 0 && cfg->ckpt_every < cfg->steps) {
+            mm.staging = sat_add(mm.params, mm.moments);
+            mm.total = sat_add(mm.total, mm.staging);
+        }
+        const size_t comm = r->pp > 1 ? (size_t)slots * (size_t)act : 0;
+        if (stage_bytes)
+            stage_bytes[s] =
+                sat_add(sat_add(mm.total, comm), (size_t)(cl->baseline_mib * 1048576.0));
+        if (sat_add(mm.total, comm) > sat_add(r->mem.total, r->comm_bytes))
+            r->mem = mm, r->comm_bytes = comm;
+        const StageCost sc = stage_cost(&d, r->micro, T);
+        const double rate = r->threads * cl->gflops_per_core * 1e9 * cl->efficiency;
+        MicroTime t = {sc.flops / rate, 0, 0};
+        if (r->tp > 1) {
+            t.tp =
+                sc.tp_calls * 2.0 * (r->tp - 1) * ta + 2.0 * (r->tp - 1) / r->tp * sc.tp_bytes / tb;
+            if (sc.tp_bytes * r->n_micro > r->tp_bytes) r->tp_bytes = sc.tp_bytes * r->n_micro;
+        }
+        const double sends = (s > 0) + (s < r->pp - 1); /* activations one way, gradients back */
+        t.pp = sends * (pa + act / pb);
+        if (r->pp > 1 && sends * act * r->n_micro > r->pp_bytes)
+            r->pp_bytes = sends * act * r->n_micro;
+        if (t.compute + t.tp + t.pp > slow->compute + slow->tp + slow->pp) *slow = t;
+        /* dp: every gradient float, and the tied embedding between the end stages */
+        double dpb = r->dp > 1 ? (double)mm.params : 0;
+        if (r->pp > 1 && (s == 0 || s == r->pp - 1)) dpb += (double)d.Vl * d.C * sizeof(float);
+        if (dpb > r->dp_bytes) r->dp_bytes = dpb;
+    }
+    free(layers);
+    return rc;
+}
+
+int plan_layout(const Config *cfg, const Cluster *cl, int tp, int pp, int ranks_per_node,
+                PlanRow *row, size_t *stage_bytes, Err *err) {
+    memset(row, 0, sizeof *row);
+    const long long world = (long long)cl->nodes * ranks_per_node;
+    if (world > 1 << 24)
+        return err_set(err, "plan: %lld ranks are more than modtrain plans", world);
+    if (ranks_per_node < 1 || cl->cores_per_node % ranks_per_node != 0)
+        return err_set(err, "plan: %d ranks per node do not share %d cores evenly", ranks_per_node,
+                       cl->cores_per_node);
+    if (tp < 1 || pp < 1 || world % ((long long)tp * pp) != 0)
+        return err_set(err, "plan: tp %d x pp %d does not divide %lld ranks", tp, pp, world);
+    const int dp = (int)(world / ((long long)tp * pp));
+    if (cfg->n_head % tp != 0 || pp > cfg->n_layer)
+        return err_set(err, "plan: tp %d or pp %d does not split n_head %d, n_layer %d", tp, pp,
+                       cfg->n_head, cfg->n_layer);
+    if (cfg->batch_size % dp != 0)
+        return err_set(err, "plan: batch_size %d does not split over dp %d", cfg->batch_size, dp);
+    const int local = cfg->batch_size / dp, micro = cfg->micro_batch ? cfg->micro_batch : local;
+    if (local % micro != 0)
+        return err_set(err, "plan: dp %d leaves %d sequences, not a multiple of micro_batch %d", dp,
+                       local, micro);
+    *row = (PlanRow){.tp = tp,
+                     .pp = pp,
+                     .dp = dp,
+                     .ranks_per_node = ranks_per_node,
+                     .threads = cl->cores_per_node / ranks_per_node,
+                     .micro = micro,
+                     .n_micro = local / micro};
+    MicroTime mt;
+    if (plan_stages(cfg, cl, row, &mt, stage_bytes) != 0)
+        return err_set(err, "plan: pp %d does not split n_layer %d", pp, cfg->n_layer);
+    row->rank_bytes =
+        sat_add(sat_add(row->mem.total, row->comm_bytes), (size_t)(cl->baseline_mib * 1048576.0));
+    row->fits = (double)row->rank_bytes * ranks_per_node <= cl->mem_per_node_gib * 1073741824.0;
+    /* the job's FLOPs, routed blocks at their capacity */
+    ModelDims full;
+    model_dims_config(&full, cfg, 1, 0);
+    double *frac = xcalloc((size_t)full.L, sizeof(double));
+    for (int l = 0; l < full.L; l++)
+        frac[l] = model_is_routed(&full, l)
+                      ? (double)model_capacity_k(&full, cfg->seq_len) / cfg->seq_len
+                      : 1;
+    row->flops_step = model_flops_per_token(&full, cfg->seq_len, full.L ? frac : NULL) *
+                      (double)cfg->batch_size * cfg->seq_len;
+    free(frac);
+    double a, b;
+    link(cl, cl->nodes > 1 && tp * dp > ranks_per_node, &a, &b);
+    const int m = row->n_micro;
+    row->t_compute = mt.compute * m, row->t_tp = mt.tp * m, row->t_pp = mt.pp * m;
+    row->t_bubble = (mt.compute + mt.tp + mt.pp) * (pp - 1);
+    /* the gradients go in DP_BUCKET-float all-reduces: one latency term each */
+    const double buckets = row->dp_bytes / ((double)DP_BUCKET * sizeof(float));
+    row->t_dp = allreduce_s(row->dp_bytes, dp, a, b) +
+                (dp > 1 ? (buckets > 1 ? buckets - 1 : 0) * 2.0 * (dp - 1) * a : 0);
+    const double nparams = (double)row->mem.params / sizeof(float);
+    row->t_optimizer = nparams * 28.0 / (cl->mem_bw_gbs * 1e9 / ranks_per_node);
+    row->t_step =
+        row->t_compute + row->t_tp + row->t_pp + row->t_bubble + row->t_dp + row->t_optimizer;
+    row->tokens_per_s = (double)cfg->batch_size * cfg->seq_len / row->t_step;
+    /* the checkpoint: the whole model's weights and both moments at the
+     * measured ratio 1.2, packed by every rank at once, then written */
+    ModelDims whole;
+    model_dims_config(&whole, cfg, 1, 0);
+    ModelMemory wm;
+    model_memory(&whole, 1, 1, 1, &wm);
+    const double raw = (double)wm.params + (double)wm.moments;
+    row->ckpt_bytes = raw / 1.2;
+    row->ckpt_s = raw / world / (cl->pack_mbs * 1e6) + row->ckpt_bytes / (cl->fs_bw_gbs * 1e9);
+    return 0;
+}
+
+/* Fitting rows first, then by tokens/s, best first; ties by layout. */
+static int row_order(const void *pa, const void *pb) {
+    const PlanRow *a = pa, *b = pb;
+    if (a->fits != b->fits) return b->fits - a->fits;
+    if (a->tokens_per_s != b->tokens_per_s) return a->tokens_per_s < b->tokens_per_s ? 1 : -1;
+    if (a->tp != b->tp) return a->tp - b->tp;
+    if (a->pp != b->pp) return a->pp - b->pp;
+    return a->ranks_per_node - b->ranks_per_node;
+}
+
+int plan_candidates(const Config *cfg, const Cluster *cl, PlanRow **rows, Err *err) {
+    int n = 0, cap = 64;
+    *rows = xmalloc((size_t)cap * sizeof **rows);
+    for (int rpn = 1; rpn <= cl->cores_per_node; rpn++) {
+        if (cl->cores_per_node % rpn != 0) continue;
+        for (int tp = 1; tp <= rpn && tp <= cfg->n_head; tp++) {
+            if (rpn % tp != 0 || cfg->n_head % tp != 0) continue;
+            for (int pp = 1; pp <= cfg->n_layer; pp++) {
+                PlanRow r;
+                if (plan_layout(cfg, cl, tp, pp, rpn, &r, NULL, NULL) != 0) continue;
+                if (n == cap) *rows = xrealloc(*rows, (size_t)(cap *= 2) * sizeof **rows);
+                (*rows)[n++] = r;
+            }
+        }
+    }
+    if (n == 0) {
+        free(*rows);
+        *rows = NULL;
+        return err_set(err,
+                       "plan: no layout of %d node%s x %d cores runs this model (batch_size %d, "
+                       "micro_batch %d, n_head %d, n_layer %d)",
+                       cl->nodes, cl->nodes == 1 ? "" : "s", cl->cores_per_node, cfg->batch_size,
+                       cfg->micro_batch, cfg->n_head, cfg->n_layer);
+    }
+    qsort(*rows, (size_t)n, sizeof **rows, row_order);
+    return n;
+}

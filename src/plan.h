@@ -1,0 +1,71 @@
+/*
+ * plan: what a run would cost on a cluster, before it is submitted. For a
+ * config (model, batch, sequence) and a cluster description, each candidate
+ * layout (tp, pp, dp, ranks per node, threads) gets its memory per rank
+ * (the allocation train makes, plus the process baseline), its FLOPs and
+ * the bytes each rank hands to the tp, dp and pp groups per step (counted
+ * as train counts them), an estimated step time, tokens/s, and the
+ * checkpoint's size and save time.
+ *
+ * The time model: compute is FLOPs over the sgemm rate times the measured
+ * efficiency; a ring all-reduce of n bytes over p ranks costs
+ * 2(p-1) alpha + 2 (p-1)/p n / beta (alpha, beta those of shared memory when
+ * the group is on one node, of the network otherwise); a pipeline runs
+ * (m + pp - 1) slots of its slowest stage's micro-batch (the bubble is
+ * pp - 1 of them); AdamW streams 28 bytes per parameter through memory.
+ */
+#ifndef MODTRAIN_PLAN_H
+#define MODTRAIN_PLAN_H
+
+#include <stddef.h>
+
+#include "src/config.h"
+#include "src/model.h"
+
+/* A cluster: stated, or measured by `modtrain plan --calibrate`. */
+typedef struct {
+    int nodes, cores_per_node;
+    double mem_per_node_gib;
+    double gflops_per_core;            /* sgemm on one core */
+    double efficiency;                 /* share of that a training step reaches */
+    double mem_bw_gbs;                 /* one node's memory bandwidth */
+    double shm_bw_gbs, shm_latency_us; /* MPI between ranks of a node */
+    double net_bw_gbs, net_latency_us; /* MPI between nodes */
+    double fs_bw_gbs;                  /* the checkpoint file system */
+    double pack_mbs;                   /* checkpoint packing, MB/s of state per rank */
+    double baseline_mib;               /* a rank's RSS before the model: MPI, BLIS, runtime */
+} Cluster;
+
+void cluster_defaults(Cluster *c);
+/* Reads `key = value` lines (# comments) over the defaults; every value is
+ * a strict number in range. Returns 0, or -1 with err naming the line. */
+int cluster_load(Cluster *c, const char *path, Err *err);
+/* Writes c as a cluster file. Returns 0 or -1 with err set. */
+int cluster_write(const Cluster *c, const char *path, Err *err);
+
+typedef struct {
+    int tp, pp, dp, ranks_per_node, threads;
+    int micro, n_micro;                  /* per dp rank and step */
+    ModelMemory mem;                     /* the largest stage's model (staging included) */
+    size_t comm_bytes;                   /* pipeline receive buffers */
+    size_t rank_bytes;                   /* mem.total + comm_bytes + the baseline */
+    int fits;                            /* rank_bytes x ranks_per_node within the node */
+    double flops_step;                   /* the job's model FLOPs per step */
+    double tp_bytes, dp_bytes, pp_bytes; /* per step, by the busiest rank of each */
+    double t_compute, t_tp, t_pp, t_bubble, t_dp, t_optimizer, t_step; /* seconds */
+    double tokens_per_s;
+    double ckpt_bytes, ckpt_s; /* stored size (at the measured ratio 1.2) and save time */
+} PlanRow;
+
+/* The plan of one layout: tp x pp x dp ranks, ranks_per_node of them on a
+ * node. cfg's vocab_size must be set. With stage_bytes (pp entries), each
+ * stage's rank_bytes too. Returns 0, or -1 with err saying why the layout
+ * cannot run (n_head % tp, the batch split, ...). */
+int plan_layout(const Config *cfg, const Cluster *cl, int tp, int pp, int ranks_per_node,
+                PlanRow *row, size_t *stage_bytes, Err *err);
+/* Every layout that can run on the cluster's nodes (tp within a node),
+ * fitting ones first, each group by tokens/s, best first. Returns the count
+ * (*rows malloc'd) or -1 with err set. */
+int plan_candidates(const Config *cfg, const Cluster *cl, PlanRow **rows, Err *err);
+
+#endif

@@ -1,0 +1,71 @@
+#!/bin/sh
+# `modtrain plan` against real runs. `plan --calibrate` (2 ranks) writes a
+# cluster file from this machine. A model whose state dominates the process
+# baseline (d_model 512, 8 layers, vocabulary 50257: 51 M parameters) then
+# trains under 1 rank and under tp 2, dp 2 and pp 2; for each, the plan's
+# memory for every rank's stage is within 15% of that rank's measured peak
+# RSS, and the tp and dp bytes per step it predicts equal the ones the run
+# counted (metrics.jsonl) exactly. Bad cluster files and layouts are
+# one-line errors.
+. "$(dirname "$0")/../scripts/lib.sh"
+prep_fortunes
+PEAKRSS=${PEAKRSS:-$(dirname "$MODTRAIN")/tests/tools/peakrss}
+MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
+cd "$TMP"
+$MPIRUN -np 2 "$MODTRAIN" plan --calibrate --out cluster.conf > cal.log 2>&1 ||
+    { cat cal.log; fail "plan --calibrate"; finish; }
+grep -q "^baseline_mib *= *[0-9]" cluster.conf && ok "$(cat cal.log)" || fail "calibrate wrote $(cat cluster.conf)"
+cat > plan.conf <<CONF
+n_layer = 8
+n_head = 8
+d_model = 512
+seq_len = 64
+vocab_size = 50257
+route_every = 0
+batch_size = 4
+steps = 2
+train_data = data/train.bin
+val_data = ""
+ckpt_every = 0
+log_every = 1000
+resume = never
+threads = 1
+CONF
+check() { # NAME TP PP RANKS
+    name=$1 tp=$2 pp=$3 n=$4
+    "$MODTRAIN" plan --config plan.conf --cluster cluster.conf --layout "$tp,$pp,$n" > "$name.plan" 2>&1 ||
+        { cat "$name.plan"; return 1; }
+    timeout 300 $MPIRUN -np "$n" sh -c "exec '$PEAKRSS' '$name.rss.'\$OMPI_COMM_WORLD_RANK '$MODTRAIN' train \
+        --config plan.conf --tp $tp --pp $pp --run_dir $name" > "$name.log" 2>&1 ||
+        { cat "$name.log"; return 1; }
+    "$PYTHON" - "$name" "$tp" "$n" <<'PY'
+import json, re, sys
+name, tp, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+plan = open(name + ".plan").read()
+stage = [int(x) for x in re.findall(r"^stage \d+: (\d+) bytes per rank", plan, re.M)]
+tpb, dpb = map(float, re.search(r"tp (\d+), dp (\d+),", plan).groups())
+last = [json.loads(l) for l in open(name + "/metrics.jsonl") if '"loss"' in l][-1]
+out = []
+for r in range(n):
+    rss = int(open("%s.rss.%d" % (name, r)).read()) * 1024
+    pp_rank = r // (n // len(stage))  # ranks are tp fastest, then dp, then pp
+    want = stage[pp_rank]
+    err = (want - rss) / rss
+    out.append("rank %d %.0f MiB planned %.0f (%+.1f%%)" % (r, rss / 2**20, want / 2**20, 100 * err))
+    assert abs(err) <= 0.15, out
+assert last["tp_bytes"] == tpb and last["dp_bytes"] == dpb, (last["tp_bytes"], tpb, last["dp_bytes"], dpb)
+out.append("tp %d dp %d bytes per step, as counted" % (tpb, dpb))
+print("; ".join(out))
+PY
+}
+for lay in "one 1 1 1" "tp2 2 1 2" "dp2 1 1 2" "pp2 1 2 2"; do
+    set -- $lay
+    if got=$(check "$@" 2>&1); then ok "$1: $got"; else fail "$1: $got"; fi
+done
+printf 'nodes = 2\ncores_per_node = x\n' > bad.conf
+out=$("$MODTRAIN" plan --config plan.conf --cluster bad.conf 2>&1) && fail "a bad cluster file was accepted" ||
+    { [ "$(printf '%s\n' "$out" | wc -l)" -eq 1 ] && printf '%s' "$out" | grep -q "bad.conf:2: cores_per_node = 'x' is not an integer" &&
+        ok "$out" || fail "bad cluster file: $out"; }
+out=$("$MODTRAIN" plan --config plan.conf --cluster cluster.conf --layout 3,1,2 2>&1) && fail "tp 3 was accepted" ||
+    { printf '%s' "$out" | grep -q "tp 3 x pp 1 does not divide 2 ranks" && ok "$out" || fail "tp 3: $out"; }
+finish
