@@ -103,23 +103,21 @@ int cluster_load(Cluster *c, const char *path, Err *err) {
     if (!text) return err_set(err, "plan: cannot read '%s': %s", path, strerror(errno));
     int rc = memchr(text, '\0', len)
                  ? err_set(err, "plan: '%s' holds a NUL byte (not a cluster file)", path)
-                 : 0,
-        line = 0;
-    for (char *save = NULL, *l = strtok_r(text, "\n", &save); l && rc == 0;
-         l = strtok_r(NULL, "\n", &save)) {
-        line++; /* blank lines are skipped by strtok_r and not counted: close enough */
+                 : 0;
+    char *l = text;
+    for (int line = 1; rc == 0 && l < text + len; line++) {
+        char *nl = memchr(l, '\n', (size_t)(text + len - l)), *next = nl ? nl + 1 : text + len;
+        if (nl) *nl = '\0';
         char *hash = strchr(l, '#');
         if (hash) *hash = '\0';
-        char *s = trim(l), where[600];
-        if (!*s) continue;
+        char *s = trim(l), *eq = strchr(s, '='), where[600];
         snprintf(where, sizeof where, "%s:%d", path, line);
-        char *eq = strchr(s, '=');
-        if (!eq || memchr(s, '\0', (size_t)(eq - s))) {
-            rc = err_set(err, "%s: expected 'key = value'", where);
-            break;
+        if (*s && !eq) rc = err_set(err, "%s: expected 'key = value'", where);
+        else if (*s) {
+            *eq = '\0';
+            rc = cluster_set(c, trim(s), trim(eq + 1), where, err);
         }
-        *eq = '\0';
-        rc = cluster_set(c, trim(s), trim(eq + 1), where, err);
+        l = next;
     }
     free(text);
     return rc;

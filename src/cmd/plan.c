@@ -21,6 +21,21 @@ typedef struct {
     int calibrate, top, tp, pp, rpn;
 } PlanArgs;
 
+/* "TP,PP,RANKS_PER_NODE", each parsed strictly. Returns 0 or -1. */
+static int parse_layout(const char *v, PlanArgs *a) {
+    char buf[64];
+    if (strlen(v) >= sizeof buf) return -1;
+    snprintf(buf, sizeof buf, "%s", v);
+    int *dst[3] = {&a->tp, &a->pp, &a->rpn}, k = 0;
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save), k++) {
+        long long x;
+        if (k == 3 || parse_i64(t, 1, 1 << 20, &x) != 0) return -1;
+        *dst[k] = (int)x;
+    }
+    return k == 3 ? 0 : -1;
+}
+
 /* Takes plan's own options out of argv (the rest are config keys, as for
  * train). Returns 1 to go on, 0 after --help, -1 after an error. */
 static int plan_args(PlanArgs *a, int *argc, char **argv) {
@@ -49,9 +64,10 @@ static int plan_args(PlanArgs *a, int *argc, char **argv) {
             a->top = (int)x;
             i++;
         } else if (strcmp(s, "--layout") == 0 && v) {
-            if (sscanf(v, "%d,%d,%d", &a->tp, &a->pp, &a->rpn) != 3 || a->tp < 1 || a->pp < 1 ||
-                a->rpn < 1) {
-                errorf("plan: --layout '%.40s' is not TP,PP,RANKS_PER_NODE (e.g. 2,4,8)", v);
+            if (parse_layout(v, a) != 0) {
+                errorf("plan: --layout '%.40s' is not TP,PP,RANKS_PER_NODE (three integers >= 1, "
+                       "e.g. 2,4,8)",
+                       v);
                 return -1;
             }
             i++;
@@ -119,6 +135,9 @@ static int plan_print(const Config *c, const Cluster *cl, const PlanArgs *a) {
     if (stage) { /* exact figures of the one layout (the tests compare them) */
         printf("bytes per step of the busiest rank: tp %.0f, dp %.0f, pp %.0f\n", one.tp_bytes,
                one.dp_bytes, one.pp_bytes);
+        printf("step %.6f s: compute %.6f, tp %.6f, pp %.6f, bubble %.6f, dp %.6f, optimizer %.6f\n",
+               one.t_step, one.t_compute, one.t_tp, one.t_pp, one.t_bubble, one.t_dp,
+               one.t_optimizer);
         for (int s = 0; s < a->pp; s++) printf("stage %d: %zu bytes per rank\n", s, stage[s]);
     }
     free(stage);
