@@ -158,7 +158,7 @@ static StageCost stage_cost(const ModelDims *d, int B, int T) {
     const double K = model_capacity_k(d, T), f = K / T;
     StageCost s = {0, 0, 0};
     if (model_first_stage(d)) s.tp_bytes += N * C, s.tp_calls++; /* the embedding */
-    for (int l = 0; l < d->L; l++) {
+    for (int l = d->l0; l < d->l1; l++) {                        /* this stage's blocks */
         const int routed = model_is_routed(d, l);
         const double rows = routed ? (double)B * K : N, ff = routed ? f : 1;
         s.flops += N * ff * (6.0 * 12.0 * C * C + 12.0 * (ff * T) * C) / tp;
@@ -179,16 +179,24 @@ static void link(const Cluster *cl, int spans, double *alpha, double *beta) {
     *beta = (spans ? cl->net_bw_gbs : cl->shm_bw_gbs) * 1e9;
 }
 
-/* A micro-batch's time on the slowest stage: compute, tp, pp sends. */
+/* Whether the pipeline's neighbours sit on different nodes: a stage is
+ * tp x dp consecutive ranks. */
+static int pp_spans(const Cluster *cl, const PlanRow *r) {
+    return cl->nodes > 1 && r->tp * r->dp >= r->ranks_per_node &&
+           r->tp * r->pp * r->dp > r->ranks_per_node;
+}
+
+/* A micro-batch's time on the slowest stage (compute, tp, pp sends), and
+ * the sum over all stages of theirs. */
 typedef struct {
-    double compute, tp, pp;
+    double compute, tp, pp, all;
 } MicroTime;
 
 /* Per stage: memory, the micro-batch's time, and the busiest rank's bytes.
  * Returns 0 or -1 (a stage split config_validate would refuse). */
 static int plan_stages(const Config *cfg, const Cluster *cl, PlanRow *r, MicroTime *slow,
                        size_t *stage_bytes) {
-    const int T = cfg->seq_len, world = r->tp * r->pp * r->dp;
+    const int T = cfg->seq_len;
     const PpSchedule sched = cfg->schedule == SCHED_GPIPE ? PP_GPIPE : PP_1F1B;
     int *layers = xcalloc((size_t)r->pp, sizeof(int));
     Config c = *cfg;
@@ -196,10 +204,10 @@ static int plan_stages(const Config *cfg, const Cluster *cl, PlanRow *r, MicroTi
     int rc = config_stage_layers(&c, layers, NULL);
     double ta, tb, pa, pb;
     link(cl, r->tp > r->ranks_per_node, &ta, &tb);
-    link(cl, cl->nodes > 1 && r->tp * r->dp >= r->ranks_per_node && world > r->ranks_per_node, &pa,
-         &pb);
+    link(cl, pp_spans(cl, r), &pa, &pb);
     const double act = (double)r->micro * T * cfg->d_model * sizeof(float);
-    *slow = (MicroTime){0, 0, 0};
+    *slow = (MicroTime){0, 0, 0, 0};
+    double all = 0;
     for (int s = 0; s < r->pp && rc == 0; s++) {
         ModelDims d;
         model_dims_config(&d, cfg, r->tp, 0);
@@ -219,7 +227,7 @@ static int plan_stages(const Config *cfg, const Cluster *cl, PlanRow *r, MicroTi
             r->mem = mm, r->comm_bytes = comm;
         const StageCost sc = stage_cost(&d, r->micro, T);
         const double rate = r->threads * cl->gflops_per_core * 1e9 * cl->efficiency;
-        MicroTime t = {sc.flops / rate, 0, 0};
+        MicroTime t = {sc.flops / rate, 0, 0, 0};
         if (r->tp > 1) {
             t.tp =
                 sc.tp_calls * 2.0 * (r->tp - 1) * ta + 2.0 * (r->tp - 1) / r->tp * sc.tp_bytes / tb;
@@ -229,12 +237,14 @@ static int plan_stages(const Config *cfg, const Cluster *cl, PlanRow *r, MicroTi
         t.pp = sends * (pa + act / pb);
         if (r->pp > 1 && sends * act * r->n_micro > r->pp_bytes)
             r->pp_bytes = sends * act * r->n_micro;
+        all += t.compute + t.tp + t.pp;
         if (t.compute + t.tp + t.pp > slow->compute + slow->tp + slow->pp) *slow = t;
         /* dp: every gradient float, and the tied embedding between the end stages */
         double dpb = r->dp > 1 ? (double)mm.params : 0;
         if (r->pp > 1 && (s == 0 || s == r->pp - 1)) dpb += (double)d.Vl * d.C * sizeof(float);
         if (dpb > r->dp_bytes) r->dp_bytes = dpb;
     }
+    slow->all = all;
     free(layers);
     return rc;
 }
@@ -288,11 +298,18 @@ int plan_layout(const Config *cfg, const Cluster *cl, int tp, int pp, int ranks_
     link(cl, cl->nodes > 1 && tp * dp > ranks_per_node, &a, &b);
     const int m = row->n_micro;
     row->t_compute = mt.compute * m, row->t_tp = mt.tp * m, row->t_pp = mt.pp * m;
-    row->t_bubble = (mt.compute + mt.tp + mt.pp) * (pp - 1);
+    /* the other stages' micro-batches fill and drain the pipeline once */
+    row->t_bubble = mt.all - (mt.compute + mt.tp + mt.pp);
     /* the gradients go in DP_BUCKET-float all-reduces: one latency term each */
     const double buckets = row->dp_bytes / ((double)DP_BUCKET * sizeof(float));
     row->t_dp = allreduce_s(row->dp_bytes, dp, a, b) +
                 (dp > 1 ? (buckets > 1 ? buckets - 1 : 0) * 2.0 * (dp - 1) * a : 0);
+    if (pp > 1) { /* the tied embedding's gradient, between the first and last stage */
+        ModelDims d;
+        model_dims_config(&d, cfg, tp, 0);
+        link(cl, pp_spans(cl, row), &a, &b);
+        row->t_dp += allreduce_s((double)d.Vl * d.C * sizeof(float), 2, a, b);
+    }
     const double nparams = (double)row->mem.params / sizeof(float);
     row->t_optimizer = nparams * 28.0 / (cl->mem_bw_gbs * 1e9 / ranks_per_node);
     row->t_step =

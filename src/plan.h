@@ -10,9 +10,11 @@
  * The time model: compute is FLOPs over the sgemm rate times the measured
  * efficiency; a ring all-reduce of n bytes over p ranks costs
  * 2(p-1) alpha + 2 (p-1)/p n / beta (alpha, beta those of shared memory when
- * the group is on one node, of the network otherwise); a pipeline runs
- * (m + pp - 1) slots of its slowest stage's micro-batch (the bubble is
- * pp - 1 of them); AdamW streams 28 bytes per parameter through memory.
+ * the group is on one node, of the network otherwise); a pipeline of m
+ * micro-batches takes m of its slowest stage's micro-batch plus one of
+ * every other stage's (the fill and drain: the bubble, (pp - 1) / (m + pp
+ * - 1) of the step when the stages are balanced); AdamW streams 28 bytes per
+ * parameter through memory.
  */
 #ifndef MODTRAIN_PLAN_H
 #define MODTRAIN_PLAN_H

@@ -1,8 +1,8 @@
 #!/bin/sh
 # `modtrain plan`'s step time against measured ones. Calibration: `plan
-# --calibrate` (2 ranks) measures this machine, and a short run of a
-# different model (d_model 256, 4 layers, byte vocabulary, 1 rank x all
-# cores) gives the efficiency (its MFU). Checked: a model whose state
+# --calibrate` (2 ranks) measures this machine, and a short run of another
+# model (d_model 384, 6 layers, GPT-2's vocabulary, 1 rank x all cores)
+# gives the efficiency (its MFU). Checked: a model whose state
 # dominates the baseline (d_model 512, 8 layers, vocabulary 50257) under
 # every layout of 1, 2 and 4 ranks; for each, the plan's step time beside
 # the measured mean (steps 2..N). Goal: within 25% where ranks x threads fit
@@ -24,7 +24,8 @@ mean_ms() { # RUN_DIR: mean step_time_ms over steps 2..
     grep '"loss"' "$1/metrics.jsonl" | awk -F'"step_time_ms":' 'NR > 1 { split($2, a, ","); t += a[1]; n++ }
         END { printf "%.1f", t / n }'
 }
-"$MODTRAIN" train --n_layer 4 --d_model 256 --n_head 8 --seq_len 128 --batch_size 8 --route_every 0 \
+"$MODTRAIN" train --n_layer 6 --d_model 384 --n_head 6 --seq_len 64 --vocab_size 50257 --batch_size 8 \
+    --micro_batch 2 --route_every 0 \
     --steps "$steps" --train_data data/train.bin --val_data "" --ckpt_every 0 --run_dir cal \
     --resume never --log_every 1000 > cal.log
 eff=$(grep '"loss"' cal/metrics.jsonl | awk -F'"mfu":' 'NR > 1 { split($2, a, ","); s += a[1]; n++ } END { printf "%.3f", s / n }')
