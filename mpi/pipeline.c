@@ -12,6 +12,7 @@
 #include "mpi/check.h"
 
 double pp_wait_s = 0;
+unsigned long long pp_bytes = 0;
 
 static int stage_of(MPI_Comm comm) {
     int r = 0;
@@ -58,9 +59,11 @@ static void do_forward(PpRun *r, int mb) {
     }
     st->forward(st->ctx, mb, slot);
     if (++r->live > r->max_live) r->max_live = r->live;
-    if (r->stage < r->stages - 1)
+    if (r->stage < r->stages - 1) {
         MPI_CHECK(MPI_Isend(st->output(st->ctx, slot), (int)st->count, MPI_FLOAT, r->stage + 1, mb,
                             r->comm, &r->fwd_req[slot]));
+        pp_bytes += st->count * sizeof(float);
+    }
 }
 
 static void do_backward(PpRun *r, int mb) {
@@ -79,6 +82,7 @@ static void do_backward(PpRun *r, int mb) {
         memcpy(r->bwd_buf[slot], st->grad_in(st->ctx), st->count * sizeof(float));
         MPI_CHECK(MPI_Isend(r->bwd_buf[slot], (int)st->count, MPI_FLOAT, r->stage - 1, mb,
                             r->comm, &r->bwd_req[slot]));
+        pp_bytes += st->count * sizeof(float);
     }
 }
 

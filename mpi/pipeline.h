@@ -51,6 +51,8 @@ void pp_run(PpSchedule s, int n_micro, MPI_Comm pp_comm, const PpStage *st, int 
 
 /* Seconds this rank spent waiting for its neighbours in pp_run (benchmarks). */
 extern double pp_wait_s;
+/* Bytes this rank has sent to its neighbouring stages since start. */
+extern unsigned long long pp_bytes;
 
 /* Ranks 0 and 1 of comm send `bytes` back and forth `reps` times; returns
  * the best one-way time in seconds on both (0 on the other ranks, or with

@@ -133,6 +133,16 @@ static int plan_print(const Config *c, const Cluster *cl, const PlanArgs *a) {
     for (int i = 0; i < n && i < a->top; i++) print_row(&rows[i]);
     if (n > a->top) printf("(%d more; --top N shows more)\n", n - a->top);
     if (stage) { /* exact figures of the one layout (the tests compare them) */
+        const ModelMemory *mm = &one.mem;
+        char b[8][32];
+        const size_t parts[8] = {
+            mm->params,  mm->grads,      mm->moments, mm->acts,
+            mm->scratch, one.comm_bytes, mm->staging, one.rank_bytes - mm->total - one.comm_bytes};
+        for (int i = 0; i < 8; i++) format_bytes(b[i], sizeof b[i], parts[i]);
+        printf(
+            "memory of the largest stage's rank: parameters %s, gradients %s, AdamW moments %s, "
+            "activations %s, scratch %s, pipeline buffers %s, checkpoint staging %s, baseline %s\n",
+            b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]);
         printf("bytes per step of the busiest rank: tp %.0f, dp %.0f, pp %.0f\n", one.tp_bytes,
                one.dp_bytes, one.pp_bytes);
         printf("step %.6f s: compute %.6f, tp %.6f, pp %.6f, bubble %.6f, dp %.6f, optimizer %.6f\n",

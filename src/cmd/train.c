@@ -60,7 +60,7 @@ typedef struct {
 /* What one step measured. */
 typedef struct {
     double loss, grad_norm, lr, dt, bubble, fpt;
-    unsigned long long tp_bytes, dp_bytes;
+    unsigned long long tp_bytes, dp_bytes, pp_bytes;
     int live;
 } StepResult;
 
@@ -419,7 +419,7 @@ static void run_step(Run *r, int step, StepResult *out) {
     Model *m = &r->m;
     const Grid *g = &r->grid;
     const double t0 = now_s(), wait0 = pp_wait_s, tp_s0 = tp_time_s;
-    const unsigned long long tp0 = tp_bytes, dp0 = dp_bytes;
+    const unsigned long long tp0 = tp_bytes, dp0 = dp_bytes, pp0 = pp_bytes;
     model_zero_grad(m);
     model_stats_reset(m);
     /* schedule: the micro-batches' forwards and backwards */
@@ -465,6 +465,7 @@ static void run_step(Run *r, int step, StepResult *out) {
     out->dt = now_s() - t0;
     out->tp_bytes = tp_bytes - tp0;
     out->dp_bytes = dp_bytes - dp0;
+    out->pp_bytes = pp_bytes - pp0;
     /* the pipeline bubble: the share of the step each stage spent waiting on
      * its neighbours, averaged over the stages */
     out->bubble = (pp_wait_s - wait0) / out->dt;
@@ -497,9 +498,10 @@ static void run_log(Run *r, int step, const StepResult *s) {
     mprintf(r->metrics,
             ",\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"step_time_ms\":%.3f,"
             "\"mfu\":%.4f,\"flops_per_token\":%.0f,\"flops_ratio_dense\":%.4f,"
-            "\"tp_bytes\":%llu,\"dp_bytes\":%llu,\"pp_live\":%d,\"pp_bubble\":%.4f",
+            "\"tp_bytes\":%llu,\"dp_bytes\":%llu,\"pp_bytes\":%llu,\"pp_live\":%d,"
+            "\"pp_bubble\":%.4f",
             s->lr, s->grad_norm, tps, s->dt * 1e3, mfu, s->fpt, s->fpt / r->dense_fpt, s->tp_bytes,
-            s->dp_bytes, s->live, s->bubble);
+            s->dp_bytes, s->pp_bytes, s->live, s->bubble);
     phases_json(&r->ph, r->grid.world, r->metrics);
     mprintf(r->metrics, "}\n");
     if (done % c->log_every != 0 && done != c->steps && step != r->start) return;

@@ -4,8 +4,8 @@
 # baseline (d_model 512, 8 layers, vocabulary 50257: 51 M parameters) then
 # trains under 1 rank and under tp 2, dp 2 and pp 2; for each, the plan's
 # memory for every rank's stage is within 15% of that rank's measured peak
-# RSS, and the tp and dp bytes per step it predicts equal the ones the run
-# counted (metrics.jsonl) exactly. Bad cluster files and layouts are
+# RSS, and the tp, dp and pp bytes per step it predicts equal the ones the
+# run counted (metrics.jsonl) exactly. Bad cluster files and layouts are
 # one-line errors.
 . "$(dirname "$0")/../scripts/lib.sh"
 prep_fortunes
@@ -43,7 +43,7 @@ import json, re, sys
 name, tp, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 plan = open(name + ".plan").read()
 stage = [int(x) for x in re.findall(r"^stage \d+: (\d+) bytes per rank", plan, re.M)]
-tpb, dpb = map(float, re.search(r"tp (\d+), dp (\d+),", plan).groups())
+tpb, dpb, ppb = map(float, re.search(r"tp (\d+), dp (\d+), pp (\d+)", plan).groups())
 last = [json.loads(l) for l in open(name + "/metrics.jsonl") if '"loss"' in l][-1]
 out = []
 for r in range(n):
@@ -53,8 +53,9 @@ for r in range(n):
     err = (want - rss) / rss
     out.append("rank %d %.0f MiB planned %.0f (%+.1f%%)" % (r, rss / 2**20, want / 2**20, 100 * err))
     assert abs(err) <= 0.15, out
-assert last["tp_bytes"] == tpb and last["dp_bytes"] == dpb, (last["tp_bytes"], tpb, last["dp_bytes"], dpb)
-out.append("tp %d dp %d bytes per step, as counted" % (tpb, dpb))
+got = (last["tp_bytes"], last["dp_bytes"], last["pp_bytes"])
+assert got == (tpb, dpb, ppb), (got, (tpb, dpb, ppb))
+out.append("tp %d, dp %d, pp %d bytes per step, as counted" % got)
 print("; ".join(out))
 PY
 }
