@@ -5,8 +5,9 @@
 # trains under 1 rank and under tp 2, dp 2 and pp 2; for each, the plan's
 # memory for every rank's stage is within 15% of that rank's measured peak
 # RSS, and the tp, dp and pp bytes per step it predicts equal the ones the
-# run counted (metrics.jsonl) exactly. Bad cluster files and layouts are
-# one-line errors.
+# run counted (metrics.jsonl) exactly; so do a small Mixture-of-Depths
+# model's under tp 2 and pp 2 (routed blocks all-reduce their k tokens
+# only). Bad cluster files and layouts are one-line errors.
 . "$(dirname "$0")/../scripts/lib.sh"
 prep_fortunes
 PEAKRSS=${PEAKRSS:-$(dirname "$MODTRAIN")/tests/tools/peakrss}
@@ -63,6 +64,21 @@ for lay in "one 1 1 1" "tp2 2 1 2" "dp2 1 1 2" "pp2 1 2 2"; do
     set -- $lay
     if got=$(check "$@" 2>&1); then ok "$1: $got"; else fail "$1: $got"; fi
 done
+sed -e 's/^n_layer = 8/n_layer = 4/' -e 's/^d_model = 512/d_model = 64/' -e 's/^vocab_size = 50257/vocab_size = 300/' \
+    -e 's/^route_every = 0/route_every = 2\ncapacity = 0.25/' -e 's/^seq_len = 64/seq_len = 32\nmicro_batch = 2/' plan.conf > mod.conf
+for lay in "2 1" "1 2"; do
+    set -- $lay
+    name=mod-$1-$2
+    "$MODTRAIN" plan --config mod.conf --cluster cluster.conf --layout "$1,$2,2" > "$name.plan" 2>&1 &&
+        timeout 300 $MPIRUN -np 2 "$MODTRAIN" train --config mod.conf --tp "$1" --pp "$2" --run_dir "$name" \
+            > "$name.log" 2>&1 || { cat "$name.plan" "$name.log"; fail "$name"; continue; }
+    want=$(sed -n 's/^bytes per step of the busiest rank: tp \([0-9]*\), dp \([0-9]*\), pp \([0-9]*\)$/\1 \2 \3/p' "$name.plan")
+    got=$(grep '"loss"' "$name/metrics.jsonl" | tail -n 1 |
+        sed 's/.*"tp_bytes":\([0-9]*\),"dp_bytes":\([0-9]*\),"pp_bytes":\([0-9]*\).*/\1 \2 \3/')
+    [ -n "$want" ] && [ "$want" = "$got" ] && ok "MoD, tp $1, pp $2: tp, dp, pp bytes per step $got, as planned" ||
+        fail "MoD, tp $1, pp $2: planned '$want', counted '$got'"
+done
+
 printf 'nodes = 2\ncores_per_node = x\n' > bad.conf
 out=$("$MODTRAIN" plan --config plan.conf --cluster bad.conf 2>&1) && fail "a bad cluster file was accepted" ||
     { [ "$(printf '%s\n' "$out" | wc -l)" -eq 1 ] && printf '%s' "$out" | grep -q "bad.conf:2: cores_per_node = 'x' is not an integer" &&

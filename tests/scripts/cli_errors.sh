@@ -85,5 +85,6 @@ expect_error "unknown command 'trian'" "$MODTRAIN" trian
 for c in prep tokenize train eval sample ckpt plan; do
     if "$MODTRAIN" $c --help > help.txt 2>&1 && [ -s help.txt ]; then ok "modtrain $c --help"; else fail "modtrain $c --help"; fi
 done
-"$MODTRAIN" --version | grep -q "^modtrain [0-9]" && ok "--version" || fail "--version"
+"$MODTRAIN" --version | grep -q "^modtrain [0-9].* with [a-z0-9_]* kernels: BLIS_ARCH_TYPE=[0-9]" &&
+    ok "--version names the BLIS kernels" || fail "--version: $("$MODTRAIN" --version)"
 finish
