@@ -7,11 +7,15 @@
 # RSS, and the tp, dp and pp bytes per step it predicts equal the ones the
 # run counted (metrics.jsonl) exactly; so do a small Mixture-of-Depths
 # model's under tp 2 and pp 2 (routed blocks all-reduce their k tokens
-# only). Bad cluster files and layouts are one-line errors.
+# only). Bad cluster files and layouts are one-line errors. Under
+# AddressSanitizer (its shadow memory, redzones and quarantine grow with
+# every allocation) the memory figures are printed but not held to 15%.
 . "$(dirname "$0")/../scripts/lib.sh"
 prep_fortunes
 PEAKRSS=${PEAKRSS:-$(dirname "$MODTRAIN")/tests/tools/peakrss}
 MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
+asan=0
+ldd "$MODTRAIN" | grep -q libasan && asan=1
 cd "$TMP"
 $MPIRUN -np 2 "$MODTRAIN" plan --calibrate --out cluster.conf > cal.log 2>&1 ||
     { cat cal.log; fail "plan --calibrate"; finish; }
@@ -39,9 +43,9 @@ check() { # NAME TP PP RANKS
     timeout 300 $MPIRUN -np "$n" sh -c "exec '$PEAKRSS' '$name.rss.'\$OMPI_COMM_WORLD_RANK '$MODTRAIN' train \
         --config plan.conf --tp $tp --pp $pp --run_dir $name" > "$name.log" 2>&1 ||
         { cat "$name.log"; return 1; }
-    "$PYTHON" - "$name" "$tp" "$n" <<'PY'
+    "$PYTHON" - "$name" "$tp" "$n" "$asan" <<'PY'
 import json, re, sys
-name, tp, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+name, tp, n, asan = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
 plan = open(name + ".plan").read()
 stage = [int(x) for x in re.findall(r"^stage \d+: (\d+) bytes per rank", plan, re.M)]
 tpb, dpb, ppb = map(float, re.search(r"tp (\d+), dp (\d+), pp (\d+)", plan).groups())
@@ -53,10 +57,12 @@ for r in range(n):
     want = stage[pp_rank]
     err = (want - rss) / rss
     out.append("rank %d %.0f MiB planned %.0f (%+.1f%%)" % (r, rss / 2**20, want / 2**20, 100 * err))
-    assert abs(err) <= 0.15, out
+    assert asan or abs(err) <= 0.15, out
 got = (last["tp_bytes"], last["dp_bytes"], last["pp_bytes"])
 assert got == (tpb, dpb, ppb), (got, (tpb, dpb, ppb))
 out.append("tp %d, dp %d, pp %d bytes per step, as counted" % got)
+if asan:
+    out.append("memory not held to 15% under AddressSanitizer")
 print("; ".join(out))
 PY
 }
