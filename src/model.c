@@ -542,6 +542,12 @@ static int causal_decision(const ModelDims *d, float r, float plogit) {
     return d->predictor ? plogit > 0.f : r > 0.f;
 }
 
+float model_gate(const ModelDims *d, float r) { return gate_value(d->gate, r); }
+
+int model_causal(const ModelDims *d, float r, float plogit) {
+    return causal_decision(d, r, plogit);
+}
+
 /* BCE of a logit z against a 0/1 target, in a form that never overflows. */
 static double bce_logit(float z, int target) {
     return (z > 0 ? z : 0) - (double)z * target + log1p(exp(-fabs((double)z)));

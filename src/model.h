@@ -60,6 +60,11 @@ int model_capacity_k(const ModelDims *d, int T);
 /* member[t] = 1 for the k positions with the largest r (ties to the lower
  * position), 0 elsewhere. */
 void model_topk(unsigned char *member, const float *r, int T, int k);
+/* g(r), the weight a routed block's output is scaled by. */
+float model_gate(const ModelDims *d, float r);
+/* The causal decision for a token with router logit r and predictor logit
+ * plogit (read only with causal_router = predictor): 1 to process it. */
+int model_causal(const ModelDims *d, float r, float plogit);
 
 typedef enum { INIT_NORMAL, INIT_RESID, INIT_ZERO, INIT_ONE } InitKind;
 

@@ -21,29 +21,9 @@
 
 #include <stddef.h>
 
+#include "src/cluster.h"
 #include "src/config.h"
 #include "src/model.h"
-
-/* A cluster: stated, or measured by `modtrain plan --calibrate`. */
-typedef struct {
-    int nodes, cores_per_node;
-    double mem_per_node_gib;
-    double gflops_per_core;            /* sgemm on one core */
-    double efficiency;                 /* share of that a training step reaches */
-    double mem_bw_gbs;                 /* one node's memory bandwidth */
-    double shm_bw_gbs, shm_latency_us; /* MPI between ranks of a node */
-    double net_bw_gbs, net_latency_us; /* MPI between nodes */
-    double fs_bw_gbs;                  /* the checkpoint file system */
-    double pack_mbs;                   /* checkpoint packing, MB/s of state per rank */
-    double baseline_mib;               /* a rank's RSS before the model: MPI, BLIS, runtime */
-} Cluster;
-
-void cluster_defaults(Cluster *c);
-/* Reads `key = value` lines (# comments) over the defaults; every value is
- * a strict number in range. Returns 0, or -1 with err naming the line. */
-int cluster_load(Cluster *c, const char *path, Err *err);
-/* Writes c as a cluster file. Returns 0 or -1 with err set. */
-int cluster_write(const Cluster *c, const char *path, Err *err);
 
 typedef struct {
     int tp, pp, dp, ranks_per_node, threads;
@@ -58,6 +38,12 @@ typedef struct {
     double tokens_per_s;
     double ckpt_bytes, ckpt_s; /* stored size (at the measured ratio 1.2) and save time */
 } PlanRow;
+
+/* Model FLOPs per token of a training step (forward and backward), as train
+ * counts them: routed blocks at their realised capacity k / seq_len. */
+double plan_flops_per_token(const Config *cfg);
+/* Parameters of the model (the tied embedding once, V rows). */
+size_t plan_num_params(const Config *cfg);
 
 /* The plan of one layout: tp x pp x dp ranks, ranks_per_node of them on a
  * node. cfg's vocab_size must be set. With stage_bytes (pp entries), each

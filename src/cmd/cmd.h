@@ -56,6 +56,13 @@ void check_model_fault(const Model *m);
 double evaluate(Model *m, const Shard *s, int micro, size_t n_seqs, RouteMode mode, int backward,
                 float aux_weight);
 
+/* The tokenizer a shard header's code names (TOK_AUTO for none), and back
+ * (SHARD_TOK_UNKNOWN for auto and none). */
+Tokenizer tokenizer_of_shard(int shard_tokenizer);
+int shard_code_of_tokenizer(Tokenizer t);
+/* A vocabulary hash as the 16 lowercase hex digits configs record. */
+void format_vocab_hash(uint64_t hash, char hex[CONFIG_HASH_HEX + 1]);
+
 /* Restores a run from a checkpoint as cfg->resume says: auto (the newest
  * checkpoint of ckpt_dir that loads, falling back to older ones), never, or
  * a path. Collective over comm. Returns 1 loaded (*start = its step), 0

@@ -4,6 +4,7 @@
  * pipeline when there is one).
  */
 #include <limits.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include "mpi/check.h"
@@ -75,4 +76,18 @@ double evaluate(Model *m, const Shard *s, int micro, size_t n_seqs, RouteMode mo
     free(inputs);
     free(targets);
     return total / tokens;
+}
+
+Tokenizer tokenizer_of_shard(int shard_tokenizer) {
+    return shard_tokenizer == SHARD_TOK_BYTE   ? TOK_BYTE
+           : shard_tokenizer == SHARD_TOK_GPT2 ? TOK_GPT2
+                                               : TOK_AUTO;
+}
+
+int shard_code_of_tokenizer(Tokenizer t) {
+    return t == TOK_BYTE ? SHARD_TOK_BYTE : t == TOK_GPT2 ? SHARD_TOK_GPT2 : SHARD_TOK_UNKNOWN;
+}
+
+void format_vocab_hash(uint64_t hash, char hex[CONFIG_HASH_HEX + 1]) {
+    snprintf(hex, CONFIG_HASH_HEX + 1, "%016llx", (unsigned long long)hash);
 }

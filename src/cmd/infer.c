@@ -66,11 +66,65 @@ static void infer_close(Infer *in) {
     grid_free(&in->grid);
 }
 
+/* The tokenizer the checkpoint records: *bpe stays NULL for bytes, or is
+ * GPT-2's from --vocab, checked against the recorded hash. *vdraw is the
+ * number of ids that have text (a padded vocabulary has more rows). Returns
+ * 0, or -1 with err set. */
+static int infer_tokenizer(const Infer *in, const char *cmd, const char *vocab, Bpe **bpe,
+                           int *vdraw, Err *err) {
+    const Config *c = &in->cfg;
+    const int V = in->m.d.V;
+    *bpe = NULL;
+    *vdraw = V;
+    if (c->tokenizer == TOK_BYTE) {
+        if (vocab)
+            return err_set(err,
+                           "%s: the model was trained on byte tokens; --vocab is for models "
+                           "trained on gpt2 tokens (leave it out)",
+                           cmd);
+        if (V != 256)
+            return err_set(err,
+                           "%s: the model has vocab_size = %d; text with the byte tokenizer "
+                           "needs vocab_size = 256",
+                           cmd, V);
+        return 0;
+    }
+    if (c->tokenizer != TOK_GPT2)
+        return err_set(err,
+                       "%s: the checkpoint records no tokenizer for its %d-token vocabulary "
+                       "(tokenizer = none); train with tokenizer = byte or gpt2 for text",
+                       cmd, V);
+    if (!vocab)
+        return err_set(err,
+                       "%s: the model was trained on gpt2 tokens; pass --vocab DIR with its "
+                       "encoder.json and vocab.bpe (jobs/get_gpt2_vocab.sh DIR places GPT-2's)",
+                       cmd);
+    if (!(*bpe = bpe_load(vocab, err))) return -1;
+    char hex[CONFIG_HASH_HEX + 1];
+    format_vocab_hash(bpe_hash(*bpe), hex);
+    const char *why = NULL;
+    if (c->tokenizer_hash[0] && strcmp(hex, c->tokenizer_hash) != 0)
+        why = "its vocabulary hash differs from the one the model was trained with";
+    else if (bpe_vocab_size(*bpe) > V || bpe_eot(*bpe) < 0)
+        why = bpe_eot(*bpe) < 0 ? "it has no <|endoftext|>" : "it has more tokens than the model";
+    if (why) {
+        err_set(err,
+                "%s: '%s' is not this model's vocabulary: %s (%s, %d tokens; the model: %s, %d)",
+                cmd, vocab, why, hex, bpe_vocab_size(*bpe),
+                c->tokenizer_hash[0] ? c->tokenizer_hash : "no hash", V);
+        bpe_free(*bpe);
+        *bpe = NULL;
+        return -1;
+    }
+    *vdraw = bpe_vocab_size(*bpe);
+    return 0;
+}
+
 /* ------------------------------------------------------------------ eval */
 
 typedef struct {
-    const char *ckpt, *data, *grads, *routing;
-    int json, batches, micro, threads, pp;
+    const char *ckpt, *data, *grads, *grads_routing, *routing, *vocab;
+    int json, batches, micro, threads, pp, routing_seqs;
     double aux_weight;
     RouteMode grad_mode;
 } EvalArgs;
@@ -79,7 +133,11 @@ typedef struct {
 static int eval_args(EvalArgs *a, int argc, char **argv) {
     Config defaults;
     config_defaults(&defaults);
-    *a = (EvalArgs){.routing = "topk", .micro = 8, .pp = 1, .aux_weight = defaults.aux_weight};
+    *a = (EvalArgs){.grads_routing = "topk",
+                    .micro = 8,
+                    .pp = 1,
+                    .routing_seqs = 4,
+                    .aux_weight = defaults.aux_weight};
     CliOpt opts[] = {
         {"ckpt", CLI_STR, &a->ckpt, "checkpoint: a ckpt_dir (its newest) or a step directory"},
         {"data", CLI_STR, &a->data, "token shard to evaluate on"},
@@ -88,7 +146,13 @@ static int eval_args(EvalArgs *a, int argc, char **argv) {
         {"micro_batch", CLI_INT, &a->micro, "sequences per forward (8)"},
         {"threads", CLI_INT, &a->threads, "threads; 0 = all cores (0)"},
         {"grads", CLI_STR, &a->grads, "also write the loss gradients as safetensors to this file"},
-        {"routing", CLI_STR, &a->routing, "routing for --grads: topk or causal (topk)"},
+        {"grads_routing", CLI_STR, &a->grads_routing, "routing for --grads: topk or causal (topk)"},
+        {"routing", CLI_STR, &a->routing,
+         "also write each routed block's decision for every token of the first sequences to "
+         "this file"},
+        {"routing_seqs", CLI_INT, &a->routing_seqs, "sequences --routing covers (4)"},
+        {"vocab", CLI_STR, &a->vocab,
+         "folder with encoder.json and vocab.bpe, to decode gpt2 tokens in --routing"},
         {"aux_weight", CLI_FLOAT, &a->aux_weight, "weight of the router's BCE in --grads (0.1)"},
         {"pp", CLI_INT, &a->pp, "pipeline stages over the ranks; the rest is tensor-parallel (1)"},
         {NULL, 0, NULL, NULL}};
@@ -101,19 +165,20 @@ static int eval_args(EvalArgs *a, int argc, char **argv) {
         errorf("eval: --ckpt and --data are required (see modtrain eval --help)");
         return EXIT_USAGE;
     }
-    if (a->micro < 1 || a->batches < 0 || a->threads < 0) {
-        errorf("eval: --micro_batch must be >= 1, --batches and --threads >= 0");
+    if (a->micro < 1 || a->batches < 0 || a->threads < 0 || a->routing_seqs < 1) {
+        errorf("eval: --micro_batch and --routing_seqs must be >= 1, --batches and --threads >= 0");
         return EXIT_USAGE;
     }
-    if (strcmp(a->routing, "topk") != 0 && strcmp(a->routing, "causal") != 0) {
-        errorf("eval: --routing '%s' is not one of topk/causal", a->routing);
+    if (strcmp(a->grads_routing, "topk") != 0 && strcmp(a->grads_routing, "causal") != 0) {
+        errorf("eval: --grads_routing '%s' is not one of topk/causal", a->grads_routing);
         return EXIT_USAGE;
     }
-    if (a->grads && a->pp > 1) {
-        errorf("eval: --grads needs the whole model on each rank (--pp 1)");
+    if ((a->grads || a->routing) && a->pp > 1) {
+        errorf("eval: --%s needs the whole model on each rank (--pp 1)",
+               a->grads ? "grads" : "routing");
         return EXIT_USAGE;
     }
-    a->grad_mode = strcmp(a->routing, "causal") == 0 ? ROUTE_CAUSAL : ROUTE_TOPK;
+    a->grad_mode = strcmp(a->grads_routing, "causal") == 0 ? ROUTE_CAUSAL : ROUTE_TOPK;
     return 1;
 }
 
@@ -188,11 +253,9 @@ static void warn_vocab(const Shard *s, const Infer *in) {
         errorf("warning: eval: '%s' was written for a %d-token vocabulary, but the model has "
                "vocab_size = %d",
                s->path, sm->vocab, in->m.d.V);
-    const int mine = c->tokenizer == TOK_BYTE   ? SHARD_TOK_BYTE
-                     : c->tokenizer == TOK_GPT2 ? SHARD_TOK_GPT2
-                                                : SHARD_TOK_UNKNOWN;
+    const int mine = shard_code_of_tokenizer(c->tokenizer);
     char hex[CONFIG_HASH_HEX + 1], what[64];
-    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)sm->vocab_hash);
+    format_vocab_hash(sm->vocab_hash, hex);
     shard_describe_tokenizer(sm, what, sizeof what);
     if (sm->tokenizer &&
         (sm->tokenizer != mine ||
@@ -201,6 +264,106 @@ static void warn_vocab(const Shard *s, const Infer *in) {
             "warning: eval: '%s' was tokenized by %s, but the model was trained on %s tokens%s%s%s",
             s->path, what, shard_tokenizer_name(mine), c->tokenizer_hash[0] ? " (vocabulary " : "",
             c->tokenizer_hash, c->tokenizer_hash[0] ? ")" : "");
+}
+
+/* A token's text in a routing dump's tab-separated column: bytes as they
+ * are, except backslash, tab, newline and other control bytes (and a lone
+ * byte above 0x7f, not UTF-8 by itself), which are escaped. */
+static void put_text(FILE *f, const uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const int c = p[i];
+        if (c == '\\') fputs("\\\\", f);
+        else if (c == '\t') fputs("\\t", f);
+        else if (c == '\n') fputs("\\n", f);
+        else if (c < 0x20 || c == 0x7f || (c > 0x7f && n == 1)) fprintf(f, "\\x%02x", c);
+        else fputc(c, f);
+    }
+}
+
+/* One micro-batch's decisions: every routed block of every sequence, one
+ * line per token. */
+static void routing_rows(FILE *f, const Model *m, const int *inputs, int B, int T, size_t seq0,
+                         const Bpe *bpe) {
+    const ModelDims *d = &m->d;
+    for (int b = 0; b < B; b++)
+        for (int l = 0; l < d->L; l++) {
+            if (!model_is_routed(d, l)) continue;
+            const BlockActs *A = &m->cur->acts[l];
+            for (int t = 0; t < T; t++) {
+                const size_t i = (size_t)b * T + t;
+                const int tok = inputs[i];
+                fprintf(f, "%zu\t%d\t%d\t%d\t", seq0 + b, t, l, tok);
+                size_t n = 1;
+                const uint8_t byte = (uint8_t)tok, *text = bpe ? bpe_token(bpe, tok, &n) : &byte;
+                if (bpe || d->V == 256) put_text(f, text, text ? n : 0);
+                const float z = d->predictor ? A->plogit[i] : 0.f;
+                fprintf(f, "\t%d\t%.9g\t%.9g\t%d\n", A->topk[i], A->r[i], model_gate(d, A->r[i]),
+                        model_causal(d, A->r[i], z));
+            }
+        }
+}
+
+/* --routing: the top-k forward of the first --routing_seqs sequences, and
+ * each routed block's decision for each of their tokens, written by rank 0
+ * (the tp ranks route alike) through a temporary file renamed into place.
+ * Returns the exit code. */
+static int eval_routing(Infer *in, const EvalArgs *a, const Shard *s, size_t n_seqs) {
+    Model *m = &in->m;
+    const int T = in->cfg.seq_len, rank0 = in->grid.world_rank == 0;
+    Err err = {0};
+    Bpe *bpe = NULL;
+    int vdraw, rc = 0;
+    if (in->cfg.tokenizer == TOK_BYTE || a->vocab)
+        rc = infer_tokenizer(in, "eval", a->vocab, &bpe, &vdraw, &err);
+    char tmp[4096];
+    FILE *f = NULL;
+    if (rc == 0 && rank0) {
+        snprintf(tmp, sizeof tmp, "%s.tmp", a->routing);
+        if (!(f = fopen(tmp, "w")))
+            rc = err_set(&err, "eval: cannot write '%s': %s", tmp, strerror(errno));
+    }
+    if (cmd_agree(rc, &err, MPI_COMM_WORLD) != 0) {
+        bpe_free(bpe);
+        return EXIT_USAGE;
+    }
+    const size_t n = (size_t)a->routing_seqs < n_seqs ? (size_t)a->routing_seqs : n_seqs;
+    if (f)
+        fprintf(
+            f,
+            "# modtrain routing: checkpoint step %d, seq_len %d, k %d, capacity %g, route_every "
+            "%d, causal_router %s, tokenizer %s, %zu sequences\n"
+            "seq\tpos\tblock\ttoken\ttext\ttopk\trouter\tweight\tcausal\n",
+            in->step, T, model_capacity_k(&m->d, T), in->cfg.capacity, in->cfg.route_every,
+            in->cfg.causal_router == CAUSAL_PREDICTOR ? "predictor" : "aux_loss",
+            in->cfg.tokenizer == TOK_BYTE ? "byte"
+            : bpe                         ? "gpt2"
+                                          : "none",
+            n);
+    int *inputs = xmalloc((size_t)a->micro * T * sizeof(int));
+    int *targets = xmalloc((size_t)a->micro * T * sizeof(int));
+    const RouteMode saved = m->route;
+    m->route = ROUTE_TOPK;
+    model_use_slot(m, 0);
+    for (size_t w = 0; w < n;) {
+        const size_t seq0 = w;
+        int B = 0;
+        for (; B < a->micro && w < n; B++, w++)
+            shard_get_seq(s, w, T, inputs + (size_t)B * T, targets + (size_t)B * T);
+        model_forward(m, inputs, targets, B, T);
+        check_model_fault(m);
+        if (f) routing_rows(f, m, inputs, B, T, seq0, bpe);
+    }
+    m->route = saved;
+    free(inputs);
+    free(targets);
+    bpe_free(bpe);
+    if (f && (ferror(f) | fclose(f)) != 0)
+        rc = err_set(&err, "eval: cannot write '%s': %s", tmp, strerror(errno));
+    else if (f && rename(tmp, a->routing) != 0)
+        rc =
+            err_set(&err, "eval: cannot rename '%s' to '%s': %s", tmp, a->routing, strerror(errno));
+    if (rc != 0 && f) remove(tmp);
+    return cmd_agree(rc, &err, MPI_COMM_WORLD) == 0 ? EXIT_OK : EXIT_FAILURE;
 }
 
 int eval_main(int argc, char **argv) {
@@ -232,6 +395,7 @@ int eval_main(int argc, char **argv) {
                s.n_tokens, T + 1);
     else
         rc = eval_run(&in, &a, &s, total);
+    if (rc == EXIT_OK && a.routing) rc = eval_routing(&in, &a, &s, n_seqs);
     shard_free(&s);
     infer_close(&in);
     return rc;
@@ -317,58 +481,6 @@ static int sample_args(SampleArgs *a, int argc, char **argv) {
         return EXIT_USAGE;
     }
     return 1;
-}
-
-/* The tokenizer the checkpoint records: *bpe stays NULL for bytes, or is
- * GPT-2's from --vocab, checked against the recorded hash. *vdraw is the
- * number of ids that have text (a padded vocabulary has more rows). Returns
- * 0, or -1 with err set. */
-static int sample_tokenizer(const Infer *in, const SampleArgs *a, Bpe **bpe, int *vdraw, Err *err) {
-    const Config *c = &in->cfg;
-    const int V = in->m.d.V;
-    *bpe = NULL;
-    *vdraw = V;
-    if (c->tokenizer == TOK_BYTE) {
-        if (a->vocab)
-            return err_set(err,
-                           "sample: the model was trained on byte tokens; --vocab is for models "
-                           "trained on gpt2 tokens (leave it out)");
-        if (V != 256)
-            return err_set(err,
-                           "sample: the model has vocab_size = %d; text with the byte tokenizer "
-                           "needs vocab_size = 256",
-                           V);
-        return 0;
-    }
-    if (c->tokenizer != TOK_GPT2)
-        return err_set(err,
-                       "sample: the checkpoint records no tokenizer for its %d-token vocabulary "
-                       "(tokenizer = none); train with tokenizer = byte or gpt2 to sample text",
-                       V);
-    if (!a->vocab)
-        return err_set(err,
-                       "sample: the model was trained on gpt2 tokens; pass --vocab DIR with its "
-                       "encoder.json and vocab.bpe (jobs/get_gpt2_vocab.sh DIR places GPT-2's)");
-    if (!(*bpe = bpe_load(a->vocab, err))) return -1;
-    char hex[CONFIG_HASH_HEX + 1];
-    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)bpe_hash(*bpe));
-    const char *why = NULL;
-    if (c->tokenizer_hash[0] && strcmp(hex, c->tokenizer_hash) != 0)
-        why = "its vocabulary hash differs from the one the model was trained with";
-    else if (bpe_vocab_size(*bpe) > V || bpe_eot(*bpe) < 0)
-        why = bpe_eot(*bpe) < 0 ? "it has no <|endoftext|>" : "it has more tokens than the model";
-    if (why) {
-        err_set(
-            err,
-            "sample: '%s' is not this model's vocabulary: %s (%s, %d tokens; the model: %s, %d)",
-            a->vocab, why, hex, bpe_vocab_size(*bpe),
-            c->tokenizer_hash[0] ? c->tokenizer_hash : "no hash", V);
-        bpe_free(*bpe);
-        *bpe = NULL;
-        return -1;
-    }
-    *vdraw = bpe_vocab_size(*bpe);
-    return 0;
 }
 
 /* The text being generated, and where decoding stands in it. Only the
@@ -482,7 +594,7 @@ int sample_main(int argc, char **argv) {
     Err err;
     const int root = in.grid.world_rank == 0;
     Text tx = {.T = m->d.maxT};
-    rc = sample_tokenizer(&in, &a, &bpe, &tx.vdraw, &err);
+    rc = infer_tokenizer(&in, "sample", a.vocab, &bpe, &tx.vdraw, &err);
     if (rc == 0 && root && a.ids && !(tx.ids = fopen(a.ids, "w")))
         rc = err_set(&err, "sample: cannot write --ids '%s': %s", a.ids, strerror(errno));
     if (cmd_agree(rc, &err, MPI_COMM_WORLD) != 0) {

@@ -18,7 +18,7 @@
 
 typedef struct {
     const char *cluster, *out;
-    int calibrate, top, tp, pp, rpn;
+    int calibrate, flops, top, tp, pp, rpn;
 } PlanArgs;
 
 /* "TP,PP,RANKS_PER_NODE", each parsed strictly. Returns 0 or -1. */
@@ -49,14 +49,17 @@ static int plan_args(PlanArgs *a, int *argc, char **argv) {
             printf("usage: modtrain plan --config FILE [--cluster FILE] [--layout "
                    "TP,PP,RANKS_PER_NODE]\n"
                    "                     [--top N] [--key value ...]\n"
+                   "       modtrain plan --config FILE --flops [--key value ...]\n"
                    "       modtrain plan --calibrate --out FILE   (under mpirun -np 2 to measure "
                    "MPI)\n"
                    "Prints, for each layout of the config on the cluster: memory per rank, FLOPs\n"
                    "and bytes per step, the estimated step time and tokens/s, checkpoint size and\n"
-                   "save time; the best first, layouts that do not fit marked.\n");
+                   "save time; the best first, layouts that do not fit marked. --flops prints\n"
+                   "the model's parameters and training FLOPs per token and per step as JSON.\n");
             return 0;
         }
         if (strcmp(s, "--calibrate") == 0) a->calibrate = 1;
+        else if (strcmp(s, "--flops") == 0) a->flops = 1;
         else if ((strcmp(s, "--cluster") == 0 || strcmp(s, "--out") == 0) && v) {
             *(s[2] == 'c' ? &a->cluster : &a->out) = v;
             i++;
@@ -155,6 +158,20 @@ static int plan_print(const Config *c, const Cluster *cl, const PlanArgs *a) {
     return EXIT_OK;
 }
 
+/* The model's size and FLOPs as one JSON line (what an isoFLOP sweep needs
+ * to choose its steps): routed blocks at their realised capacity. */
+static int plan_flops(const Config *c) {
+    ModelDims d;
+    model_dims_config(&d, c, 1, 0);
+    const double fpt = plan_flops_per_token(c), tokens = (double)c->batch_size * c->seq_len;
+    printf("{\"params\":%zu,\"flops_per_token\":%.0f,\"dense_flops_per_token\":%.0f,"
+           "\"tokens_per_step\":%.0f,\"flops_per_step\":%.0f,\"k\":%d,\"seq_len\":%d}\n",
+           plan_num_params(c), fpt, model_flops_per_token(&d, c->seq_len, NULL), tokens,
+           fpt * tokens, c->route_every ? model_capacity_k(&d, c->seq_len) : c->seq_len,
+           c->seq_len);
+    return EXIT_OK;
+}
+
 /* Memory bandwidth: the best of a few passes of a[i] = b[i] + s*c[i] over
  * 3 x 64 MiB on all threads (bytes moved: 3 per element, as STREAM). */
 static double measure_mem_bw(void) {
@@ -238,5 +255,6 @@ int plan_main(int argc, char **argv) {
         return EXIT_USAGE;
     }
     plan_vocab(&c);
-    return rank == 0 ? plan_print(&c, &cl, &a) : EXIT_OK;
+    if (rank != 0) return EXIT_OK;
+    return a.flops ? plan_flops(&c) : plan_print(&c, &cl, &a);
 }

@@ -89,8 +89,9 @@ int tokenize_main(int argc, char **argv) {
         return EXIT_USAGE;
     }
     if (hash) {
-        printf("vocab_size %d\ntokenizer_hash %016llx\n", bpe_vocab_size(b),
-               (unsigned long long)bpe_hash(b));
+        char hex[CONFIG_HASH_HEX + 1];
+        format_vocab_hash(bpe_hash(b), hex);
+        printf("vocab_size %d\ntokenizer_hash %s\n", bpe_vocab_size(b), hex);
         bpe_free(b);
         return EXIT_OK;
     }

@@ -189,9 +189,7 @@ static int resolve_tokenizer(Config *c, const Shard *train, const Shard *val, Er
                        "data: '%s' was tokenized by %s but '%s' by %s; prep both with the same one",
                        val->path, v, train->path, w);
     }
-    const Tokenizer from_shard = t->tokenizer == SHARD_TOK_BYTE   ? TOK_BYTE
-                                 : t->tokenizer == SHARD_TOK_GPT2 ? TOK_GPT2
-                                                                  : TOK_AUTO;
+    const Tokenizer from_shard = tokenizer_of_shard(t->tokenizer);
     if (c->tokenizer == TOK_AUTO)
         c->tokenizer =
             from_shard != TOK_AUTO ? from_shard : config_tokenizer_for_vocab(c->vocab_size);
@@ -206,7 +204,7 @@ static int resolve_tokenizer(Config *c, const Shard *train, const Shard *val, Er
     }
     if (t->tokenizer == SHARD_TOK_GPT2) {
         char hex[CONFIG_HASH_HEX + 1];
-        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)t->vocab_hash);
+        format_vocab_hash(t->vocab_hash, hex);
         if (!c->tokenizer_hash[0]) snprintf(c->tokenizer_hash, sizeof c->tokenizer_hash, "%s", hex);
         else if (strcmp(c->tokenizer_hash, hex) != 0)
             return err_set(err,

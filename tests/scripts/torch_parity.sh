@@ -26,7 +26,7 @@ check() { # NAME ROUTING [--key value ...]
         "$MODTRAIN" ckpt export --ckpt "$name/ckpt" --format safetensors --out "$name.safetensors" > /dev/null
     fi
     "$MODTRAIN" eval --ckpt "$name/ckpt" --data data/val.bin --batches 2 --micro-batch 3 \
-        --grads "$name-$routing.grads" --routing "$routing" --aux-weight 0.5 --json > "$name-$routing.json"
+        --grads "$name-$routing.grads" --grads_routing "$routing" --aux-weight 0.5 --json > "$name-$routing.json"
     cat "$name-$routing.json"
     if [ "$routing" = causal ]; then
         # a causal test needs tokens that go through the routed block and tokens that skip it

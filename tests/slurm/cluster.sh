@@ -1,8 +1,21 @@
 # A real single-node SLURM cluster for the tests: munged, slurmctld and slurmd
 # with a generated slurm.conf under $1, all as root (MpiDefault from
 # $SLURM_MPI_DEFAULT, SLURM's default none when unset). Sourced; defines
-# cluster_up DIR, cluster_down, job_state JOB and wait_done JOB. Exports
-# SLURM_CONF.
+# slurm_test_skip, cluster_up DIR, cluster_down, job_state JOB and wait_done
+# JOB. Exports SLURM_CONF.
+
+# Exits 77 (skip) where a SLURM test cannot run: MODTRAIN_SKIP_SLOW set (CI
+# runs the SLURM tests once, in its main pass, and sets it for the passes
+# after it: the sanitizer build, make distcheck), SLURM or munge missing,
+# or not root (the test cluster runs as root).
+slurm_test_skip() {
+    [ -n "${MODTRAIN_SKIP_SLOW:-}" ] && { echo "SKIP: MODTRAIN_SKIP_SLOW is set"; exit 77; }
+    for t in slurmctld slurmd munged sbatch; do
+        command -v $t > /dev/null || { echo "SKIP: $t not installed (apt-get install slurm-wlm munge)"; exit 77; }
+    done
+    [ "$(id -u)" -eq 0 ] || { echo "SKIP: the test cluster runs as root"; exit 77; }
+}
+
 cluster_up() {
     SLURM_DIR=$1
     # one test cluster at a time on this machine (make -j runs tests side by

@@ -8,12 +8,8 @@
 # one job (dp = 2), and its final checkpoint is bitwise equal to the same
 # run under mpirun outside SLURM.
 . "$(dirname "$0")/../scripts/lib.sh"
-[ -n "${MODTRAIN_SKIP_SLOW:-}" ] && { echo "SKIP: MODTRAIN_SKIP_SLOW is set"; exit 77; }
-for t in slurmctld slurmd munged sbatch; do
-    command -v $t > /dev/null || { echo "SKIP: $t not installed (apt-get install slurm-wlm munge)"; exit 77; }
-done
-[ "$(id -u)" -eq 0 ] || { echo "SKIP: the test cluster runs as root"; exit 77; }
 . "$srcdir/tests/slurm/cluster.sh"
+slurm_test_skip
 cd "$TMP"
 trap 'cluster_down; rm -rf "$TMP"' EXIT
 printf 'the quick brown fox jumps over the lazy dog\n%.0s' $(seq 1 400) > text.txt

@@ -7,15 +7,9 @@
 # and a chained job (--dependency=afterany) completes the run. Every final
 # checkpoint is bitwise equal to an uninterrupted run's.
 . "$(dirname "$0")/../scripts/lib.sh"
-# CI runs this once, in the main pass, and sets MODTRAIN_SKIP_SLOW=1 for the
-# passes after it (the sanitizer build, make distcheck).
-[ -n "${MODTRAIN_SKIP_SLOW:-}" ] && { echo "SKIP: MODTRAIN_SKIP_SLOW is set"; exit 77; }
-for t in slurmctld slurmd munged sbatch; do
-    command -v $t > /dev/null || { echo "SKIP: $t not installed (apt-get install slurm-wlm munge)"; exit 77; }
-done
-[ "$(id -u)" -eq 0 ] || { echo "SKIP: the test cluster runs as root"; exit 77; }
-prep_fortunes
 . "$srcdir/tests/slurm/cluster.sh"
+slurm_test_skip
+prep_fortunes
 cd "$TMP"
 trap 'cluster_down; rm -rf "$TMP"' EXIT
 cluster_up "$TMP/slurm" || { fail "could not start the SLURM cluster"; finish; }

@@ -1,0 +1,224 @@
+#!/bin/bash
+# isoFLOP sweep (Raposo et al., 2024, section 4): for every FLOP budget and
+# every model size of a grid, trains a dense model and a Mixture-of-Depths
+# model for exactly the steps that spend the budget (FLOPs per token as
+# modtrain counts them, routed blocks at their realised capacity k / T),
+# evaluates each under top-k and causal routing, and writes:
+#   OUT/results.csv       one row per run
+#   OUT/summary.txt       per budget: best dense, best MoD, the difference,
+#                         and how much faster the best MoD model steps
+#   OUT/isoflop.png       final loss against parameters, one curve per budget
+#                         and kind, the isoFLOP-optimal points marked
+#   OUT/loss_vs_time.png  final loss against wall-clock time, every run
+# A sweep that stops (preempted, killed, a failed run) starts again where it
+# was: finished runs are skipped, an unfinished one resumes from its newest
+# checkpoint (modtrain's own resume).
+#
+# usage: jobs/isoflop.sh [options]
+#   --out DIR             sweep folder (isoflop)
+#   --budgets "B ..."     FLOP budgets (1e12 3e12 1e13)
+#   --sizes "CxL ..."     d_model x n_layer grid, heads = d_model / head_dim
+#                         (32x2 64x2 96x3 128x4 160x5 192x6)
+#   --head_dim N          (32)
+#   --capacity F          MoD capacity (0.125)
+#   --route_every N       MoD: every N-th block routed (2)
+#   --causal_router M     aux_loss or predictor (aux_loss)
+#   --seq_len N --batch N --lr F   (256, 16, 2e-3; min_lr is lr / 10)
+#   --min_steps N         a run shorter than this is left out, with a note (30)
+#   --eval_seqs N         validation sequences each final eval reads (256)
+#   --train FILE --val FILE  token shards; by default OUT/data from the
+#                         fortunes and, when `bible` (bible-kjv) is installed,
+#                         the King James Bible, byte tokens
+#   --np N                launch every run with mpirun -np N (MODTRAIN_MPIRUN_ARGS
+#                         adds options), or --launcher "CMD" (e.g. "srun --mpi=pmix")
+#   --tp N --pp N         the layout of those ranks (dp is the rest); the final
+#                         evals run as one process, or when tp x pp > 1 on
+#                         tp x pp ranks (--np) or under --launcher
+#   --quick               a sweep of seconds (two tiny sizes, two budgets) for tests
+#   -- KEY VALUE ...      any other train config keys, for every run
+# MODTRAIN names the binary (./modtrain, then modtrain on the PATH).
+set -euo pipefail
+export LC_ALL=C
+here=$(cd "$(dirname "$0")" && pwd)
+
+out=isoflop budgets="1e12 3e12 1e13" sizes="32x2 64x2 96x3 128x4 160x5 192x6" head_dim=32
+capacity=0.125 route_every=2 causal=aux_loss seq_len=256 batch=16 lr=2e-3 min_steps=30
+eval_seqs=256 train="" val="" np=0 launcher="" tp=1 pp=1
+extra=()
+die() { echo "isoflop: $*" >&2; exit 2; }
+need() { [ $# -ge 2 ] || die "$1 needs a value (see jobs/isoflop.sh --help)"; }
+while [ $# -gt 0 ]; do
+    case $1 in
+    --help | -h) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
+    --quick) budgets="2e10 5e10" sizes="32x2 64x2" seq_len=64 batch=8 min_steps=10 eval_seqs=32
+        shift; continue ;;
+    --) shift; extra=("$@"); break ;;
+    esac
+    need "$@"
+    case $1 in
+    --out) out=$2 ;; --budgets) budgets=$2 ;; --sizes) sizes=$2 ;; --head_dim) head_dim=$2 ;;
+    --capacity) capacity=$2 ;; --route_every) route_every=$2 ;; --causal_router) causal=$2 ;;
+    --seq_len) seq_len=$2 ;; --batch) batch=$2 ;; --lr) lr=$2 ;; --min_steps) min_steps=$2 ;;
+    --eval_seqs) eval_seqs=$2 ;; --train) train=$2 ;; --val) val=$2 ;; --np) np=$2 ;;
+    --launcher) launcher=$2 ;; --tp) tp=$2 ;; --pp) pp=$2 ;;
+    *) die "unknown option '$1' (see jobs/isoflop.sh --help)" ;;
+    esac
+    shift 2
+done
+int() { [[ $2 =~ ^[1-9][0-9]{0,6}$ ]] || die "$1 = '$2' is not a whole number >= 1"; }
+num() { [[ $2 =~ ^[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?$ ]] && awk -v x="$2" 'BEGIN { exit !(x > 0) }' ||
+    die "$1 = '$2' is not a number > 0"; }
+int --head_dim "$head_dim"
+for b in $budgets; do num "budget" "$b"; done
+for s in $sizes; do
+    [[ $s =~ ^[1-9][0-9]{0,5}x[1-9][0-9]{0,3}$ ]] || die "size '$s' is not D_MODELxN_LAYER (e.g. 128x4)"
+    (( ${s%x*} % head_dim == 0 )) || die "size '$s': d_model ${s%x*} is not a multiple of --head_dim $head_dim"
+done
+[ -n "$budgets" ] && [ -n "$sizes" ] || die "--budgets and --sizes need at least one value each"
+int --route_every "$route_every"; int --seq_len "$seq_len"
+int --batch "$batch"; int --min_steps "$min_steps"; int --eval_seqs "$eval_seqs"; int --tp "$tp"
+int --pp "$pp"; num --capacity "$capacity"; num --lr "$lr"
+[ "$np" = 0 ] || int --np "$np"
+case $causal in aux_loss | predictor) ;; *) die "--causal_router '$causal' is not aux_loss or predictor" ;; esac
+
+MODTRAIN=${MODTRAIN:-$( [ -x ./modtrain ] && echo "$PWD/modtrain" || command -v modtrain || true)}
+[ -n "$MODTRAIN" ] && [ -x "$MODTRAIN" ] || die "no modtrain binary (build it, or set MODTRAIN)"
+if [ -z "$launcher" ] && [ "$np" != 0 ]; then
+    launcher="mpirun -np $np ${MODTRAIN_MPIRUN_ARGS:-}"
+fi
+# eval: one process, unless the model is split (tp x pp ranks hold it)
+eval_launcher=""
+if (( tp * pp > 1 )); then
+    eval_launcher=$launcher
+    [ "$np" = 0 ] || eval_launcher="mpirun -np $((tp * pp)) ${MODTRAIN_MPIRUN_ARGS:-}"
+fi
+run_mt() { $launcher "$MODTRAIN" "$@"; } # word splitting of the launcher is intended
+run_eval() { $eval_launcher "$MODTRAIN" eval "$@"; }
+mkdir -p "$out/runs"
+log() { echo "isoflop: $*" | tee -a "$out/sweep.log"; }
+
+# ---------------------------------------------------------------- data
+if [ -z "$train" ]; then
+    train=$out/data/train.bin val=$out/data/val.bin
+    if [ ! -f "$train" ]; then
+        src=${FORTUNES_DIR:-/usr/share/games/fortunes}
+        [ -d "$src" ] || die "$src not found: apt-get install fortunes, or pass --train and --val"
+        mkdir -p "$out/data"
+        texts=$(find "$src" -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' | sort)
+        if [ -z "${ISOFLOP_NO_BIBLE:-}" ] && command -v bible > /dev/null; then
+            # the verses without their "Ge1:1 " references
+            bible -f "gen1:1-rev22:21" | sed -e 's/^[1-3A-Za-z]*[0-9]*:[0-9]* //' > "$out/data/kjv.txt"
+            texts="$texts $out/data/kjv.txt"
+        fi
+        # shellcheck disable=SC2086
+        "$MODTRAIN" prep --out "$out/data" --val-fraction 0.05 $texts > "$out/data/prep.log"
+        rm -f "$out/data/kjv.txt"
+        log "data: $(tr '\n' ' ' < "$out/data/prep.log")"
+    fi
+fi
+[ -f "$train" ] || die "--train '$train' does not exist"
+[ -n "$val" ] && [ -f "$val" ] || die "--val '$val' does not exist (the final losses are measured on it)"
+train_tokens=$(( ($(stat -c %s "$train") - 1024) / 2 ))
+
+# ---------------------------------------------------------------- runs
+# model keys of one run: kind size
+model_keys() {
+    local d=${2%x*} l=${2#*x} re=0
+    [ "$1" = mod ] && re=$route_every
+    echo "--vocab_size 256 --tokenizer byte --d_model $d --n_layer $l --n_head $((d / head_dim))" \
+        "--seq_len $seq_len --batch_size $batch --route_every $re --capacity $capacity" \
+        "--causal_router $causal --tp $tp --pp $pp"
+}
+json() { sed -n "s/.*\"$2\":\\([^,}]*\\).*/\\1/p" "$1" | head -n 1; }
+
+# Trains and evaluates one run unless its result.csv exists. Returns 0, or
+# the train's exit code (75 when it was preempted and saved).
+one_run() {
+    local budget=$1 size=$2 kind=$3
+    local name=b${budget}_${size}_$kind dir=$out/runs/b${budget}_${size}_$kind
+    [ -f "$dir/result.csv" ] && { log "$name: done before, skipped"; return 0; }
+    local keys; keys=$(model_keys "$kind" "$size")
+    # shellcheck disable=SC2086
+    "$MODTRAIN" plan --flops $keys > "$out/runs/.flops" 2>&1 || {
+        (( stop )) && return 75
+        die "$name: modtrain plan --flops failed: $(cat "$out/runs/.flops")"
+    }
+    local fstep params steps
+    fstep=$(json "$out/runs/.flops" flops_per_step)
+    params=$(json "$out/runs/.flops" params)
+    steps=$(awk -v b="$budget" -v f="$fstep" 'BEGIN { printf "%.0f", b / f }')
+    if (( steps < min_steps )); then
+        log "$name: left out: the budget buys $steps steps, fewer than --min_steps $min_steps"
+        return 0
+    fi
+    mkdir -p "$dir"
+    local warm=$(( steps / 10 < 50 ? steps / 10 : 50 )) every=$(( steps / 4 > 1 ? steps / 4 : 1 ))
+    log "$name: $params parameters, $steps steps of $fstep FLOPs"
+    local t0 rc=0; t0=$(date +%s.%N)
+    # shellcheck disable=SC2086
+    run_mt train $keys --steps "$steps" --lr "$lr" --min_lr "$(awk -v x="$lr" 'BEGIN { print x / 10 }')" \
+        --warmup_steps "$warm" --train_data "$train" --val_data "$val" --eval_every 0 --run_dir "$dir" \
+        --ckpt_every "$every" --resume auto --log_every "$every" "${extra[@]}" \
+        >> "$dir/train.log" 2>&1 || rc=$?
+    if (( rc != 0 )); then
+        log "$name: train stopped with exit code $rc (see $dir/train.log); rerun the sweep to continue"
+        return $rc
+    fi
+    local micro=$(( eval_seqs < 16 ? eval_seqs : 16 ))
+    run_eval --ckpt "$dir/ckpt" --data "$val" --batches $(( (eval_seqs + micro - 1) / micro )) \
+        --micro_batch "$micro" --pp "$pp" --json > "$dir/eval.json" 2> "$dir/eval.log" ||
+        { log "$name: eval failed (see $dir/eval.log)"; return 1; }
+    # the run's own account: FLOPs as train counted them step by step, mean
+    # step time and tokens/s (the first step excluded), wall time as the sum
+    # of the step intervals (the last record of each step counts)
+    awk -v budget="$budget" -v kind="$kind" -v size="$size" -v params="$params" \
+        -v steps="$steps" -v bt="$((batch * seq_len))" -v tt="$train_tokens" \
+        -v cap="$capacity" -v re="$route_every" \
+        -v loss="$(json "$dir/eval.json" loss)" -v lossc="$(json "$dir/eval.json" loss_causal)" '
+        function val(k,   i, r) { i = index($0, "\"" k "\":"); if (!i) return ""
+            r = substr($0, i + length(k) + 3); sub(/[,}].*/, "", r); return r }
+        /"loss"/ { s = val("step") + 0; f[s] = val("flops_per_token"); ms[s] = val("step_time_ms")
+                   tps[s] = val("tokens_per_s"); iv[s] = val("interval_ms") }
+        END {
+            split(size, dl, "x"); fl = 0; w = 0; n = 0; mst = 0; mtps = 0
+            for (s = 1; s <= steps; s++) {
+                if (!(s in f)) { print "step " s " is not in metrics.jsonl" > "/dev/stderr"; exit 1 }
+                fl += f[s] * bt; w += iv[s]
+                if (s > 1 || steps == 1) { mst += ms[s]; mtps += tps[s]; n++ }
+            }
+            if (lossc == "") lossc = loss
+            printf "%s,%s,%d,%d,%d,%d,%d,%.0f,%.3f,%.6f,%s,%s,%.3f,%.1f,%.2f,%s,%s\n",
+                budget, kind, dl[1], dl[2], params, steps, steps * bt, fl, steps * bt / tt,
+                fl / budget, loss, lossc, mst / n, mtps / n, w / 1000,
+                (kind == "mod" ? cap : 1), (kind == "mod" ? re : 0)
+        }' "$dir/metrics.jsonl" > "$dir/result.tmp" 2>> "$dir/train.log" ||
+        { log "$name: $dir/metrics.jsonl lacks steps (see $dir/train.log)"; return 1; }
+    mv "$dir/result.tmp" "$dir/result.csv"
+    log "$name: val loss $(json "$dir/eval.json" loss), $(awk -v t0="$t0" -v t1="$(date +%s.%N)" \
+        'BEGIN { printf "%.0f", t1 - t0 }') s"
+}
+
+header="budget,kind,d_model,n_layer,params,steps,tokens,flops,epochs,budget_spent,val_loss,val_loss_causal,step_ms,tokens_per_s,wall_s,capacity,route_every"
+stop=0
+trap 'stop=1' TERM INT
+log "sweep: budgets $budgets; sizes $sizes; capacity $capacity every $route_every; seq_len $seq_len, batch $batch${launcher:+; launched by $launcher}"
+for budget in $budgets; do
+    for size in $sizes; do
+        for kind in dense mod; do
+            rc=0
+            one_run "$budget" "$size" "$kind" || rc=$?
+            (( stop )) && { log "stopped by a signal; rerun the same command to continue"; exit 75; }
+            (( rc == 0 )) || exit "$rc"
+        done
+    done
+done
+
+# ---------------------------------------------------------------- table
+{
+    echo "$header"
+    for budget in $budgets; do for size in $sizes; do for kind in dense mod; do
+        f=$out/runs/b${budget}_${size}_$kind/result.csv
+        [ -f "$f" ] && cat "$f"
+    done; done; done
+} > "$out/results.csv"
+"$here/isoflop_report.sh" "$out"

@@ -1,0 +1,111 @@
+#!/bin/bash
+# Pictures of a Mixture-of-Depths model's routing, from the file that
+# `modtrain eval --routing FILE` writes:
+#   PREFIX.png   a heatmap of one sequence: positions across, routed blocks
+#                up, coloured by the router weight g(r); the tokens top-k
+#                chose ringed in black, those the causal decision takes
+#                dotted in white; the decoded text along the bottom
+#   PREFIX.txt   per routed block, the tokens it chooses most and least
+#                often over every sequence of the file (tokens seen at least
+#                --min_count times), and how often its causal decision
+#                agrees with top-k
+# usage: jobs/routing_plot.sh ROUTING_FILE PREFIX [--seq N] [--positions N] [--min_count N]
+#   --seq N         the sequence the heatmap shows (0)
+#   --positions N   its first N positions (96; the labels stay legible)
+#   --min_count N   (8)
+set -euo pipefail
+export LC_ALL=C
+die() { echo "routing_plot: $*" >&2; exit 2; }
+[ $# -ge 2 ] || die "usage: jobs/routing_plot.sh ROUTING_FILE PREFIX [--seq N] [--positions N] [--min_count N]"
+in=$1 prefix=$2
+shift 2
+seq=0 positions=96 min_count=8
+while [ $# -gt 0 ]; do
+    [ $# -ge 2 ] || die "$1 needs a value"
+    [[ $2 =~ ^[0-9]{1,9}$ ]] || die "$1 = '$2' is not a whole number"
+    case $1 in
+    --seq) seq=$2 ;; --positions) positions=$2 ;; --min_count) min_count=$2 ;;
+    *) die "unknown option '$1' (expected --seq, --positions or --min_count)" ;;
+    esac
+    shift 2
+done
+[ -f "$in" ] || die "'$in' does not exist (write it with modtrain eval --routing FILE)"
+head -n 1 "$in" | grep -q '^# modtrain routing:' ||
+    die "'$in' is not a routing file (its first line should start '# modtrain routing:')"
+sed -n 2p "$in" | grep -q "^seq	pos	block	token	text	topk	router	weight	causal$" ||
+    die "'$in' has other columns than modtrain eval --routing writes"
+
+# ------------------------------------------------------------ the table
+# columns: 1 seq 2 pos 3 block 4 token 5 text 6 topk 7 router 8 weight 9 causal
+awk -F'\t' -v min="$min_count" -v head="$(head -n 1 "$in")" '
+NR <= 2 { next }
+{
+    b = $3; t = ($5 == "" ? "#" $4 : $5)
+    if (!(b in seen)) { seen[b] = 1; blocks[++nb] = b }
+    n[b, t]++; chosen[b, t] += $6; tok[b, t] = t
+    all[b]++; picked[b] += $6; agree[b] += ($6 == $9)
+}
+END {
+    sub(/^# /, "", head); print head
+    for (i = 1; i <= nb; i++) {
+        b = blocks[i]; m = 0
+        for (k in n) { split(k, p, SUBSEP); if (p[1] == b && n[k] >= min) key[++m] = k }
+        # sort by the rate each token is chosen at (then by count, then by text)
+        for (x = 2; x <= m; x++) for (y = x; y > 1 && worse(key[y - 1], key[y]); y--) {
+            tmp = key[y]; key[y] = key[y - 1]; key[y - 1] = tmp }
+        printf "\nblock %s: chose %d of %d tokens (%.1f%%); the causal decision agrees with top-k " \
+               "on %.1f%%\n", b, picked[b], all[b], 100 * picked[b] / all[b], 100 * agree[b] / all[b]
+        printf "  most often (of tokens seen >= %d times):", min
+        for (x = 1; x <= m && x <= 10; x++) show(key[x])
+        printf "\n  least often:"
+        for (x = m; x >= 1 && x > m - 10; x--) show(key[x])
+        printf "\n"
+        delete key
+    }
+}
+function rate(k) { return chosen[k] / n[k] }
+function worse(a, c) { return rate(a) < rate(c) || (rate(a) == rate(c) && n[a] < n[c]) }
+function show(k,   t) { t = tok[k]; gsub(/"/, "\\\"", t); printf " \"%s\" %.0f%% (%d)", t, 100 * rate(k), n[k] }
+' "$in" > "$prefix.txt"
+cat "$prefix.txt"
+
+# ---------------------------------------------------------- the heatmap
+command -v gnuplot > /dev/null || { echo "routing_plot: no gnuplot, no heatmap"; exit 0; }
+dat=$prefix.heat.dat
+awk -F'\t' -v s="$seq" -v P="$positions" '
+NR > 2 && $1 == s && $2 < P {
+    if (!($3 in row)) row[$3] = nr++
+    print $2, row[$3], $8, $6, $9, $3
+}' "$in" > "$dat"
+[ -s "$dat" ] || die "'$in' has no sequence $seq"
+# the routed blocks as y labels, the decoded text as x labels (gnuplot
+# string escapes: backslash and double quote)
+ytics=$(awk '!s[$2]++ { printf "%s\"block %s\" %s", n++ ? ", " : "", $6, $2 }' "$dat")
+xtics=$(awk -F'\t' -v s="$seq" -v P="$positions" '
+NR > 2 && $1 == s && $2 < P && !s2[$2]++ {
+    t = ($5 == "" ? "#" $4 : $5); gsub(/\\/, "\\\\", t); gsub(/"/, "\\\"", t); gsub(/%/, "%%", t)
+    if (t == " ") t = "_"
+    printf "%s\"%s\" %s", n++ ? ", " : "", t, $2
+}' "$in")
+nrow=$(awk '!s[$2]++ { n++ } END { print n }' "$dat")
+# white at 0 for a raw gate (weights of both signs), at 0.5 for a sigmoid one
+cbrange=$(awk '{ a = $3 < 0 ? -$3 : $3; if (a > m) m = a; if ($3 < 0) neg = 1 }
+               END { if (neg) print "[-" m ":" m "]"; else print "[0:1]" }' "$dat")
+gnuplot <<GP
+set terminal pngcairo size $((300 + 14 * positions)),$((160 + 60 * nrow)) font ",9"
+set output "$prefix.png"
+set title "routing of sequence $seq: colour = router weight g(r); black rings = top-k; white dots = causal decision"
+set xtics ($xtics) scale 0 font "Mono,8"
+set ytics ($ytics) scale 0
+set xrange [-0.5:$positions - 0.5]
+set yrange [-0.5:$nrow - 0.5]
+set palette defined (0 "#2b4c9b", 1 "#f7f7f7", 2 "#c0392b")
+set cblabel "g(r)"
+set cbrange $cbrange
+unset key
+plot "$dat" using 1:2:(0.5):(0.5):3 with boxxyerror fs solid 1.0 noborder lc palette, \
+     "" using (\$4 > 0 ? \$1 : 1/0):2 with points pt 6 ps 1.6 lw 1.5 lc rgb "black", \
+     "" using (\$5 > 0 ? \$1 : 1/0):2 with points pt 7 ps 0.5 lc rgb "white"
+GP
+rm -f "$dat"
+echo "routing_plot: wrote $prefix.png and $prefix.txt"

@@ -1,0 +1,150 @@
+#!/bin/bash
+# The isoFLOP sweep in --quick mode (jobs/isoflop.sh) and the routing dump
+# (modtrain eval --routing, jobs/routing_plot.sh):
+# - every run trains for the steps that spend its budget within 1% or one
+#   step, counted from the run's own metrics.jsonl, at the FLOPs per token
+#   `plan --flops` promised, and its final checkpoint is at that step;
+# - the table has every run once, the summary every budget, the plots exist;
+# - a sweep stopped by SIGTERM (as SLURM preempts) exits 75, and run again
+#   skips the finished runs (their files untouched) and resumes the stopped
+#   one from its checkpoint;
+# - a sweep of one budget under mpirun -np 2 (dp 2) spends the same FLOPs;
+# - the routing dump holds exactly k top-k tokens per sequence and block,
+#   the k largest router logits; its causal decisions are the router's sign
+#   and agree with top-k as often as eval's predictor_accuracy says;
+# - bad sweep options are one-line errors with exit 2.
+. "$(dirname "$0")/lib.sh"
+prep_fortunes
+cd "$TMP"
+sweep() { MODTRAIN=$MODTRAIN "$srcdir/jobs/isoflop.sh" --quick --train data/train.bin --val data/val.bin "$@"; }
+budgets="2e10 5e10" sizes="32x2 64x2"
+
+# --- an interrupted sweep
+setsid bash -c 'exec "$0" "$@"' env MODTRAIN="$MODTRAIN" "$srcdir/jobs/isoflop.sh" --quick \
+    --train data/train.bin --val data/val.bin --out s > first.log 2>&1 &
+pid=$!
+victim=""
+for _ in $(seq 1 1200); do # up to 60 s: a finished run, and another with a checkpoint
+    for d in s/runs/*/; do
+        [ -f "$d/result.csv" ] || ! ls "$d"ckpt/step-* > /dev/null 2>&1 || victim=$d
+    done
+    [ -n "$victim" ] && ls s/runs/*/result.csv > /dev/null 2>&1 && break
+    victim=""
+    kill -0 "$pid" 2> /dev/null || break
+    sleep 0.05
+done
+if [ -z "$victim" ]; then
+    cat first.log
+    fail "never saw a finished run beside one with a checkpoint"
+    exit 1
+fi
+kill -TERM -- -"$pid" 2> /dev/null || true
+rc=0
+wait "$pid" || rc=$?
+[ "$rc" = 75 ] && ok "SIGTERM: the sweep stopped with exit code 75" ||
+    { cat first.log; fail "SIGTERM: the sweep exited $rc, not 75"; }
+done_before=$(ls s/runs/*/result.csv 2> /dev/null | wc -l)
+sums() { for f in s/runs/*/result.csv; do md5sum "$f" "$(dirname "$f")/metrics.jsonl"; done; }
+before=$(sums)
+sweep --out s > second.log 2>&1 || { cat second.log; fail "the resumed sweep failed"; }
+skipped=$(grep -c 'done before, skipped' second.log || true)
+[ "$skipped" = "$done_before" ] && ok "resumed sweep skipped the $skipped finished runs" ||
+    fail "resumed sweep skipped $skipped runs, $done_before had finished"
+after=$(for f in $(echo "$before" | awk '{ print $2 }'); do md5sum "$f"; done)
+[ "$before" = "$after" ] && ok "finished runs untouched (result.csv, metrics.jsonl)" ||
+    fail "the resumed sweep rewrote a finished run"
+grep -q 'resume: loaded' "$victim/train.log" && ok "the stopped run resumed: $(grep 'resume: loaded' "$victim/train.log" | tail -n 1)" ||
+    { cat "$victim/train.log"; fail "the stopped run $victim did not resume from its checkpoint"; }
+
+# --- the table and the budgets
+rows=$(tail -n +2 s/results.csv | wc -l)
+[ "$rows" = 8 ] && ok "results.csv has the 8 runs" || fail "results.csv has $rows runs, not 8"
+for b in $budgets; do for z in $sizes; do for k in dense mod; do
+    n=$(awk -F, -v b="$b" -v d="${z%x*}" -v l="${z#*x}" -v k="$k" \
+        '$1 == b && $3 == d && $4 == l && $2 == k' s/results.csv | wc -l)
+    [ "$n" = 1 ] || fail "results.csv has $n rows of budget $b size $z $k"
+    dir=s/runs/b${b}_${z}_$k
+    steps=$(awk -F, -v b="$b" -v d="${z%x*}" -v k="$k" '$1 == b && $3 == d && $2 == k { print $6 }' s/results.csv)
+    # the run's own count: every step's flops_per_token x tokens per step
+    spent=$(awk -v bt=$((8 * 64)) '/"loss"/ { match($0, /"step":[0-9]+/); s = substr($0, RSTART + 7, RLENGTH - 7)
+            match($0, /"flops_per_token":[0-9.e+]+/); f[s] = substr($0, RSTART + 18, RLENGTH - 18) }
+            END { for (s in f) { t += f[s] * bt; n++ } printf "%.0f %d %.0f", t, n, f[1] }' "$dir/metrics.jsonl")
+    set -- $spent
+    keys="--vocab_size 256 --d_model ${z%x*} --n_layer ${z#*x} --n_head $((${z%x*} / 32)) --seq_len 64 --batch_size 8"
+    [ "$k" = mod ] && keys="$keys --route_every 2 --capacity 0.125" || keys="$keys --route_every 0"
+    planned=$("$MODTRAIN" plan --flops $keys | sed -e 's/.*"flops_per_token":\([0-9]*\).*/\1/')
+    if [ "$2" = "$steps" ] && [ "$3" = "$planned" ] &&
+        check_ab "$1" "$b" "(a - b < 0 ? b - a : a - b) <= (b / 100 > a / $2 ? b / 100 : a / $2)" &&
+        [ -d "$dir/ckpt/step-$(printf %08d "$steps")" ]; then
+        ok "$b $z $k: $steps steps spent $1 FLOPs at $3 a token"
+    else
+        fail "$b $z $k: $2 steps (table: $steps) spent $1 FLOPs of $b at $3 a token (plan: $planned)"
+    fi
+done; done; done
+for b in $budgets; do
+    grep -q "^budget $b FLOPs: best dense .* best MoD .* steps [0-9.]*x as fast" s/summary.txt ||
+        fail "summary.txt has no line for budget $b"
+done
+for p in isoflop.png loss_vs_time.png; do
+    [ -s "s/$p" ] && [ "$(head -c 4 "s/$p" | tail -c 3)" = PNG ] || fail "s/$p is not a PNG"
+done
+ok "summary and plots written"
+
+# --- under mpirun: dp 2
+OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    MODTRAIN_MPIRUN_ARGS="--oversubscribe --bind-to none --mca btl self,vader" \
+    sweep --out dp --np 2 --budgets 2e10 --sizes 32x2 > dp.log 2>&1 ||
+    { cat dp.log; fail "the sweep under mpirun -np 2 failed"; }
+one=$(awk -F, '$1 == "2e10" && $3 == 32 { print $2, $6, $8 }' s/results.csv)
+two=$(awk -F, 'NR > 1 { print $2, $6, $8 }' dp/results.csv)
+[ -n "$two" ] && [ "$one" = "$two" ] && ok "mpirun -np 2: the same steps and FLOPs" ||
+    fail "mpirun -np 2 spent [$two], one rank [$one]"
+grep -q "launched by mpirun -np 2" dp/sweep.log || fail "dp/sweep.log does not name its launcher"
+
+# --- the routing dump
+ck=s/runs/b5e10_64x2_mod/ckpt
+"$MODTRAIN" eval --ckpt "$ck" --data data/val.bin --batches 1 --micro_batch 8 --json \
+    --routing routing.tsv --routing_seqs 8 > eval.json || fail "eval --routing failed"
+acc=$(sed -e 's/.*"predictor_accuracy":\([^,}]*\).*/\1/' eval.json)
+awk -F'\t' -v acc="$acc" '
+NR == 1 { match($0, /k [0-9]+/); k = substr($0, RSTART + 2, RLENGTH - 2) + 0; next }
+NR == 2 { next }
+{ key = $1 " " $3; r[key, $2] = $7; tk[key, $2] = $6; if (!(key in T)) keys[++nk] = key
+  T[key] = $2 + 1; agree += ($6 == $9); n++
+  if ($9 != ($7 > 0)) bad = bad " causal@" key "," $2 }
+END {
+    if (k != 8) { print "k = " k ", not round(0.125 x 64) = 8"; exit 1 }
+    for (i = 1; i <= nk; i++) {
+        key = keys[i]; c = 0
+        for (t = 0; t < T[key]; t++) {
+            # top-k by hand: t is chosen when fewer than k tokens beat it
+            above = 0
+            for (u = 0; u < T[key]; u++)
+                above += r[key, u] > r[key, t] || (r[key, u] == r[key, t] && u < t)
+            c += tk[key, t]
+            if ((above < k) != tk[key, t]) bad = bad " topk@" key "," t
+        }
+        if (c != k) bad = bad " count@" key "=" c
+    }
+    if (nk != 8) bad = bad " sequences x blocks = " nk
+    if (bad != "") { print "wrong:" substr(bad, 1, 300); exit 1 }
+    d = agree / n - acc
+    if (d > 1e-6 || d < -1e-6) { printf "agreement %.6f, eval says %s\n", agree / n, acc; exit 1 }
+    printf "%d sequences x blocks, k = %d each, agreement %.6f = eval\n", nk, k, agree / n
+}' routing.tsv > routing.check && ok "routing dump: $(cat routing.check)" ||
+    fail "routing dump: $(cat routing.check)"
+"$srcdir/jobs/routing_plot.sh" routing.tsv rp --positions 64 > rp.log 2>&1 ||
+    { cat rp.log; fail "routing_plot.sh failed"; }
+[ "$(grep -c '^block 1: chose 64 of 512 tokens' rp.txt)" = 1 ] && [ -s rp.png ] &&
+    ok "routing_plot.sh: table and heatmap" || { cat rp.txt; fail "routing_plot.sh's table is wrong"; }
+
+# --- bad options
+for bad in "--budgets 1e10x" "--sizes 64" "--sizes 48x2" "--capacity 0" "--np two" "--bogus 1"; do
+    rc=0
+    # shellcheck disable=SC2086
+    sweep --out bad $bad > bad.out 2> bad.err || rc=$?
+    [ "$rc" = 2 ] && [ "$(wc -l < bad.err)" = 1 ] && ok "$bad: $(cat bad.err)" ||
+        fail "$bad: exit $rc, '$(cat bad.err)'"
+done
+[ ! -d bad/runs ] || [ -z "$(ls bad/runs)" ] || fail "a refused sweep trained something"
+exit $((failures > 0))
