@@ -62,6 +62,7 @@ done
 touch "$plot/opt_dense.dat" "$plot/opt_mod.dat"
 gnuplot <<GP
 set terminal pngcairo size 960,600
+set termoption noenhanced
 set datafile missing "?"
 budgets = "$budgets"
 set style line 1 lc rgb "#1f77b4" lw 2 pt 7

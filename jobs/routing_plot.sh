@@ -78,14 +78,14 @@ NR > 2 && $1 == s && $2 < P {
     print $2, row[$3], $8, $6, $9, $3
 }' "$in" > "$dat"
 [ -s "$dat" ] || die "'$in' has no sequence $seq"
-# the routed blocks as y labels, the decoded text as x labels (gnuplot
-# string escapes: backslash and double quote)
+# the routed blocks as y labels, the decoded text as x labels (in gnuplot's
+# single quotes, where only a quote is special; tic labels are formats: %%)
 ytics=$(awk '!s[$2]++ { printf "%s\"block %s\" %s", n++ ? ", " : "", $6, $2 }' "$dat")
 xtics=$(awk -F'\t' -v s="$seq" -v P="$positions" '
 NR > 2 && $1 == s && $2 < P && !s2[$2]++ {
-    t = ($5 == "" ? "#" $4 : $5); gsub(/\\/, "\\\\", t); gsub(/"/, "\\\"", t); gsub(/%/, "%%", t)
+    t = ($5 == "" ? "#" $4 : $5); gsub("\047", "\047\047", t); gsub(/%/, "%%", t)
     if (t == " ") t = "_"
-    printf "%s\"%s\" %s", n++ ? ", " : "", t, $2
+    printf "%s\047%s\047 %s", n++ ? ", " : "", t, $2
 }' "$in")
 nrow=$(awk '!s[$2]++ { n++ } END { print n }' "$dat")
 # white at 0 for a raw gate (weights of both signs), at 0.5 for a sigmoid one
@@ -93,6 +93,7 @@ cbrange=$(awk '{ a = $3 < 0 ? -$3 : $3; if (a > m) m = a; if ($3 < 0) neg = 1 }
                END { if (neg) print "[-" m ":" m "]"; else print "[0:1]" }' "$dat")
 gnuplot <<GP
 set terminal pngcairo size $((300 + 14 * positions)),$((160 + 60 * nrow)) font ",9"
+set termoption noenhanced
 set output "$prefix.png"
 set title "routing of sequence $seq: colour = router weight g(r); black rings = top-k; white dots = causal decision"
 set xtics ($xtics) scale 0 font "Mono,8"
