@@ -28,7 +28,8 @@
 #   --eval_seqs N         validation sequences each final eval reads (256)
 #   --train FILE --val FILE  token shards; by default OUT/data from the
 #                         fortunes and, when `bible` (bible-kjv) is installed,
-#                         the King James Bible, byte tokens
+#                         the King James Bible, byte tokens (ISOFLOP_NO_BIBLE=1:
+#                         the fortunes alone)
 #   --np N                launch every run with mpirun -np N (MODTRAIN_MPIRUN_ARGS
 #                         adds options), or --launcher "CMD" (e.g. "srun --mpi=pmix")
 #   --tp N --pp N         the layout of those ranks (dp is the rest); the final
