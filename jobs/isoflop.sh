@@ -10,6 +10,7 @@
 #   OUT/isoflop.png       final loss against parameters, one curve per budget
 #                         and kind, the isoFLOP-optimal points marked
 #   OUT/loss_vs_time.png  final loss against wall-clock time, every run
+# (jobs/isoflop.sh --report OUT draws them again from OUT/results.csv.)
 # A sweep that stops (preempted, killed, a failed run) starts again where it
 # was: finished runs are skipped, an unfinished one resumes from its newest
 # checkpoint (modtrain's own resume).
@@ -40,7 +41,6 @@
 # MODTRAIN names the binary (./modtrain, then modtrain on the PATH).
 set -euo pipefail
 export LC_ALL=C
-here=$(cd "$(dirname "$0")" && pwd)
 
 out=isoflop budgets="1e12 3e12 1e13" sizes="32x2 64x2 96x3 128x4 160x5 192x6" head_dim=32
 capacity=0.125 route_every=2 causal=aux_loss seq_len=256 batch=16 lr=2e-3 min_steps=30
@@ -48,9 +48,91 @@ eval_seqs=256 train="" val="" np=0 launcher="" tp=1 pp=1
 extra=()
 die() { echo "isoflop: $*" >&2; exit 2; }
 need() { [ $# -ge 2 ] || die "$1 needs a value (see jobs/isoflop.sh --help)"; }
+
+# ---------------------------------------------------------------- report
+# The report of OUT/results.csv: summary.txt, isoflop.png, loss_vs_time.png.
+# columns: 1 budget 2 kind 3 d_model 4 n_layer 5 params 6 steps 7 tokens 8 flops
+# 9 epochs 10 budget_spent 11 val_loss 12 val_loss_causal 13 step_ms
+# 14 tokens_per_s 15 wall_s 16 capacity 17 route_every
+report() {
+    local out=$1 csv=$1/results.csv plot=$1/plot budgets
+    [ -f "$csv" ] || die "$csv not found (run the sweep first)"
+    awk -F, '
+    NR == 1 { next }
+    {
+        n++; b[n] = $1; k[n] = $2; line[n] = $0
+        if (!($1 in seen)) { seen[$1] = 1; order[++nb] = $1 }
+        key = $1 SUBSEP $2
+        if (!(key in best) || $11 < best_loss[key]) { best[key] = n; best_loss[key] = $11 }
+        split($0, f, ","); for (i = 1; i <= 17; i++) c[n, i] = f[i]
+    }
+    END {
+        printf "%-8s %-5s %7s %9s %6s %9s %7s %9s %9s %8s %9s %8s\n", "budget", "kind", "size",
+            "params", "steps", "tokens", "epochs", "val loss", "causal", "step ms", "tokens/s", "wall s"
+        for (i = 1; i <= n; i++)
+            printf "%-8s %-5s %7s %9d %6d %9d %7.2f %9.4f %9.4f %8.1f %9.0f %8.1f\n", c[i, 1], c[i, 2],
+                c[i, 3] "x" c[i, 4], c[i, 5], c[i, 6], c[i, 7], c[i, 9], c[i, 11], c[i, 12], c[i, 13],
+                c[i, 14], c[i, 15]
+        print ""
+        for (j = 1; j <= nb; j++) {
+            B = order[j]; d = best[B, "dense"]; m = best[B, "mod"]
+            if (!d || !m) { printf "budget %s: no %s run\n", B, d ? "MoD" : "dense"; continue }
+            printf "budget %s FLOPs: best dense %sx%s (%.2fM parameters) %.4f; best MoD %sx%s (%.2fM) " \
+                   "%.4f top-k, %.4f causal; MoD - dense %+.4f (%+.2f%%); the best MoD model steps " \
+                   "%.2fx as fast (%.1f against %.1f ms)\n",
+                B, c[d, 3], c[d, 4], c[d, 5] / 1e6, c[d, 11], c[m, 3], c[m, 4], c[m, 5] / 1e6,
+                c[m, 11], c[m, 12], c[m, 11] - c[d, 11], 100 * (c[m, 11] / c[d, 11] - 1),
+                c[d, 13] / c[m, 13], c[m, 13], c[d, 13]
+        }
+    }' "$csv" > "$out/summary.txt"
+    cat "$out/summary.txt"
+
+    command -v gnuplot > /dev/null || { echo "isoflop: no gnuplot, no plots"; return 0; }
+    rm -rf "$plot"
+    mkdir -p "$plot"
+    budgets=$(awk -F, 'NR > 1 && !s[$1]++ { printf "%s ", $1 }' "$csv")
+    for B in $budgets; do
+        for kind in dense mod; do
+            awk -F, -v B="$B" -v K="$kind" 'NR > 1 && $1 == B && $2 == K { print $5, $11, $15 }' "$csv" |
+                sort -n > "$plot/${B}_$kind.dat"
+            sort -k2,2g "$plot/${B}_$kind.dat" | head -n 1 >> "$plot/opt_$kind.dat"
+        done
+    done
+    touch "$plot/opt_dense.dat" "$plot/opt_mod.dat"
+    gnuplot <<GP
+set terminal pngcairo size 960,600
+set termoption noenhanced
+set datafile missing "?"
+budgets = "$budgets"
+set style line 1 lc rgb "#1f77b4" lw 2 pt 7
+set output "$out/isoflop.png"
+set title "isoFLOP curves: dense (solid) and MoD (dashed), isoFLOP-optimal points ringed"
+set xlabel "parameters"
+set ylabel "final validation loss (nats/token)"
+set logscale x
+set grid
+set key outside right
+plot for [i=1:words(budgets)] "$plot/".word(budgets, i)."_dense.dat" using 1:2 \
+        with linespoints lw 2 pt 7 lc i title word(budgets, i)." dense", \
+     for [i=1:words(budgets)] "$plot/".word(budgets, i)."_mod.dat" using 1:2 \
+        with linespoints lw 2 dt 2 pt 5 lc i title word(budgets, i)." MoD", \
+     "$plot/opt_dense.dat" using 1:2 with points pt 6 ps 3 lw 2 lc rgb "black" title "optimal dense", \
+     "$plot/opt_mod.dat" using 1:2 with points pt 4 ps 3 lw 2 lc rgb "red" title "optimal MoD"
+set output "$out/loss_vs_time.png"
+set title "final validation loss against wall-clock time: dense (circles) and MoD (squares)"
+set xlabel "wall-clock seconds of training"
+plot for [i=1:words(budgets)] "$plot/".word(budgets, i)."_dense.dat" using 3:2 \
+        with points pt 7 ps 1.5 lc i title word(budgets, i)." dense", \
+     for [i=1:words(budgets)] "$plot/".word(budgets, i)."_mod.dat" using 3:2 \
+        with points pt 5 ps 1.5 lc i title word(budgets, i)." MoD"
+GP
+    echo "isoflop: wrote $out/summary.txt, $out/isoflop.png, $out/loss_vs_time.png"
+}
+
 while [ $# -gt 0 ]; do
     case $1 in
     --help | -h) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
+    --report) need "$@"; report "$2"; exit 0 ;;
     --quick) budgets="2e10 5e10" sizes="32x2 64x2" seq_len=64 batch=8 min_steps=10 eval_seqs=32
         shift; continue ;;
     --) shift; extra=("$@"); break ;;
@@ -222,4 +304,4 @@ done
         [ -f "$f" ] && cat "$f"
     done; done; done
 } > "$out/results.csv"
-"$here/isoflop_report.sh" "$out"
+report "$out"

@@ -6,7 +6,8 @@
 # no PMIx plugin (a stand-in srun on the PATH) it falls back to mpirun. Each
 # job says in its log which launcher it chose and why, its two ranks form
 # one job (dp = 2), and its final checkpoint is bitwise equal to the same
-# run under mpirun outside SLURM.
+# run under mpirun outside SLURM. An isoFLOP sweep (jobs/isoflop.sh) submitted
+# as a batch job launches its runs with srun on the job's tasks.
 . "$(dirname "$0")/../scripts/lib.sh"
 . "$srcdir/tests/slurm/cluster.sh"
 slurm_test_skip
@@ -69,4 +70,24 @@ case_run() { # NAME MPI_DEFAULT PATH EXPECTED-LAUNCH-LINE
 case_run stock none "$PATH" "launching with srun --kill-on-bad-exit=1 --mpi=pmix (srun --mpi=list offers pmix; MpiDefault=none)"
 case_run pmix-default pmix "$PATH" "launching with srun --kill-on-bad-exit=1 (MpiDefault=pmix)"
 case_run no-pmix none "$TMP/nopmix:$PATH" "launching with mpirun -np 2 .*(srun --mpi=list offers no pmix plugin; MpiDefault=none)"
+
+# an isoFLOP sweep as a batch job, its runs launched by srun on the job's
+# two tasks (dp 2): the same steps and FLOPs as the sweep in one process
+set_mpi_default none
+iso() { "$srcdir/jobs/isoflop.sh" --quick --budgets 2e10 --sizes 32x2 --train "$TMP/data/train.bin" \
+    --val "$TMP/data/val.bin" "$@"; }
+iso --out "$TMP/iso1" > iso1.log 2>&1 || { cat iso1.log; fail "the sweep in one process failed"; }
+job=$(sbatch --parsable --ntasks=2 --cpus-per-task=1 --output="$TMP/iso.out" "$srcdir/jobs/isoflop.sh" \
+    --quick --budgets 2e10 --sizes 32x2 --train "$TMP/data/train.bin" --val "$TMP/data/val.bin" \
+    --out "$TMP/iso" --launcher "srun --mpi=pmix")
+wait_done "$job" || fail "isoflop: job $job never finished"
+one=$(cut -d, -f2,6,8 "$TMP/iso1/results.csv")
+two=$(cut -d, -f2,6,8 "$TMP/iso/results.csv" 2> /dev/null || true)
+if [ "$(job_state "$job")" = COMPLETED ] && [ "$one" = "$two" ] &&
+    grep -q "dp=2 tp=1 pp=1" "$TMP/iso/runs/b2e10_32x2_mod/train.log"; then
+    ok "isoflop.sh under sbatch, runs launched by srun --mpi=pmix (dp 2): the same steps and FLOPs as one process"
+else
+    cat "$TMP/iso.out"
+    fail "isoflop.sh under sbatch: job $job $(job_state "$job"), [$two], one process [$one]"
+fi
 finish
