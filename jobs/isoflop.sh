@@ -1,5 +1,5 @@
 #!/bin/bash
-# isoFLOP sweep (Raposo et al., 2024, section 4): for every FLOP budget and
+# isoFLOP sweep (Raposo et al., 2024): for every FLOP budget and
 # every model size of a grid, trains a dense model and a Mixture-of-Depths
 # model for exactly the steps that spend the budget (FLOPs per token as
 # modtrain counts them, routed blocks at their realised capacity k / T),
@@ -37,6 +37,7 @@
 #                         evals run as one process, or when tp x pp > 1 on
 #                         tp x pp ranks (--np) or under --launcher
 #   --quick               a sweep of seconds (two tiny sizes, two budgets) for tests
+#   --report OUT          only the report, drawn again from OUT/results.csv
 #   -- KEY VALUE ...      any other train config keys, for every run
 # MODTRAIN names the binary (./modtrain, then modtrain on the PATH).
 set -euo pipefail
