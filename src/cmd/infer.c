@@ -178,6 +178,10 @@ static int eval_args(EvalArgs *a, int argc, char **argv) {
                a->grads ? "grads" : "routing");
         return EXIT_USAGE;
     }
+    if (a->vocab && !a->routing) {
+        errorf("eval: --vocab decodes the tokens of --routing FILE; without --routing leave it out");
+        return EXIT_USAGE;
+    }
     a->grad_mode = strcmp(a->grads_routing, "causal") == 0 ? ROUTE_CAUSAL : ROUTE_TOPK;
     return 1;
 }
@@ -331,13 +335,14 @@ static int eval_routing(Infer *in, const EvalArgs *a, const Shard *s, size_t n_s
         fprintf(
             f,
             "# modtrain routing: checkpoint step %d, seq_len %d, k %d, capacity %g, route_every "
-            "%d, causal_router %s, tokenizer %s, %zu sequences\n"
+            "%d, causal_router %s, tokenizer %s%s, %zu sequences\n"
             "seq\tpos\tblock\ttoken\ttext\ttopk\trouter\tweight\tcausal\n",
             in->step, T, model_capacity_k(&m->d, T), in->cfg.capacity, in->cfg.route_every,
             in->cfg.causal_router == CAUSAL_PREDICTOR ? "predictor" : "aux_loss",
-            in->cfg.tokenizer == TOK_BYTE ? "byte"
-            : bpe                         ? "gpt2"
-                                          : "none",
+            in->cfg.tokenizer == TOK_BYTE   ? "byte"
+            : in->cfg.tokenizer == TOK_GPT2 ? "gpt2"
+                                            : "none",
+            in->cfg.tokenizer == TOK_GPT2 && !bpe ? " (no --vocab: text left empty)" : "",
             n);
     int *inputs = xmalloc((size_t)a->micro * T * sizeof(int));
     int *targets = xmalloc((size_t)a->micro * T * sizeof(int));
@@ -393,9 +398,11 @@ int eval_main(int argc, char **argv) {
     else if (n_seqs == 0)
         errorf("eval: '%s' has %zu tokens, fewer than the model's seq_len + 1 = %d", a.data,
                s.n_tokens, T + 1);
-    else
-        rc = eval_run(&in, &a, &s, total);
-    if (rc == EXIT_OK && a.routing) rc = eval_routing(&in, &a, &s, n_seqs);
+    else {
+        /* the routing file first: its refusals (tokenizer, path) come before the work */
+        rc = a.routing ? eval_routing(&in, &a, &s, n_seqs) : EXIT_OK;
+        if (rc == EXIT_OK) rc = eval_run(&in, &a, &s, total);
+    }
     shard_free(&s);
     infer_close(&in);
     return rc;

@@ -76,6 +76,7 @@ expect_error "neither a checkpoint directory" "$MODTRAIN" ckpt diff --a nowhere 
 expect_error "unknown option '--dta' (did you mean '--data'?)" "$MODTRAIN" eval --ckpt nowhere --dta x
 expect_error "eval: --micro_batch and --routing_seqs must be >= 1" "$MODTRAIN" eval --ckpt nowhere --data x --routing r.tsv --routing_seqs 0
 expect_error "eval: --routing needs the whole model on each rank (--pp 1)" "$MODTRAIN" eval --ckpt nowhere --data x --routing r.tsv --pp 2
+expect_error "eval: --vocab decodes the tokens of --routing FILE" "$MODTRAIN" eval --ckpt nowhere --data x --vocab v
 expect_error "eval: --grads_routing 'sideways' is not one of topk/causal" "$MODTRAIN" eval --ckpt nowhere --data x --grads_routing sideways
 expect_error "sample: --tokens = 2147483647 is out of range" "$MODTRAIN" sample --ckpt nowhere --tokens 2147483647
 expect_error "sample: --tokens = ' 5' is not an integer" "$MODTRAIN" sample --ckpt nowhere --tokens ' 5'

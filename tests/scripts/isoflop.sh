@@ -11,7 +11,8 @@
 # - a sweep of one budget under mpirun -np 2 (dp 2) spends the same FLOPs;
 # - the routing dump holds exactly k top-k tokens per sequence and block,
 #   the k largest router logits; its causal decisions are the router's sign
-#   and agree with top-k as often as eval's predictor_accuracy says;
+#   and agree with top-k as often as eval's predictor_accuracy says; --vocab
+#   on a byte model and an unwritable path are refused before evaluating;
 # - bad sweep options are one-line errors with exit 2.
 . "$(dirname "$0")/lib.sh"
 prep_fortunes
@@ -133,6 +134,13 @@ END {
     printf "%d sequences x blocks, k = %d each, agreement %.6f = eval\n", nk, k, agree / n
 }' routing.tsv > routing.check && ok "routing dump: $(cat routing.check)" ||
     fail "routing dump: $(cat routing.check)"
+for bad in "--routing r2.tsv --vocab nowhere" "--routing nowhere/r.tsv"; do
+    rc=0
+    # shellcheck disable=SC2086
+    "$MODTRAIN" eval --ckpt "$ck" --data data/val.bin --batches 1 $bad > bad.out 2> bad.err || rc=$?
+    [ "$rc" = 2 ] && [ "$(wc -l < bad.err)" = 1 ] && [ ! -s bad.out ] && [ ! -e r2.tsv ] &&
+        ok "eval $bad: refused before evaluating: $(cat bad.err)" || fail "eval $bad: exit $rc, '$(cat bad.err)'"
+done
 "$srcdir/jobs/routing_plot.sh" routing.tsv rp --positions 64 > rp.log 2>&1 ||
     { cat rp.log; fail "routing_plot.sh failed"; }
 [ "$(grep -c '^block 1: chose 64 of 512 tokens' rp.txt)" = 1 ] && [ -s rp.png ] &&
