@@ -66,6 +66,7 @@ report() {
         key = $1 SUBSEP $2
         if (!(key in best) || $11 < best_loss[key]) { best[key] = n; best_loss[key] = $11 }
         split($0, f, ","); for (i = 1; i <= 17; i++) c[n, i] = f[i]
+        n_all = n
     }
     END {
         printf "%-8s %-5s %7s %9s %6s %9s %7s %9s %9s %8s %9s %8s\n", "budget", "kind", "size",
@@ -84,7 +85,28 @@ report() {
                 B, c[d, 3], c[d, 4], c[d, 5] / 1e6, c[d, 11], c[m, 3], c[m, 4], c[m, 5] / 1e6,
                 c[m, 11], c[m, 12], c[m, 11] - c[d, 11], 100 * (c[m, 11] / c[d, 11] - 1),
                 c[d, 13] / c[m, 13], c[m, 13], c[d, 13]
+            printf "  between the grid'"'"'s sizes (a parabola in log parameters through the best and its " \
+                   "neighbours) the optimum of dense lies %s; of MoD %s\n", fit(B, "dense"), fit(B, "mod")
         }
+    }
+    # the optimum between grid points: the parabola in x = log10(parameters)
+    # through the best run and its two neighbours in size (none at an edge)
+    function fit(B, K,   i, j, n, t, X, Y, best, x1, x2, x3, y1, y2, y3, d, qa, qb, xv) {
+        for (i = 1; i <= n_all; i++)
+            if (c[i, 1] == B && c[i, 2] == K) { n++; X[n] = log(c[i, 5]) / log(10); Y[n] = c[i, 11] }
+        for (i = 2; i <= n; i++) for (j = i; j > 1 && X[j - 1] > X[j]; j--) {
+            t = X[j]; X[j] = X[j - 1]; X[j - 1] = t; t = Y[j]; Y[j] = Y[j - 1]; Y[j - 1] = t }
+        best = 1
+        for (i = 2; i <= n; i++) if (Y[i] < Y[best]) best = i
+        if (n < 3 || best == 1 || best == n)
+            return sprintf("at the grid'"'"'s %s size", best == 1 ? "smallest" : "largest")
+        x1 = X[best - 1]; x2 = X[best]; x3 = X[best + 1]; y1 = Y[best - 1]; y2 = Y[best]; y3 = Y[best + 1]
+        d = (x1 - x2) * (x1 - x3) * (x2 - x3)
+        qa = (x3 * (y2 - y1) + x2 * (y1 - y3) + x1 * (y3 - y2)) / d
+        qb = (x3 * x3 * (y1 - y2) + x2 * x2 * (y3 - y1) + x1 * x1 * (y2 - y3)) / d
+        xv = -qb / (2 * qa)
+        return sprintf("at %.3gM parameters, loss %.4f", 10 ^ xv / 1e6,
+                       y2 + qa * (xv - x2) * (xv - x2) + (2 * qa * x2 + qb) * (xv - x2))
     }' "$csv" > "$out/summary.txt"
     cat "$out/summary.txt"
 

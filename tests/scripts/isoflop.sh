@@ -5,6 +5,8 @@
 #   step, counted from the run's own metrics.jsonl, at the FLOPs per token
 #   `plan --flops` promised, and its final checkpoint is at that step;
 # - the table has every run once, the summary every budget, the plots exist;
+#   the optimum between grid points is the vertex of losses that lie on a
+#   parabola in log parameters;
 # - a sweep stopped by SIGTERM (as SLURM preempts) exits 75, and run again
 #   skips the finished runs (their files untouched) and resumes the stopped
 #   one from its checkpoint;
@@ -90,6 +92,18 @@ for p in isoflop.png loss_vs_time.png; do
     [ -s "s/$p" ] && [ "$(head -c 4 "s/$p" | tail -c 3)" = PNG ] || fail "s/$p is not a PNG"
 done
 ok "summary and plots written"
+# the optimum between grid points, on losses exactly (x - 5)^2 + 2 in x =
+# log10(parameters) for dense and (x - 5.5)^2 + 1 for MoD: vertices at
+# 0.1M and 0.316M parameters
+mkdir -p syn
+{ head -n 1 s/results.csv
+  for k in dense mod; do for p in 31623 100000 316228 1000000; do
+    awk -v k="$k" -v p="$p" 'BEGIN { x = log(p) / log(10); y = (k == "dense" ? (x - 5) ^ 2 + 2 : (x - 5.5) ^ 2 + 1)
+        printf "1e15,%s,64,2,%d,100,1000,1e15,1,1,%.6f,%.6f,10,100,1,1,0\n", k, p, y, y }'
+  done; done; } > syn/results.csv
+MODTRAIN=$MODTRAIN "$srcdir/jobs/isoflop.sh" --report syn > syn.log 2>&1
+grep -q "optimum of dense lies at 0.1M parameters, loss 2.0000; of MoD at 0.316M parameters, loss 1.0000" syn/summary.txt &&
+    ok "the optimum between grid points: the parabola's vertex" || { cat syn/summary.txt; fail "the fitted optimum is not the parabola's vertex"; }
 
 # --- under mpirun: dp 2
 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
