@@ -179,7 +179,8 @@ static int eval_args(EvalArgs *a, int argc, char **argv) {
         return EXIT_USAGE;
     }
     if (a->vocab && !a->routing) {
-        errorf("eval: --vocab decodes the tokens of --routing FILE; without --routing leave it out");
+        errorf(
+            "eval: --vocab decodes the tokens of --routing FILE; without --routing leave it out");
         return EXIT_USAGE;
     }
     a->grad_mode = strcmp(a->grads_routing, "causal") == 0 ? ROUTE_CAUSAL : ROUTE_TOPK;
@@ -342,8 +343,7 @@ static int eval_routing(Infer *in, const EvalArgs *a, const Shard *s, size_t n_s
             in->cfg.tokenizer == TOK_BYTE   ? "byte"
             : in->cfg.tokenizer == TOK_GPT2 ? "gpt2"
                                             : "none",
-            in->cfg.tokenizer == TOK_GPT2 && !bpe ? " (no --vocab: text left empty)" : "",
-            n);
+            in->cfg.tokenizer == TOK_GPT2 && !bpe ? " (no --vocab: text left empty)" : "", n);
     int *inputs = xmalloc((size_t)a->micro * T * sizeof(int));
     int *targets = xmalloc((size_t)a->micro * T * sizeof(int));
     const RouteMode saved = m->route;
