@@ -22,30 +22,39 @@ cd "$TMP"
 sweep() { MODTRAIN=$MODTRAIN "$srcdir/jobs/isoflop.sh" --quick --train data/train.bin --val data/val.bin "$@"; }
 budgets="2e10 5e10" sizes="32x2 64x2"
 
-# --- an interrupted sweep
-setsid bash -c 'exec "$0" "$@"' env MODTRAIN="$MODTRAIN" "$srcdir/jobs/isoflop.sh" --quick \
-    --train data/train.bin --val data/val.bin --out s > first.log 2>&1 &
-pid=$!
-victim=""
-for _ in $(seq 1 1200); do # up to 60 s: a finished run, and another with a checkpoint
+# --- an interrupted sweep: SIGTERM once a run has finished and another has
+# a checkpoint. The run seen with a checkpoint may still finish before the
+# signal lands, so the stopped run is the one without result.csv after the
+# sweep has exited; without one, the next run is stopped the same way.
+unfinished() { # the runs with a checkpoint and no result.csv
+    local d
     for d in s/runs/*/; do
-        [ -f "$d/result.csv" ] || ! ls "$d"ckpt/step-* > /dev/null 2>&1 || victim=$d
+        [ -f "$d/result.csv" ] || ! ls "$d"ckpt/step-* > /dev/null 2>&1 || echo "$d"
     done
-    [ -n "$victim" ] && ls s/runs/*/result.csv > /dev/null 2>&1 && break
-    victim=""
-    kill -0 "$pid" 2> /dev/null || break
-    sleep 0.05
+}
+victim=""
+for attempt in 1 2 3; do
+    setsid bash -c 'exec "$0" "$@"' env MODTRAIN="$MODTRAIN" "$srcdir/jobs/isoflop.sh" --quick \
+        --train data/train.bin --val data/val.bin --out s > first.log 2>&1 &
+    pid=$!
+    for _ in $(seq 1 1200); do # up to 60 s: a finished run, and another with a checkpoint
+        [ -n "$(unfinished)" ] && ls s/runs/*/result.csv > /dev/null 2>&1 && break
+        kill -0 "$pid" 2> /dev/null || break
+        sleep 0.05
+    done
+    kill -TERM -- -"$pid" 2> /dev/null || true
+    rc=0
+    wait "$pid" || rc=$?
+    [ "$rc" = 75 ] || { cat first.log; fail "SIGTERM: the sweep exited $rc, not 75"; exit 1; }
+    victim=$(unfinished | head -n 1)
+    [ -n "$victim" ] && break
 done
 if [ -z "$victim" ]; then
     cat first.log
-    fail "never saw a finished run beside one with a checkpoint"
+    fail "three sweeps stopped by SIGTERM left no run with a checkpoint to resume"
     exit 1
 fi
-kill -TERM -- -"$pid" 2> /dev/null || true
-rc=0
-wait "$pid" || rc=$?
-[ "$rc" = 75 ] && ok "SIGTERM: the sweep stopped with exit code 75" ||
-    { cat first.log; fail "SIGTERM: the sweep exited $rc, not 75"; }
+ok "SIGTERM: the sweep stopped with exit code 75 (try $attempt), $victim unfinished with a checkpoint"
 done_before=$(ls s/runs/*/result.csv 2> /dev/null | wc -l)
 sums() { for f in s/runs/*/result.csv; do md5sum "$f" "$(dirname "$f")/metrics.jsonl"; done; }
 before=$(sums)
