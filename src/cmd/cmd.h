@@ -32,7 +32,8 @@ int sample_main(int argc, char **argv); /* infer.c */
 int ckpt_main(int argc, char **argv);   /* ckpt_cmd.c */
 int plan_main(int argc, char **argv);   /* plan.c */
 
-/* Number of threads for "threads = 0": the node's cores over its ranks. */
+/* Number of threads for "threads = 0": OMP_NUM_THREADS when it is set to a
+ * number, else the cores this process may use over the node's ranks. */
 int default_threads(int local_ranks);
 
 /* Whether rc == 0 on every rank of comm (collective): when not, the lowest

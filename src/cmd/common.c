@@ -4,7 +4,10 @@
  * pipeline when there is one).
  */
 #include <limits.h>
+#include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "mpi/check.h"
@@ -12,11 +15,30 @@
 #include "mpi/sync.h"
 #include "src/cmd/cmd.h"
 
+/* OMP_NUM_THREADS, the hybrid MPI + OpenMP convention (mpirun -x
+ * OMP_NUM_THREADS=N), is each process's count when it is a whole number (its
+ * first level when it lists nested ones). Otherwise the node's cores are
+ * shared among its ranks, and never more than this process may run on (its
+ * affinity mask: mpirun's binding to a core, a SLURM cpuset). */
 int default_threads(int local_ranks) {
+    const char *env = getenv("OMP_NUM_THREADS");
+    if (env && *env) {
+        char first[32];
+        const size_t n = strcspn(env, ",");
+        long long t;
+        if (n < sizeof first) {
+            memcpy(first, env, n);
+            first[n] = '\0';
+            if (parse_i64(first, 1, 4096, &t) == 0) return (int)t;
+        }
+    }
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (cores < 1) cores = 1;
-    int t = (int)(cores / (local_ranks > 0 ? local_ranks : 1));
-    return t > 0 ? t : 1;
+    long t = cores / (local_ranks > 0 ? local_ranks : 1);
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0 && CPU_COUNT(&set) < t)
+        t = CPU_COUNT(&set);
+    return t > 0 ? (int)t : 1;
 }
 
 int cmd_agree(int rc, const Err *err, MPI_Comm comm) {

@@ -3,6 +3,7 @@
 # well below the unigram entropy of the text (the model learned context),
 # two runs with the same seed must be bitwise identical, `modtrain eval`
 # must reproduce the run's last validation loss, and sampling must work.
+# threads = 0 follows OMP_NUM_THREADS, else the cores the process may use.
 . "$(dirname "$0")/lib.sh"
 prep_fortunes
 cd "$TMP"
@@ -61,4 +62,19 @@ cat s1.txt
     fail "sample printed $(wc -c < s1.txt) bytes, expected 204"
 cmp -s s1.txt s2.txt && ok "sample: same seed, same text" || fail "sample: same seed differs"
 cmp -s s1.txt s3.txt && fail "sample: different seeds gave the same text" || ok "sample: seed matters"
+# 5. threads = 0: OMP_NUM_THREADS when it is a number (its first level when
+# nested), else the cores over the ranks, no more than the process is bound to
+threads_of() { # ENV...: the threads train reports with that environment
+    env "$@" "$MODTRAIN" train --config "$srcdir/jobs/tiny.conf" --train_data data/train.bin \
+        --val_data data/val.bin --run_dir t --resume never --steps 1 --eval_every 0 2>&1 |
+        sed -n 's/.* | \([0-9]*\) threads* a rank | .*/\1/p'
+}
+cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) # the cores this process may use
+for case in "OMP_NUM_THREADS=3:3" "OMP_NUM_THREADS=5,2:5" "OMP_NUM_THREADS=x:$cores" \
+    "-u OMP_NUM_THREADS:$cores" "-u OMP_NUM_THREADS taskset -c 0:1"; do
+    # shellcheck disable=SC2086 # the environment's words
+    got=$(threads_of ${case%:*})
+    [ "$got" = "${case##*:}" ] && ok "threads with ${case%:*}: $got" ||
+        fail "threads with ${case%:*}: $got, expected ${case##*:}"
+done
 finish
