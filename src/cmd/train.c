@@ -311,9 +311,8 @@ static void run_banner(const Run *r) {
     log0("memory (rank 0): %s = parameters and gradients %s + AdamW moments %s + activations "
          "%s%s (%zu bytes)\n",
          tot, pg, mo, ac, sg, r->mem.total);
-    log0("layout dp=%d tp=%d pp=%d | %d thread%s a rank | BLIS %s kernels | sgemm peak %.1f "
-         "GFLOP/s%s, "
-         "%.1f over the job\n",
+    log0("layout dp=%d tp=%d pp=%d | %d thread%s a rank | BLIS %s kernels | "
+         "sgemm peak %.1f GFLOP/s%s, %.1f over the job\n",
          r->grid.dp, r->grid.tp, r->grid.pp, r->threads, r->threads == 1 ? "" : "s",
          kernels_blis_arch(), r->peak_gflops,
          c->peak_gflops > 0 ? " (given)" : " (measured on rank 0)", r->job_peak_gflops);
