@@ -28,6 +28,7 @@
 #endif
 
 #include "mpi/check.h"
+#include "src/base/fault.h"
 #include "src/base/util.h"
 
 /* Byte b of every float to plane b. On a little-endian machine a float's
@@ -184,7 +185,14 @@ static int plan_pieces(const CkSlice *slices, int n, int64_t chunk, Piece **out)
     for (int i = 0; i < n; i++) {
         const CkSlice *s = &slices[i];
         const int holders = s->holders > 0 ? s->holders : 1;
-        const int64_t rows = s->nc >= chunk ? 1 : chunk / s->nc;
+        int64_t rows = s->nc >= chunk ? 1 : chunk / s->nc;
+        /* at most CK_MAX_CHUNKS chunks a tensor, whatever the chunk size:
+         * a slice covering a share a of the tensor takes at most a share a
+         * of them (its tiles, rounded up, overstate how many slices there
+         * are, so the shares of all slices sum to at most one) */
+        const int64_t tiles = ((s->rows + s->nr - 1) / s->nr) * ((s->cols + s->nc - 1) / s->nc);
+        const int64_t most = tiles < CK_MAX_CHUNKS ? CK_MAX_CHUNKS / tiles : 1;
+        if ((s->nr + rows - 1) / rows > most) rows = (s->nr + most - 1) / most;
         for (int64_t r = 0; r < s->nr; r += rows) {
             const int64_t nr = s->nr - r < rows ? s->nr - r : rows;
             const uint64_t bytes = (uint64_t)nr * (uint64_t)s->nc * 4;
@@ -360,13 +368,63 @@ static void pack_round(const Piece *pcs, int lo, int hi, const CkWriteOpts *opt,
     free(slot);
 }
 
+/* The errno an injected failure of the calling thread's last MPI-IO call
+ * stands for (0: none). */
+static _Thread_local int fp_errno;
+
 static int mpi_failed(int rc, const char *call, const char *path, Err *err) {
     if (rc == MPI_SUCCESS) return 0;
     char msg[MPI_MAX_ERROR_STRING];
     int len = 0;
-    MPI_Error_string(rc, msg, &len);
+    if (fp_errno) snprintf(msg, sizeof msg, "%s", strerror(fp_errno));
+    else MPI_Error_string(rc, msg, &len);
+    fp_errno = 0;
     err_set(err, "ckpt: %s on '%s' failed: %s", call, path, msg);
     return 1;
+}
+
+/* The save's collective MPI-IO calls, each behind its fault point. A call
+ * that is to fail is still made, so that no other rank waits in it for
+ * this one, and then reported failed with the injected errno. */
+static int fp_mpi_result(int injected, int rc) {
+    if (!injected || rc != MPI_SUCCESS) return rc;
+    fp_errno = injected;
+    return MPI_ERR_IO;
+}
+
+/* fault_point's verdict: 0 go on, else the errno to fail with. */
+static int fp_verdict(const char *point) { return fault_point(point) != 0 ? errno : 0; }
+
+/* MPI_File_open for writing; *fh is MPI_FILE_NULL unless the file is open
+ * (which it may be when the result is an injected failure). */
+static int fp_file_open(MPI_Comm comm, const char *path, MPI_Info info, MPI_File *fh) {
+    const int inj = fp_verdict("data.open");
+    *fh = MPI_FILE_NULL;
+    int rc = MPI_File_open(comm, path, MPI_MODE_CREATE | MPI_MODE_WRONLY, info, fh);
+    if (rc != MPI_SUCCESS) *fh = MPI_FILE_NULL;
+    return fp_mpi_result(inj, rc);
+}
+
+static int fp_file_set_size(MPI_File fh) {
+    const int inj = fp_verdict("data.truncate");
+    return fp_mpi_result(inj, MPI_File_set_size(fh, 0));
+}
+
+static int fp_file_write_at_all(MPI_File fh, unsigned long long at, const Blob *b,
+                                MPI_Status *st) {
+    const int inj = fp_verdict("data.write");
+    return fp_mpi_result(
+        inj, MPI_File_write_at_all(fh, (MPI_Offset)at, b->buf, (int)b->len, MPI_BYTE, st));
+}
+
+static int fp_file_sync(MPI_File fh) {
+    const int inj = fp_verdict("data.sync");
+    return fp_mpi_result(inj, MPI_File_sync(fh));
+}
+
+static int fp_file_close(MPI_File *fh) {
+    const int inj = fp_verdict("data.close");
+    return fp_mpi_result(inj, MPI_File_close(fh));
 }
 
 /* The whole job agrees on success: every rank's flag, OR-ed. */
@@ -423,8 +481,7 @@ static void write_round(RoundWrite *w) {
      * progresses non-blocking I/O from whichever thread polls, which
      * beside training's MPI calls corrupted the heap */
     MPI_Status st;
-    int rc = MPI_File_write_at_all(w->fh, (MPI_Offset)w->at, w->blob->buf, (int)w->blob->len,
-                                   MPI_BYTE, &st);
+    int rc = fp_file_write_at_all(w->fh, w->at, w->blob, &st);
     if (!*w->failed && mpi_failed(rc, "MPI_File_write_at_all", w->path, w->err)) *w->failed = 1;
     int wrote = 0;
     if (rc == MPI_SUCCESS) MPI_Get_count(&st, MPI_BYTE, &wrote);
@@ -434,6 +491,7 @@ static void write_round(RoundWrite *w) {
         *w->failed = 1;
     }
     if (!*w->failed) behind_round(w->behind, w->at, w->blob->len);
+    fault_progress();
 }
 
 /* The data file: rounds of at most CK_ROUND_BYTES of raw state a rank,
@@ -457,13 +515,19 @@ static int write_data(MPI_Comm comm, const char *path, const Piece *pcs, int np,
     MPI_CHECK(MPI_Info_set(info, "romio_cb_write", "disable"));
     MPI_File fh;
     quiet_barrier(comm);
-    int rc = MPI_File_open(comm, path, MPI_MODE_CREATE | MPI_MODE_WRONLY, info, &fh);
+    int rc = fp_file_open(comm, path, info, &fh);
     MPI_CHECK(MPI_Info_free(&info));
-    if (any_failed(comm, mpi_failed(rc, "MPI_File_open", path, err))) return -1;
+    if (any_failed(comm, mpi_failed(rc, "MPI_File_open", path, err))) {
+        /* opened on some ranks only: those close it, or the handle (and on
+         * NFS a .nfs file in the directory to remove) would stay */
+        if (fh != MPI_FILE_NULL) fp_file_close(&fh);
+        return -1;
+    }
     MPI_File_set_errhandler(fh, MPI_ERRORS_RETURN);
-    rc = MPI_File_set_size(fh, 0);
+    rc = fp_file_set_size(fh);
     int failed = mpi_failed(rc, "MPI_File_set_size", path, err);
-    Behind behind = {open(path, O_WRONLY | O_CLOEXEC), {0, 0}, {0, 0}};
+    /* for the write-behind hints only: nothing is written through it */
+    Behind behind = {open(path, O_RDONLY | O_CLOEXEC), {0, 0}, {0, 0}};
     /* round boundaries: pieces in order, at most CK_ROUND_BYTES raw each;
      * two buffers, used in turn, hold the largest round's bound */
     int *ends = xcalloc((size_t)np + 2, sizeof(int)), nr = 0;
@@ -524,12 +588,12 @@ static int write_data(MPI_Comm comm, const char *path, const Piece *pcs, int np,
     free(ends);
     *total = base;
     quiet_barrier(comm);
-    rc = MPI_File_sync(fh);
+    rc = fp_file_sync(fh);
     if (!failed && mpi_failed(rc, "MPI_File_sync", path, err)) failed = 1;
     behind_drop(&behind, 0);
     behind_drop(&behind, 1);
     if (behind.fd >= 0) close(behind.fd);
-    rc = MPI_File_close(&fh);
+    rc = fp_file_close(&fh);
     if (!failed && mpi_failed(rc, "MPI_File_close", path, err)) failed = 1;
     return any_failed(comm, failed) ? -1 : 0;
 }
@@ -556,6 +620,11 @@ static int fault_step(const char *s, long step) {
 }
 
 void ck_fault(const char *phase, long step) {
+    if (strcmp(phase, "slow") != 0) {
+        char point[64];
+        snprintf(point, sizeof point, "phase.%s", phase);
+        fault_point(point); /* a phase has no call to fail: only kill acts */
+    }
     char f[3][64];
     const int n = fault_fields(f);
     long long ms;
@@ -642,7 +711,8 @@ static int write_index(const char *dir, unsigned long long total, const CkKV *kv
     char ipath[1200];
     snprintf(ipath, sizeof ipath, "%s/index", dir);
     Err werr;
-    int rc = write_file_atomic(ipath, ix, ilen, &werr);
+    /* a directory fsync that fails fails the save: it is not committed */
+    int rc = write_file_durable("index", ipath, ix, ilen, &werr) != 0 ? -1 : 0;
     if (rc != 0) err_set(err, "ckpt: %s", werr.msg);
     free(ix);
     return rc;

@@ -7,6 +7,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -15,9 +16,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "mpi/check.h"
+#include "src/base/fault.h"
 #include "src/base/util.h"
 #include "checkpoint/ckio.h"
 #include "checkpoint/safetensors.h"
@@ -104,14 +107,43 @@ static int model_slices(const Model *m, float *base, const char *prefix, const R
 
 /* ------------------------------------------------------------------ save */
 
-static void rm_checkpoint_dir(const char *dir) {
-    char p[1200];
-    const char *files[] = {"data.bin", "index"};
-    for (int k = 0; k < 2; k++) {
-        snprintf(p, sizeof p, "%s/%s", dir, files[k]);
-        unlink(p);
-    }
-    rmdir(dir);
+/* The names in a ckpt_dir that are not checkpoints but what a save, a
+ * prune or a replacement left when interrupted: step-NNNNNNNN.tmp (a save
+ * not committed), .old (the checkpoint a re-save of its step replaces),
+ * .del (one being pruned), each perhaps with a suffix, and latest.tmp.PID.
+ * Returns the kind's letter ('t', 'o', 'd', 'l') or 0. */
+static int leftover_kind(const char *name) {
+    if (strncmp(name, "latest.tmp.", 11) == 0 || strncmp(name, "probe.tmp.", 10) == 0) return 'l';
+    if (strncmp(name, "step-", 5) != 0 || strspn(name + 5, "0123456789") != 8) return 0;
+    const char *k = name + 13;
+    if (strncmp(k, ".tmp", 4) == 0 && (!k[4] || k[4] == '.')) return 't';
+    if (strncmp(k, ".old", 4) == 0 && (!k[4] || k[4] == '.')) return 'o';
+    if (strncmp(k, ".del", 4) == 0 && (!k[4] || k[4] == '.')) return 'd';
+    return 0;
+}
+
+/* Removes directory dir and every file in it: a checkpoint's two, and
+ * whatever an interrupted write left (index.tmp.PID, NFS's .nfsXXXX).
+ * Each unlink and the rmdir are fault points WHAT.unlink, WHAT.rmdir.
+ * Returns 0 (dir gone, or never there) or -1 with errno. */
+static int rm_dir_tree(const char *what, const char *dir) {
+    char point[64], p[1400];
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? 0 : -1;
+    struct dirent *e;
+    int rc = 0;
+    snprintf(point, sizeof point, "%s.unlink", what);
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            if (fp_unlink(point, p) != 0 && errno != ENOENT) rc = -1;
+        }
+    const int e0 = errno;
+    closedir(d);
+    snprintf(point, sizeof point, "%s.rmdir", what);
+    if (rc == 0 && fp_rmdir(point, dir) != 0 && errno != ENOENT) return -1;
+    if (rc != 0) errno = e0;
+    return rc;
 }
 
 static int cmp_desc(const void *a, const void *b) {
@@ -137,37 +169,88 @@ int ckpt_list_steps(const char *ckpt_dir, char ***names) {
     return n;
 }
 
+int ckpt_recover(const char *ckpt_dir, const char *keep_tmp, Err *err) {
+    DIR *d = opendir(ckpt_dir);
+    if (!d) return 0;
+    struct dirent *e;
+    int rc = 0;
+    while ((e = readdir(d))) {
+        const int kind = leftover_kind(e->d_name);
+        if (!kind || (keep_tmp && strcmp(e->d_name, keep_tmp) == 0)) continue;
+        char p[1100], fin[1100];
+        snprintf(p, sizeof p, "%s/%s", ckpt_dir, e->d_name);
+        snprintf(fin, sizeof fin, "%s/%.13s", ckpt_dir, e->d_name);
+        if (kind == 'o' && !is_dir(fin)) {
+            /* a re-save of this step stopped between its two renames: the
+             * checkpoint it was replacing is the step's only copy */
+            if (fp_rename("recover.rename", p, fin) == 0) continue;
+        }
+        const int r = kind == 'l' ? fp_unlink("recover.unlink", p) : rm_dir_tree("recover", p);
+        if (r != 0 && errno != ENOENT && rc == 0)
+            rc = err_set(err, "ckpt: cannot remove '%s' (left by an interrupted save): %s", p,
+                         strerror(errno));
+    }
+    closedir(d);
+    return rc;
+}
+
 /* Removes all but the newest `keep` checkpoints; never the one named
  * keep_name. A checkpoint is first renamed out of the step-NNNNNNNN
  * namespace, then emptied, so a process killed while pruning leaves no
- * half-deleted checkpoint behind, only a .del directory the next prune
- * clears. */
-static void prune(const char *dir, int keep, const char *keep_name) {
+ * half-deleted checkpoint behind, only a .del directory the next save
+ * clears. Returns 0 or -1 with err set (the first failure). */
+static int prune(const char *dir, int keep, const char *keep_name, Err *err) {
     char **names;
-    int n = ckpt_list_steps(dir, &names);
+    int n = ckpt_list_steps(dir, &names), rc = 0;
     for (int i = 0; i < n; i++) {
         if (i >= keep && strcmp(names[i], keep_name) != 0) {
             char p[1100], q[1200];
             snprintf(p, sizeof p, "%s/%s", dir, names[i]);
             snprintf(q, sizeof q, "%s.del", p);
-            if (rename(p, q) == 0) rm_checkpoint_dir(q);
+            if ((rm_dir_tree("prune.stale", q) != 0 || fp_rename("prune.rename", p, q) != 0 ||
+                 rm_dir_tree("prune", q) != 0) &&
+                rc == 0)
+                rc = err_set(err, "ckpt: cannot prune '%s': %s", p, strerror(errno));
         }
         free(names[i]);
     }
     free(names);
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        size_t len = strlen(e->d_name);
-        if (strncmp(e->d_name, "step-", 5) == 0 && len > 4 &&
-            (strcmp(e->d_name + len - 4, ".del") == 0 || strcmp(e->d_name + len - 4, ".old") == 0)) {
-            char p[1400];
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            rm_checkpoint_dir(p);
+    return rc;
+}
+
+int ckpt_abandon_after(const char *ckpt_dir, int step, Err *err) {
+    char **names, latest[1100], line[40];
+    int n = ckpt_list_steps(ckpt_dir, &names), rc = 0, moved = 0;
+    char mine[32];
+    snprintf(mine, sizeof mine, "step-%08d", step);
+    for (int i = 0; i < n; i++) {
+        if (strcmp(names[i], mine) > 0 && rc == 0) {
+            char from[1100], to[1200], parent[1100];
+            snprintf(parent, sizeof parent, "%s/abandoned", ckpt_dir);
+            snprintf(from, sizeof from, "%s/%s", ckpt_dir, names[i]);
+            snprintf(to, sizeof to, "%s/%s", parent, names[i]);
+            for (int k = 1; is_dir(to) && k < 1000; k++)
+                snprintf(to, sizeof to, "%s/%s.%d", parent, names[i], k);
+            if ((fp_mkdir("abandon.mkdir", parent, 0755) != 0 && errno != EEXIST) ||
+                fp_rename("abandon.rename", from, to) != 0)
+                rc = err_set(err, "ckpt: cannot move '%s' (newer than the step resumed) aside: %s",
+                             from, strerror(errno));
+            else moved++;
         }
+        free(names[i]);
     }
-    closedir(d);
+    free(names);
+    if (rc != 0 || !moved) return rc;
+    /* `latest` names this line's head again (or, when it lies elsewhere,
+     * nothing: the directory's newest checkpoint is then the one named) */
+    snprintf(latest, sizeof latest, "%s/latest", ckpt_dir);
+    snprintf(line, sizeof line, "%s\n", mine);
+    char p[1100];
+    snprintf(p, sizeof p, "%s/%s", ckpt_dir, mine);
+    if (is_dir(p)) rc = write_file_durable("latest", latest, line, strlen(line), err) < 0 ? -1 : 0;
+    else if (fp_unlink("latest.unlink", latest) != 0 && errno != ENOENT)
+        rc = err_set(err, "ckpt: cannot remove '%s': %s", latest, strerror(errno));
+    return rc;
 }
 
 static int add_kv(CkKV *kv, int n, const char *key, const char *value) {
@@ -183,7 +266,10 @@ static void model_key_value(const Config *cfg, const Model *m, const char *key, 
     else config_get(cfg, key, v, n);
 }
 
-static int state_kv(const Config *cfg, const Model *m, int step, int world, CkKV *kv) {
+static int state_kv(const Config *cfg, const Model *m, int step, const CkptRunState *rs, int world,
+                    CkKV *kv) {
+    const CkptRunState none = {0, 0};
+    if (!rs) rs = &none;
     int n = 0;
     char v[256], k[80];
     const char *key;
@@ -194,8 +280,12 @@ static int state_kv(const Config *cfg, const Model *m, int step, int world, CkKV
     }
     snprintf(v, sizeof v, "%d", step);
     n = add_kv(kv, n, "state.step", v);
-    snprintf(v, sizeof v, "%lld", (long long)step * cfg->batch_size);
+    snprintf(v, sizeof v, "%lld", ((long long)step + rs->batch_offset) * cfg->batch_size);
     n = add_kv(kv, n, "state.data_cursor", v);
+    snprintf(v, sizeof v, "%lld", rs->batch_offset);
+    n = add_kv(kv, n, "state.batch_offset", v);
+    snprintf(v, sizeof v, "%d", rs->rollbacks);
+    n = add_kv(kv, n, "state.rollbacks", v);
     snprintf(v, sizeof v, "%lld", cfg->seed);
     n = add_kv(kv, n, "state.seed", v);
     snprintf(v, sizeof v, "%d", cfg->batch_size);
@@ -209,49 +299,91 @@ static int state_kv(const Config *cfg, const Model *m, int step, int world, CkKV
     return n;
 }
 
-/* Rank 0 makes ckpt_dir/step-N.tmp (clearing one an interrupted save of
- * this step left). Collective; returns 0 or -1 on every rank. */
-static int make_tmp_dir(const char *ckpt_dir, const char *tmp, int step, MPI_Comm comm, Err *err) {
+/* Rank 0's part of make_tmp_dir. Returns 0 or -1 with err set. */
+static int tmp_dir_make(const char *ckpt_dir, const char *tmp, int step, uint64_t bytes,
+                        Err *err) {
+    struct statvfs fs;
+    if (mkdirs(ckpt_dir) != 0)
+        return err_set(err, "ckpt: cannot create '%s': %s (checkpoint of step %d not saved)",
+                       ckpt_dir, strerror(errno), step);
+    if (ckpt_recover(ckpt_dir, NULL, err) != 0) return -1;
+    if (statvfs(ckpt_dir, &fs) == 0 && (uint64_t)fs.f_bavail * fs.f_frsize < bytes + (1u << 20)) {
+        char have[32], need[32];
+        format_bytes(have, sizeof have, (size_t)fs.f_bavail * fs.f_frsize);
+        format_bytes(need, sizeof need, (size_t)bytes + (1u << 20));
+        return err_set(err,
+                       "ckpt: '%s' has %s free (or left in its quota) and a checkpoint needs up "
+                       "to %s (checkpoint of step %d not saved; older ones untouched; free "
+                       "space, or lower ckpt_keep)",
+                       ckpt_dir, have, need, step);
+    }
+    if (fp_mkdir("save.mkdir", tmp, 0755) != 0)
+        return err_set(err, "ckpt: cannot create '%s': %s (checkpoint of step %d not saved)", tmp,
+                       strerror(errno), step);
+    return 0;
+}
+
+/* Rank 0 makes ckpt_dir/step-N.tmp, after clearing what interrupted saves
+ * left (a stale step-N.tmp whole, whatever files it holds) and checking
+ * that the file system has room for `bytes` more. Collective; returns 0
+ * or -1 on every rank. */
+static int make_tmp_dir(const char *ckpt_dir, const char *tmp, int step, uint64_t bytes,
+                        MPI_Comm comm, Err *err) {
     int rank = 0, ok = 1;
     MPI_CHECK(MPI_Comm_rank(comm, &rank));
-    if (rank == 0) {
-        const char *bad = NULL;
-        if (mkdirs(ckpt_dir) != 0) bad = ckpt_dir;
-        else {
-            rm_checkpoint_dir(tmp);
-            if (mkdir(tmp, 0755) != 0) bad = tmp;
-        }
-        if (bad) {
-            err_set(err, "ckpt: cannot create '%s': %s (checkpoint of step %d not saved)", bad,
-                    strerror(errno), step);
-            ok = 0;
-        }
-    }
+    if (rank == 0) ok = tmp_dir_make(ckpt_dir, tmp, step, bytes, err) == 0;
     MPI_CHECK(MPI_Bcast(&ok, 1, MPI_INT, 0, comm));
     if (!ok && rank != 0)
         err_set(err, "ckpt: checkpoint of step %d not saved (rank 0 says why)", step);
     return ok ? 0 : -1;
 }
 
-/* Rank 0 moves step-N.tmp into place, points `latest` at it and prunes.
- * Returns 0 or -1 with err set (rank 0 only). */
-static int commit(const char *ckpt_dir, const char *name, const char *tmp, const char *fin,
-                  int keep, int step, Err *err) {
-    fsync_dir(tmp);
-    ck_fault("rename", step);
+/* Moves the complete step-N.tmp into place as step-N (rank 0). A re-save
+ * of a step moves the checkpoint it replaces to step-N.old first, and a
+ * process stopped between the two renames leaves that one for
+ * ckpt_recover to put back. Returns 0, or -1 with err set and nothing
+ * committed (step-N as it was). */
+static int commit_rename(const char *tmp, const char *fin, Err *err) {
     char old[1200];
     snprintf(old, sizeof old, "%s.old", fin);
-    if (is_dir(fin)) rename(fin, old); /* a resumed run saving this step again */
-    if (rename(tmp, fin) != 0)
-        return err_set(err, "ckpt: cannot rename '%s' to '%s': %s", tmp, fin, strerror(errno));
-    rm_checkpoint_dir(old);
-    fsync_dir(ckpt_dir);
+    if (fp_fsync_dir("commit.fsync_tmp", tmp) != 0)
+        return err_set(err, "ckpt: cannot fsync '%s': %s", tmp, strerror(errno));
+    ck_fault("rename", fault_get_step());
+    const int resave = is_dir(fin);
+    if (resave && (rm_dir_tree("commit.stale_old", old) != 0 ||
+                   fp_rename("commit.rename_old", fin, old) != 0))
+        return err_set(err, "ckpt: cannot move '%s' aside to replace it: %s", fin,
+                       strerror(errno));
+    if (fp_rename("commit.rename", tmp, fin) != 0) {
+        const int e = errno;
+        if (resave) fp_rename("commit.restore", old, fin); /* else ckpt_recover puts it back */
+        return err_set(err, "ckpt: cannot rename '%s' to '%s': %s", tmp, fin, strerror(e));
+    }
+    if (resave) rm_dir_tree("commit.old", old); /* a leftover: the next save clears it */
+    return 0;
+}
+
+/* Rank 0 commits step-N.tmp: renames it into place, makes the rename
+ * durable, points `latest` at it and prunes. Returns 0; -1 with err set
+ * when nothing was committed; or 1 with err holding a warning when the
+ * checkpoint is committed but a later part (the directory's fsync,
+ * `latest`, pruning) failed. */
+static int commit(const char *ckpt_dir, const char *name, const char *tmp, const char *fin,
+                  int keep, Err *err) {
+    if (commit_rename(tmp, fin, err) != 0) return -1;
+    Err w = {""};
     char latest[1100], line[40];
     snprintf(latest, sizeof latest, "%s/latest", ckpt_dir);
-    int len = snprintf(line, sizeof line, "%s\n", name);
-    if (write_file_atomic(latest, line, (size_t)len, err) != 0) return -1;
-    prune(ckpt_dir, keep, name);
-    return 0;
+    const int len = snprintf(line, sizeof line, "%s\n", name);
+    if (fp_fsync_dir("commit.fsync_dir", ckpt_dir) != 0)
+        err_set(&w, "cannot fsync '%s': %s (a power cut could undo it)", ckpt_dir,
+                strerror(errno));
+    else if (write_file_durable("latest", latest, line, (size_t)len, &w) == 0)
+        prune(ckpt_dir, keep, name, &w);
+    if (!w.msg[0]) return 0;
+    Err why = w;
+    err_set(err, "ckpt: %s saved, but %s", fin, why.msg);
+    return 1;
 }
 
 /* One save: this rank's slices of the state in buffers laid out like
@@ -269,7 +401,8 @@ typedef struct {
 /* The save of weights `params` and moments `mom_m`, `mom_v` (NULL: none)
  * of model m after `step`. */
 static void job_init(SaveJob *j, const char *ckpt_dir, const Model *m, float *params, float *mom_m,
-                     float *mom_v, const Config *cfg, int step, MPI_Comm comm, const Replicas *r) {
+                     float *mom_v, const Config *cfg, int step, const CkptRunState *rs,
+                     MPI_Comm comm, const Replicas *r) {
     int world = 1;
     MPI_CHECK(MPI_Comm_size(comm, &world));
     memset(j, 0, sizeof *j);
@@ -282,43 +415,103 @@ static void job_init(SaveJob *j, const char *ckpt_dir, const Model *m, float *pa
         j->n += model_slices(m, mom_m, "adam_m", r, j->slices + j->n);
         j->n += model_slices(m, mom_v, "adam_v", r, j->slices + j->n);
     }
-    j->nkv = state_kv(cfg, m, step, world, j->kv);
+    j->nkv = state_kv(cfg, m, step, rs, world, j->kv);
     j->wo = (CkWriteOpts){cfg->ckpt_level, cfg->ckpt_chunk, 0, 0};
 }
 
+/* The bytes this save adds to the file system at most, over all ranks:
+ * the raw state (a plane is stored raw when coding does not gain) and the
+ * index. Collective. */
+static uint64_t job_bytes(const SaveJob *j, MPI_Comm comm) {
+    double mine = 0, all = 0;
+    for (int i = 0; i < j->n; i++) {
+        const CkSlice *s = &j->slices[i];
+        mine += (double)s->nr * (double)s->nc * 4 / (s->holders > 1 ? s->holders : 1);
+    }
+    MPI_CHECK(MPI_Allreduce(&mine, &all, 1, MPI_DOUBLE, MPI_SUM, comm));
+    return (uint64_t)(all * 1.01) + 4096 * (uint64_t)j->n;
+}
+
 /* Writes step-N.tmp, then commits it. Collective over comm; returns 0 on
- * every rank or -1 on every rank with err set. */
+ * every rank, -1 on every rank with err set (nothing committed), or 1 on
+ * every rank with err holding a warning (committed; see commit). */
 static int job_run(const SaveJob *j, MPI_Comm comm, CkStats *st, Err *err) {
     int rank = 0;
     MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    fault_set_step(j->step);
     char name[32], tmp[1100], fin[1100];
     snprintf(name, sizeof name, "step-%08d", j->step);
     snprintf(tmp, sizeof tmp, "%s/%s.tmp", j->ckpt_dir, name);
     snprintf(fin, sizeof fin, "%s/%s", j->ckpt_dir, name);
-    if (make_tmp_dir(j->ckpt_dir, tmp, j->step, comm, err) != 0) return -1;
+    int rc = make_tmp_dir(j->ckpt_dir, tmp, j->step, job_bytes(j, comm), comm, err);
     Err werr;
-    if (ck_write(comm, tmp, j->slices, j->n, j->kv, j->nkv, &j->wo, st, &werr) != 0) {
+    if (rc == 0 && ck_write(comm, tmp, j->slices, j->n, j->kv, j->nkv, &j->wo, st, &werr) != 0) {
         err_set(err, "%s (checkpoint of step %d not saved; older ones untouched)", werr.msg,
                 j->step);
-        if (rank == 0) rm_checkpoint_dir(tmp);
-        return -1;
+        if (rank == 0) rm_dir_tree("save.cleanup", tmp); /* else the next save clears it */
+        rc = -1;
     }
-    int ok = rank != 0 || commit(j->ckpt_dir, name, tmp, fin, j->keep, j->step, err) == 0;
-    MPI_CHECK(MPI_Bcast(&ok, 1, MPI_INT, 0, comm));
-    if (!ok && rank != 0)
-        err_set(err, "ckpt: checkpoint of step %d not saved (rank 0 says why)", j->step);
-    return ok ? 0 : -1;
+    if (rc == 0) {
+        if (rank == 0) rc = commit(j->ckpt_dir, name, tmp, fin, j->keep, err);
+        MPI_CHECK(MPI_Bcast(&rc, 1, MPI_INT, 0, comm));
+        if (rc < 0 && rank != 0)
+            err_set(err, "ckpt: checkpoint of step %d not saved (rank 0 says why)", j->step);
+        if (rc > 0 && rank != 0)
+            err_set(err, "ckpt: checkpoint of step %d saved (rank 0 warns why)", j->step);
+    }
+    fault_set_step(-1);
+    return rc;
 }
 
 int ckpt_save(const char *ckpt_dir, const Model *m, const AdamW *opt, const Config *cfg, int step,
-              MPI_Comm comm, int dp, int dp_rank, CkStats *st, Err *err) {
+              const CkptRunState *rs, MPI_Comm comm, int dp, int dp_rank, CkStats *st, Err *err) {
     SaveJob j;
     const Replicas r = {dp, dp_rank};
-    job_init(&j, ckpt_dir, m, m->params, opt ? opt->m : NULL, opt ? opt->v : NULL, cfg, step, comm,
-             &r);
+    job_init(&j, ckpt_dir, m, m->params, opt ? opt->m : NULL, opt ? opt->v : NULL, cfg, step, rs,
+             comm, &r);
     int rc = job_run(&j, comm, st, err);
     free(j.slices);
     return rc;
+}
+
+/* Rank 0's probe write of `bytes`; its time in *seconds. Returns 0 or -1
+ * with err set. */
+static int probe_write(const char *ckpt_dir, size_t bytes, double *seconds, Err *err) {
+    char path[1100];
+    snprintf(path, sizeof path, "%s/probe.tmp.%ld", ckpt_dir, (long)getpid());
+    uint8_t *buf = xmalloc(bytes);
+    for (size_t i = 0; i < bytes; i++) buf[i] = (uint8_t)(i * 2654435761u >> 13);
+    const double t0 = now_s();
+    int rc = 0, fd = -1;
+    if (mkdirs(ckpt_dir) != 0 ||
+        (fd = fp_open("probe.open", path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0)
+        rc = -1;
+    ck_fault("slow", -1); /* a slow disk is slow for the probe too */
+    if (rc == 0 && (fp_write_all("probe.write", fd, buf, bytes) != 0 || fp_fsync("probe.fsync", fd) != 0))
+        rc = -1;
+    const int e = errno;
+    if (fd >= 0) close(fd);
+    if (fd >= 0 && fp_unlink("probe.unlink", path) != 0 && rc == 0) rc = -1;
+    *seconds = now_s() - t0;
+    free(buf);
+    if (rc != 0)
+        err_set(err, "ckpt: cannot write into ckpt_dir '%s' (a probe write, for time_limit): %s",
+                ckpt_dir, strerror(rc == -1 && e ? e : errno));
+    return rc;
+}
+
+int ckpt_probe_save(const char *ckpt_dir, double state_bytes, MPI_Comm comm, double *seconds,
+                    Err *err) {
+    int rank = 0;
+    MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    const size_t bytes = state_bytes < (16 << 20) ? (state_bytes > 65536 ? (size_t)state_bytes : 65536)
+                                                  : 16 << 20;
+    double v[2] = {0, 0}; /* seconds, failed */
+    if (rank == 0) v[1] = probe_write(ckpt_dir, bytes, &v[0], err) != 0;
+    MPI_CHECK(MPI_Bcast(v, 2, MPI_DOUBLE, 0, comm));
+    if (v[1] && rank != 0) err_set(err, "ckpt: rank 0 cannot write into ckpt_dir '%s'", ckpt_dir);
+    *seconds = v[0] * (state_bytes > (double)bytes ? state_bytes / (double)bytes : 1.0);
+    return v[1] ? -1 : 0;
 }
 
 /* ----------------------------------------------------------------- async */
@@ -382,7 +575,8 @@ static void copy_floats(float *dst, const float *src, size_t n, int threads) {
 }
 
 void ckpt_async_start(CkptAsync *a, const char *ckpt_dir, const Model *m, const AdamW *opt,
-                      const Config *cfg, int step, int dp, int dp_rank, int threads) {
+                      const Config *cfg, int step, const CkptRunState *rs, int dp, int dp_rank,
+                      int threads) {
     if (a->busy) abort(); /* the caller waits first: at most one save in flight */
     const size_t n = m->nparams, need = opt ? 3 * n : n;
     a->t0 = now_s();
@@ -399,10 +593,12 @@ void ckpt_async_start(CkptAsync *a, const char *ckpt_dir, const Model *m, const 
     }
     const Replicas r = {dp, dp_rank};
     job_init(&a->job, ckpt_dir, m, a->stage, opt ? a->stage + n : NULL,
-             opt ? a->stage + 2 * n : NULL, cfg, step, a->comm, &r);
+             opt ? a->stage + 2 * n : NULL, cfg, step, rs, a->comm, &r);
     a->job.wo.threads = threads;
     a->job.wo.background = 1;
+    fault_set_step(step);
     ck_fault("staged", step);
+    fault_set_step(-1);
     atomic_store(&a->finished, 0);
     a->err.msg[0] = '\0';
     /* signals (a scheduler's SIGTERM, SIGUSR1) go to the training thread */
@@ -513,6 +709,23 @@ int ckpt_read_config(const char *stepdir, Config *cfg, int *step, Err *err) {
                      "ckpt: '%s/index' has state.step = '%.32s' (expected an integer in [0, %d])",
                      stepdir, s ? s : "", CONFIG_MAX_STEP);
     if (rc == 0 && step) *step = (int)v;
+    ck_index_free(&ix);
+    return rc;
+}
+
+int ckpt_read_run_state(const char *stepdir, CkptRunState *rs, Err *err) {
+    CkIndex ix;
+    if (ck_index_read(stepdir, &ix, err) != 0) return -1;
+    const char *o = ck_kv(&ix, "state.batch_offset"), *b = ck_kv(&ix, "state.rollbacks");
+    long long ov = 0, bv = 0;
+    int rc = 0;
+    if ((o && parse_i64(o, 0, 1LL << 50, &ov) != 0) || (b && parse_i64(b, 0, 1 << 20, &bv) != 0))
+        rc = err_set(err,
+                     "ckpt: '%s/index' has state.batch_offset = '%.32s', state.rollbacks = "
+                     "'%.32s' (expected integers >= 0)",
+                     stepdir, o ? o : "", b ? b : "");
+    rs->batch_offset = ov;
+    rs->rollbacks = (int)bv;
     ck_index_free(&ix);
     return rc;
 }

@@ -1,9 +1,12 @@
 /*
  * ckpt: model checkpoints on the ckio format. ckpt_dir/step-NNNNNNNN/ holds
  * data.bin and index (ckio.h) with the parameters, the AdamW moments, the
- * model config and the training state. A save writes step-N.tmp/, fsyncs,
- * renames it to step-N/, then replaces `latest` by write-to-temp and rename,
- * and keeps the newest ckpt_keep. Every tensor goes through the parameter
+ * model config and the training state. A save clears what interrupted
+ * saves left, checks the free space, writes step-N.tmp/, fsyncs, renames
+ * it to step-N/ (a re-save of step N moves the old one to step-N.old
+ * first), fsyncs ckpt_dir, then replaces `latest` by write-to-temp and
+ * rename, and keeps the newest ckpt_keep. Every write, fsync, rename and
+ * unlink is a fault point (src/base/fault.h). Every tensor goes through the parameter
  * registry: a rank writes and reads its own slices.
  */
 #ifndef MODTRAIN_CKPT_H
@@ -19,16 +22,30 @@
 #include "src/model.h"
 #include "src/optim.h"
 
+/* The training state beyond the step that a checkpoint records: the
+ * global batches skipped so far (step s trains on batch s + batch_offset)
+ * and the rollbacks onto this checkpoint's step after a non-finite loss. */
+typedef struct {
+    long long batch_offset;
+    int rollbacks;
+} CkptRunState;
+
+/* Reads a checkpoint's CkptRunState (zeros for keys it lacks: written
+ * before they were). Returns 0 or -1 with err set. */
+int ckpt_read_run_state(const char *stepdir, CkptRunState *rs, Err *err);
+
 /* Saves weights (and moments when opt is non-NULL) after `step` completed
  * steps. Collective over comm; every rank writes a share: the data it holds
  * alike with others (its dp replicas, of this rank dp_rank of dp; the tp
  * ranks of a replicated tensor; the two copies of the tied embedding) is
  * divided among them, balanced by bytes. Fills *st (when not NULL) with
- * what the save wrote. Returns 0 on every rank, or -1 on
- * every rank with err set (rank 0's says why); the model and older
+ * what the save wrote. Returns 0 on every rank; -1 on every rank with err
+ * set (rank 0's says why) when nothing was committed; or 1 on every rank
+ * when the checkpoint is committed but err holds a warning (ckpt_dir not
+ * fsynced, `latest` not written, a prune failed). The model and older
  * checkpoints are untouched either way. */
 int ckpt_save(const char *ckpt_dir, const Model *m, const AdamW *opt, const Config *cfg, int step,
-              MPI_Comm comm, int dp, int dp_rank, CkStats *st, Err *err);
+              const CkptRunState *rs, MPI_Comm comm, int dp, int dp_rank, CkStats *st, Err *err);
 
 /* Asynchronous saves: the state is copied into a staging buffer on the
  * calling thread (the only stall), then a thread of its own packs, writes
@@ -43,11 +60,12 @@ typedef struct CkptAsync CkptAsync;
  * threads. Collective. Returns NULL with err set when MPI does not give
  * MPI_THREAD_MULTIPLE. */
 CkptAsync *ckpt_async_new(MPI_Comm comm, size_t floats, int threads, Err *err);
-/* Starts saving what ckpt_save would save (the copy on `threads` threads)
+/* Starts saving what ckpt_save would save (rs may be NULL: zeros) (the copy on `threads` threads)
  * and returns once the state is copied. None may be in flight (wait for it
  * first). Collective over the ranks of ckpt_async_new's comm. */
 void ckpt_async_start(CkptAsync *a, const char *ckpt_dir, const Model *m, const AdamW *opt,
-                      const Config *cfg, int step, int dp, int dp_rank, int threads);
+                      const Config *cfg, int step, const CkptRunState *rs, int dp, int dp_rank,
+                      int threads);
 /* The step of the save in flight (started and not waited for), or -1;
  * whether it has finished on this rank (never blocks); seconds since it
  * started (0 when none). a may be NULL. */
@@ -62,10 +80,34 @@ int ckpt_async_wait(CkptAsync *a, CkStats *st, double *seconds, Err *err);
 /* Waits for a save in flight and frees everything. a may be NULL. */
 void ckpt_async_free(CkptAsync *a);
 
+/* Measures what a save into ckpt_dir would take before any was made, for
+ * time_limit's budget: rank 0 writes, fsyncs and removes a probe file of
+ * min(state_bytes, 16 MiB) there (fault points probe.*; a leftover
+ * probe.tmp.PID is cleared by ckpt_recover) and scales its time to
+ * state_bytes. Collective; fills *seconds on every rank and returns 0, or
+ * -1 with err set (ckpt_dir cannot be written). */
+int ckpt_probe_save(const char *ckpt_dir, double state_bytes, MPI_Comm comm, double *seconds,
+                    Err *err);
+
 /* Turns --ckpt (a step directory, or a ckpt_dir: its `latest`, else its
  * newest step directory) into a step directory. Returns 0 or -1 with err
  * set. */
 int ckpt_resolve(const char *path, char *out, size_t n, Err *err);
+
+/* Puts right what interrupted saves left in ckpt_dir (rank 0 alone, no
+ * save in flight): a step-N.old whose step-N is missing (a re-save stopped
+ * between its renames) becomes step-N again; every other .old, .tmp (but
+ * keep_tmp, when not NULL) and .del directory and latest.tmp.PID file is
+ * removed whole. Returns 0 or -1 with err naming what could not be
+ * removed. */
+int ckpt_recover(const char *ckpt_dir, const char *keep_tmp, Err *err);
+
+/* After a run resumed from step `step` (rank 0 alone): the checkpoints of
+ * ckpt_dir newer than it belong to a line of training this run abandoned,
+ * so they move to ckpt_dir/abandoned/ (out of resume's and pruning's
+ * sight, nothing deleted), and `latest` names step-`step` again (or is
+ * removed when that lies elsewhere). Returns 0 or -1 with err set. */
+int ckpt_abandon_after(const char *ckpt_dir, int step, Err *err);
 
 /* Lists the step-NNNNNNNN directories of ckpt_dir, newest first (malloc'd
  * names; the caller frees each and the array). Returns the count. */

@@ -18,6 +18,7 @@
 typedef enum { GATE_RAW = 0, GATE_SIGMOID = 1 } RouterGate;
 typedef enum { CAUSAL_AUX_LOSS = 0, CAUSAL_PREDICTOR = 1 } CausalRouter;
 typedef enum { SCHED_1F1B = 0, SCHED_GPIPE = 1 } Schedule;
+typedef enum { NONFINITE_STOP = 0, NONFINITE_ROLLBACK = 1 } OnNonfinite;
 /* How token ids map to text. AUTO is resolved before training (from the
  * training shard's header) and is never recorded in a checkpoint. */
 typedef enum { TOK_AUTO = 0, TOK_BYTE = 1, TOK_GPT2 = 2, TOK_NONE = 3 } Tokenizer;
@@ -55,6 +56,9 @@ typedef struct {
     char run_dir[CONFIG_STR];
     int log_every;
     double time_limit; /* seconds; save and stop before the run uses more; 0 = none */
+    OnNonfinite on_nonfinite;
+    int nonfinite_tries; /* rollbacks onto one checkpoint before giving up */
+    double watchdog_s;   /* seconds without progress that end the job; 0 = off */
     /* machine */
     int threads;
     double peak_gflops;

@@ -50,3 +50,8 @@ void adamw_step(AdamW *o, Model *model, double lr, double beta1, double beta2, d
         }
     }
 }
+
+void adamw_reset(AdamW *o) {
+    memset(o->m, 0, o->n * sizeof(float));
+    memset(o->v, 0, o->n * sizeof(float));
+}

@@ -19,6 +19,8 @@ typedef struct {
 
 void adamw_init(AdamW *o, const Model *model);
 void adamw_free(AdamW *o);
+/* Zeroes the moments, as adamw_init leaves them. */
+void adamw_reset(AdamW *o);
 
 /* Learning rate for 0-based step s of cfg->steps. */
 double lr_at(const Config *cfg, int s);

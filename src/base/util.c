@@ -4,6 +4,8 @@
  */
 #include "src/base/util.h"
 
+#include "src/base/fault.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -111,32 +113,20 @@ double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-int fsync_dir(const char *path) {
-    int fd = open(path, O_RDONLY | O_DIRECTORY);
-    if (fd < 0) return -1;
-    int rc = fsync(fd);
-    close(fd);
-    return rc;
-}
+int fsync_dir(const char *path) { return fp_fsync_dir("dir.fsync", path); }
 
-int write_file_atomic(const char *path, const void *data, size_t len, Err *err) {
-    char tmp[4096];
+int write_file_durable(const char *what, const char *path, const void *data, size_t len,
+                       Err *err) {
+    char tmp[4096], point[80];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+#define POINT(name) (snprintf(point, sizeof point, "%s." name, what), point)
+    int fd = fp_open(POINT("open"), tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return err_set(err, "cannot create %s: %s", tmp, strerror(errno));
-    const char *p = data;
-    size_t left = len;
-    while (left > 0) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            err_set(err, "cannot write %s: %s", tmp, strerror(errno));
-            goto fail;
-        }
-        p += w;
-        left -= (size_t)w;
+    if (fp_write_all(POINT("write"), fd, data, len) != 0) {
+        err_set(err, "cannot write %s: %s", tmp, strerror(errno));
+        goto fail;
     }
-    if (fsync(fd) != 0) {
+    if (fp_fsync(POINT("fsync"), fd) != 0) {
         err_set(err, "cannot fsync %s: %s", tmp, strerror(errno));
         goto fail;
     }
@@ -146,18 +136,28 @@ int write_file_atomic(const char *path, const void *data, size_t len, Err *err) 
         goto fail;
     }
     fd = -1;
-    if (rename(tmp, path) != 0) {
+    if (fp_rename(POINT("rename"), tmp, path) != 0) {
         err_set(err, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
         goto fail;
     }
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", path);
-    fsync_dir(dirname(dir));
+    /* renamed: the new content is what a reader sees; only its survival of
+     * a power cut depends on the directory's fsync, which is reported */
+    if (fp_fsync_dir(POINT("fsync_dir"), dirname(dir)) != 0) {
+        err_set(err, "cannot fsync the directory of %s: %s", path, strerror(errno));
+        return 1;
+    }
     return 0;
 fail:
     if (fd >= 0) close(fd);
-    unlink(tmp);
+    fp_unlink(POINT("unlink"), tmp);
     return -1;
+#undef POINT
+}
+
+int write_file_atomic(const char *path, const void *data, size_t len, Err *err) {
+    return write_file_durable("file", path, data, len, err) < 0 ? -1 : 0;
 }
 
 char *read_file(const char *path, size_t *len) {
@@ -188,10 +188,10 @@ int mkdirs(const char *path) {
     for (char *p = buf + 1; *p; p++) {
         if (*p != '/') continue;
         *p = '\0';
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
+        if (fp_mkdir("mkdirs", buf, 0755) != 0 && errno != EEXIST) return -1;
         *p = '/';
     }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
+    if (fp_mkdir("mkdirs", buf, 0755) != 0 && errno != EEXIST) return -1;
     return 0;
 }
 

@@ -87,15 +87,22 @@ void format_bytes(char *buf, size_t n, size_t bytes);
 /* Seconds since an arbitrary fixed point. */
 double now_s(void);
 
-/* Writes len bytes to path durably: temp file, fsync, rename, fsync dir.
- * Returns 0, or -1 with err set. */
+/* Writes len bytes to path durably: temp file (path.tmp.PID), fsync,
+ * rename, fsync of the directory; each step a fault point WHAT.open,
+ * .write, .fsync, .rename, .fsync_dir (fault.h). Returns 0; -1 with err
+ * set when path was not replaced (the temp file removed); or 1 with err
+ * set when path holds the new content but the directory's fsync failed,
+ * so a power cut could still undo the rename. */
+int write_file_durable(const char *what, const char *path, const void *data, size_t len,
+                       Err *err);
+/* write_file_durable("file", ...), 1 counted as done. */
 int write_file_atomic(const char *path, const void *data, size_t len, Err *err);
 /* Reads a whole file into a malloc'd buffer (NUL-terminated); NULL on error
  * with errno set. */
 char *read_file(const char *path, size_t *len);
 /* mkdir -p; returns 0 or -1 with errno. */
 int mkdirs(const char *path);
-/* fsync a directory; returns 0 or -1. */
+/* fsync a directory (fault point dir.fsync); returns 0 or -1 with errno. */
 int fsync_dir(const char *path);
 
 /* Formats seconds as "1h02m", "3m05s" or "12s". */

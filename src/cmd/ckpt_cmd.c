@@ -408,14 +408,17 @@ static int import_main(int argc, char **argv) {
         return EXIT_USAGE;
     }
     Model m;
+    int saved = 0;
     model_init(&m, &d, 1, NULL);
     cfg.ckpt_keep = 1 << 20;
     if (ckpt_load_safetensors(&f, &m, &err) != 0) {
         err_print(&err);
-    } else if (ckpt_save(ckpt, &m, NULL, &cfg, step, MPI_COMM_WORLD, 1, 0, NULL, &err) != 0) {
+    } else if ((saved = ckpt_save(ckpt, &m, NULL, &cfg, step, NULL, MPI_COMM_WORLD, 1, 0, NULL,
+                                  &err)) < 0) {
         err_print(&err);
         rc = EXIT_FAILURE;
     } else {
+        if (saved > 0) err_print(&err); /* committed, with a warning */
         printf("ckpt import: %s -> %s/step-%08d (L=%d C=%d NH=%d T=%d V=%d)\n", in, ckpt, step, d.L,
                d.C, d.NH, d.maxT, d.V);
         rc = EXIT_OK;

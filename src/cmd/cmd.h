@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 
+#include "checkpoint/ckpt.h"
 #include "src/base/util.h"
 #include "src/data.h"
 #include "src/model.h"
@@ -22,6 +23,15 @@
 #define EXIT_OK 0       /* done */
 #define EXIT_USAGE 2    /* bad input (config, arguments, data, checkpoint) found before work */
 #define EXIT_REQUEUE 75 /* saved a checkpoint and stopped early: requeue the job */
+#define EXIT_DIVERGED 65 /* the loss was not finite (and rollbacks gave up): do not requeue */
+#define EXIT_WATCHDOG 124 /* a rank made no progress for watchdog_s seconds */
+
+/* When the process started (now_s's clock): time_limit counts from it. */
+extern double cmd_start_s;
+
+/* Installs train's stop handlers (SIGTERM, SIGUSR1, SIGINT), first thing,
+ * so that a signal during setup or the resume load is not lost. */
+void train_install_signals(void);
 
 /* The subcommands; each returns its exit code. */
 int prep_main(int argc, char **argv);   /* prep.c */
@@ -66,9 +76,10 @@ void format_vocab_hash(uint64_t hash, char hex[CONFIG_HASH_HEX + 1]);
 
 /* Restores a run from a checkpoint as cfg->resume says: auto (the newest
  * checkpoint of ckpt_dir that loads, falling back to older ones), never, or
- * a path. Collective over comm. Returns 1 loaded (*start = its step), 0
+ * a path. Collective over comm. Returns 1 loaded (*start = its step, *rs
+ * its run state), 0
  * start fresh, -1 an error (printed). */
 int resume_run(const Config *cfg, const char *ckpt_dir, Model *m, AdamW *opt, int *start,
-               MPI_Comm comm);
+               CkptRunState *rs, MPI_Comm comm);
 
 #endif

@@ -20,6 +20,8 @@
  * first level when it lists nested ones). Otherwise the node's cores are
  * shared among its ranks, and never more than this process may run on (its
  * affinity mask: mpirun's binding to a core, a SLURM cpuset). */
+double cmd_start_s;
+
 int default_threads(int local_ranks) {
     const char *env = getenv("OMP_NUM_THREADS");
     if (env && *env) {

@@ -26,6 +26,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    cmd_start_s = now_s();
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? EXIT_USAGE : EXIT_OK;
@@ -58,6 +59,7 @@ int main(int argc, char **argv) {
     /* MPI is called from the main thread, also inside OpenMP regions (a
      * checkpoint's writes while the other threads pack the next round);
      * training's asynchronous saves call it from a thread of their own too */
+    if (run == train_main) train_install_signals();
     int provided = MPI_THREAD_SINGLE;
     MPI_Init_thread(&argc, &argv, run == train_main ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED,
                     &provided);

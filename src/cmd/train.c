@@ -7,10 +7,13 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "checkpoint/ckpt.h"
 #include "mpi/check.h"
@@ -18,6 +21,7 @@
 #include "mpi/grid.h"
 #include "mpi/pipeline.h"
 #include "mpi/sync.h"
+#include "src/base/fault.h"
 #include "src/cmd/cmd.h"
 #include "src/cmd/phases.h"
 #include "src/config.h"
@@ -55,6 +59,11 @@ typedef struct {
     size_t async_rss0;
     ModelMemory mem; /* what the model takes on this rank */
     Phases ph;       /* where the steps' time goes */
+    CkptRunState rs; /* batches skipped, rollbacks: saved with the step */
+    /* time_limit's budget before a save or a validation was timed */
+    double save_estimate_s, last_eval_s;
+    pthread_t watchdog;
+    int watchdog_ready, resumed;
 } Run;
 
 /* What one step measured. */
@@ -62,6 +71,7 @@ typedef struct {
     double loss, grad_norm, lr, dt, bubble, fpt;
     unsigned long long tp_bytes, dp_bytes, pp_bytes;
     int live;
+    int nonfinite; /* the loss or gradient was not finite: no update made */
 } StepResult;
 
 /* A step's micro-batches as pipeline callbacks. */
@@ -71,13 +81,25 @@ typedef struct {
     double loss_sum;
 } StepCtx;
 
-/* SIGTERM and SIGUSR1 (a scheduler's warning) only set this flag; the ranks
- * act on it together at the next step boundary. */
-static volatile sig_atomic_t stop_signal = 0;
+/* SIGTERM, SIGUSR1 (a scheduler's warning) and a first SIGINT (Ctrl-C)
+ * only set this flag; the ranks act on it together at the next step
+ * boundary. A second SIGINT ends the process at once. Read by the
+ * training thread, written by whichever thread takes the signal: an
+ * atomic (lock-free, so safe in a handler). */
+static atomic_int stop_signal;
 
-static void on_stop_signal(int sig) { stop_signal = sig; }
+static void on_stop_signal(int sig) {
+    if (sig == SIGINT && atomic_load(&stop_signal) == SIGINT) {
+        static const char msg[] = "modtrain: second SIGINT: exiting now, nothing saved\n";
+        if (write(STDERR_FILENO, msg, sizeof msg - 1) < 0) { /* nothing to do */
+        }
+        _exit(130);
+    }
+    int none = 0;
+    atomic_compare_exchange_strong(&stop_signal, &none, sig);
+}
 
-static void install_stop_handlers(void) {
+void train_install_signals(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop_signal;
@@ -85,6 +107,11 @@ static void install_stop_handlers(void) {
     sa.sa_flags = SA_RESTART;
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+}
+
+static const char *signal_name(int sig) {
+    return sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : sig == SIGINT ? "SIGINT" : "a signal";
 }
 
 /* fprintf to the metrics file, which only rank 0 has open. */
@@ -97,8 +124,9 @@ static void mprintf(FILE *f, const char *fmt, ...) {
     va_end(ap);
 }
 
-/* Test hook: MODTRAIN_FAULT=rank-exit:R:STEP ends rank R abruptly after the
- * backward of STEP, as a crashed node would. */
+/* Test hooks: MODTRAIN_FAULT=rank-exit:R:STEP ends rank R abruptly after
+ * the backward of STEP, as a crashed node would; hang:R:STEP makes it stop
+ * there for good, as a node whose file system or network died would. */
 static void fault_rank_exit(int rank, int step) {
     const char *f = getenv("MODTRAIN_FAULT");
     int r, s;
@@ -106,6 +134,20 @@ static void fault_rank_exit(int rank, int step) {
         fprintf(stderr, "modtrain: MODTRAIN_FAULT: rank %d exits at step %d\n", rank, step);
         exit(3);
     }
+    if (f && sscanf(f, "hang:%d:%d", &r, &s) == 2 && r == rank && s == step) {
+        fprintf(stderr, "modtrain: MODTRAIN_FAULT: rank %d hangs at step %d\n", rank, step);
+        for (;;) pause();
+    }
+}
+
+/* Test hook: MODTRAIN_FAULT=nan-batch:B makes the loss of the step that
+ * trains on global batch B NaN (bad data); nan-from:B every batch from B. */
+static int fault_nan_batch(long long batch) {
+    const char *f = getenv("MODTRAIN_FAULT");
+    long long b;
+    if (f && sscanf(f, "nan-batch:%lld", &b) == 1) return batch == b;
+    if (f && sscanf(f, "nan-from:%lld", &b) == 1) return batch >= b;
+    return 0;
 }
 
 /* ------------------------------------------------------------------ setup */
@@ -276,8 +318,10 @@ static int run_setup_model(Run *r) {
     r->m.check_routing = c->debug_checks;
     adamw_init(&r->opt, &r->m);
     r->model_ready = 1;
-    int resumed = resume_run(c, r->ckpt_dir, &r->m, &r->opt, &r->start, g->world);
+    int resumed = resume_run(c, r->ckpt_dir, &r->m, &r->opt, &r->start, &r->rs, g->world);
     if (resumed < 0) return -1;
+    r->resumed = resumed;
+    r->rs.rollbacks = 0; /* counted onto the checkpoint loaded, not the next ones */
     if (resumed == 0) model_init_weights(&r->m, (uint64_t)c->seed);
     for (int l = 0; l < d.L; l++) r->n_routed += model_is_routed(&d, l);
     r->dense_fpt = model_flops_per_token(&d, r->T, NULL);
@@ -333,6 +377,51 @@ static int run_open_metrics(Run *r) {
     return cmd_agree(rc, &err, r->grid.world);
 }
 
+/* time_limit's budget for the stop's save before any save was timed: a
+ * probe write into ckpt_dir (see ckpt_probe_save) scaled to the state of
+ * every rank. Returns 0 or -1 (printed). */
+static int run_probe_save(Run *r) {
+    double mine = 12.0 * (double)r->m.nparams / r->grid.dp, all = 0; /* weights, 2 moments */
+    MPI_CHECK(MPI_Allreduce(&mine, &all, 1, MPI_DOUBLE, MPI_SUM, r->grid.world));
+    Err err;
+    const int rc = ckpt_probe_save(r->ckpt_dir, all, r->grid.world, &r->save_estimate_s, &err);
+    if (rc != 0 && r->grid.world_rank == 0) err_print(&err);
+    return rc;
+}
+
+/* The watchdog: a thread that ends the job when neither training nor a
+ * save has made progress (fault_progress) for watchdog_s seconds, naming
+ * the rank and the phase: a peer stuck in a collective, a file system that
+ * stopped answering. _exit, not MPI_Abort: MPI itself may be what hangs. */
+static atomic_int watch_step;
+
+static void *watchdog_main(void *arg) {
+    const Run *r = arg;
+    const double limit = r->cfg.watchdog_s;
+    for (;;) {
+        struct timespec nap = {0, 200 * 1000 * 1000};
+        nanosleep(&nap, NULL); /* a cancellation point */
+        const char *phase;
+        const double idle = now_s() - fault_last_progress(&phase);
+        if (idle <= limit) continue;
+        fprintf(stderr,
+                "modtrain: watchdog: rank %d made no progress for %.0f s in %s (step %d, "
+                "watchdog_s = %g); ending the job (exit %d)\n",
+                r->grid.world_rank, idle, phase, atomic_load(&watch_step), limit, EXIT_WATCHDOG);
+        _exit(EXIT_WATCHDOG);
+    }
+    return NULL;
+}
+
+static void watchdog_start(Run *r) {
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old); /* signals go to the training thread */
+    fault_phase("setup");
+    r->watchdog_ready = pthread_create(&r->watchdog, NULL, watchdog_main, r) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
 /* Everything before the first step. Returns EXIT_OK, or the exit code. */
 static int run_setup(Run *r, int argc, char **argv) {
     if (run_setup_layout(r, argc, argv) != 0 || run_setup_data(r) != 0 || run_setup_model(r) != 0)
@@ -348,17 +437,22 @@ static int run_setup(Run *r, int argc, char **argv) {
         r->async = ckpt_async_new(r->grid.world, 3 * r->m.nparams, r->threads, &err);
         if (!r->async && r->grid.world_rank == 0) err_print(&err);
     }
-    install_stop_handlers();
+    if (r->cfg.time_limit > 0 && run_probe_save(r) != 0) return EXIT_USAGE;
+    if (r->cfg.watchdog_s > 0) watchdog_start(r);
     order_init(&r->order, (uint64_t)r->cfg.seed, r->n_train);
     r->order_ready = 1;
     r->inputs = xmalloc((size_t)r->micro * r->T * sizeof(int));
     r->targets = xmalloc((size_t)r->micro * r->T * sizeof(int));
     r->frac = xcalloc((size_t)r->m.d.L, sizeof(double));
-    r->t_start = now_s();
+    r->t_start = cmd_start_s; /* time_limit counts from the process's start */
     return EXIT_OK;
 }
 
 static void run_teardown(Run *r) {
+    if (r->watchdog_ready) {
+        pthread_cancel(r->watchdog);
+        pthread_join(r->watchdog, NULL);
+    }
     ckpt_async_free(r->async);
     if (r->metrics) fclose(r->metrics);
     if (r->order_ready) order_free(&r->order);
@@ -383,12 +477,13 @@ static void step_forward(void *p, int mb, int slot) {
     const double t0 = now_s(), tp0 = tp_time_s;
     for (int b = 0; b < r->micro; b++) {
         /* the fixed slice of the step's global batch this dp rank takes */
-        uint64_t g = (uint64_t)c->step * r->cfg.batch_size +
+        uint64_t g = (uint64_t)(c->step + r->rs.batch_offset) * r->cfg.batch_size +
                      (uint64_t)r->grid.dp_rank * r->local_batch + (uint64_t)mb * r->micro + b;
         shard_get_seq(&r->train, order_window(&r->order, g), T, r->inputs + (size_t)b * T,
                       r->targets + (size_t)b * T);
     }
     model_use_slot(&r->m, slot);
+    fault_phase("forward");
     c->loss_sum += model_forward(&r->m, r->inputs, r->targets, r->micro, T) * (double)r->micro * T;
     check_model_fault(&r->m);
     phases_add(&r->ph, PH_FORWARD, now_s() - t0 - (tp_time_s - tp0));
@@ -399,6 +494,7 @@ static void step_backward(void *p, int mb, int slot) {
     (void)mb;
     const double t0 = now_s(), tp0 = tp_time_s;
     model_use_slot(&c->r->m, slot);
+    fault_phase("backward");
     model_backward(&c->r->m, (float)(1.0 / c->r->step_tokens), (float)c->r->cfg.aux_weight);
     phases_add(&c->r->ph, PH_BACKWARD, now_s() - t0 - (tp_time_s - tp0));
 }
@@ -434,6 +530,7 @@ static void run_step(Run *r, int step, StepResult *out) {
     pp_run(r->sched, r->n_micro, g->pp > 1 ? g->pp_comm : MPI_COMM_NULL, &st, &out->live);
     fault_rank_exit(g->world_rank, step + 1);
     /* sync: gradients, then the loss and routing counters */
+    fault_phase("gradient all-reduce");
     double t1 = now_s(), tp1 = tp_time_s;
     const ParamInfo *tied = model_tied_param(m);
     grads_sync(m->grads, m->nparams, tied ? m->grads + tied->offset : NULL, tied ? tied->numel : 0,
@@ -444,6 +541,7 @@ static void run_step(Run *r, int step, StepResult *out) {
         MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &out->live, 1, MPI_INT, MPI_MAX, g->pp_comm));
     }
     out->loss = loss / r->step_tokens;
+    if (fault_nan_batch(step + r->rs.batch_offset)) out->loss = NAN;
     phases_add(&r->ph, PH_DP, now_s() - t1 - (tp_time_s - tp1));
     t1 = now_s(), tp1 = tp_time_s;
     /* clip */
@@ -451,6 +549,11 @@ static void run_step(Run *r, int step, StepResult *out) {
     model_grad_sumsq(m, &split, &replicated);
     out->grad_norm = grads_norm(split, replicated, g);
     const Config *c = &r->cfg;
+    /* a non-finite loss or gradient: no update, so the weights stay those
+     * of the last good step (every rank sees the same reduced values) */
+    out->nonfinite = !isfinite(out->loss) || !isfinite(out->grad_norm);
+    if (out->nonfinite) return;
+    fault_phase("optimizer");
     float scale = c->grad_clip > 0 && out->grad_norm > c->grad_clip
                       ? (float)(c->grad_clip / out->grad_norm)
                       : 1.f;
@@ -520,6 +623,7 @@ static void run_validate(Run *r, int done) {
     const Config *c = &r->cfg;
     if (!r->have_val || !((c->eval_every && done % c->eval_every == 0) || done == c->steps)) return;
     const double t0 = now_s();
+    fault_phase("validation");
     Model *m = &r->m;
     size_t n_val = (size_t)c->eval_batches * r->micro;
     double vl = evaluate(m, &r->val, r->micro, n_val, ROUTE_TOPK, 0, 0.f);
@@ -534,6 +638,7 @@ static void run_validate(Run *r, int done) {
         log0("step %d | val_loss %.4f\n", done, vl);
     }
     mprintf(r->metrics, "}\n");
+    r->last_eval_s = now_s() - t0;
     phases_add(&r->ph, PH_EVAL, now_s() - t0);
 }
 
@@ -581,9 +686,11 @@ static int run_save(Run *r, int step, Err *err) {
     const double t0 = now_s();
     const size_t rss0 = peak_rss();
     CkStats st;
-    if (ckpt_save(r->ckpt_dir, &r->m, &r->opt, &r->cfg, step, r->grid.world, r->grid.dp,
-                  r->grid.dp_rank, &st, err) != 0)
-        return -1;
+    fault_phase("checkpoint");
+    const int rc = ckpt_save(r->ckpt_dir, &r->m, &r->opt, &r->cfg, step, &r->rs, r->grid.world,
+                             r->grid.dp, r->grid.dp_rank, &st, err);
+    if (rc < 0) return -1;
+    if (rc > 0 && r->grid.world_rank == 0) err_print(err); /* committed, with a warning */
     const double dt = now_s() - t0;
     run_log_stall(r, step, dt);
     run_report_save(r, step, step, dt, -1, &st, rss0);
@@ -601,12 +708,11 @@ static int run_finish_async(Run *r, int done, int block, double *stall) {
     CkStats st;
     double dt;
     Err err;
+    fault_phase("checkpoint wait");
     const int rc = ckpt_async_wait(r->async, &st, &dt, &err);
     if (block) *stall += now_s() - t0; /* joining a finished thread is no wait */
-    if (rc != 0) {
-        if (r->grid.world_rank == 0) err_print(&err);
-        return -1;
-    }
+    if (rc != 0 && r->grid.world_rank == 0) err_print(&err); /* > 0: committed, a warning */
+    if (rc < 0) return -1;
     run_report_save(r, done, step, dt, r->async_stall, &st, r->async_rss0);
     return 0;
 }
@@ -622,24 +728,38 @@ static void run_periodic_save(Run *r, int done, double *stall) {
     run_finish_async(r, done, 1, stall);
     const double t0 = now_s();
     r->async_rss0 = peak_rss();
-    ckpt_async_start(r->async, r->ckpt_dir, &r->m, &r->opt, &r->cfg, done, r->grid.dp,
+    ckpt_async_start(r->async, r->ckpt_dir, &r->m, &r->opt, &r->cfg, done, &r->rs, r->grid.dp,
                      r->grid.dp_rank, r->threads);
     r->async_stall = now_s() - t0;
     *stall += r->async_stall;
 }
 
-/* Whether the next step, the save in flight and a save at the stop would
- * overrun time_limit. */
-static int run_out_of_time(const Run *r, double per_step) {
+/* What validating after step `done` would take: as timed last, or before
+ * any, its forwards at a third of a training step's micro-batch each (two
+ * passes for a MoD model: top-k and causal). */
+static double run_eval_estimate(const Run *r, int done, double per_step) {
+    const Config *c = &r->cfg;
+    if (!r->have_val || !((c->eval_every && done % c->eval_every == 0) || done == c->steps))
+        return 0;
+    if (r->last_eval_s > 0) return r->last_eval_s;
+    return per_step / r->n_micro / 3 * c->eval_batches * (r->n_routed ? 2 : 1);
+}
+
+/* Whether the next step (and its validation), the save in flight and a
+ * save at the stop would overrun time_limit, counted from the process's
+ * start. Before any save has been timed, the stop's save is budgeted from
+ * the probe write made at setup. */
+static int run_out_of_time(const Run *r, int done, double per_step) {
     const Config *c = &r->cfg;
     if (c->time_limit <= 0) return 0;
+    const double save = r->last_save_s > 0 ? r->last_save_s : r->save_estimate_s;
     double left = 0; /* what the save in flight may still take */
     if (ckpt_async_step(r->async) >= 0) {
         const double t = ckpt_async_elapsed(r->async);
-        left = (r->last_save_s > 0 ? r->last_save_s : 2 * t) - t;
-        if (left < 0) left = 0;
+        left = (save > t ? save : 2 * t) - t;
     }
-    return now_s() - r->t_start + per_step + left + 2 * r->last_save_s + 1 > c->time_limit;
+    const double next = per_step + run_eval_estimate(r, done + 1, per_step);
+    return now_s() - r->t_start + next + left + 2 * save + 1 > c->time_limit;
 }
 
 /* After step `done` (not the last): stop early, all ranks together, on a
@@ -652,8 +772,8 @@ static int run_maybe_save_or_stop(Run *r, int done, double dt) {
     double stall = 0;
     run_finish_async(r, done, 0, &stall);
     double per_step = r->steps_timed ? r->time_timed / r->steps_timed : dt;
-    int stop = stop_signal;
-    if (run_out_of_time(r, per_step)) stop = -1;
+    int stop = atomic_load(&stop_signal);
+    if (run_out_of_time(r, done, per_step)) stop = -1;
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, r->grid.world));
     if (stop) {
         /* the save in flight commits first: it is the older checkpoint */
@@ -665,8 +785,8 @@ static int run_maybe_save_or_stop(Run *r, int done, double dt) {
         }
         log0("stopping at step %d/%d on %s: checkpoint %s/step-%08d saved; exit %d (requeue "
              "to continue)\n",
-             done, c->steps, stop > 0 ? (stop == SIGTERM ? "SIGTERM" : "SIGUSR1") : "time_limit",
-             r->ckpt_dir, done, EXIT_REQUEUE);
+             done, c->steps, stop > 0 ? signal_name(stop) : "time_limit", r->ckpt_dir, done,
+             EXIT_REQUEUE);
         return EXIT_REQUEUE;
     }
     if (c->ckpt_every && done % c->ckpt_every == 0) run_periodic_save(r, done, &stall);
@@ -674,28 +794,106 @@ static int run_maybe_save_or_stop(Run *r, int done, double dt) {
     return -1;
 }
 
+/* Before the first step: a run already at `steps` (a chain job or a
+ * requeue after the end) ends without training or writing; a stop signal
+ * that came during setup stops it with nothing lost (the state is the
+ * checkpoint just loaded, or the seed's). Returns -1 to train, or the
+ * exit code. */
+static int run_before_steps(Run *r) {
+    const Config *c = &r->cfg;
+    if (r->resumed && r->start >= c->steps) {
+        log0("train: %s is at step %d and steps = %d: nothing to train or save\n", r->ckpt_dir,
+             r->start, c->steps);
+        return EXIT_OK;
+    }
+    int stop = atomic_load(&stop_signal);
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, r->grid.world));
+    if (!stop) return -1;
+    log0("stopping before step %d/%d on %s: nothing to save (%s); exit %d (requeue to "
+         "continue)\n",
+         r->start + 1, c->steps, signal_name(stop),
+         r->resumed ? "the state is the checkpoint loaded" : "no step trained yet", EXIT_REQUEUE);
+    return EXIT_REQUEUE;
+}
+
+/* After step index *step found a non-finite loss or gradient (no update
+ * made): stop (exit EXIT_DIVERGED), or roll back: reload the newest
+ * checkpoint (the seed's init when there is none), skip the global batches
+ * of the steps since it, record that in a re-save of its step (so a
+ * requeued job skips them too) and go on from there; after nonfinite_tries
+ * rollbacks onto one checkpoint, give up. Returns -1 to go on (*step set
+ * so that the loop continues at the checkpoint's step), or the exit code. */
+static int run_nonfinite(Run *r, int *step, const StepResult *s) {
+    const Config *c = &r->cfg;
+    const int done = *step + 1, rank0 = r->grid.world_rank == 0;
+    mprintf(r->metrics, "{\"step\":%d,\"nonfinite\":1,\"batch\":%lld}\n", done,
+            (long long)*step + r->rs.batch_offset);
+    if (c->on_nonfinite == NONFINITE_STOP) {
+        if (rank0)
+            errorf("train: loss %g, gradient norm %g at step %d: no update made; stopping with "
+                   "exit %d (lower lr, check the data, or set on_nonfinite = rollback)",
+                   s->loss, s->grad_norm, done, EXIT_DIVERGED);
+        return EXIT_DIVERGED;
+    }
+    double stall = 0;
+    run_finish_async(r, done, 1, &stall); /* the save in flight commits first */
+    Config back = *c;
+    snprintf(back.resume, sizeof back.resume, "auto");
+    CkptRunState had = {0, 0};
+    int to = 0;
+    const int got = resume_run(&back, r->ckpt_dir, &r->m, &r->opt, &to, &had, r->grid.world);
+    if (got < 0) return EXIT_FAILURE;
+    if (got == 0) { /* no checkpoint yet: back to the seed's init */
+        model_init_weights(&r->m, (uint64_t)c->seed);
+        adamw_reset(&r->opt);
+    }
+    if (had.rollbacks >= c->nonfinite_tries) {
+        if (rank0)
+            errorf("train: loss %g at step %d after %d rollbacks onto step %d: giving up with "
+                   "exit %d, which the job scripts do not requeue (lower lr, or check the data)",
+                   s->loss, done, had.rollbacks, to, EXIT_DIVERGED);
+        return EXIT_DIVERGED;
+    }
+    r->rs.batch_offset = had.batch_offset + (done - to);
+    r->rs.rollbacks = had.rollbacks + 1;
+    log0("train: loss %g at step %d: rolled back to step %d, skipping the batches of steps %d-%d "
+         "(rollback %d of %d onto it)\n",
+         s->loss, done, to, to + 1, done, r->rs.rollbacks, c->nonfinite_tries);
+    Err err;
+    if (run_save(r, to, &err) != 0) {
+        if (rank0) err_print(&err);
+        return EXIT_FAILURE;
+    }
+    r->rs.rollbacks = 0; /* later checkpoints: none onto them yet */
+    *step = to - 1;
+    return -1;
+}
+
 /* The steps from the run's start; returns the exit code. */
 static int run_steps(Run *r) {
     const Config *c = &r->cfg;
+    int rc = run_before_steps(r);
+    if (rc >= 0) return rc;
     phases_start(&r->ph);
     for (int step = r->start; step < c->steps; step++) {
         StepResult s = {0};
+        fault_phase("step");
+        atomic_store(&watch_step, step + 1);
         run_step(r, step, &s);
-        if (!isfinite(s.loss)) {
-            if (r->grid.world_rank == 0)
-                errorf("train: loss is %f at step %d (lower lr, or check the data)", s.loss,
-                       step + 1);
-            return EXIT_FAILURE;
+        if (s.nonfinite) {
+            rc = run_nonfinite(r, &step, &s);
+            if (rc >= 0) return rc;
+            continue;
         }
         run_log(r, step, &s);
         run_validate(r, step + 1);
         if (r->metrics) fflush(r->metrics);
         if (step + 1 == c->steps) break;
-        int rc = run_maybe_save_or_stop(r, step + 1, s.dt);
+        rc = run_maybe_save_or_stop(r, step + 1, s.dt);
         if (rc == EXIT_REQUEUE) phases_summary(&r->ph, r->grid.world);
         if (rc >= 0) return rc;
     }
-    int final_step = c->steps > r->start ? c->steps : r->start;
+    const int final_step = c->steps;
     Err err;
     double stall = 0;
     run_finish_async(r, final_step, 1, &stall);

@@ -1,0 +1,199 @@
+#!/bin/sh
+# The crash-point sweep (after SQLite's crash tests and etcd's failpoints):
+# an uninterrupted run lists, through MODTRAIN_FAULT_TRACE, every fault
+# point a save reaches (each write, fsync, rename and unlink of the data,
+# the index, the commit, `latest` and pruning, and the asynchronous save's
+# phases; tests/scripts/fault_points.sh checks that no such call escapes a
+# point). Then, for each point, a run is stopped there (SIGKILL) or has
+# that one call fail (EIO, ENOSPC, EDQUOT), and is relaunched with
+# resume = auto twice, as a requeued job would be. Every case must end with
+# a final checkpoint byte for byte equal to the uninterrupted run's, no
+# .tmp, .old, .del or temp file left, no step trained more than twice
+# (once, and once again after the interruption), and a second relaunch
+# that trains and writes nothing.
+#
+# Cases: 1 rank synchronous and asynchronous, tp 2 x dp 2 synchronous and
+# asynchronous, and a run whose loss turns NaN on one batch and rolls back
+# (a re-save of the checkpoint's step: its replacement's points). `make
+# check` runs a subset (kill at every point of the step-4 save and EIO at
+# every point of it for 1 rank synchronous; ENOSPC and EDQUOT at the
+# writes; the asynchronous phases; the rollback's re-save; two points of
+# tp 2 x dp 2); MODTRAIN_SWEEP=full runs every point of every save (steps
+# 4 and 6) with every action in every case. MODTRAIN_SKIP_SLOW=1 (the
+# sanitizer pass and distcheck) keeps every other point of the subset.
+. "$(dirname "$0")/lib.sh"
+prep_fortunes
+MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
+cd "$TMP"
+full=${MODTRAIN_SWEEP:-}
+common="--config $srcdir/jobs/tiny.conf --train_data data/train.bin --val_data data/val.bin \
+    --steps 6 --ckpt_every 2 --ckpt_keep 2 --eval_every 0 --log_every 1000 --threads 1 \
+    --peak_gflops 50"
+cases=0
+t0=$(date +%s)
+
+# launch NP LOG [--key value ...]: one run (its exit code in $rc)
+launch() {
+    np=$1 log=$2
+    shift 2
+    set +e
+    if [ "$np" -eq 1 ]; then
+        timeout 120 "$MODTRAIN" train $common "$@" > "$log" 2>&1
+    else
+        timeout 120 $MPIRUN -np "$np" "$MODTRAIN" train $common "$@" > "$log" 2>&1
+    fi
+    rc=$?
+    set -e
+}
+
+# reference NAME NP [opts]: the uninterrupted run and its trace
+reference() {
+    name=$1 np=$2
+    shift 2
+    MODTRAIN_FAULT_TRACE=$TMP/$name.trace launch "$np" "$name.log" --run_dir "$name" "$@"
+    [ "$rc" -eq 0 ] || { cat "$name.log"; fail "$name: the uninterrupted run failed (exit $rc)"; }
+}
+
+# points TRACE STEP RANK: the points a save of STEP reached on RANK, in order, once each
+points() { awk -v s="$2" -v r="$3" '$2 == s && $3 == r && !seen[$1]++ { print $1 }' "$1"; }
+
+# one REF NP POINT STEP ACTION RANK [opts]: one case
+one() {
+    ref=$1 np=$2 point=$3 step=$4 action=$5 rank=$6
+    shift 6
+    name=c$cases
+    cases=$((cases + 1))
+    what="$ref: $action at $point (step $step, rank $rank)"
+    MODTRAIN_FAULT="at:$point:$step:$action:$rank" launch "$np" "$name.1.log" --run_dir "$name" "$@"
+    rc1=$rc
+    if ! grep -q "MODTRAIN_FAULT: .*$point" "$name.1.log"; then
+        fail "$what: the fault did not fire (exit $rc1)"
+        return
+    fi
+    if [ "$action" = kill ] && [ "$rc1" -eq 0 ]; then
+        fail "$what: the killed run exited 0"
+        return
+    fi
+    launch "$np" "$name.2.log" --run_dir "$name" "$@"
+    [ "$rc" -eq 0 ] || { cat "$name.1.log" "$name.2.log"; fail "$what: the relaunch exited $rc"; return; }
+    fin=$name/ckpt/step-00000006
+    touch -d '2000-01-01' "$fin/data.bin" 2> /dev/null || true
+    launch "$np" "$name.3.log" --run_dir "$name" "$@"
+    [ "$rc" -eq 0 ] && grep -q "nothing to train or save" "$name.3.log" ||
+        { cat "$name.3.log"; fail "$what: the second relaunch exited $rc or trained"; return; }
+    [ "$(find "$fin/data.bin" -newermt '2001-01-01' | wc -l)" -eq 0 ] ||
+        fail "$what: the second relaunch rewrote the final checkpoint"
+    cmp -s "$ref/ckpt/step-00000006/data.bin" "$fin/data.bin" &&
+        cmp -s "$ref/ckpt/step-00000006/index" "$fin/index" ||
+        { cat "$name".*.log; fail "$what: the final checkpoint differs from the uninterrupted run's"; return; }
+    left=$(find "$name/ckpt" -name '*.tmp*' -o -name '*.old*' -o -name '*.del*' | head -n 3)
+    [ -z "$left" ] || { fail "$what: left behind: $left"; return; }
+    most=$(sed -n 's/^{"step":\([0-9]*\),"loss".*/\1/p' "$name/metrics.jsonl" | sort | uniq -c |
+        sort -rn | awk 'NR == 1 { print $1 }')
+    [ "${most:-0}" -le 2 ] || { fail "$what: a step was trained $most times"; return; }
+    echo "ok: $what: relaunched (exit $rc1 first), equal, clean"
+}
+
+# sweep REF NP STEPS ACTIONS RANK EVERY [opts]: every EVERY-th point of the
+# saves of STEPS with each action (errno actions skip the phase points,
+# which guard no call, and ENOSPC/EDQUOT all but the writes)
+sweep() {
+    ref=$1 np=$2 steps=$3 actions=$4 rank=$5 every=$6
+    shift 6
+    for step in $steps; do
+        k=0
+        for p in $(points "$ref.trace" "$step" "$rank"); do
+            k=$((k + 1))
+            [ $((k % every)) -eq 0 ] || [ "$every" -eq 1 ] || continue
+            for a in $actions; do
+                case $a:$p in
+                kill:*) ;;
+                *:phase.*) continue ;;
+                EIO:*) ;;
+                *:*.write) ;;
+                *) continue ;;
+                esac
+                one "$ref" "$np" "$p" "$step" "$a" "$rank" "$@"
+            done
+        done
+    done
+}
+
+every=1
+[ -n "${MODTRAIN_SKIP_SLOW:-}" ] && [ -z "$full" ] && every=2
+if [ -n "$full" ]; then
+    steps="4 6" actions="kill EIO ENOSPC EDQUOT"
+else
+    steps=4 actions=""
+fi
+
+# 1 rank, synchronous saves
+reference one-sync 1 --ckpt_async 0
+sweep one-sync 1 "$steps" "${actions:-kill EIO}" 0 "$every" --ckpt_async 0
+[ -n "$full" ] || for a in ENOSPC EDQUOT; do
+    for p in data.write index.write latest.write; do one one-sync 1 "$p" 4 "$a" 0 --ckpt_async 0; done
+done
+
+# 1 rank, asynchronous periodic saves (the final one is synchronous)
+reference one-async 1 --threads 2
+if [ -n "$full" ]; then
+    sweep one-async 1 "$steps" "$actions" 0 1 --threads 2
+else
+    for p in phase.staged phase.pack data.write phase.index commit.rename latest.rename; do
+        one one-async 1 "$p" 4 kill 0 --threads 2
+    done
+    one one-async 1 data.sync 4 EIO 0 --threads 2
+fi
+
+# a NaN loss on batch 4 (step 5), rolled back onto step 4: the re-save of
+# step 4 replaces it (commit.rename_old, .old removed), and every relaunch
+# meets the bad batch again and must skip it the same way
+roll="--on_nonfinite rollback --ckpt_async 0"
+MODTRAIN_FAULT=nan-batch:4 reference roll 1 $roll
+grep -q "rolled back to step 4, skipping the batches of steps 5-5" roll.log &&
+    ok "rollback: $(grep -m 1 'rolled back' roll.log)" || { cat roll.log; fail "rollback reference"; }
+grep -q "^kv state.batch_offset 1$" roll/ckpt/step-00000006/index &&
+    ok "rollback: the final checkpoint records batch_offset 1" ||
+    fail "rollback: state.batch_offset not recorded"
+# MODTRAIN_FAULT holds the NaN, MODTRAIN_FAULT_AT the point: its last
+# occurrence in the saves of step 4 is the re-save's
+rollone() { # POINT ACTION
+    name=c$cases
+    cases=$((cases + 1))
+    what="roll: $2 at $1 (the re-save of step 4)"
+    nth=$(awk -v p="$1" '$1 == p && $2 == 4' roll.trace | wc -l)
+    MODTRAIN_FAULT=nan-batch:4 MODTRAIN_FAULT_AT="at:$1:4:$2:0:$nth" launch 1 "$name.1.log" \
+        --run_dir "$name" $roll
+    rc1=$rc
+    grep -q "MODTRAIN_FAULT: .*$1" "$name.1.log" || { cat "$name.1.log"; fail "$what: did not fire"; return; }
+    MODTRAIN_FAULT=nan-batch:4 launch 1 "$name.2.log" --run_dir "$name" $roll
+    [ "$rc" -eq 0 ] || { cat "$name.1.log" "$name.2.log"; fail "$what: the relaunch exited $rc"; return; }
+    cmp -s roll/ckpt/step-00000006/data.bin "$name/ckpt/step-00000006/data.bin" &&
+        cmp -s roll/ckpt/step-00000006/index "$name/ckpt/step-00000006/index" ||
+        { cat "$name".*.log; fail "$what: the final checkpoint differs"; return; }
+    left=$(find "$name/ckpt" -name '*.tmp*' -o -name '*.old*' -o -name '*.del*' | head -n 3)
+    [ -z "$left" ] || { fail "$what: left behind: $left"; return; }
+    echo "ok: $what: relaunched (exit $rc1 first), equal, clean"
+}
+for p in commit.rename_old commit.rename commit.old.unlink commit.old.rmdir; do rollone "$p" kill; done
+rollone commit.rename EIO
+
+# tp 2 x dp 2: rank 3 dies in the collective write, rank 0 in the commit
+reference tp2dp2-sync 4 --tp 2 --ckpt_async 0
+reference tp2dp2-async 4 --tp 2
+if [ -n "$full" ]; then
+    for r in 0 3; do
+        sweep tp2dp2-sync 4 "$steps" "$actions" "$r" 1 --tp 2 --ckpt_async 0
+        sweep tp2dp2-async 4 "$steps" "$actions" "$r" 1 --tp 2
+    done
+else
+    one tp2dp2-sync 4 data.write 4 kill 3 --tp 2 --ckpt_async 0
+    one tp2dp2-sync 4 commit.rename 4 kill 0 --tp 2 --ckpt_async 0
+    [ -n "${MODTRAIN_SKIP_SLOW:-}" ] || {
+        one tp2dp2-sync 4 data.open 4 EIO 3 --tp 2 --ckpt_async 0
+        one tp2dp2-async 4 phase.pack 4 kill 3 --tp 2
+        one tp2dp2-async 4 latest.rename 4 kill 0 --tp 2
+    }
+fi
+echo "sweep: $cases cases in $(($(date +%s) - t0)) s"
+finish
