@@ -1,6 +1,9 @@
 /*
  * tp: in-place all-reduces, chunked so counts stay within int.
  */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
 #include "mpi/tp.h"
 
 #include "mpi/check.h"
@@ -31,7 +34,19 @@ void tp_allgather(float *out, const float *in, size_t n, const TpGroup *g) {
     }
     tp_bytes += (unsigned long long)n * sizeof(float) * (unsigned long long)g->size;
     const double t0 = now_s();
-    MPI_CHECK(MPI_Allgather(in, (int)n, MPI_FLOAT, out, (int)n, MPI_FLOAT, g->comm));
+    if (n <= INT_MAX) {
+        MPI_CHECK(MPI_Allgather(in, (int)n, MPI_FLOAT, out, (int)n, MPI_FLOAT, g->comm));
+    } else { /* MPI counts are int: in pieces, each gathered and put in place */
+        const size_t chunk = (size_t)1 << 28;
+        float *tmp = xmalloc(chunk * (size_t)g->size * sizeof(float));
+        for (size_t off = 0; off < n; off += chunk) {
+            const int cnt = (int)(n - off < chunk ? n - off : chunk);
+            MPI_CHECK(MPI_Allgather(in + off, cnt, MPI_FLOAT, tmp, cnt, MPI_FLOAT, g->comm));
+            for (int r = 0; r < g->size; r++)
+                memcpy(out + (size_t)r * n + off, tmp + (size_t)r * cnt, (size_t)cnt * sizeof(float));
+        }
+        free(tmp);
+    }
     tp_time_s += now_s() - t0;
 }
 

@@ -6,6 +6,7 @@
  * frees whatever setup reached.
  */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -167,6 +168,13 @@ static int layout_check(const Config *c, const Grid *g, Err *err) {
                        "batch_size = %d (run %s ranks, or change batch_size)",
                        g->world_size, c->tp, dp, c->batch_size, alts);
     }
+    const int micro = c->micro_batch ? c->micro_batch : local;
+    if (g->pp > 1 && (double)micro * c->seq_len * c->d_model > INT_MAX)
+        return err_set(err,
+                       "layout: a micro-batch's activations (micro_batch %d x seq_len %d x "
+                       "d_model %d floats) exceed the 2^31 - 1 elements of one MPI message "
+                       "between pipeline stages (lower micro_batch)",
+                       micro, c->seq_len, c->d_model);
     if (c->micro_batch > 0 && local % c->micro_batch != 0)
         return err_set(err,
                        "layout: each of dp = %d ranks takes %d sequences a step, not a multiple "

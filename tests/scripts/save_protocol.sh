@@ -1,0 +1,214 @@
+#!/bin/sh
+# The save, stop and resume path against what used to lose work:
+# - a stale step-N.tmp holding a leftover file (index.tmp.PID, .nfsXXXX) is
+#   cleared whole and step N saves; a leftover step-N.old is no obstacle to
+#   a re-save of step N; a step-N.old whose step-N is missing (a re-save
+#   stopped between its renames) is put back by resume = auto, and
+#   `latest` naming a checkpoint that is gone with none left is an error,
+#   not a fresh start;
+# - a failed `latest` write reports the committed step as saved;
+# - a run already at `steps` exits 0 without writing, under another layout too;
+# - after resuming from an older checkpoint the newer ones move to
+#   ckpt_dir/abandoned/, and pruning keeps this run's own line;
+# - ckpt_chunk 64 on a vocabulary of 5000 writes a checkpoint that loads;
+# - SIGINT saves and exits 75 (a second one ends at once, 130); a signal
+#   during setup stops with 75 before any step and nothing lost; under
+#   mpirun -np 2, SIGUSR1 to mpirun saves on every rank;
+# - time_limit counts from the process start and budgets the stop's save
+#   from a probe write, so a slow save still ends within the limit;
+# - a NaN loss: on_nonfinite stop exits 65 with the last checkpoint intact;
+#   rollback gives up after nonfinite_tries rollbacks with 65;
+# - watchdog_s: a rank that hangs ends the job with 124 naming rank and phase;
+# - a pipeline micro-batch larger than one MPI message is refused up front.
+. "$(dirname "$0")/lib.sh"
+prep_fortunes
+MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
+cd "$TMP"
+common="--config $srcdir/jobs/tiny.conf --train_data data/train.bin --val_data data/val.bin \
+    --eval_every 0 --log_every 1000 --threads 1 --peak_gflops 50"
+train() { # RUN [--key value ...]: exit code in $rc, output in RUN.log
+    run=$1
+    shift
+    set +e
+    timeout 120 "$MODTRAIN" train $common --run_dir "$run" "$@" > "$run.log" 2>&1
+    rc=$?
+    set -e
+}
+step() { printf '%s/ckpt/step-%08d' "$1" "$2"; }
+
+train ref --steps 8 --ckpt_every 4
+[ "$rc" -eq 0 ] || { cat ref.log; fail "reference run"; finish; }
+
+# 1. a stale step-8.tmp with a file in it
+mkdir -p stale/ckpt/step-00000008.tmp
+echo x > stale/ckpt/step-00000008.tmp/index.tmp.12345
+echo x > stale/ckpt/step-00000008.tmp/.nfs000000001
+train stale --steps 8 --ckpt_every 4
+[ "$rc" -eq 0 ] && cmp -s "$(step ref 8)/data.bin" "$(step stale 8)/data.bin" &&
+    [ ! -e stale/ckpt/step-00000008.tmp ] &&
+    ok "a stale step-8.tmp holding leftovers is cleared and step 8 saves" ||
+    { cat stale.log; fail "stale .tmp (exit $rc)"; }
+
+# 2. a leftover step-8.old, then a re-save of step 8 (resume = never)
+cp -r stale runold
+cp -r "$(step ref 4)" runold/ckpt/step-00000008.old
+train runold --steps 8 --ckpt_every 4 --resume never
+[ "$rc" -eq 0 ] && cmp -s "$(step ref 8)/data.bin" "$(step runold 8)/data.bin" &&
+    [ -z "$(ls -d runold/ckpt/*.old 2> /dev/null)" ] &&
+    ok "a leftover .old does not block the re-save of step 8" ||
+    { cat runold.log; ls runold/ckpt; fail "re-save over a leftover .old (exit $rc)"; }
+# a re-save stopped between its renames: step-8 missing, step-8.old the good one
+cp -r ref half
+mv half/ckpt/step-00000008 half/ckpt/step-00000008.old
+rm -rf half/ckpt/step-00000004
+train half --steps 8 --ckpt_every 4 --ckpt_keep 1
+[ "$rc" -eq 0 ] && grep -q "nothing to train or save" half.log &&
+    cmp -s "$(step ref 8)/data.bin" "$(step half 8)/data.bin" &&
+    ok "a step-8.old whose step-8 is missing is put back and resumed" ||
+    { cat half.log; ls half/ckpt; fail "the .old of an interrupted re-save (exit $rc)"; }
+# latest names a checkpoint that is gone and none is left: an error
+mkdir -p gone/ckpt && echo step-00000008 > gone/ckpt/latest
+train gone --steps 8
+[ "$rc" -eq 2 ] && grep -q "names 'step-00000008' but 'gone/ckpt' holds no checkpoint" gone.log &&
+    [ ! -e gone/metrics.jsonl ] || [ "$(grep -c '"loss"' gone/metrics.jsonl)" -eq 0 ] &&
+    ok "latest naming a missing checkpoint: $(head -n 1 gone.log)" ||
+    { cat gone.log; fail "a dangling latest with no checkpoint started over (exit $rc)"; }
+
+# a failed `latest` write (injected): the step is committed and reported saved
+MODTRAIN_FAULT=at:latest.rename:8:EIO train latefail --steps 8 --ckpt_every 4
+[ "$rc" -eq 0 ] && grep -q "step-00000008 saved, but cannot rename" latefail.log &&
+    cmp -s "$(step ref 8)/data.bin" "$(step latefail 8)/data.bin" &&
+    ok "a failed latest write: $(grep -m 1 'saved, but' latefail.log | cut -c1-90)..." ||
+    { cat latefail.log; fail "a failed latest write (exit $rc)"; }
+
+# a run already at `steps`, relaunched, under the same and another layout
+before=$(ls -l --time-style=+%s.%N "$(step ref 8)/data.bin")
+train ref --steps 8 --ckpt_every 4
+rc1=$rc
+set +e
+timeout 120 $MPIRUN -np 2 "$MODTRAIN" train $common --run_dir ref --steps 8 > ref2.log 2>&1
+rc2=$?
+set -e
+[ "$rc1" -eq 0 ] && [ "$rc2" -eq 0 ] && grep -q "nothing to train or save" ref.log ref2.log &&
+    [ "$before" = "$(ls -l --time-style=+%s.%N "$(step ref 8)/data.bin")" ] &&
+    ok "a finished run relaunched (1 rank, dp 2) exits 0 and writes nothing" ||
+    { cat ref.log ref2.log; fail "a finished run relaunched (exit $rc1, $rc2)"; }
+
+# 4. resumed from step 4 while 8 and 12 exist (12 corrupt): they move aside,
+# and keep-2 keeps this run's 8 and 12
+train line --steps 12 --ckpt_every 4 --ckpt_keep 5
+printf 'garbage' > "$(step line 12)/index"
+train line --steps 16 --ckpt_every 4 --ckpt_keep 2 --resume "$(step line 4)"
+ls line/ckpt line/ckpt/abandoned > line.ls 2>&1 || true
+[ "$rc" -eq 0 ] && [ -d line/ckpt/abandoned/step-00000008 ] &&
+    [ -d line/ckpt/abandoned/step-00000012 ] && [ -d "$(step line 12)" ] &&
+    [ -d "$(step line 16)" ] && [ ! -e "$(step line 4)" ] && [ ! -e "$(step line 8)" ] &&
+    grep -q "^step-00000016$" line/ckpt/latest &&
+    ok "resumed from step 4: steps 8 and 12 moved to abandoned/, keep 2 kept this line's 12 and 16" ||
+    { cat line.log line.ls; fail "pruning after a resume from an older checkpoint"; }
+
+# 9. ckpt_chunk 64 on a vocabulary of 5000 (5000 rows of 64: a row a chunk)
+train chunk --steps 2 --vocab_size 5000 --ckpt_chunk 64
+"$MODTRAIN" ckpt verify --ckpt chunk/ckpt > chunk.verify 2>&1 &&
+    [ "$rc" -eq 0 ] && ok "ckpt_chunk 64, vocabulary 5000: the checkpoint verifies" ||
+    { cat chunk.log chunk.verify; fail "ckpt_chunk 64 on a vocabulary of 5000"; }
+
+# 6. SIGINT once: saves and exits 75; twice: 130 at once
+long="--steps 100000 --ckpt_every 0"
+wait_steps() { # RUN N
+    i=0
+    while [ "$(cat "$1/metrics.jsonl" 2> /dev/null | grep -c '"loss"')" -lt "$2" ] &&
+        [ $i -lt 600 ]; do
+        sleep 0.1
+        i=$((i + 1))
+    done
+}
+# (no `timeout` around the process signalled: it would take the signal)
+"$MODTRAIN" train $common --run_dir int1 $long > int1.log 2>&1 &
+pid=$!
+wait_steps int1 3
+kill -INT $pid
+set +e
+wait $pid
+rc=$?
+set -e
+k=$(sed -n 's/^stopping at step \([0-9]*\)\/.* on SIGINT.*/\1/p' int1.log)
+[ "$rc" -eq 75 ] && [ -n "$k" ] && "$MODTRAIN" ckpt verify --ckpt "$(step int1 "$k")" > /dev/null &&
+    ok "SIGINT: saved step $k, exit 75" || { cat int1.log; fail "SIGINT (exit $rc)"; }
+MODTRAIN_FAULT=save-slow:5000 "$MODTRAIN" train $common --run_dir int2 $long > int2.log 2>&1 &
+pid=$!
+wait_steps int2 3
+kill -INT $pid
+sleep 1
+kill -INT $pid
+set +e
+wait $pid
+rc=$?
+set -e
+[ "$rc" -eq 130 ] && grep -q "second SIGINT" int2.log && ok "a second SIGINT: exit 130 at once" ||
+    { cat int2.log; fail "a second SIGINT (exit $rc)"; }
+# a signal during setup (here: while the probe write of time_limit is slow)
+MODTRAIN_FAULT=save-slow:2000 "$MODTRAIN" train $common --run_dir early $long \
+    --time_limit 1000 > early.log 2>&1 &
+pid=$!
+sleep 1
+kill -TERM $pid
+set +e
+wait $pid
+rc=$?
+set -e
+[ "$rc" -eq 75 ] && grep -q "stopping before step 1/100000 on SIGTERM: nothing to save" early.log &&
+    ok "SIGTERM during setup: $(grep stopping early.log)" || { cat early.log; fail "SIGTERM during setup (exit $rc)"; }
+# under mpirun: SIGUSR1 to mpirun reaches every rank, which save and exit 75
+$MPIRUN -np 2 "$MODTRAIN" train $common --run_dir mpi $long > mpi.log 2>&1 &
+pid=$!
+wait_steps mpi 3
+kill -USR1 $pid
+set +e
+wait $pid
+rc=$?
+set -e
+k=$(sed -n 's/^stopping at step \([0-9]*\)\/.* on SIGUSR1.*/\1/p' mpi.log)
+[ "$rc" -eq 75 ] && [ -n "$k" ] && "$MODTRAIN" ckpt verify --ckpt "$(step mpi "$k")" > /dev/null &&
+    ok "mpirun -np 2, SIGUSR1 to mpirun: step $k saved, exit 75" || { cat mpi.log; fail "mpirun SIGUSR1 (exit $rc)"; }
+
+# 3. time_limit with saves slowed to 2 s (and the probe with them): the run
+# keeps to its 6 s counted from the start, the stop's save included
+t0=$(date +%s.%N)
+MODTRAIN_FAULT=save-slow:2000 train limit $long --time_limit 6
+wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+[ "$rc" -eq 75 ] && check_ab "$wall" 6 'a < b' && grep -q "on time_limit" limit.log &&
+    ok "time_limit 6 with 2 s saves: stopped and saved in $wall s" ||
+    { cat limit.log; fail "time_limit 6 with 2 s saves: exit $rc after $wall s"; }
+
+# 7. a NaN loss: stop exits 65, the checkpoint of step 4 intact
+MODTRAIN_FAULT=nan-batch:5 train nan --steps 8 --ckpt_every 4 --ckpt_async 0
+[ "$rc" -eq 65 ] && grep -q "no update made; stopping with exit 65" nan.log &&
+    cmp -s "$(step ref 4)/data.bin" "$(step nan 4)/data.bin" &&
+    ok "on_nonfinite stop: exit 65, step 4 intact" || { cat nan.log; fail "on_nonfinite stop (exit $rc)"; }
+# rollback, with every batch from 5 on bad: gives up after 2 tries, exit 65
+MODTRAIN_FAULT=nan-from:5 train nan2 --steps 8 --ckpt_every 4 --ckpt_async 0 \
+    --on_nonfinite rollback --nonfinite_tries 2
+[ "$rc" -eq 65 ] && [ "$(grep -c 'rolled back to step 4' nan2.log)" -eq 2 ] &&
+    grep -q "after 2 rollbacks onto step 4: giving up" nan2.log &&
+    ok "on_nonfinite rollback: 2 rollbacks, then exit 65" || { cat nan2.log; fail "rollback give-up (exit $rc)"; }
+
+# watchdog: rank 1 hangs at step 3; the job ends with 124, naming rank and phase
+set +e
+MODTRAIN_FAULT=hang:1:3 timeout 120 $MPIRUN -np 2 "$MODTRAIN" train $common --run_dir dog \
+    $long --watchdog_s 3 > dog.log 2>&1
+rc=$?
+set -e
+[ "$rc" -eq 124 ] && grep -q "watchdog: rank [01] made no progress for [0-9]* s in" dog.log &&
+    ok "watchdog: exit 124, $(grep -m 1 'watchdog:' dog.log | cut -c1-80)..." ||
+    { cat dog.log; fail "watchdog (exit $rc)"; }
+
+# a pipeline micro-batch too large for one MPI message
+set +e
+timeout 120 $MPIRUN -np 2 "$MODTRAIN" train $common --pp 2 --n_layer 2 --seq_len 1048576 \
+    --d_model 4096 --n_head 4 --batch_size 1 --micro_batch 1 --run_dir big > big.log 2>&1
+rc=$?
+set -e
+[ "$rc" -eq 2 ] && grep -q "exceed the 2^31 - 1 elements of one MPI message" big.log &&
+    ok "an oversized pipeline message is refused" || { cat big.log; fail "oversized pipeline message (exit $rc)"; }
+finish
