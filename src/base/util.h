@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/stat.h>
 
 /* A failure: one line naming what is wrong and what would be right. */
 typedef struct {
@@ -90,9 +91,18 @@ double now_s(void);
 /* Writes len bytes to path durably: temp file, fsync, rename, fsync dir.
  * Returns 0, or -1 with err set. */
 int write_file_atomic(const char *path, const void *data, size_t len, Err *err);
-/* Reads a whole file into a malloc'd buffer (NUL-terminated); NULL on error
- * with errno set. */
-char *read_file(const char *path, size_t *len);
+/* Opens path for reading (flags: O_RDONLY, perhaps with more) when it is a
+ * regular file, filling *st (when not NULL) from the open descriptor. A
+ * directory, a FIFO (even one with no writer: never a hang) or a device is
+ * refused. Returns the descriptor (close-on-exec, blocking), or -1 with err
+ * set to one line: "cannot open 'X': ..." or "'X' is a directory, not a
+ * file" (a FIFO, a character device, ...). Every file modtrain reads is
+ * opened here. */
+int open_regular(const char *path, int flags, struct stat *st, Err *err);
+/* Reads the whole of a regular file (open_regular) of at most max bytes, its
+ * size taken from fstat, into a malloc'd buffer (NUL-terminated). NULL on
+ * error with err set to one line naming path. */
+char *read_file(const char *path, size_t max, size_t *len, Err *err);
 /* mkdir -p; returns 0 or -1 with errno. */
 int mkdirs(const char *path);
 /* fsync a directory; returns 0 or -1. */

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "checkpoint/ckio.h"
 #include "checkpoint/ckpt.h"
@@ -103,11 +104,15 @@ static int list_main(int argc, char **argv) {
     closedir(d);
     char p[1100];
     snprintf(p, sizeof p, "%s/latest", ckpt);
-    char *latest = read_file(p, NULL);
+    Err err;
+    char *latest = read_file(p, 4096, NULL, &err);
     if (latest) {
         latest[strcspn(latest, "\r\n")] = '\0';
         printf("latest -> %s\n", latest);
         free(latest);
+    } else if (access(p, F_OK) == 0) {
+        errorf("ckpt list: %s", err.msg);
+        bad++;
     }
     if (n == 0) printf("(no checkpoints)\n");
     return bad ? EXIT_FAILURE : EXIT_OK;

@@ -135,9 +135,12 @@ static void test_hostile_files(void) {
     temp_config(path, "n_layer = 2\nlr = 0.1\0\n", 21);
     CU_ASSERT_EQUAL(config_load_file(&c, path, &e), -1);
     CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, ":2: holds a NUL byte"));
+    CU_ASSERT_EQUAL(truncate(path, (2 << 20) + 1), 0); /* over the bound, by its size */
+    CU_ASSERT_EQUAL(config_load_file(&c, path, &e), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "is 2097153 bytes, more than the 1048576"));
     unlink(path);
     CU_ASSERT_EQUAL(config_load_file(&c, "/dev/zero", &e), -1);
-    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "is longer than"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "'/dev/zero' is a character device, not a file"));
     CU_ASSERT_EQUAL(config_load_file(&c, "/tmp", &e), -1);
     CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "is a directory"));
 }
