@@ -47,7 +47,7 @@ vocab_sha=1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5
 
 # check_vocab_files FOLDER: encoder.json and vocab.bpe are there, regular
 # files (no directory, FIFO or device), and look like a vocabulary: a JSON
-# object, and merges (an optional #version line, then "a b" pairs).
+# object, and merges (a #version line or an "a b" pair first).
 check_vocab_files() {
     for f in encoder.json vocab.bpe; do
         if [ ! -e "$1/$f" ]; then
@@ -63,7 +63,7 @@ check_vocab_files() {
         echo "get_gpt2_vocab: '$1/encoder.json' is not a JSON object of tokens" >&2
         return 1
     fi
-    if ! head -n 2 "$1/vocab.bpe" | grep -v '^#version' | head -n 1 | grep -q '^[^ ][^ ]* [^ ][^ ]*$'; then
+    if ! head -n 1 "$1/vocab.bpe" | grep -q -e '^#version' -e '^[^ ][^ ]* [^ ][^ ]*$'; then
         echo "get_gpt2_vocab: '$1/vocab.bpe' does not start as merges do ('#version' or 'a b' lines)" >&2
         return 1
     fi
