@@ -167,7 +167,7 @@ static const char *file_kind(mode_t m) {
            : S_ISCHR(m)  ? "a character device"
            : S_ISBLK(m)  ? "a block device"
            : S_ISSOCK(m) ? "a socket"
-                         : "not a regular file";
+                         : "a special file";
 }
 
 int open_regular(const char *path, int flags, struct stat *st, Err *err) {
