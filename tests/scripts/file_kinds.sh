@@ -185,6 +185,7 @@ check_vocab() { # what: the placed vocabulary must be the good one
     else fail "$1 changed the vocabulary in place"; fi
 }
 for case in missing dir fifo json merges; do
+    rm -rf gv && mkdir gv && cp vocab/encoder.json vocab/vocab.bpe gv/
     rm -rf src && cp -r vocab src # another vocabulary: one token more
     sed 's/}$/, "extra": 257}/' vocab/encoder.json > src/encoder.json
     case $case in
