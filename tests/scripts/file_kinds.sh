@@ -99,6 +99,7 @@ for k in dir fifo dev; do
         rm -rf c && cp -r run/ckpt c
         w=$(bad $k "c/$step/$f")
         expect_kind 2 "c/$step/$f" "$w" "$MODTRAIN" ckpt export --ckpt "c/$step" --out o.st
+        expect_kind 2 "c/$step/$f" "$w" "$MODTRAIN" ckpt verify --ckpt "c/$step"
         expect_kind 2 "c/$step/$f" "$w" "$MODTRAIN" eval --ckpt "c/$step" --data data/val.bin
     done
     rm -rf c && cp -r run/ckpt c
