@@ -171,10 +171,12 @@ static const char *file_kind(mode_t m) {
 }
 
 int open_regular(const char *path, int flags, struct stat *st, Err *err) {
-    /* O_NONBLOCK: a FIFO with no writer opens at once (to be refused) */
+    struct stat s; /* a device is refused before it is opened (opening may act) */
+    if (stat(path, &s) == 0 && !S_ISREG(s.st_mode))
+        return err_set(err, "'%s' is %s, not a file", path, file_kind(s.st_mode));
+    /* O_NONBLOCK: a FIFO with no writer (put there since) opens at once */
     int fd = open(path, flags | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) return err_set(err, "cannot open '%s': %s", path, strerror(errno));
-    struct stat s;
     if (fstat(fd, &s) != 0) {
         err_set(err, "cannot open '%s': %s", path, strerror(errno));
         close(fd);
@@ -195,18 +197,15 @@ int open_regular(const char *path, int flags, struct stat *st, Err *err) {
     return fd;
 }
 
-/* Reads exactly n bytes from fd (at its current offset). 0 or -1 with
- * errno set (EIO when the file ends early). */
+/* Reads exactly n bytes from fd (at its current offset). 0, -1 with errno
+ * set, or 1 when the file ends early. */
 static int read_all(int fd, char *buf, size_t n) {
     size_t got = 0;
     while (got < n) {
         ssize_t k = read(fd, buf + got, n - got);
         if (k < 0 && errno == EINTR) continue;
         if (k < 0) return -1;
-        if (k == 0) {
-            errno = EIO;
-            return -1;
-        }
+        if (k == 0) return 1;
         got += (size_t)k;
     }
     return 0;
@@ -229,9 +228,10 @@ char *read_file(const char *path, size_t max, size_t *len, Err *err) {
         close(fd);
         return NULL;
     }
-    if (read_all(fd, buf, n) != 0) {
+    const int rc = read_all(fd, buf, n);
+    if (rc != 0) {
         err_set(err, "cannot read '%s': %s", path,
-                errno == EIO ? "it ended early (changed while read?)" : strerror(errno));
+                rc > 0 ? "it ended early (changed while being read?)" : strerror(errno));
         free(buf);
         close(fd);
         return NULL;

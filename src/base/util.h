@@ -94,7 +94,7 @@ int write_file_atomic(const char *path, const void *data, size_t len, Err *err);
 /* Opens path for reading (flags: O_RDONLY, perhaps with more) when it is a
  * regular file, filling *st (when not NULL) from the open descriptor. A
  * directory, a FIFO (even one with no writer: never a hang) or a device is
- * refused. Returns the descriptor (close-on-exec, blocking), or -1 with err
+ * refused (stat before the open, fstat after it). Returns the descriptor (close-on-exec, blocking), or -1 with err
  * set to one line: "cannot open 'X': ..." or "'X' is a directory, not a
  * file" (a FIFO, a character device, ...). Every file modtrain reads is
  * opened here. */
