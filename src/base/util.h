@@ -94,10 +94,10 @@ int write_file_atomic(const char *path, const void *data, size_t len, Err *err);
 /* Opens path for reading (flags: O_RDONLY, perhaps with more) when it is a
  * regular file, filling *st (when not NULL) from the open descriptor. A
  * directory, a FIFO (even one with no writer: never a hang) or a device is
- * refused (stat before the open, fstat after it). Returns the descriptor (close-on-exec, blocking), or -1 with err
- * set to one line: "cannot open 'X': ..." or "'X' is a directory, not a
- * file" (a FIFO, a character device, ...). Every file modtrain reads is
- * opened here. */
+ * refused (stat before the open, fstat after it). Returns the descriptor
+ * (close-on-exec, blocking), or -1 with err set to one line: "cannot open
+ * 'X': ..." or "'X' is a directory, not a file" (a FIFO, a character
+ * device, ...). Every file modtrain reads is opened here. */
 int open_regular(const char *path, int flags, struct stat *st, Err *err);
 /* Reads the whole of a regular file (open_regular) of at most max bytes, its
  * size taken from fstat, into a malloc'd buffer (NUL-terminated). NULL on
