@@ -3,7 +3,6 @@
  * checks between keys.
  */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -145,15 +144,12 @@ static void test_hostile_files(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "'/dev/zero' is a character device, not a file"));
     CU_ASSERT_EQUAL(config_load_file(&c, "/tmp", &e), -1);
     CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "is a directory"));
-    strcpy(path, "/tmp/modtrain-test-XXXXXX");
-    CU_ASSERT_FATAL(mkdtemp(path) != NULL);
-    char fifo[64];
-    snprintf(fifo, sizeof fifo, "%s/fifo", path);
-    CU_ASSERT_FATAL(mkfifo(fifo, 0600) == 0);
-    CU_ASSERT_EQUAL(config_load_file(&c, fifo, &e), -1); /* no writer: refused, never a hang */
+    temp_config(path, "", 0); /* a fresh name, for a FIFO with no writer: refused, no hang */
+    unlink(path);
+    CU_ASSERT_FATAL(mkfifo(path, 0600) == 0);
+    CU_ASSERT_EQUAL(config_load_file(&c, path, &e), -1);
     CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "is a FIFO, not a file"));
-    unlink(fifo);
-    rmdir(path);
+    unlink(path);
 }
 
 /* Numbers are parsed whole and in range; stage_layers counts cannot wrap. */
