@@ -1008,15 +1008,15 @@ static int check_data_file(const CkIndex *ix, Err *err) {
     char path[1200];
     snprintf(path, sizeof path, "%s/data.bin", ix->dir);
     struct stat st;
-    if (stat(path, &st) != 0)
-        return err_set(err, "ckpt: cannot open '%s': %s", path, strerror(errno));
+    Err e;
+    int fd = open_regular(path, O_RDONLY, &st, &e);
+    if (fd < 0) return err_set(err, "ckpt: %s", e.msg);
+    char magic[8] = {0};
+    const ssize_t got = (uint64_t)st.st_size == ix->data_bytes ? pread(fd, magic, 8, 0) : 0;
+    close(fd);
     if ((uint64_t)st.st_size != ix->data_bytes)
         return err_set(err, "ckpt: '%s' is %lld bytes, its index says %llu (truncated or extended)",
                        path, (long long)st.st_size, (unsigned long long)ix->data_bytes);
-    char magic[8] = {0};
-    FILE *f = fopen(path, "rb");
-    size_t got = f ? fread(magic, 1, 8, f) : 0;
-    if (f) fclose(f);
     const char *want = ix->version == 1 ? CK_DATA_MAGIC_V1 : CK_DATA_MAGIC;
     if (got != 8 || memcmp(magic, want, 8) != 0)
         return err_set(err, "ckpt: '%s' has the wrong magic (expected '%s')", path, want);
@@ -1059,11 +1059,9 @@ int ck_index_read(const char *dir, CkIndex *ix, Err *err) {
     char path[1200];
     snprintf(path, sizeof path, "%s/index", dir);
     size_t len = 0;
-    errno = 0;
-    char *text = read_file(path, &len);
-    if (!text)
-        return err_set(err, "ckpt: cannot read '%s': %s (an interrupted save or not a checkpoint)",
-                       path, strerror(errno ? errno : EIO));
+    Err e;
+    char *text = read_file(path, SIZE_MAX, &len, &e);
+    if (!text) return err_set(err, "ckpt: %s (an interrupted save or not a checkpoint)", e.msg);
     int rc = ck_index_parse(ix, dir, text, len, err);
     free(text);
     if (rc == 0 && check_data_file(ix, err) != 0) {
@@ -1145,8 +1143,9 @@ static int load_chunk(const CkIndex *ix, int fd, const CkChunk *c, float *out, E
 static int open_data(const CkIndex *ix, Err *err) {
     char path[1200];
     snprintf(path, sizeof path, "%s/data.bin", ix->dir);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) err_set(err, "ckpt: cannot open '%s': %s", path, strerror(errno));
+    Err e;
+    int fd = open_regular(path, O_RDONLY, NULL, &e);
+    if (fd < 0) err_set(err, "ckpt: %s", e.msg);
     return fd;
 }
 

@@ -652,7 +652,9 @@ int ckpt_resolve(const char *path, char *out, size_t n, Err *err) {
         return 0;
     }
     snprintf(p, sizeof p, "%s/latest", path);
-    char *latest = read_file(p, NULL);
+    Err e;
+    char *latest = read_file(p, 4096, NULL, &e);
+    if (!latest && access(p, F_OK) == 0) return err_set(err, "ckpt: %s", e.msg);
     if (latest) {
         latest[strcspn(latest, "\r\n")] = '\0';
         snprintf(out, n, "%s/%s", path, latest);

@@ -290,13 +290,12 @@ fail:
 }
 
 int st_read(StFile *f, const char *path, Err *err) {
-    errno = 0;
     size_t len = 0;
-    uint8_t *buf = (uint8_t *)read_file(path, &len);
+    Err e;
+    uint8_t *buf = (uint8_t *)read_file(path, SIZE_MAX, &len, &e);
     if (!buf) {
         memset(f, 0, sizeof *f);
-        return err_set(err, "safetensors: cannot read '%s': %s", path,
-                       strerror(errno ? errno : EIO));
+        return err_set(err, "safetensors: %s", e.msg);
     }
     if (st_parse(f, buf, len, path, err) != 0) {
         free(buf);

@@ -509,19 +509,13 @@ Bpe *bpe_from_memory(const char *encoder_json, size_t elen, const char *vocab_bp
 static char *read_vocab_file(const char *dir, const char *name, size_t *len, Err *err) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    struct stat st;
-    if (stat(path, &st) != 0) {
-        err_set(err, "bpe: cannot open '%s': %s (jobs/get_gpt2_vocab.sh DIR places GPT-2's files)",
-                path, strerror(errno));
-        return NULL;
-    }
-    if (st.st_size > (64L << 20)) {
-        err_set(err, "bpe: '%s' is %lld bytes; a vocabulary file is at most 64 MiB", path,
-                (long long)st.st_size);
-        return NULL;
-    }
-    char *s = read_file(path, len);
-    if (!s) err_set(err, "bpe: cannot read '%s': %s", path, strerror(errno));
+    Err e;
+    char *s = read_file(path, 64u << 20, len, &e);
+    if (!s)
+        err_set(err,
+                "bpe: %s (a vocabulary file of at most 64 MiB; jobs/get_gpt2_vocab.sh DIR places "
+                "GPT-2's files)",
+                e.msg);
     return s;
 }
 

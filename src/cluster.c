@@ -107,18 +107,14 @@ int cluster_load_text(Cluster *c, char *text, size_t len, const char *name, Err 
 }
 
 int cluster_load(Cluster *c, const char *path, Err *err) {
-    struct stat st;
-    if (stat(path, &st) != 0)
-        return err_set(err,
-                       "plan: cannot open cluster file '%s': %s (modtrain plan --calibrate "
-                       "writes one)",
-                       path, strerror(errno));
-    if (!S_ISREG(st.st_mode) || st.st_size > (1 << 20))
-        return err_set(err, "plan: '%s' is not a cluster file (a regular file of at most 1 MiB)",
-                       path);
     size_t len = 0;
-    char *text = read_file(path, &len);
-    if (!text) return err_set(err, "plan: cannot read '%s': %s", path, strerror(errno));
+    Err e;
+    char *text = read_file(path, 1 << 20, &len, &e);
+    if (!text)
+        return err_set(err,
+                       "plan: %s (a cluster file of at most 1 MiB; modtrain plan --calibrate "
+                       "writes one)",
+                       e.msg);
     const int rc = cluster_load_text(c, text, len, path, err);
     free(text);
     return rc;

@@ -285,42 +285,14 @@ static char *trim(char *s) {
 }
 
 /* A config file's bytes, read whole (any line length) up to a bound: a
- * config is a few hundred bytes, and /dev/zero must not read forever.
- * Returns the text (NUL-terminated, malloc'd) or NULL with err set. */
+ * config is a few hundred bytes. A directory, a FIFO or a device is refused
+ * (open_regular). Returns the text (NUL-terminated, malloc'd) or NULL with
+ * err set. */
 static char *read_config_text(const char *path, size_t *len, Err *err) {
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) {
-        err_set(err, "config: cannot open '%s': %s (pass an existing file to --config)", path,
-                strerror(errno));
-        return NULL;
-    }
-    struct stat st;
-    if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-        close(fd);
-        err_set(err, "config: '%s' is a directory (pass a config file to --config)", path);
-        return NULL;
-    }
-    char *text = xmalloc(CONFIG_MAX_FILE + 1);
-    size_t n = 0;
-    ssize_t k = 1;
-    while (k != 0 && n <= CONFIG_MAX_FILE) {
-        k = read(fd, text + n, CONFIG_MAX_FILE + 1 - n);
-        if (k < 0 && errno == EINTR) k = 1;
-        else if (k < 0) break;
-        else n += (size_t)k;
-    }
-    int read_errno = errno;
-    close(fd);
-    if (k < 0 || n > CONFIG_MAX_FILE) {
-        if (k < 0) err_set(err, "config: cannot read '%s': %s", path, strerror(read_errno));
-        else
-            err_set(err, "config: '%s' is longer than %d bytes (a config is key = value lines)",
-                    path, CONFIG_MAX_FILE);
-        free(text);
-        return NULL;
-    }
-    text[n] = '\0';
-    *len = n;
+    Err e;
+    char *text = read_file(path, CONFIG_MAX_FILE, len, &e);
+    if (!text)
+        err_set(err, "config: %s (pass a config file of key = value lines to --config)", e.msg);
     return text;
 }
 

@@ -4,11 +4,13 @@
 #include "src/data.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -63,21 +65,18 @@ int shard_parse_header(const uint8_t *buf, size_t len, uint64_t file_size, const
 int shard_load(Shard *s, const char *path, Err *err) {
     memset(s, 0, sizeof *s);
     snprintf(s->path, sizeof s->path, "%s", path);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        return err_set(err, "data: cannot open '%s': %s (run 'modtrain prep' or fix the path)",
-                       path, strerror(errno));
-    }
     struct stat st;
-    uint8_t head[SHARD_HEADER_INTS * sizeof(int32_t)];
-    size_t n = 0, got;
-    if (fstat(fileno(f), &st) != 0) goto io_fail;
-    if (!S_ISREG(st.st_mode)) {
-        err_set(err, "data: '%s' is not a regular file (give a token shard from 'modtrain prep')",
-                path);
-        goto fail;
+    Err e;
+    int fd = open_regular(path, O_RDONLY, &st, &e);
+    if (fd < 0) return err_set(err, "data: %s (give a token shard from 'modtrain prep')", e.msg);
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return err_set(err, "data: cannot open '%s': %s", path, strerror(errno));
     }
-    got = fread(head, 1, sizeof head, f);
+    uint8_t head[SHARD_HEADER_INTS * sizeof(int32_t)];
+    size_t n = 0;
+    const size_t got = fread(head, 1, sizeof head, f);
     if (shard_parse_header(head, got, (uint64_t)st.st_size, path, &n, &s->meta, err) != 0)
         goto fail;
     s->tokens = xmalloc(n * sizeof(uint16_t));
@@ -180,10 +179,10 @@ size_t order_window(DataOrder *o, uint64_t g) {
 
 /* The whole of a file for prep: read, and not empty. NULL with err set. */
 static char *prep_read(const char *path, size_t *len, Err *err) {
-    errno = 0;
-    char *buf = read_file(path, len);
+    Err e;
+    char *buf = read_file(path, SIZE_MAX, len, &e);
     if (!buf) {
-        err_set(err, "prep: cannot read '%s': %s", path, strerror(errno ? errno : EIO));
+        err_set(err, "prep: %s (expected text to tokenise)", e.msg);
         return NULL;
     }
     if (*len == 0) {
@@ -194,9 +193,47 @@ static char *prep_read(const char *path, size_t *len, Err *err) {
     return buf;
 }
 
+/* Refuses an output path that exists and is not a file (a directory named
+ * val.bin): found before anything is written. Returns 0 or -1. */
+static int check_output(const char *path, Err *err) {
+    struct stat st;
+    if (stat(path, &st) != 0 || S_ISREG(st.st_mode)) return 0;
+    return err_set(err, "prep: '%s' exists and is not a file (prep replaces files only)", path);
+}
+
+/* Writes train (and val, when nv > 0) beside their final names, then moves
+ * them into place together: val.bin first (or, with no val tokens, an old
+ * val.bin removed, so that it never stands beside a new train.bin), then
+ * train.bin. A failure before the renames leaves the old outputs as they
+ * were. Returns 0 or -1 with err set. */
+static int write_outputs(const char *out_dir, const uint16_t *train, size_t nt, const uint16_t *val,
+                         size_t nv, const ShardMeta *meta, Err *err) {
+    char tp[1024], vp[1024], ts[1100], vs[1100];
+    snprintf(tp, sizeof tp, "%s/train.bin", out_dir);
+    snprintf(vp, sizeof vp, "%s/val.bin", out_dir);
+    snprintf(ts, sizeof ts, "%s.staged.%ld", tp, (long)getpid());
+    snprintf(vs, sizeof vs, "%s.staged.%ld", vp, (long)getpid());
+    if (check_output(tp, err) != 0 || check_output(vp, err) != 0) return -1;
+    if (mkdirs(out_dir) != 0)
+        return err_set(err, "prep: cannot create '%s': %s", out_dir, strerror(errno));
+    int rc = shard_write(ts, train, nt, meta, err);
+    if (rc == 0 && nv > 0) rc = shard_write(vs, val, nv, meta, err);
+    if (rc == 0 && nv > 0 && rename(vs, vp) != 0)
+        rc = err_set(err, "prep: cannot rename '%s' to '%s': %s", vs, vp, strerror(errno));
+    if (rc == 0 && nv == 0 && unlink(vp) != 0 && errno != ENOENT)
+        rc = err_set(err, "prep: cannot remove the old '%s': %s", vp, strerror(errno));
+    if (rc == 0 && rename(ts, tp) != 0)
+        rc = err_set(err, "prep: cannot rename '%s' to '%s': %s", ts, tp, strerror(errno));
+    unlink(ts);
+    unlink(vs);
+    fsync_dir(out_dir);
+    return rc;
+}
+
 /* Splits n tokens into train and val by 4096-token chunks (a val_fraction
  * of them, spread evenly, at least one when there are two or more) and
- * writes out_dir/train.bin and out_dir/val.bin with meta in the header. */
+ * writes out_dir/train.bin and out_dir/val.bin with meta in the header
+ * (write_outputs: both or neither). */
 static int split_write(const uint16_t *tokens, size_t n, const ShardMeta *meta, const char *out_dir,
                        double val_fraction, size_t counts[2], Err *err) {
     size_t n_chunks = (n + PREP_CHUNK - 1) / PREP_CHUNK;
@@ -215,28 +252,15 @@ static int split_write(const uint16_t *tokens, size_t n, const ShardMeta *meta, 
         }
     }
     int rc = -1;
-    if (nt < 2 || (val_fraction > 0 && nv < 2)) {
+    if (nt < 2 || (val_fraction > 0 && nv < 2))
         err_set(err,
                 "prep: the text gives %zu train and %zu val tokens; need at least 2 each "
                 "(give more text or change --val-fraction)",
                 nt, nv);
-        goto done;
+    else if ((rc = write_outputs(out_dir, train, nt, val, nv, meta, err)) == 0) {
+        counts[0] = nt;
+        counts[1] = nv;
     }
-    if (mkdirs(out_dir) != 0) {
-        err_set(err, "prep: cannot create '%s': %s", out_dir, strerror(errno));
-        goto done;
-    }
-    char path[1024];
-    snprintf(path, sizeof path, "%s/train.bin", out_dir);
-    if (shard_write(path, train, nt, meta, err) != 0) goto done;
-    if (nv > 0) {
-        snprintf(path, sizeof path, "%s/val.bin", out_dir);
-        if (shard_write(path, val, nv, meta, err) != 0) goto done;
-    }
-    counts[0] = nt;
-    counts[1] = nv;
-    rc = 0;
-done:
     free(train);
     free(val);
     return rc;

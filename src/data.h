@@ -82,7 +82,8 @@ size_t order_window(DataOrder *o, uint64_t g);
 /* `modtrain prep`: byte-tokenises the files, splits them into train and val
  * by 4096-token chunks (a val_fraction of the chunks, spread evenly, at least
  * one when there are two or more), writes
- * out_dir/train.bin and out_dir/val.bin (none when no chunk goes to val).
+ * out_dir/train.bin and out_dir/val.bin (none when no chunk goes to val: an
+ * old val.bin is removed), both or neither (written beside, then renamed).
  * Returns 0 with the token counts of train and val in counts, or -1 with err
  * set. */
 int prep_byte_files(char **files, int nfiles, const char *out_dir, double val_fraction,

@@ -160,26 +160,86 @@ int write_file_atomic(const char *path, const void *data, size_t len, Err *err) 
     return write_file_durable("file", path, data, len, err) < 0 ? -1 : 0;
 }
 
-char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    if (fseek(f, 0, SEEK_END) != 0) goto fail;
-    long n = ftell(f);
-    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) goto fail;
-    char *buf = malloc((size_t)n + 1);
-    if (!buf) goto fail;
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        goto fail;
+/* What a file that is not a regular one is, for the error line. */
+static const char *file_kind(mode_t m) {
+    return S_ISDIR(m)    ? "a directory"
+           : S_ISFIFO(m) ? "a FIFO"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+           : S_ISSOCK(m) ? "a socket"
+                         : "a special file";
+}
+
+int open_regular(const char *path, int flags, struct stat *st, Err *err) {
+    struct stat s; /* a device is refused before it is opened (opening may act) */
+    if (stat(path, &s) == 0 && !S_ISREG(s.st_mode))
+        return err_set(err, "'%s' is %s, not a file", path, file_kind(s.st_mode));
+    /* O_NONBLOCK: a FIFO with no writer (put there since) opens at once */
+    int fd = open(path, flags | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return err_set(err, "cannot open '%s': %s", path, strerror(errno));
+    if (fstat(fd, &s) != 0) {
+        err_set(err, "cannot open '%s': %s", path, strerror(errno));
+        close(fd);
+        return -1;
     }
+    if (!S_ISREG(s.st_mode)) {
+        err_set(err, "'%s' is %s, not a file", path, file_kind(s.st_mode));
+        close(fd);
+        return -1;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        err_set(err, "cannot open '%s': %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    if (st) *st = s;
+    return fd;
+}
+
+/* Reads exactly n bytes from fd (at its current offset). 0, -1 with errno
+ * set, or 1 when the file ends early. */
+static int read_all(int fd, char *buf, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t k = read(fd, buf + got, n - got);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return -1;
+        if (k == 0) return 1;
+        got += (size_t)k;
+    }
+    return 0;
+}
+
+char *read_file(const char *path, size_t max, size_t *len, Err *err) {
+    struct stat st;
+    int fd = open_regular(path, O_RDONLY, &st, err);
+    if (fd < 0) return NULL;
+    const size_t n = (size_t)st.st_size;
+    if (st.st_size < 0 || (uint64_t)st.st_size > max) {
+        err_set(err, "'%s' is %lld bytes, more than the %zu it may have", path,
+                (long long)st.st_size, max);
+        close(fd);
+        return NULL;
+    }
+    char *buf = malloc(n + 1);
+    if (!buf) {
+        err_set(err, "cannot read '%s': %zu bytes do not fit in memory", path, n);
+        close(fd);
+        return NULL;
+    }
+    const int rc = read_all(fd, buf, n);
+    if (rc != 0) {
+        err_set(err, "cannot read '%s': %s", path,
+                rc > 0 ? "it ended early (changed while being read?)" : strerror(errno));
+        free(buf);
+        close(fd);
+        return NULL;
+    }
+    close(fd);
     buf[n] = '\0';
-    fclose(f);
-    if (len) *len = (size_t)n;
+    if (len) *len = n;
     return buf;
-fail:
-    fclose(f);
-    if (!errno) errno = EIO;
-    return NULL;
 }
 
 int mkdirs(const char *path) {

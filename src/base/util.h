@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/stat.h>
 
 /* A failure: one line naming what is wrong and what would be right. */
 typedef struct {
@@ -97,9 +98,18 @@ int write_file_durable(const char *what, const char *path, const void *data, siz
                        Err *err);
 /* write_file_durable("file", ...), 1 counted as done. */
 int write_file_atomic(const char *path, const void *data, size_t len, Err *err);
-/* Reads a whole file into a malloc'd buffer (NUL-terminated); NULL on error
- * with errno set. */
-char *read_file(const char *path, size_t *len);
+/* Opens path for reading (flags: O_RDONLY, perhaps with more) when it is a
+ * regular file, filling *st (when not NULL) from the open descriptor. A
+ * directory, a FIFO (even one with no writer: never a hang) or a device is
+ * refused (stat before the open, fstat after it). Returns the descriptor
+ * (close-on-exec, blocking), or -1 with err set to one line: "cannot open
+ * 'X': ..." or "'X' is a directory, not a file" (a FIFO, a character
+ * device, ...). Every file modtrain reads is opened here. */
+int open_regular(const char *path, int flags, struct stat *st, Err *err);
+/* Reads the whole of a regular file (open_regular) of at most max bytes, its
+ * size taken from fstat, into a malloc'd buffer (NUL-terminated). NULL on
+ * error with err set to one line naming path. */
+char *read_file(const char *path, size_t max, size_t *len, Err *err);
 /* mkdir -p; returns 0 or -1 with errno. */
 int mkdirs(const char *path);
 /* fsync a directory (fault point dir.fsync); returns 0 or -1 with errno. */

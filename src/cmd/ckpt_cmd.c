@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "checkpoint/ckio.h"
 #include "checkpoint/ckpt.h"
@@ -103,11 +104,15 @@ static int list_main(int argc, char **argv) {
     closedir(d);
     char p[1100];
     snprintf(p, sizeof p, "%s/latest", ckpt);
-    char *latest = read_file(p, NULL);
+    Err err;
+    char *latest = read_file(p, 4096, NULL, &err);
     if (latest) {
         latest[strcspn(latest, "\r\n")] = '\0';
         printf("latest -> %s\n", latest);
         free(latest);
+    } else if (access(p, F_OK) == 0) {
+        errorf("ckpt list: %s", err.msg);
+        bad++;
     }
     if (n == 0) printf("(no checkpoints)\n");
     return bad ? EXIT_FAILURE : EXIT_OK;
@@ -271,6 +276,21 @@ static int diff_main(int argc, char **argv) {
     return rc;
 }
 
+/* A vocabulary a model can use: at least 2 tokens, and every token of its
+ * tokenizer (the byte tokenizer's 256, GPT-2's 50257); a file claiming 0
+ * would export or import a model nothing can feed. 0 or -1 with err set. */
+static int check_vocab(const Config *cfg, const char *cmd, const char *path, Err *err) {
+    const int need = cfg->tokenizer == TOK_BYTE ? 256 : cfg->tokenizer == TOK_GPT2 ? 50257 : 2;
+    if (cfg->vocab_size >= need) return 0;
+    return err_set(err,
+                   "%s: '%s' has vocab_size = %d, below the %d its model needs (tokenizer %s): "
+                   "damaged or not a modtrain model",
+                   cmd, path, cfg->vocab_size, need,
+                   cfg->tokenizer == TOK_BYTE   ? "byte"
+                   : cfg->tokenizer == TOK_GPT2 ? "gpt2"
+                                                : "none");
+}
+
 static int export_main(int argc, char **argv) {
     const char *ckpt = NULL, *format = "safetensors", *out = NULL;
     CliOpt opts[] = {{"ckpt", CLI_STR, &ckpt, "checkpoint (ckpt_dir or step directory)"},
@@ -296,6 +316,11 @@ static int export_main(int argc, char **argv) {
     Err err;
     if (ckpt_open_model(ckpt, &m, &cfg, 1, &step, NULL, 1, 0, 1, &err) != 0) {
         err_print(&err);
+        return EXIT_USAGE;
+    }
+    if (check_vocab(&cfg, "ckpt export", ckpt, &err) != 0) {
+        err_print(&err);
+        model_free(&m);
         return EXIT_USAGE;
     }
     int rc = EXIT_OK;
@@ -357,6 +382,7 @@ static int import_config(Config *cfg, const StFile *f, int n_head, int *step, Er
         return err_set(err, "ckpt import: '%s' has step = '%.32s' (expected an integer in [0, %d])",
                        f->path, ms, CONFIG_MAX_STEP);
     *step = (int)v;
+    if (check_vocab(cfg, "ckpt import", f->path, err) != 0) return -1;
     if (cfg->n_layer < 1 || cfg->d_model % cfg->n_head != 0 || config_validate(cfg, NULL) != 0)
         return err_set(err,
                        "ckpt import: '%s' gives n_layer = %d, d_model = %d, n_head = %d: not a GPT "

@@ -3,10 +3,12 @@
  * and `modtrain plan --calibrate`, which measures this machine into a
  * cluster file to start from.
  */
+#include <fcntl.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "mpi/check.h"
@@ -88,16 +90,16 @@ static int plan_args(PlanArgs *a, int *argc, char **argv) {
 static void plan_vocab(Config *c) {
     if (c->vocab_size) return;
     c->vocab_size = 50257;
-    FILE *f = fopen(c->train_data, "rb");
-    if (!f) return;
+    struct stat st;
+    const int fd = open_regular(c->train_data, O_RDONLY, &st, NULL);
+    if (fd < 0) return;
     uint8_t head[SHARD_HEADER_INTS * 4];
-    const size_t got = fread(head, 1, sizeof head, f);
-    fseek(f, 0, SEEK_END);
-    const long size = ftell(f);
-    fclose(f);
+    const ssize_t got = pread(fd, head, sizeof head, 0);
+    close(fd);
     size_t n;
     ShardMeta m;
-    if (size > 0 && shard_parse_header(head, got, (uint64_t)size, c->train_data, &n, &m, NULL) == 0)
+    if (got > 0 && shard_parse_header(head, (size_t)got, (uint64_t)st.st_size, c->train_data, &n,
+                                      &m, NULL) == 0)
         c->vocab_size = m.vocab ? m.vocab : 50257;
 }
 

@@ -88,9 +88,7 @@ int prep_main(int argc, char **argv) {
                     goto done;
                 }
             } else if (strcmp(a, "--val-fraction") == 0 || strcmp(a, "--val_fraction") == 0) {
-                char *end;
-                val_fraction = strtod(v, &end);
-                if (end == v || *end || val_fraction < 0 || val_fraction >= 1) {
+                if (parse_f64(v, &val_fraction) != 0 || val_fraction < 0 || val_fraction >= 1) {
                     errorf("prep: --val-fraction = '%s' is not a number in [0, 1)", v);
                     goto done;
                 }
@@ -129,6 +127,7 @@ int prep_main(int argc, char **argv) {
     }
     printf("prep: wrote %s/train.bin (%zu tokens)\n", out, counts[0]);
     if (counts[1] > 0) printf("prep: wrote %s/val.bin (%zu tokens)\n", out, counts[1]);
+    else printf("prep: no %s/val.bin (--val-fraction 0; an old one is removed)\n", out);
     rc = EXIT_OK;
 done:
     free(files);

@@ -9,23 +9,24 @@
 #include "src/bpe.h"
 #include "src/cmd/cmd.h"
 
-/* The whole of a file ("-": standard input), bounded. */
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
-    if (!f) return NULL;
+#define TOKENIZE_MAX ((size_t)1 << 32) /* 4 GiB: more than a prompt or a test */
+
+/* The whole of a file ("-": standard input, which may be a pipe), bounded.
+ * NULL with err set. */
+static char *slurp(const char *path, size_t *len, Err *err) {
+    if (strcmp(path, "-") != 0) return read_file(path, TOKENIZE_MAX, len, err);
     size_t cap = 1 << 16, n = 0;
     char *s = xmalloc(cap + 1);
-    for (size_t got; (got = fread(s + n, 1, cap - n, f)) > 0;) {
+    for (size_t got; (got = fread(s + n, 1, cap - n, stdin)) > 0;) {
         n += got;
         if (n == cap) {
-            if (cap >= ((size_t)1 << 32)) break; /* 4 GiB: more than a prompt or a test */
+            if (cap >= TOKENIZE_MAX) break;
             s = xrealloc(s, (cap *= 2) + 1);
         }
     }
-    const int bad = ferror(f);
-    if (f != stdin) fclose(f);
-    if (bad) {
+    if (ferror(stdin)) {
         free(s);
+        err_set(err, "cannot read standard input");
         return NULL;
     }
     s[n] = '\0';
@@ -96,10 +97,10 @@ int tokenize_main(int argc, char **argv) {
         return EXIT_OK;
     }
     size_t n = 0;
-    char *text = slurp(path, &n);
+    char *text = slurp(path, &n, &err);
     int rc = EXIT_USAGE;
     if (!text) {
-        errorf("tokenize: cannot read '%s'", path);
+        errorf("tokenize: %s", err.msg);
     } else if (decode) {
         rc = decode_ids(b, text, path);
     } else {

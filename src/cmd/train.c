@@ -130,8 +130,15 @@ static void mprintf(FILE *f, const char *fmt, ...) {
  * there for good, as a node whose file system or network died would. */
 static void fault_rank_exit(int rank, int step) {
     const char *f = getenv("MODTRAIN_FAULT");
-    int r, s;
-    if (f && sscanf(f, "rank-exit:%d:%d", &r, &s) == 2 && r == rank && s == step) {
+    char buf[64];
+    if (!f || strncmp(f, "rank-exit:", 10) != 0 || strlen(f + 10) >= sizeof buf) return;
+    snprintf(buf, sizeof buf, "%s", f + 10);
+    char *colon = strchr(buf, ':');
+    long long r, s;
+    if (!colon) return;
+    *colon = '\0'; /* both numbers parsed whole, as every other input */
+    if (parse_i64(buf, 0, INT_MAX, &r) == 0 && parse_i64(colon + 1, 0, INT_MAX, &s) == 0 &&
+        r == rank && s == step) {
         fprintf(stderr, "modtrain: MODTRAIN_FAULT: rank %d exits at step %d\n", rank, step);
         exit(3);
     }

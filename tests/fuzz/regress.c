@@ -19,9 +19,10 @@
 
 static int run_file(const char *path) {
     size_t len = 0;
-    char *buf = read_file(path, &len);
+    Err e;
+    char *buf = read_file(path, SIZE_MAX, &len, &e);
     if (!buf) {
-        fprintf(stderr, "regress: cannot read '%s'\n", path);
+        fprintf(stderr, "regress: %s\n", e.msg);
         return -1;
     }
     /* an exact-size copy, so that reading one byte past the input is caught */

@@ -65,7 +65,7 @@ resumes flip 20
 
 breakcopy noindex
 rm noindex/ckpt/step-00000030/index
-expect_bad noindex/ckpt/step-00000030 "cannot read 'noindex/ckpt/step-00000030/index'"
+expect_bad noindex/ckpt/step-00000030 "cannot open 'noindex/ckpt/step-00000030/index'"
 resumes noindex 20
 
 breakcopy garbled

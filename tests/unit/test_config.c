@@ -4,6 +4,7 @@
  */
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "src/config.h"
@@ -135,11 +136,20 @@ static void test_hostile_files(void) {
     temp_config(path, "n_layer = 2\nlr = 0.1\0\n", 21);
     CU_ASSERT_EQUAL(config_load_file(&c, path, &e), -1);
     CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, ":2: holds a NUL byte"));
+    CU_ASSERT_EQUAL(truncate(path, (2 << 20) + 1), 0); /* over the bound, by its size */
+    CU_ASSERT_EQUAL(config_load_file(&c, path, &e), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "is 2097153 bytes, more than the 1048576"));
     unlink(path);
     CU_ASSERT_EQUAL(config_load_file(&c, "/dev/zero", &e), -1);
-    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "is longer than"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "'/dev/zero' is a character device, not a file"));
     CU_ASSERT_EQUAL(config_load_file(&c, "/tmp", &e), -1);
     CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "is a directory"));
+    temp_config(path, "", 0); /* a fresh name, for a FIFO with no writer: refused, no hang */
+    unlink(path);
+    CU_ASSERT_FATAL(mkfifo(path, 0600) == 0);
+    CU_ASSERT_EQUAL(config_load_file(&c, path, &e), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "is a FIFO, not a file"));
+    unlink(path);
 }
 
 /* Numbers are parsed whole and in range; stage_layers counts cannot wrap. */
