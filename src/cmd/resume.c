@@ -55,7 +55,8 @@ static int resume_prepare(const char *ckpt_dir, MPI_Comm comm) {
         for (int i = 0; i < n; i++) free(names[i]);
         free(names);
         snprintf(p, sizeof p, "%s/latest", ckpt_dir);
-        char *latest = n == 0 && rc == 0 ? read_file(p, NULL) : NULL;
+        Err rerr;
+        char *latest = n == 0 && rc == 0 ? read_file(p, 4096, NULL, &rerr) : NULL;
         if (latest) {
             latest[strcspn(latest, "\r\n")] = '\0';
             rc = err_set(&err,

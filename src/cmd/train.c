@@ -130,22 +130,23 @@ static void mprintf(FILE *f, const char *fmt, ...) {
  * there for good, as a node whose file system or network died would. */
 static void fault_rank_exit(int rank, int step) {
     const char *f = getenv("MODTRAIN_FAULT");
+    const int hang = f && strncmp(f, "hang:", 5) == 0;
+    if (!f || (!hang && strncmp(f, "rank-exit:", 10) != 0)) return;
     char buf[64];
-    if (!f || strncmp(f, "rank-exit:", 10) != 0 || strlen(f + 10) >= sizeof buf) return;
-    snprintf(buf, sizeof buf, "%s", f + 10);
+    const char *arg = f + (hang ? 5 : 10);
+    if (strlen(arg) >= sizeof buf) return;
+    snprintf(buf, sizeof buf, "%s", arg);
     char *colon = strchr(buf, ':');
     long long r, s;
     if (!colon) return;
     *colon = '\0'; /* both numbers parsed whole, as every other input */
-    if (parse_i64(buf, 0, INT_MAX, &r) == 0 && parse_i64(colon + 1, 0, INT_MAX, &s) == 0 &&
-        r == rank && s == step) {
-        fprintf(stderr, "modtrain: MODTRAIN_FAULT: rank %d exits at step %d\n", rank, step);
-        exit(3);
-    }
-    if (f && sscanf(f, "hang:%d:%d", &r, &s) == 2 && r == rank && s == step) {
-        fprintf(stderr, "modtrain: MODTRAIN_FAULT: rank %d hangs at step %d\n", rank, step);
-        for (;;) pause();
-    }
+    if (parse_i64(buf, 0, INT_MAX, &r) != 0 || parse_i64(colon + 1, 0, INT_MAX, &s) != 0 ||
+        r != rank || s != step)
+        return;
+    fprintf(stderr, "modtrain: MODTRAIN_FAULT: rank %d %s at step %d\n", rank,
+            hang ? "hangs" : "exits", step);
+    if (!hang) exit(3);
+    for (;;) pause();
 }
 
 /* Test hook: MODTRAIN_FAULT=nan-batch:B makes the loss of the step that
@@ -153,8 +154,10 @@ static void fault_rank_exit(int rank, int step) {
 static int fault_nan_batch(long long batch) {
     const char *f = getenv("MODTRAIN_FAULT");
     long long b;
-    if (f && sscanf(f, "nan-batch:%lld", &b) == 1) return batch == b;
-    if (f && sscanf(f, "nan-from:%lld", &b) == 1) return batch >= b;
+    if (f && strncmp(f, "nan-batch:", 10) == 0 && parse_i64(f + 10, 0, LLONG_MAX, &b) == 0)
+        return batch == b;
+    if (f && strncmp(f, "nan-from:", 9) == 0 && parse_i64(f + 9, 0, LLONG_MAX, &b) == 0)
+        return batch >= b;
     return 0;
 }
 
