@@ -21,19 +21,24 @@ typedef struct {
     int calibrate, flops, top, tp, pp, rpn;
 } PlanArgs;
 
-/* "TP,PP,RANKS_PER_NODE", each parsed strictly. Returns 0 or -1. */
+/* "TP,PP,RANKS_PER_NODE": exactly three comma-separated fields, each a
+ * whole number parsed strictly (an empty field is refused, not skipped).
+ * Returns 0 or -1. */
 static int parse_layout(const char *v, PlanArgs *a) {
-    char buf[64];
-    if (strlen(v) >= sizeof buf) return -1;
-    snprintf(buf, sizeof buf, "%s", v);
-    int *dst[3] = {&a->tp, &a->pp, &a->rpn}, k = 0;
-    char *save = NULL;
-    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save), k++) {
+    int *dst[3] = {&a->tp, &a->pp, &a->rpn};
+    for (int k = 0; k < 3; k++) {
+        const char *end = strchr(v, ',');
+        const size_t n = end ? (size_t)(end - v) : strlen(v);
+        char field[24];
         long long x;
-        if (k == 3 || parse_i64(t, 1, 1 << 20, &x) != 0) return -1;
+        if ((k < 2) != (end != NULL) || n == 0 || n >= sizeof field) return -1;
+        memcpy(field, v, n);
+        field[n] = '\0';
+        if (parse_i64(field, 1, 1 << 20, &x) != 0) return -1;
         *dst[k] = (int)x;
+        v = end ? end + 1 : v + n;
     }
-    return k == 3 ? 0 : -1;
+    return 0;
 }
 
 /* Takes plan's own options out of argv (the rest are config keys, as for
@@ -68,8 +73,8 @@ static int plan_args(PlanArgs *a, int *argc, char **argv) {
             i++;
         } else if (strcmp(s, "--layout") == 0 && v) {
             if (parse_layout(v, a) != 0) {
-                errorf("plan: --layout '%.40s' is not TP,PP,RANKS_PER_NODE (three integers >= 1, "
-                       "e.g. 2,4,8)",
+                errorf("plan: --layout '%.40s' is not TP,PP,RANKS_PER_NODE (exactly three whole "
+                       "numbers >= 1 separated by commas, no empty field, e.g. 2,4,8)",
                        v);
                 return -1;
             }
