@@ -21,26 +21,6 @@ typedef struct {
     int calibrate, flops, top, tp, pp, rpn;
 } PlanArgs;
 
-/* "TP,PP,RANKS_PER_NODE": exactly three comma-separated fields, each a
- * whole number parsed strictly (an empty field is refused, not skipped).
- * Returns 0 or -1. */
-static int parse_layout(const char *v, PlanArgs *a) {
-    int *dst[3] = {&a->tp, &a->pp, &a->rpn};
-    for (int k = 0; k < 3; k++) {
-        const char *end = strchr(v, ',');
-        const size_t n = end ? (size_t)(end - v) : strlen(v);
-        char field[24];
-        long long x;
-        if ((k < 2) != (end != NULL) || n == 0 || n >= sizeof field) return -1;
-        memcpy(field, v, n);
-        field[n] = '\0';
-        if (parse_i64(field, 1, 1 << 20, &x) != 0) return -1;
-        *dst[k] = (int)x;
-        v = end ? end + 1 : v + n;
-    }
-    return 0;
-}
-
 /* Takes plan's own options out of argv (the rest are config keys, as for
  * train). Returns 1 to go on, 0 after --help, -1 after an error. */
 static int plan_args(PlanArgs *a, int *argc, char **argv) {
@@ -72,7 +52,7 @@ static int plan_args(PlanArgs *a, int *argc, char **argv) {
             a->top = (int)x;
             i++;
         } else if (strcmp(s, "--layout") == 0 && v) {
-            if (parse_layout(v, a) != 0) {
+            if (plan_parse_layout(v, &a->tp, &a->pp, &a->rpn) != 0) {
                 errorf("plan: --layout '%.40s' is not TP,PP,RANKS_PER_NODE (exactly three whole "
                        "numbers >= 1 separated by commas, no empty field, e.g. 2,4,8)",
                        v);
