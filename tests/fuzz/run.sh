@@ -36,7 +36,7 @@ for t in $targets; do
     # the bounds modtrain enforces: a config is at most 1 MiB, and nothing a
     # parser allocates exceeds a small multiple of its input
     # and the planner plans any input it accepts in well under a second
-    # (these sanitizers and coverage slow it about fivefold: 2 s here, where
+    # (these sanitizers and coverage slow it about eightfold: 2 s here, where
     # the hostile case of regressions/plan takes 0.6 s)
     timeout=10
     [ "$t" = plan ] && timeout=2
