@@ -97,7 +97,7 @@ int model_capacity_k(const ModelDims *d, int T) {
 typedef struct {
     Model *m;
     int cap;
-    int measure;    /* only count m->nparams: every row goes to `one`, unnamed */
+    int measure; /* only count m->nparams: every row goes to `one`, unnamed */
     ParamInfo one;
 } RegBuilder;
 
@@ -416,9 +416,9 @@ void model_memory_units(const ModelUnits *u, const ModelDims *d, int slots, int 
     const size_t nparams = u->top_floats[model_first_stage(d)][model_last_stage(d)] +
                            (n - routed) * u->block_floats[0] + routed * u->block_floats[1];
     const size_t param_bytes = sat_mul(nparams, sizeof(float));
-    const size_t set = sat_add(u->set_bytes[model_last_stage(d)],
-                               sat_add(sat_mul(n - routed, u->block_acts[0]),
-                                       sat_mul(routed, u->block_acts[1])));
+    const size_t set =
+        sat_add(u->set_bytes[model_last_stage(d)],
+                sat_add(sat_mul(n - routed, u->block_acts[0]), sat_mul(routed, u->block_acts[1])));
     memset(mm, 0, sizeof *mm);
     mm->params = param_bytes;
     mm->grads = param_bytes;

@@ -43,8 +43,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     config_defaults(&c);
     if (!conf || cluster_load_text(&cl, cluster, ncl, "fuzz.cluster", &err) != 0) goto done;
     conf = section(conf, size - (size_t)(conf - text), &lay, &nconf);
-    if (config_load_text(&c, conf, nconf, "fuzz.conf", &err) != 0 ||
-        config_validate(&c, &err) != 0)
+    if (config_load_text(&c, conf, nconf, "fuzz.conf", &err) != 0 || config_validate(&c, &err) != 0)
         goto done;
     if (!c.vocab_size) c.vocab_size = 50257; /* plan's default without data */
     const size_t before = model_registry_rows_built();
@@ -63,7 +62,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         layouts = plan_candidates(&c, &cl, &rows, &err);
         for (int i = 1; i < layouts; i++) /* fitting first, then by tokens/s */
             if (rows[i].fits > rows[i - 1].fits ||
-                (rows[i].fits == rows[i - 1].fits && rows[i].tokens_per_s > rows[i - 1].tokens_per_s))
+                (rows[i].fits == rows[i - 1].fits &&
+                 rows[i].tokens_per_s > rows[i - 1].tokens_per_s))
                 abort();
         free(rows);
     }

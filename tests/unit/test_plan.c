@@ -172,19 +172,42 @@ static void test_plan_work_bounded(void) {
     const int n = plan_candidates(&c, &cl, &rows, NULL);
     const size_t built = model_registry_rows_built() - before;
     CU_ASSERT_EQUAL_FATAL(n, 16247);
-    if (built > 64 * ((size_t)n + 1)) fprintf(stderr, "%zu registry rows for %d layouts\n", built, n);
+    if (built > 64 * ((size_t)n + 1))
+        fprintf(stderr, "%zu registry rows for %d layouts\n", built, n);
     CU_ASSERT(built <= 64 * ((size_t)n + 1));
     CU_ASSERT(rows[0].tp == 1 && rows[0].pp == 1 && rows[0].dp == 1);
     free(rows);
 }
 
+static void test_parse_layout(void) {
+    int tp = 0, pp = 0, rpn = 0;
+    CU_ASSERT(plan_parse_layout("2,4,8", &tp, &pp, &rpn) == 0 && tp == 2 && pp == 4 && rpn == 8);
+    const char *bad[] = {"1,,2,2",
+                         "1,2,2,",
+                         ",1,2",
+                         "1,2",
+                         "1,2,2,2",
+                         "",
+                         ",,",
+                         "1,2,x",
+                         "1,2,2.0",
+                         " 1,2,2",
+                         "1,2,0",
+                         "1,2,1048577",
+                         "1,2,99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CU_ASSERT_EQUAL(plan_parse_layout(bad[i], &tp, &pp, &rpn), -1);
+}
+
 int main(void) {
-    CU_TestInfo tests[] = {{"a pipeline conserves the FLOPs", test_pipeline_conserves_flops},
-                           {"tp bytes of a MoD model, all-reduce by all-reduce", test_tp_bytes_mod},
-                           {"fitting layouts first, each by tokens/s", test_fit_order},
-                           {"cluster files: strict, line by line, round trip", test_cluster_file},
-                           {"stage memory from its parts is the registry's", test_units_match_registry},
-                           {"the planner's work does not grow with the layers", test_plan_work_bounded},
-                           CU_TEST_INFO_NULL};
+    CU_TestInfo tests[] = {
+        {"a pipeline conserves the FLOPs", test_pipeline_conserves_flops},
+        {"tp bytes of a MoD model, all-reduce by all-reduce", test_tp_bytes_mod},
+        {"fitting layouts first, each by tokens/s", test_fit_order},
+        {"cluster files: strict, line by line, round trip", test_cluster_file},
+        {"stage memory from its parts is the registry's", test_units_match_registry},
+        {"the planner's work does not grow with the layers", test_plan_work_bounded},
+        {"--layout: exactly three whole numbers", test_parse_layout},
+        CU_TEST_INFO_NULL};
     return run_suite("plan", tests);
 }
