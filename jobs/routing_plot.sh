@@ -91,18 +91,25 @@ cat "$prefix.txt"
 
 # ---------------------------------------------------------- the heatmap
 command -v gnuplot > /dev/null || { echo "routing_plot: no gnuplot, no heatmap"; exit 0; }
-dat=$prefix.heat.dat
-# the data, tab-separated: position, row, weight, top-k, causal, and the
-# two labels (the block; the decoded text, a data column gnuplot only ever
-# shows: a double quote would open a quoted field, so it is drawn as '')
-awk -F'\t' -v s="$seq" -v P="$positions" '
+dat=$prefix.heat.dat xlab=$prefix.heat.x ylab=$prefix.heat.y
+# the data, tab-separated: position, row, weight, top-k, causal; the labels
+# in two more files, once each: the rows' blocks, and the positions' decoded
+# text (a data column gnuplot only ever shows: a double quote would open a
+# quoted field, so it is drawn as '')
+# (the file names from the environment: -v would read their backslashes as escapes)
+RP_DAT=$dat RP_X=$xlab RP_Y=$ylab awk -F'\t' -v s="$seq" -v P="$positions" '
+BEGIN { dat = ENVIRON["RP_DAT"]; xlab = ENVIRON["RP_X"]; ylab = ENVIRON["RP_Y"] }
 NR > 2 && $1 == s && $2 < P {
-    if (!($3 in row)) row[$3] = nr++
-    t = ($5 == "" ? "#" $4 : $5); gsub(/"/, "\047\047", t)
-    if (t ~ /^ *$/) t = "_"
-    printf "%d\t%d\t%s\t%d\t%d\tblock %d\t%s\n", $2, row[$3], $8, $6, $9, $3, t
-}' "$in" > "$dat"
-[ -s "$dat" ] || die "'$in' has no sequence $seq"
+    if (!($3 in row)) { row[$3] = nr++; printf "%d\tblock %d\n", row[$3], $3 > ylab }
+    if (!($2 in seen)) {
+        seen[$2] = 1; t = ($5 == "" ? "#" $4 : $5); gsub(/"/, "\047\047", t)
+        if (t ~ /^ *$/) t = "_"
+        printf "%d\t%s\n", $2, t > xlab
+    }
+    printf "%d\t%d\t%s\t%d\t%d\n", $2, row[$3], $8, $6, $9 > dat
+}' "$in"
+touch "$dat" "$xlab" "$ylab"
+[ -s "$dat" ] || { rm -f "$dat" "$xlab" "$ylab"; die "'$in' has no sequence $seq"; }
 nrow=$(awk -F'\t' '!s[$2]++ { n++ } END { print n }' "$dat")
 # white at 0 for a raw gate (weights of both signs), at 0.5 for a sigmoid one
 read -r cbmin cbmax < <(awk -F'\t' '{ a = $3 < 0 ? -$3 : $3; if (a > m) m = a; if ($3 < 0) neg = 1 }
@@ -110,11 +117,10 @@ read -r cbmin cbmax < <(awk -F'\t' '{ a = $3 < 0 ? -$3 : $3; if (a > m) m = a; i
 # the script is fixed text: every value comes in as a gnuplot -c argument
 # (ARG1 ...), a string; the paths begin with / or ./ (never < or |, which
 # gnuplot would run as commands)
-case $prefix in /*) out=$prefix ;; *) out=./$prefix ;; esac
-case $dat in /*) ;; *) dat=./$dat ;; esac
+case $prefix in /*) at=$prefix ;; *) at=./$prefix ;; esac
 gp=$prefix.heat.gp
 cat > "$gp" <<'GP'
-png = ARG1; dat = ARG2; seq = ARG3; positions = ARG4 + 0; nrow = ARG5 + 0
+png = ARG1.".png"; dat = ARG1.".heat.dat"; seq = ARG2; positions = ARG3 + 0; nrow = ARG4 + 0
 set terminal pngcairo size 300 + 14 * positions, 160 + 60 * nrow font ",9"
 set termoption noenhanced
 set output png
@@ -127,13 +133,14 @@ set xrange [-0.5:positions - 0.5]
 set yrange [-0.5:nrow - 0.5]
 set palette defined (0 "#2b4c9b", 1 "#f7f7f7", 2 "#c0392b")
 set cblabel "g(r)"
-set cbrange [ARG6 + 0:ARG7 + 0]
+set cbrange [ARG5 + 0:ARG6 + 0]
 unset key
-plot dat using 1:2:(0.5):(0.5):3:xticlabels(7):yticlabels(6) with boxxyerror fs solid 1.0 noborder lc palette, \
+plot dat using 1:2:(0.5):(0.5):3 with boxxyerror fs solid 1.0 noborder lc palette, \
      "" using ($4 > 0 ? $1 : 1/0):2 with points pt 6 ps 1.6 lw 1.5 lc rgb "black", \
-     "" using ($5 > 0 ? $1 : 1/0):2 with points pt 7 ps 0.5 lc rgb "white"
+     "" using ($5 > 0 ? $1 : 1/0):2 with points pt 7 ps 0.5 lc rgb "white", \
+     ARG1.".heat.x" using 1:(NaN):xticlabels(2) with points, \
+     ARG1.".heat.y" using (NaN):1:yticlabels(2) with points
 GP
-gnuplot -c "$gp" "$out.png" "$dat" "$seq" "$positions" "$nrow" "$cbmin" "$cbmax"
-rm -f "$gp"
-rm -f "$dat"
+gnuplot -c "$gp" "$at" "$seq" "$positions" "$nrow" "$cbmin" "$cbmax"
+rm -f "$gp" "$dat" "$xlab" "$ylab"
 echo "routing_plot: wrote $prefix.png and $prefix.txt"
