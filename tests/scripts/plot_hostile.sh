@@ -38,11 +38,12 @@ row() { printf '%s\t' "$@" | sed 's/\t$//'; echo; }
 refused "routing: a block that is a gnuplot command" "block.tsv': line 4: block = .* is not a whole number" \
     "$srcdir/jobs/routing_plot.sh" block.tsv b
 [ ! -e b.png ] || fail "routing: a refused file drew b.png"
+# shellcheck disable=SC2089 # the quotes are the messages' text
 for col in "0 x 1 65 A 1 0.3 0.5 1:pos = 'x' is not a whole number" \
     "0 0 1 65 A 2 0.3 0.5 1:topk = '2' is not 0 or 1" \
     "0 0 1 65 A 1 $sys 0.5 1:router = .* is not a number" \
     "0 0 1 65 A 1 0.3 0.5:has 8 columns, not 9"; do
-    # shellcheck disable=SC2086 # the fields are words
+    # shellcheck disable=SC2086,SC2090 # the fields are words
     { echo "$hdr"; row ${col%%:*}; } > col.tsv
     refused "routing: ${col#*:}" "${col#*:}" "$srcdir/jobs/routing_plot.sh" col.tsv c
 done
