@@ -47,6 +47,7 @@ out=isoflop budgets="1e12 3e12 1e13" sizes="32x2 64x2 96x3 128x4 160x5 192x6" he
 capacity=0.125 route_every=2 causal=aux_loss seq_len=256 batch=16 lr=2e-3 min_steps=30
 eval_seqs=256 train="" val="" np=0 launcher="" tp=1 pp=1
 extra=()
+header="budget,kind,d_model,n_layer,params,steps,tokens,flops,epochs,budget_spent,val_loss,val_loss_causal,step_ms,tokens_per_s,wall_s,capacity,route_every"
 die() { echo "isoflop: $*" >&2; exit 2; }
 need() { [ $# -ge 2 ] || die "$1 needs a value (see jobs/isoflop.sh --help)"; }
 
@@ -56,8 +57,27 @@ need() { [ $# -ge 2 ] || die "$1 needs a value (see jobs/isoflop.sh --help)"; }
 # 9 epochs 10 budget_spent 11 val_loss 12 val_loss_causal 13 step_ms
 # 14 tokens_per_s 15 wall_s 16 capacity 17 route_every
 report() {
-    local out=$1 csv=$1/results.csv plot=$1/plot budgets
+    local out=$1 csv=$1/results.csv plot=$1/plot budgets bad
     [ -f "$csv" ] || die "$csv not found (run the sweep first)"
+    # every row, strictly: a budget is a number > 0, a kind dense or mod,
+    # the rest numbers (nothing of the file is ever part of a gnuplot command)
+    bad=$(awk -F, -v header="$header" '
+    function num(x) { return x ~ /^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$/ || x ~ /^[-+]?(nan|inf)$/ }
+    NR == 1 { if ($0 != header) { e = 1; print "line 1 is not the header a sweep writes (" header ")"; exit } next }
+    {
+        split(header, name, ","); c = 0
+        if (NF != 17) { e = 1; printf "line %d has %d columns, not 17", NR, NF; exit }
+        if ($1 !~ /^[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?$/ || !($1 + 0 > 0 && $1 + 0 < 1e300)) c = 1
+        else if ($2 != "dense" && $2 != "mod") c = 2
+        else for (i = 3; i <= 17 && !c; i++) if (i <= 7 ? $i !~ /^[0-9]+$/ || length($i) > 15 : !num($i)) c = i
+        if (c) { e = 1; v = substr($c, 1, 24); gsub(/[^ -~]/, "?", v)
+                 printf "line %d: %s = \047%s\047 is not %s", NR, name[c], v,
+                     c == 1 ? "a number > 0" : c == 2 ? "dense or mod" : c <= 7 ? "a whole number" : "a number"
+                 exit }
+        rows++
+    }
+    END { if (!e && !rows) print NR ? "no runs in it" : "empty (not a sweep'"'"'s table)" }' "$csv")
+    [ -z "$bad" ] || die "$csv: $bad"
     awk -F, '
     NR == 1 { next }
     {
@@ -122,33 +142,39 @@ report() {
         done
     done
     touch "$plot/opt_dense.dat" "$plot/opt_mod.dat"
-    gnuplot <<GP
+    # the script is fixed text: the folders and budgets come in as gnuplot -c
+    # arguments (ARG1 ...), strings; the paths begin with / or ./ (never < or
+    # |, which gnuplot would run as commands)
+    local dir=$out
+    case $dir in /*) ;; *) dir=./$dir ;; esac
+    cat > "$plot/isoflop.gp" <<'GP'
+dir = ARG1; plot = ARG1."/plot/"; budgets = ARG2
 set terminal pngcairo size 960,600
 set termoption noenhanced
 set datafile missing "?"
-budgets = "$budgets"
 set style line 1 lc rgb "#1f77b4" lw 2 pt 7
-set output "$out/isoflop.png"
+set output dir."/isoflop.png"
 set title "isoFLOP curves: dense (solid) and MoD (dashed), isoFLOP-optimal points ringed"
 set xlabel "parameters"
 set ylabel "final validation loss (nats/token)"
 set logscale x
 set grid
 set key outside right
-plot for [i=1:words(budgets)] "$plot/".word(budgets, i)."_dense.dat" using 1:2 \
+plot for [i=1:words(budgets)] plot.word(budgets, i)."_dense.dat" using 1:2 \
         with linespoints lw 2 pt 7 lc i title word(budgets, i)." dense", \
-     for [i=1:words(budgets)] "$plot/".word(budgets, i)."_mod.dat" using 1:2 \
+     for [i=1:words(budgets)] plot.word(budgets, i)."_mod.dat" using 1:2 \
         with linespoints lw 2 dt 2 pt 5 lc i title word(budgets, i)." MoD", \
-     "$plot/opt_dense.dat" using 1:2 with points pt 6 ps 3 lw 2 lc rgb "black" title "optimal dense", \
-     "$plot/opt_mod.dat" using 1:2 with points pt 4 ps 3 lw 2 lc rgb "red" title "optimal MoD"
-set output "$out/loss_vs_time.png"
+     plot."opt_dense.dat" using 1:2 with points pt 6 ps 3 lw 2 lc rgb "black" title "optimal dense", \
+     plot."opt_mod.dat" using 1:2 with points pt 4 ps 3 lw 2 lc rgb "red" title "optimal MoD"
+set output dir."/loss_vs_time.png"
 set title "final validation loss against wall-clock time: dense (circles) and MoD (squares)"
 set xlabel "wall-clock seconds of training"
-plot for [i=1:words(budgets)] "$plot/".word(budgets, i)."_dense.dat" using 3:2 \
+plot for [i=1:words(budgets)] plot.word(budgets, i)."_dense.dat" using 3:2 \
         with points pt 7 ps 1.5 lc i title word(budgets, i)." dense", \
-     for [i=1:words(budgets)] "$plot/".word(budgets, i)."_mod.dat" using 3:2 \
+     for [i=1:words(budgets)] plot.word(budgets, i)."_mod.dat" using 3:2 \
         with points pt 5 ps 1.5 lc i title word(budgets, i)." MoD"
 GP
+    gnuplot -c "$plot/isoflop.gp" "$dir" "$budgets"
     echo "isoflop: wrote $out/summary.txt, $out/isoflop.png, $out/loss_vs_time.png"
 }
 
@@ -172,8 +198,12 @@ while [ $# -gt 0 ]; do
     shift 2
 done
 int() { [[ $2 =~ ^[1-9][0-9]{0,6}$ ]] || die "$1 = '$2' is not a whole number >= 1"; }
-num() { [[ $2 =~ ^[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?$ ]] && awk -v x="$2" 'BEGIN { exit !(x > 0) }' ||
-    die "$1 = '$2' is not a number > 0"; }
+# a number > 0 and at most MAX (1e30: any FLOP budget), as digits, a point
+# and an exponent; its value in awk (x + 0: -v gives a string), so that
+# 1e999 (inf) and 1e-999 (0) are refused here, not by a run hours later
+num() { [[ $2 =~ ^[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?$ ]] &&
+    awk -v x="$2" -v max="${3:-1e30}" 'BEGIN { exit !(x + 0 > 0 && x + 0 <= max + 0) }' ||
+    die "$1 = '$2' is not a number > 0 and <= ${3:-1e30}"; }
 int --head_dim "$head_dim"
 for b in $budgets; do num "budget" "$b"; done
 for s in $sizes; do
@@ -183,12 +213,50 @@ done
 [ -n "$budgets" ] && [ -n "$sizes" ] || die "--budgets and --sizes need at least one value each"
 int --route_every "$route_every"; int --seq_len "$seq_len"
 int --batch "$batch"; int --min_steps "$min_steps"; int --eval_seqs "$eval_seqs"; int --tp "$tp"
-int --pp "$pp"; num --capacity "$capacity"; num --lr "$lr"
+int --pp "$pp"; num --capacity "$capacity" 1; num --lr "$lr"
 [ "$np" = 0 ] || int --np "$np"
 case $causal in aux_loss | predictor) ;; *) die "--causal_router '$causal' is not aux_loss or predictor" ;; esac
 
 MODTRAIN=${MODTRAIN:-$( [ -x ./modtrain ] && echo "$PWD/modtrain" || command -v modtrain || true)}
 [ -n "$MODTRAIN" ] && [ -x "$MODTRAIN" ] || die "no modtrain binary (build it, or set MODTRAIN)"
+# ---------------------------------------------------------------- the grid
+# model keys of one run: kind size
+model_keys() {
+    local d=${2%x*} l=${2#*x} re=0
+    [ "$1" = mod ] && re=$route_every
+    echo "--vocab_size 256 --tokenizer byte --d_model $d --n_layer $l --n_head $((d / head_dim))" \
+        "--seq_len $seq_len --batch_size $batch --route_every $re --capacity $capacity" \
+        "--causal_router $causal --tp $tp --pp $pp"
+}
+json() { sed -n "s/.*\"$2\":\\([^,}]*\\).*/\\1/p" "$1" | head -n 1; }
+
+# Every run's steps, before any work: the FLOPs a step of each size and kind
+# costs (plan --flops, which also checks the model keys), the steps each
+# budget buys; a budget that buys more steps than train takes, or a grid
+# that leaves every run out (fewer than --min_steps), is refused here.
+runs=0
+for size in $sizes; do
+    for kind in dense mod; do
+        # shellcheck disable=SC2046 # the keys are words
+        f=$("$MODTRAIN" plan --flops $(model_keys "$kind" "$size") 2>&1) ||
+            die "size $size ($kind): $(printf '%s' "$f" | head -n 1)"
+        fstep=$(printf '%s\n' "$f" | sed -n 's/.*"flops_per_step":\([0-9.e+]*\).*/\1/p')
+        [ -n "$fstep" ] || die "size $size ($kind): modtrain plan --flops printed no flops_per_step"
+        for budget in $budgets; do
+            steps=$(awk -v b="$budget" -v f="$fstep" 'BEGIN { s = b / f; if (s > 99999999) print "many"
+                else printf "%.0f", s }')
+            [ "$steps" != many ] || die "budget $budget buys size $size ($kind) more than 99999999 steps" \
+                "(train's most); choose a smaller budget"
+            (( steps < min_steps )) || runs=$((runs + 1))
+        done
+    done
+done
+(( runs > 0 )) || die "every run is left out: no budget of '$budgets' buys --min_steps $min_steps steps of any" \
+    "size of '$sizes'; raise the budgets or lower --min_steps"
+if [ -n "$train" ]; then
+    [ -f "$train" ] || die "--train '$train' does not exist"
+    [ -n "$val" ] && [ -f "$val" ] || die "--val '$val' does not exist (the final losses are measured on it)"
+fi
 if [ -z "$launcher" ] && [ "$np" != 0 ]; then
     launcher="mpirun -np $np ${MODTRAIN_MPIRUN_ARGS:-}"
 fi
@@ -227,16 +295,6 @@ fi
 train_tokens=$(( ($(stat -c %s "$train") - 1024) / 2 ))
 
 # ---------------------------------------------------------------- runs
-# model keys of one run: kind size
-model_keys() {
-    local d=${2%x*} l=${2#*x} re=0
-    [ "$1" = mod ] && re=$route_every
-    echo "--vocab_size 256 --tokenizer byte --d_model $d --n_layer $l --n_head $((d / head_dim))" \
-        "--seq_len $seq_len --batch_size $batch --route_every $re --capacity $capacity" \
-        "--causal_router $causal --tp $tp --pp $pp"
-}
-json() { sed -n "s/.*\"$2\":\\([^,}]*\\).*/\\1/p" "$1" | head -n 1; }
-
 # Trains and evaluates one run unless its result.csv exists. Returns 0, or
 # the train's exit code (75 when it was preempted and saved).
 one_run() {
@@ -304,7 +362,6 @@ one_run() {
         'BEGIN { printf "%.0f", t1 - t0 }') s"
 }
 
-header="budget,kind,d_model,n_layer,params,steps,tokens,flops,epochs,budget_spent,val_loss,val_loss_causal,step_ms,tokens_per_s,wall_s,capacity,route_every"
 stop=0
 trap 'stop=1' TERM INT
 log "sweep: budgets $budgets; sizes $sizes; capacity $capacity every $route_every; seq_len $seq_len, batch $batch${launcher:+; launched by $launcher}"

@@ -35,6 +35,26 @@ head -n 1 "$in" | grep -q '^# modtrain routing:' ||
 sed -n 2p "$in" | grep -q "^seq	pos	block	token	text	topk	router	weight	causal$" ||
     die "'$in' has other columns than modtrain eval --routing writes"
 
+# every row, strictly: its numbers are numbers, its flags 0 or 1 (the text
+# is only ever data, never part of a gnuplot command)
+bad=$(awk -F'\t' '
+function num(x) { return x ~ /^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$/ || x ~ /^[-+]?(nan|inf)$/ }
+NR <= 2 { next }
+{
+    split("seq pos block token text topk router weight causal", name, " ")
+    if (NF != 9) { printf "line %d has %d columns, not 9", NR, NF; exit }
+    c = 0
+    for (i = 1; i <= 4; i++) if ($i !~ /^[0-9]+$/ || length($i) > 9) { c = i; break }
+    if (!c && $6 !~ /^[01]$/) c = 6
+    if (!c && $9 !~ /^[01]$/) c = 9
+    if (!c && !num($7)) c = 7
+    if (!c && !num($8)) c = 8
+    if (c) { v = substr($c, 1, 24); gsub(/[^ -~]/, "?", v)
+             printf "line %d: %s = \047%s\047 is not %s", NR, name[c], v,
+                 c <= 4 ? "a whole number" : c == 6 || c == 9 ? "0 or 1" : "a number"; exit }
+}' "$in")
+[ -z "$bad" ] || die "'$in': $bad"
+
 # ------------------------------------------------------------ the table
 # columns: 1 seq 2 pos 3 block 4 token 5 text 6 topk 7 router 8 weight 9 causal
 awk -F'\t' -v min="$min_count" -v head="$(head -n 1 "$in")" '
@@ -71,42 +91,56 @@ cat "$prefix.txt"
 
 # ---------------------------------------------------------- the heatmap
 command -v gnuplot > /dev/null || { echo "routing_plot: no gnuplot, no heatmap"; exit 0; }
-dat=$prefix.heat.dat
-awk -F'\t' -v s="$seq" -v P="$positions" '
+dat=$prefix.heat.dat xlab=$prefix.heat.x ylab=$prefix.heat.y
+# the data, tab-separated: position, row, weight, top-k, causal; the labels
+# in two more files, once each: the rows' blocks, and the positions' decoded
+# text (a data column gnuplot only ever shows: a double quote would open a
+# quoted field, so it is drawn as '')
+# (the file names from the environment: -v would read their backslashes as escapes)
+RP_DAT=$dat RP_X=$xlab RP_Y=$ylab awk -F'\t' -v s="$seq" -v P="$positions" '
+BEGIN { dat = ENVIRON["RP_DAT"]; xlab = ENVIRON["RP_X"]; ylab = ENVIRON["RP_Y"] }
 NR > 2 && $1 == s && $2 < P {
-    if (!($3 in row)) row[$3] = nr++
-    print $2, row[$3], $8, $6, $9, $3
-}' "$in" > "$dat"
-[ -s "$dat" ] || die "'$in' has no sequence $seq"
-# the routed blocks as y labels, the decoded text as x labels (in gnuplot's
-# single quotes, where only a quote is special; tic labels are formats: %%)
-ytics=$(awk '!s[$2]++ { printf "%s\"block %s\" %s", n++ ? ", " : "", $6, $2 }' "$dat")
-xtics=$(awk -F'\t' -v s="$seq" -v P="$positions" '
-NR > 2 && $1 == s && $2 < P && !s2[$2]++ {
-    t = ($5 == "" ? "#" $4 : $5); gsub("\047", "\047\047", t); gsub(/%/, "%%", t)
-    if (t == " ") t = "_"
-    printf "%s\047%s\047 %s", n++ ? ", " : "", t, $2
-}' "$in")
-nrow=$(awk '!s[$2]++ { n++ } END { print n }' "$dat")
+    if (!($3 in row)) { row[$3] = nr++; printf "%d\tblock %d\n", row[$3], $3 > ylab }
+    if (!($2 in seen)) {
+        seen[$2] = 1; t = ($5 == "" ? "#" $4 : $5); gsub(/"/, "\047\047", t)
+        if (t ~ /^ *$/) t = "_"
+        printf "%d\t%s\n", $2, t > xlab
+    }
+    printf "%d\t%d\t%s\t%d\t%d\n", $2, row[$3], $8, $6, $9 > dat
+}' "$in"
+touch "$dat" "$xlab" "$ylab"
+[ -s "$dat" ] || { rm -f "$dat" "$xlab" "$ylab"; die "'$in' has no sequence $seq"; }
+nrow=$(awk -F'\t' '!s[$2]++ { n++ } END { print n }' "$dat")
 # white at 0 for a raw gate (weights of both signs), at 0.5 for a sigmoid one
-cbrange=$(awk '{ a = $3 < 0 ? -$3 : $3; if (a > m) m = a; if ($3 < 0) neg = 1 }
-               END { if (neg) print "[-" m ":" m "]"; else print "[0:1]" }' "$dat")
-gnuplot <<GP
-set terminal pngcairo size $((300 + 14 * positions)),$((160 + 60 * nrow)) font ",9"
+read -r cbmin cbmax < <(awk -F'\t' '{ a = $3 < 0 ? -$3 : $3; if (a > m) m = a; if ($3 < 0) neg = 1 }
+                               END { if (neg) print -m, m; else print 0, 1 }' "$dat")
+# the script is fixed text: every value comes in as a gnuplot -c argument
+# (ARG1 ...), a string; the paths begin with / or ./ (never < or |, which
+# gnuplot would run as commands)
+case $prefix in /*) at=$prefix ;; *) at=./$prefix ;; esac
+gp=$prefix.heat.gp
+cat > "$gp" <<'GP'
+png = ARG1.".png"; dat = ARG1.".heat.dat"; seq = ARG2; positions = ARG3 + 0; nrow = ARG4 + 0
+set terminal pngcairo size 300 + 14 * positions, 160 + 60 * nrow font ",9"
 set termoption noenhanced
-set output "$prefix.png"
-set title "routing of sequence $seq: colour = router weight g(r); black rings = top-k; white dots = causal decision"
-set xtics ($xtics) scale 0 font "Mono,8"
-set ytics ($ytics) scale 0
-set xrange [-0.5:$positions - 0.5]
-set yrange [-0.5:$nrow - 0.5]
+set output png
+set datafile separator "\t"
+set datafile commentschars ""
+set title "routing of sequence ".seq.": colour = router weight g(r); black rings = top-k; white dots = causal decision"
+set xtics scale 0 font "Mono,8"
+set ytics scale 0
+set xrange [-0.5:positions - 0.5]
+set yrange [-0.5:nrow - 0.5]
 set palette defined (0 "#2b4c9b", 1 "#f7f7f7", 2 "#c0392b")
 set cblabel "g(r)"
-set cbrange $cbrange
+set cbrange [ARG5 + 0:ARG6 + 0]
 unset key
-plot "$dat" using 1:2:(0.5):(0.5):3 with boxxyerror fs solid 1.0 noborder lc palette, \
-     "" using (\$4 > 0 ? \$1 : 1/0):2 with points pt 6 ps 1.6 lw 1.5 lc rgb "black", \
-     "" using (\$5 > 0 ? \$1 : 1/0):2 with points pt 7 ps 0.5 lc rgb "white"
+plot dat using 1:2:(0.5):(0.5):3 with boxxyerror fs solid 1.0 noborder lc palette, \
+     "" using ($4 > 0 ? $1 : 1/0):2 with points pt 6 ps 1.6 lw 1.5 lc rgb "black", \
+     "" using ($5 > 0 ? $1 : 1/0):2 with points pt 7 ps 0.5 lc rgb "white", \
+     ARG1.".heat.x" using 1:(NaN):xticlabels(2) with points, \
+     ARG1.".heat.y" using (NaN):1:yticlabels(2) with points
 GP
-rm -f "$dat"
+gnuplot -c "$gp" "$at" "$seq" "$positions" "$nrow" "$cbmin" "$cbmax"
+rm -f "$gp" "$dat" "$xlab" "$ylab"
 echo "routing_plot: wrote $prefix.png and $prefix.txt"

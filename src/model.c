@@ -82,6 +82,11 @@ int model_is_routed(const ModelDims *d, int l) {
     return d->route_every > 0 && l % d->route_every == d->route_every - 1;
 }
 
+int model_stage_routed(const ModelDims *d) {
+    /* blocks l < x with l % r == r - 1: x / r of them */
+    return d->route_every > 0 ? d->l1 / d->route_every - d->l0 / d->route_every : 0;
+}
+
 int model_capacity_k(const ModelDims *d, int T) {
     long k = lround(d->capacity * T);
     return k < 1 ? 1 : (k > T ? T : (int)k);
@@ -92,18 +97,26 @@ int model_capacity_k(const ModelDims *d, int T) {
 typedef struct {
     Model *m;
     int cap;
+    int measure; /* only count m->nparams: every row goes to `one`, unnamed */
+    ParamInfo one;
 } RegBuilder;
+
+static size_t rows_built; /* every registry row built, measured or not */
+
+size_t model_registry_rows_built(void) { return rows_built; }
 
 static ParamInfo *reg_add(RegBuilder *rb, int layer, size_t slot, const char *suffix, int ndim,
                           int d0, int d1, int split_dim, int blocks, InitKind init) {
     Model *m = rb->m;
-    if (m->nreg == rb->cap) {
+    rows_built++;
+    if (!rb->measure && m->nreg == rb->cap) {
         rb->cap = rb->cap ? 2 * rb->cap : 64;
         m->reg = xrealloc(m->reg, (size_t)rb->cap * sizeof(ParamInfo));
     }
-    ParamInfo *p = &m->reg[m->nreg++];
+    ParamInfo *p = rb->measure ? &rb->one : &m->reg[m->nreg++];
     memset(p, 0, sizeof *p);
-    if (layer >= 0) snprintf(p->name, sizeof p->name, "h.%d.%s", layer, suffix);
+    if (rb->measure) p->name[0] = '\0';
+    else if (layer >= 0) snprintf(p->name, sizeof p->name, "h.%d.%s", layer, suffix);
     else snprintf(p->name, sizeof p->name, "%s", suffix);
     p->ndim = ndim;
     p->shape[0] = d0;
@@ -126,10 +139,11 @@ static ParamInfo *reg_add(RegBuilder *rb, int layer, size_t slot, const char *su
     return p;
 }
 
-static void build_registry(Model *m) {
+/* The registry of m->d's stage into m->reg (measure: only m->nparams). */
+static void build_registry(Model *m, int measure) {
     const ModelDims *d = &m->d;
     int C = d->C;
-    RegBuilder rb = {m, 0};
+    RegBuilder rb = {.m = m, .measure = measure};
 #define TOP(f) offsetof(ParamPtrs, f)
 #define BLK(f) offsetof(BlockParams, f)
     /* a stage holds only its own rows; wte sits on the first stage (lookup)
@@ -351,27 +365,74 @@ int model_registry(const ModelDims *d, ParamInfo **reg) {
     Model m;
     memset(&m, 0, sizeof m);
     m.d = *d;
-    build_registry(&m);
+    build_registry(&m, 0);
     *reg = m.reg;
     return m.nreg;
 }
 
-void model_memory(const ModelDims *d, int maxB, int slots, int optimizer, ModelMemory *mm) {
+/* Floats of the registry of a stage of d holding blocks [l0, l1), the first
+ * and/or the last stage as said (measured, not built). */
+static size_t stage_floats(const ModelDims *d, int first, int last, int l0, int l1) {
+    Model m;
+    memset(&m, 0, sizeof m);
+    m.d = *d;
+    m.d.pp = 3, m.d.pp_rank = first ? 0 : last ? 2 : 1; /* first, last or a middle stage */
+    if (first && last) m.d.pp = 1;
+    m.d.l0 = l0, m.d.l1 = l1;
+    build_registry(&m, 1);
+    return m.nparams;
+}
+
+void model_units(const ModelDims *d, int maxB, ModelUnits *u) {
+    memset(u, 0, sizeof *u);
+    for (int first = 0; first < 2; first++)
+        for (int last = 0; last < 2; last++)
+            u->top_floats[first][last] = stage_floats(d, first, last, 0, 0);
+    /* block 0 is dense unless every block is routed; block route_every - 1 is routed */
+    const int dense = model_is_routed(d, 0) ? -1 : 0, routed = d->route_every - 1;
     Model m;
     memset(&m, 0, sizeof m);
     m.d = *d;
     m.maxB = maxB;
-    build_registry(&m); /* the registry alone: L rows of names and shapes */
-    const size_t param_bytes = sat_mul(m.nparams, sizeof(float));
+    for (int k = 0; k < 2; k++) {
+        const int l = k ? routed : dense;
+        if (l < 0) continue;
+        u->block_floats[k] = stage_floats(d, 0, 0, l, l + 1);
+        u->block_acts[k] = lay_out(&m, block_rows, NROWS(block_rows), l, NULL, NULL, 0);
+    }
+    for (int last = 0; last < 2; last++) {
+        m.d.pp = last ? 1 : 2, m.d.pp_rank = 0; /* the set's rows depend on the last stage only */
+        u->set_bytes[last] = lay_out(&m, set_rows, NROWS(set_rows), -1, NULL, NULL,
+                                     round64((size_t)d->L * sizeof(BlockActs)));
+    }
+    m.d = *d;
+    u->scratch = lay_out(&m, scratch_rows, NROWS(scratch_rows), -1, NULL, NULL, 0);
+}
+
+void model_memory_units(const ModelUnits *u, const ModelDims *d, int slots, int optimizer,
+                        ModelMemory *mm) {
+    const size_t n = (size_t)(d->l1 - d->l0);
+    const size_t routed = (size_t)model_stage_routed(d);
+    const size_t nparams = u->top_floats[model_first_stage(d)][model_last_stage(d)] +
+                           (n - routed) * u->block_floats[0] + routed * u->block_floats[1];
+    const size_t param_bytes = sat_mul(nparams, sizeof(float));
+    const size_t set =
+        sat_add(u->set_bytes[model_last_stage(d)],
+                sat_add(sat_mul(n - routed, u->block_acts[0]), sat_mul(routed, u->block_acts[1])));
     memset(mm, 0, sizeof *mm);
     mm->params = param_bytes;
     mm->grads = param_bytes;
     mm->moments = optimizer ? sat_mul(2, param_bytes) : 0;
-    mm->acts = sat_mul((size_t)slots, actset_layout(&m, NULL, NULL));
-    mm->scratch = lay_out(&m, scratch_rows, NROWS(scratch_rows), -1, NULL, NULL, 0);
+    mm->acts = sat_mul((size_t)slots, set);
+    mm->scratch = u->scratch;
     mm->total = sat_add(sat_add(sat_add(mm->params, mm->grads), sat_add(mm->moments, mm->acts)),
                         mm->scratch);
-    free(m.reg);
+}
+
+void model_memory(const ModelDims *d, int maxB, int slots, int optimizer, ModelMemory *mm) {
+    ModelUnits u;
+    model_units(d, maxB, &u);
+    model_memory_units(&u, d, slots, optimizer, mm);
 }
 
 int model_memory_check(const ModelMemory *mm, size_t budget, int ranks, Err *err) {
@@ -417,7 +478,7 @@ void model_init(Model *m, const ModelDims *d, int maxB, const TpGroup *tp) {
     m->d = *d;
     if (tp) m->tp = *tp;
     else m->tp = (TpGroup){MPI_COMM_NULL, 1, 0};
-    build_registry(m);
+    build_registry(m, 0);
     m->params = xcalloc(m->nparams, sizeof(float));
     m->grads = xcalloc(m->nparams, sizeof(float));
     m->P.h = xcalloc((size_t)d->L, sizeof(BlockParams));

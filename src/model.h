@@ -55,6 +55,8 @@ static inline int model_last_stage(const ModelDims *d) { return d->pp_rank == d-
 void model_dims_config(ModelDims *d, const Config *cfg, int tp, int tp_rank);
 /* Whether block l is routed. */
 int model_is_routed(const ModelDims *d, int l);
+/* How many of the stage's blocks [l0, l1) are routed. */
+int model_stage_routed(const ModelDims *d);
 /* Tokens top-k routing keeps in a sequence of T: max(1, round(capacity * T)). */
 int model_capacity_k(const ModelDims *d, int T);
 /* member[t] = 1 for the k positions with the largest r (ties to the lower
@@ -218,6 +220,24 @@ typedef struct {
     size_t total;
 } ModelMemory;
 void model_memory(const ModelDims *d, int maxB, int slots, int optimizer, ModelMemory *mm);
+/* What model_memory adds up, by part, for dims d (its tp, routing and
+ * shape; not its stage) and micro-batches of maxB: a stage of any blocks is
+ * then measured in a few operations, without a registry of its own (the
+ * planner measures thousands of stages). [first][last]: of the stage. */
+typedef struct {
+    size_t top_floats[2][2];           /* the rows outside the blocks: wte, wpe, ln_f */
+    size_t block_floats[2];            /* a dense [0] and a routed [1] block's */
+    size_t set_bytes[2];               /* an activation set's own rows, [last] */
+    size_t block_acts[2];              /* a dense and a routed block's activations */
+    size_t scratch;
+} ModelUnits;
+void model_units(const ModelDims *d, int maxB, ModelUnits *u);
+/* model_memory of d's stage (l0, l1, first, last) from u. */
+void model_memory_units(const ModelUnits *u, const ModelDims *d, int slots, int optimizer,
+                        ModelMemory *mm);
+/* Registry rows built so far by this process (the planner's tests bound
+ * its work with it). */
+size_t model_registry_rows_built(void);
 /* 0 when mm->total fits in budget (bytes each of `ranks` ranks on a node may
  * use), else -1 with err saying how much is needed and what would help. */
 int model_memory_check(const ModelMemory *mm, size_t budget, int ranks, Err *err);

@@ -26,15 +26,16 @@ typedef struct {
 static StageCost stage_cost(const ModelDims *d, int B, int T) {
     const double C = d->C, N = (double)B * T, tp = d->tp;
     const double K = model_capacity_k(d, T), f = K / T;
+    const int routed = model_stage_routed(d), dense = d->l1 - d->l0 - routed;
     StageCost s = {0, 0, 0};
     if (model_first_stage(d)) s.tp_bytes += N * C, s.tp_calls++; /* the embedding */
-    for (int l = d->l0; l < d->l1; l++) {                        /* this stage's blocks */
-        const int routed = model_is_routed(d, l);
-        const double rows = routed ? (double)B * K : N, ff = routed ? f : 1;
-        s.flops += N * ff * (6.0 * 12.0 * C * C + 12.0 * (ff * T) * C) / tp;
-        if (routed) s.flops += N * (6.0 * C + (d->predictor ? 6.0 * (C * d->H + d->H) : 0));
-        s.tp_bytes += 4 * rows * C, s.tp_calls += 4; /* 2 forward, 2 backward */
-    }
+    /* this stage's blocks: a routed one on its K tokens of a sequence, and
+     * its router (and predictor) on every token */
+    s.flops += dense * (N * (6.0 * 12.0 * C * C + 12.0 * T * C) / tp);
+    s.flops += routed * (N * f * (6.0 * 12.0 * C * C + 12.0 * (f * T) * C) / tp +
+                         N * (6.0 * C + (d->predictor ? 6.0 * (C * d->H + d->H) : 0)));
+    s.tp_bytes += 4 * (dense * N + routed * (double)B * K) * C; /* 2 forward, 2 backward */
+    s.tp_calls += 4 * (dense + routed);
     if (model_last_stage(d)) {
         s.flops += N * 6.0 * d->V * C / tp;
         s.tp_bytes += 3 * N + N * C, s.tp_calls += 4; /* the loss's max and sums, the head */
@@ -78,13 +79,21 @@ static int plan_stages(const Config *cfg, const Cluster *cl, PlanRow *r, MicroTi
     const double act = (double)r->micro * T * cfg->d_model * sizeof(float);
     *slow = (MicroTime){0, 0, 0, 0};
     double all = 0;
-    for (int s = 0; s < r->pp && rc == 0; s++) {
-        ModelDims d;
-        model_dims_config(&d, cfg, r->tp, 0);
-        if ((rc = model_dims_stage(&d, r->pp, s, layers)) != 0) break;
+    /* every stage measured from the same parts: no registry of its own */
+    ModelDims d;
+    ModelUnits u;
+    model_dims_config(&d, cfg, r->tp, 0);
+    if (rc == 0) model_units(&d, r->micro, &u);
+    d.pp = r->pp;
+    for (int s = 0, l0 = 0; s < r->pp && rc == 0; l0 += layers[s++]) {
+        if (layers[s] < 1 || l0 + layers[s] > cfg->n_layer) {
+            rc = -1;
+            break;
+        }
+        d.pp_rank = s, d.l0 = l0, d.l1 = l0 + layers[s];
         ModelMemory mm;
         const int slots = pp_slots(sched, r->n_micro, s, r->pp);
-        model_memory(&d, r->micro, slots, 1, &mm);
+        model_memory_units(&u, &d, slots, 1, &mm);
         if (cfg->ckpt_async && cfg->ckpt_every > 0 && cfg->ckpt_every < cfg->steps) {
             mm.staging = sat_add(mm.params, mm.moments);
             mm.total = sat_add(mm.total, mm.staging);
@@ -142,8 +151,22 @@ size_t plan_num_params(const Config *cfg) {
     return total;
 }
 
-int plan_layout(const Config *cfg, const Cluster *cl, int tp, int pp, int ranks_per_node,
-                PlanRow *row, size_t *stage_bytes, Err *err) {
+/* What every layout of a config shares: the whole model's FLOPs per token
+ * and its weights and moments in bytes (computed once per plan). */
+typedef struct {
+    double flops_per_token, state_bytes;
+} Whole;
+
+static Whole plan_whole(const Config *cfg) {
+    ModelDims whole;
+    model_dims_config(&whole, cfg, 1, 0);
+    ModelMemory wm;
+    model_memory(&whole, 1, 1, 1, &wm);
+    return (Whole){plan_flops_per_token(cfg), (double)wm.params + (double)wm.moments};
+}
+
+static int layout_row(const Config *cfg, const Cluster *cl, const Whole *w, int tp, int pp,
+                      int ranks_per_node, PlanRow *row, size_t *stage_bytes, Err *err) {
     memset(row, 0, sizeof *row);
     const long long world = (long long)cl->nodes * ranks_per_node;
     if (world > 1 << 24)
@@ -176,7 +199,7 @@ int plan_layout(const Config *cfg, const Cluster *cl, int tp, int pp, int ranks_
     row->rank_bytes =
         sat_add(sat_add(row->mem.total, row->comm_bytes), (size_t)(cl->baseline_mib * 1048576.0));
     row->fits = (double)row->rank_bytes * ranks_per_node <= cl->mem_per_node_gib * 1073741824.0;
-    row->flops_step = plan_flops_per_token(cfg) * (double)cfg->batch_size * cfg->seq_len;
+    row->flops_step = w->flops_per_token * (double)cfg->batch_size * cfg->seq_len;
     double a, b;
     link(cl, cl->nodes > 1 && tp * dp > ranks_per_node, &a, &b);
     const int m = row->n_micro;
@@ -200,13 +223,33 @@ int plan_layout(const Config *cfg, const Cluster *cl, int tp, int pp, int ranks_
     row->tokens_per_s = (double)cfg->batch_size * cfg->seq_len / row->t_step;
     /* the checkpoint: the whole model's weights and both moments at the
      * measured ratio 1.2, packed by every rank at once, then written */
-    ModelDims whole;
-    model_dims_config(&whole, cfg, 1, 0);
-    ModelMemory wm;
-    model_memory(&whole, 1, 1, 1, &wm);
-    const double raw = (double)wm.params + (double)wm.moments;
+    const double raw = w->state_bytes;
     row->ckpt_bytes = raw / 1.2;
     row->ckpt_s = raw / world / (cl->pack_mbs * 1e6) + row->ckpt_bytes / (cl->fs_bw_gbs * 1e9);
+    return 0;
+}
+
+int plan_layout(const Config *cfg, const Cluster *cl, int tp, int pp, int ranks_per_node,
+                PlanRow *row, size_t *stage_bytes, Err *err) {
+    const Whole w = plan_whole(cfg);
+    return layout_row(cfg, cl, &w, tp, pp, ranks_per_node, row, stage_bytes, err);
+}
+
+int plan_parse_layout(const char *v, int *tp, int *pp, int *rpn) {
+    int *dst[3] = {tp, pp, rpn};
+    for (int k = 0; k < 3; k++) {
+        const char *end = strchr(v, ',');
+        const size_t n = end ? (size_t)(end - v) : strlen(v);
+        char field[24];
+        long long x;
+        /* fields 1 and 2 end at a comma, field 3 at the end */
+        if ((k < 2) != (end != NULL) || n == 0 || n >= sizeof field) return -1;
+        memcpy(field, v, n);
+        field[n] = '\0';
+        if (parse_i64(field, 1, 1 << 20, &x) != 0) return -1;
+        *dst[k] = (int)x;
+        v = end ? end + 1 : v + n;
+    }
     return 0;
 }
 
@@ -220,21 +263,40 @@ static int row_order(const void *pa, const void *pb) {
     return a->ranks_per_node - b->ranks_per_node;
 }
 
+/* The divisors of x up to max, ascending, into out (room for max).
+ * Returns their count: O(sqrt x), where trying every pp was O(max). */
+static int divisors(long long x, int max, int *out) {
+    int n = 0, big = 0;
+    for (long long i = 1; i * i <= x; i++)
+        if (x % i == 0 && i <= max) out[n++] = (int)i;
+    for (int k = n - 1; k >= 0; k--) { /* the cofactors, ascending */
+        const long long j = x / out[k];
+        if (j != out[k] && j <= max) big++, out[n + big - 1] = (int)j;
+    }
+    return n + big;
+}
+
 int plan_candidates(const Config *cfg, const Cluster *cl, PlanRow **rows, Err *err) {
     int n = 0, cap = 64;
     *rows = xmalloc((size_t)cap * sizeof **rows);
+    const Whole w = plan_whole(cfg);
+    int *pps = xmalloc((size_t)cfg->n_layer * sizeof *pps);
     for (int rpn = 1; rpn <= cl->cores_per_node; rpn++) {
-        if (cl->cores_per_node % rpn != 0) continue;
+        if (cl->cores_per_node % rpn != 0 || (long long)cl->nodes * rpn > 1 << 24) continue;
         for (int tp = 1; tp <= rpn && tp <= cfg->n_head; tp++) {
             if (rpn % tp != 0 || cfg->n_head % tp != 0) continue;
-            for (int pp = 1; pp <= cfg->n_layer; pp++) {
+            /* pp divides the ranks over tp, within n_layer */
+            const int npp = divisors((long long)cl->nodes * rpn / tp, cfg->n_layer, pps);
+            for (int i = 0; i < npp; i++) {
+                const int pp = pps[i];
                 PlanRow r;
-                if (plan_layout(cfg, cl, tp, pp, rpn, &r, NULL, NULL) != 0) continue;
+                if (layout_row(cfg, cl, &w, tp, pp, rpn, &r, NULL, NULL) != 0) continue;
                 if (n == cap) *rows = xrealloc(*rows, (size_t)(cap *= 2) * sizeof **rows);
                 (*rows)[n++] = r;
             }
         }
     }
+    free(pps);
     if (n == 0) {
         free(*rows);
         *rows = NULL;

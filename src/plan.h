@@ -51,6 +51,10 @@ size_t plan_num_params(const Config *cfg);
  * cannot run (n_head % tp, the batch split, ...). */
 int plan_layout(const Config *cfg, const Cluster *cl, int tp, int pp, int ranks_per_node,
                 PlanRow *row, size_t *stage_bytes, Err *err);
+/* "TP,PP,RANKS_PER_NODE" (plan --layout): exactly three comma-separated
+ * fields, each a whole number in [1, 2^20] parsed strictly (an empty field
+ * is refused, not skipped). Returns 0, or -1 with the outputs unspecified. */
+int plan_parse_layout(const char *v, int *tp, int *pp, int *rpn);
 /* Every layout that can run on the cluster's nodes (tp within a node),
  * fitting ones first, each group by tokens/s, best first. Returns the count
  * (*rows malloc'd) or -1 with err set. */

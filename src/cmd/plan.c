@@ -23,21 +23,6 @@ typedef struct {
     int calibrate, flops, top, tp, pp, rpn;
 } PlanArgs;
 
-/* "TP,PP,RANKS_PER_NODE", each parsed strictly. Returns 0 or -1. */
-static int parse_layout(const char *v, PlanArgs *a) {
-    char buf[64];
-    if (strlen(v) >= sizeof buf) return -1;
-    snprintf(buf, sizeof buf, "%s", v);
-    int *dst[3] = {&a->tp, &a->pp, &a->rpn}, k = 0;
-    char *save = NULL;
-    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save), k++) {
-        long long x;
-        if (k == 3 || parse_i64(t, 1, 1 << 20, &x) != 0) return -1;
-        *dst[k] = (int)x;
-    }
-    return k == 3 ? 0 : -1;
-}
-
 /* Takes plan's own options out of argv (the rest are config keys, as for
  * train). Returns 1 to go on, 0 after --help, -1 after an error. */
 static int plan_args(PlanArgs *a, int *argc, char **argv) {
@@ -69,9 +54,9 @@ static int plan_args(PlanArgs *a, int *argc, char **argv) {
             a->top = (int)x;
             i++;
         } else if (strcmp(s, "--layout") == 0 && v) {
-            if (parse_layout(v, a) != 0) {
-                errorf("plan: --layout '%.40s' is not TP,PP,RANKS_PER_NODE (three integers >= 1, "
-                       "e.g. 2,4,8)",
+            if (plan_parse_layout(v, &a->tp, &a->pp, &a->rpn) != 0) {
+                errorf("plan: --layout '%.40s' is not TP,PP,RANKS_PER_NODE (exactly three whole "
+                       "numbers >= 1 separated by commas, no empty field, e.g. 2,4,8)",
                        v);
                 return -1;
             }

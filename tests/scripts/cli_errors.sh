@@ -84,6 +84,11 @@ expect_error "sample: --tokens = 2147483647 is out of range" "$MODTRAIN" sample 
 expect_error "sample: --tokens = ' 5' is not an integer" "$MODTRAIN" sample --ckpt nowhere --tokens ' 5'
 expect_error "sample: --temperature = 'inf' is not a number" "$MODTRAIN" sample --ckpt nowhere --temperature inf
 expect_error "unknown command 'trian'" "$MODTRAIN" trian
+# a layout is exactly three whole numbers: no empty field is skipped, none is extra
+for lay in 1,,2,2 1,2,2, ,1,2,2 1,2 1,2,2,2 1,2,x 1,2,2.0 1,,2; do
+    expect_error "plan: --layout '$lay' is not TP,PP,RANKS_PER_NODE (exactly three whole numbers" \
+        "$MODTRAIN" plan --layout "$lay"
+done
 [ ! -e run ] && ok "no run directory was created by the failed runs" || fail "a failed run created run/"
 [ ! -e data2 ] && ok "no output directory was created by the failed prep" || fail "prep created data2/"
 
