@@ -136,7 +136,8 @@ static int rm_dir_tree(const char *what, const char *dir) {
     while ((e = readdir(d)))
         if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
             snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            if (fp_unlink(point, p) != 0 && errno != ENOENT) rc = -1;
+            if (fp_unlink(point, p) == 0 || errno == ENOENT) continue;
+            if ((errno != EISDIR && errno != EPERM) || rm_dir_tree(what, p) != 0) rc = -1;
         }
     const int e0 = errno;
     closedir(d);
@@ -306,7 +307,15 @@ static int tmp_dir_make(const char *ckpt_dir, const char *tmp, int step, uint64_
     if (mkdirs(ckpt_dir) != 0)
         return err_set(err, "ckpt: cannot create '%s': %s (checkpoint of step %d not saved)",
                        ckpt_dir, strerror(errno), step);
-    if (ckpt_recover(ckpt_dir, NULL, err) != 0) return -1;
+    /* what cannot be removed is only untidy, unless it is this save's own
+     * .tmp: that moves aside under a name of its own, out of the way */
+    Err rerr;
+    if (ckpt_recover(ckpt_dir, NULL, &rerr) != 0 && is_dir(tmp)) {
+        char aside[1200];
+        snprintf(aside, sizeof aside, "%.*s.del.%ld", (int)(strlen(tmp) - 4), tmp, (long)getpid());
+        if (fp_rename("save.aside", tmp, aside) != 0)
+            return err_set(err, "%s (checkpoint of step %d not saved)", rerr.msg, step);
+    }
     if (statvfs(ckpt_dir, &fs) == 0 && (uint64_t)fs.f_bavail * fs.f_frsize < bytes + (1u << 20)) {
         char have[32], need[32];
         format_bytes(have, sizeof have, (size_t)fs.f_bavail * fs.f_frsize);

@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "checkpoint/ckpt.h"
@@ -812,14 +813,19 @@ static int run_maybe_save_or_stop(Run *r, int done, double dt) {
     return -1;
 }
 
-/* Before the first step: a run already at `steps` (a chain job or a
- * requeue after the end) ends without training or writing; a stop signal
+/* Before the first step: a run already at `steps` whose ckpt_dir holds
+ * that step (a chain job or a requeue after the end, under any layout)
+ * ends without training or writing (one that loaded a checkpoint from
+ * elsewhere saves it into its ckpt_dir: a copy, or a new layout's); a stop signal
  * that came during setup stops it with nothing lost (the state is the
  * checkpoint just loaded, or the seed's). Returns -1 to train, or the
  * exit code. */
 static int run_before_steps(Run *r) {
     const Config *c = &r->cfg;
-    if (r->resumed && r->start >= c->steps) {
+    char have[CONFIG_STR + 32];
+    struct stat st;
+    snprintf(have, sizeof have, "%s/step-%08d/index", r->ckpt_dir, r->start);
+    if (r->resumed && r->start >= c->steps && stat(have, &st) == 0) {
         log0("train: %s is at step %d and steps = %d: nothing to train or save\n", r->ckpt_dir,
              r->start, c->steps);
         return EXIT_OK;
@@ -911,7 +917,7 @@ static int run_steps(Run *r) {
         if (rc == EXIT_REQUEUE) phases_summary(&r->ph, r->grid.world);
         if (rc >= 0) return rc;
     }
-    const int final_step = c->steps;
+    const int final_step = c->steps > r->start ? c->steps : r->start;
     Err err;
     double stall = 0;
     run_finish_async(r, final_step, 1, &stall);

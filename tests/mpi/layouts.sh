@@ -77,10 +77,10 @@ cmp -s mod-2-2/ckpt/step-00000020/data.bin mod-2-2-again/ckpt/step-00000020/data
 for lay in "1 1" "4 1"; do
     set -- $lay
     name="reshard-$1-$2"
-    mkdir -p "$name/ckpt"
-    cp -r mod-2-2/ckpt/step-00000010 "$name/ckpt/"
-    # --steps 10: load, train nothing, save step 10 again under the new layout
-    train "$name" "$1" "$2" --route_every 2 --capacity 0.25 --resume auto --steps 10
+    # --steps 10: load from the other run, train nothing, save step 10 into
+    # this run's ckpt_dir under the new layout
+    train "$name" "$1" "$2" --route_every 2 --capacity 0.25 --resume mod-2-2/ckpt/step-00000010 \
+        --steps 10
     "$MODTRAIN" ckpt inspect --ckpt "$name/ckpt" | grep -q "layout.tp .*$1" &&
         "$MODTRAIN" ckpt diff --a mod-2-2/ckpt/step-00000010 --b "$name/ckpt/step-00000010" > diff.txt &&
         ok "saved under (tp 2, dp 2), loaded under (tp $1, dp $2): weights and moments exact" ||

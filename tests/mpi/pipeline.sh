@@ -82,9 +82,8 @@ done
 # checkpoint resharding across pp: step 6 of (pp 2, tp 2) under pp 1 and pp 4
 for pp in 1 4; do
     name="reshard-pp$pp"
-    mkdir -p "$name/ckpt"
-    cp -r mod-pp2-tp2-dp1-1f1b/ckpt/step-00000006 "$name/ckpt/"
-    train "$name" $pp --pp $pp --route_every 2 --capacity 0.25 --resume auto --steps 6
+    train "$name" $pp --pp $pp --route_every 2 --capacity 0.25 \
+        --resume mod-pp2-tp2-dp1-1f1b/ckpt/step-00000006 --steps 6
     "$MODTRAIN" ckpt diff --a mod-pp2-tp2-dp1-1f1b/ckpt/step-00000006 --b "$name/ckpt/step-00000006" > diff.txt &&
         ok "saved under (pp 2, tp 2), loaded under pp $pp: weights and moments exact" ||
         { cat diff.txt; fail "resharding to pp $pp"; }
