@@ -40,6 +40,18 @@ int bpe_eot(const Bpe *b);
  * written hash the same; any change to a token or a merge changes it. */
 uint64_t bpe_hash(const Bpe *b);
 
+/* How hard a hash table worked: lookups (inserts included) and the slots
+ * they looked at, at least one each. Every table is keyed with a random
+ * key of its own and at most half full, so probes stay below 2.5 a lookup
+ * on average whatever the input (for tests: a vocabulary or text crafted
+ * to collide must not raise them). */
+typedef struct {
+    uint64_t lookups, probes;
+} BpeProbes;
+/* The merge table's and the token map's while the vocabulary loaded, the
+ * word cache's since b was made (NULL: not wanted). */
+void bpe_probes(const Bpe *b, BpeProbes *merges, BpeProbes *tokens, BpeProbes *words);
+
 /* A growable array of token ids. */
 typedef struct {
     int32_t *ids;

@@ -278,11 +278,144 @@ static void test_hash(void) {
     bpe_free(a);
 }
 
+/* ------------------------------------------------------ hash flooding */
+
+/* The hashes bpe.c used before it keyed them, to craft collisions: the
+ * merge table's multiplicative hash of (left << 32 | right) + 1, whose
+ * slot depends only on the key's low bits, and the string map's FNV-1a. */
+static size_t old_pair_slot(uint32_t a, uint32_t b, size_t mask) {
+    const uint64_t key = ((uint64_t)a << 32 | b) + 1;
+    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 20) & mask;
+}
+
+static uint64_t old_fnv(uint64_t h, const uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Appends a token to a long buffer at *at (json_token's strcat would
+ * rescan it from the start each time). */
+static void put_json(char *buf, size_t *at, const uint8_t *t, size_t n) {
+    buf[*at] = '\0';
+    json_token(buf + *at, t, n);
+    *at += strlen(buf + *at);
+}
+
+static void put_utf8(char *buf, size_t *at, const uint8_t *t, size_t n) {
+    buf[*at] = '\0';
+    utf8_token(buf + *at, t, n);
+    *at += strlen(buf + *at);
+}
+
+/* A valid vocabulary of m merges "L b" (L four letters, b any byte) whose
+ * pairs all fall in the first 1024 slots of the old merge table: the
+ * old code's linear probing made one cluster of them, m^2/2 probes. */
+static Bpe *colliding_merges(size_t m) {
+    size_t lines = m + 2, slots = 64; /* as load_merges counts them */
+    while (slots < 2 * lines) slots *= 2;
+    char *ej = malloc(48 * (m + 256) + 64 * m), *vb = malloc(24 * m + 64);
+    uint8_t(*merged)[5] = malloc(m * sizeof *merged);
+    size_t ea = 1, va = 0, nm = 0;
+    strcpy(ej, "{");
+    for (int b = 0; b < 256; b++) {
+        const uint8_t byte = (uint8_t)b;
+        put_json(ej, &ea, &byte, 1);
+        ea += (size_t)sprintf(ej + ea, ": %d, ", b);
+    }
+    va += (size_t)sprintf(vb, "#version: 0.2\n");
+    uint32_t id = 256;
+    for (uint32_t l = 0; nm < m; l++) {
+        const uint8_t left[4] = {(uint8_t)('a' + l % 26), (uint8_t)('a' + l / 26 % 26),
+                                 (uint8_t)('a' + l / 676 % 26), (uint8_t)('a' + l / 17576 % 26)};
+        const uint32_t lid = id++;
+        put_json(ej, &ea, left, 4);
+        ea += (size_t)sprintf(ej + ea, ": %u, ", lid);
+        for (uint32_t b = 0; b < 256 && nm < m; b++) {
+            if (old_pair_slot(lid, b, slots - 1) >= 1024) continue;
+            memcpy(merged[nm], left, 4), merged[nm][4] = (uint8_t)b;
+            put_utf8(vb, &va, left, 4);
+            vb[va++] = ' ';
+            put_utf8(vb, &va, merged[nm] + 4, 1);
+            vb[va++] = '\n';
+            nm++;
+        }
+    }
+    for (size_t k = 0; k < nm; k++) {
+        put_json(ej, &ea, merged[k], 5);
+        ea += (size_t)sprintf(ej + ea, ": %u%s", id++, k + 1 < nm ? ", " : "}");
+    }
+    Err err;
+    Bpe *b = bpe_from_memory(ej, ea, vb, va, &err);
+    if (!b) fprintf(stderr, "%s\n", err.msg);
+    free(ej), free(vb), free(merged);
+    return b;
+}
+
+/* 150,000 merges crafted to collide under the old hash: 1.1e10 probes
+ * there (6 s), a few per merge here. */
+static void test_colliding_merges(void) {
+    const size_t m = 150000;
+    Bpe *b = colliding_merges(m);
+    CU_ASSERT_FATAL(b != NULL);
+    BpeProbes merges, tokens;
+    bpe_probes(b, &merges, &tokens, NULL);
+    printf("\n    %zu colliding merges: %llu probes; %llu tokens: %llu probes\n", m,
+           (unsigned long long)merges.probes, (unsigned long long)tokens.lookups,
+           (unsigned long long)tokens.probes);
+    CU_ASSERT(merges.lookups == m);
+    CU_ASSERT(merges.probes < 4 * merges.lookups);
+    CU_ASSERT(tokens.probes < 4 * tokens.lookups);
+    size_t len = 0;
+    const uint8_t *first = bpe_token(b, 256, &len);
+    CU_ASSERT(first && len == 4 && memcmp(first, "aaaa", 4) == 0);
+    bpe_free(b);
+}
+
+/* 4096 words that all fell in one slot of the old word cache (FNV-1a,
+ * folded, 8192 slots when full): 8.4e6 probes there to encode them once,
+ * a few a word here. */
+static void test_colliding_words(void) {
+    char ej[1 << 13];
+    size_t ea = 1;
+    strcpy(ej, "{");
+    for (int b = 0; b < 256; b++) {
+        const uint8_t byte = (uint8_t)b;
+        put_json(ej, &ea, &byte, 1);
+        ea += (size_t)sprintf(ej + ea, ": %d%s", b, b < 255 ? ", " : "}");
+    }
+    Err err;
+    Bpe *b = bpe_from_memory(ej, ea, "", 0, &err);
+    CU_ASSERT_FATAL(b != NULL);
+    enum { WORDS = 4096, LEN = 7 }; /* " " and six letters: one piece each */
+    char *text = malloc(WORDS * LEN);
+    size_t n = 0;
+    uint8_t w[LEN] = {' '};
+    for (uint32_t k = 0; n < WORDS; k++) {
+        for (int i = 0, x = (int)k; i < 6; i++, x /= 26) w[1 + i] = (uint8_t)('a' + x % 26);
+        const uint64_t h = old_fnv(1469598103934665603ull, w, LEN);
+        if (((h ^ (h >> 29)) & 8191) == 0) memcpy(text + LEN * n++, w, LEN);
+    }
+    BpeIds ids = {0};
+    bpe_encode(b, text, WORDS * LEN, &ids);
+    CU_ASSERT(ids.n == WORDS * LEN);
+    BpeProbes words;
+    bpe_probes(b, NULL, NULL, &words);
+    printf("\n    %d colliding words: %llu lookups, %llu probes\n", WORDS,
+           (unsigned long long)words.lookups, (unsigned long long)words.probes);
+    CU_ASSERT(words.lookups >= WORDS);
+    CU_ASSERT(words.probes < 4 * words.lookups);
+    free(ids.ids);
+    free(text);
+    bpe_free(b);
+}
+
 int main(void) {
     CU_TestInfo tests[] = {{"merges equal a naive reference on random vocabularies", test_merges},
                            {"any bytes decode back to themselves", test_round_trip},
                            {"malformed vocabularies: one line naming what is wrong", test_refused},
                            {"the hash names the tokens and merges, not the layout", test_hash},
+                           {"merges crafted to collide: a few probes each", test_colliding_merges},
+                           {"words crafted to collide: a few probes each", test_colliding_words},
                            CU_TEST_INFO_NULL};
     return run_suite("bpe", tests);
 }
