@@ -813,3 +813,64 @@ void bpe_encode(Bpe *b, const char *text, size_t n, BpeIds *out) {
         at = to > at ? to : at + 1;
     }
 }
+
+/* ---------------------------------------------------------------- decode */
+
+void bpe_decoder_init(BpeDecoder *d) {
+    memset(d, 0, sizeof *d);
+    d->line = 1;
+}
+
+/* The id just read, to its bytes at the end of out. */
+static int decode_id(const Bpe *b, BpeDecoder *d, BpeBytes *out, Err *err) {
+    d->digits[d->len] = '\0';
+    long long id;
+    size_t len;
+    const uint8_t *t;
+    if (parse_i64(d->digits, 0, (long long)b->v->vocab - 1, &id) != 0 ||
+        !(t = bpe_token(b, (int)id, &len)))
+        return err_set(err, "byte %llu (line %llu): %s is not a token id in [0, %d)",
+                       (unsigned long long)d->id_at, (unsigned long long)d->line, d->digits,
+                       b->v->vocab);
+    d->len = 0;
+    if (out->n + len > out->cap) {
+        out->cap = 2 * (out->cap + len);
+        out->bytes = xrealloc(out->bytes, out->cap);
+    }
+    memcpy(out->bytes + out->n, t, len);
+    out->n += len;
+    return 0;
+}
+
+int bpe_decode_feed(const Bpe *b, BpeDecoder *d, const char *buf, size_t n, BpeBytes *out,
+                    Err *err) {
+    for (size_t i = 0; i < n; i++, d->at++) {
+        const uint8_t c = (uint8_t)buf[i];
+        if (c >= '0' && c <= '9') {
+            if (d->len == 0) d->id_at = d->at;
+            if (d->len == 20)
+                return err_set(err,
+                               "byte %llu (line %llu): an id of more than 20 digits; expected "
+                               "token ids in [0, %d)",
+                               (unsigned long long)d->id_at, (unsigned long long)d->line,
+                               b->v->vocab);
+            d->digits[d->len++] = (char)c;
+        } else if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+            if (d->len > 0 && decode_id(b, d, out, err) != 0) return -1;
+            d->line += c == '\n';
+        } else {
+            char what[16];
+            if (c > ' ' && c < 0x7F) snprintf(what, sizeof what, "'%c'", c);
+            else snprintf(what, sizeof what, "0x%02x", c);
+            return err_set(err,
+                           "byte %llu (line %llu) is %s, not a digit or whitespace; expected "
+                           "token ids in decimal separated by whitespace",
+                           (unsigned long long)d->at, (unsigned long long)d->line, what);
+        }
+    }
+    return 0;
+}
+
+int bpe_decode_end(const Bpe *b, BpeDecoder *d, BpeBytes *out, Err *err) {
+    return d->len > 0 ? decode_id(b, d, out, err) : 0;
+}

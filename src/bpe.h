@@ -69,4 +69,31 @@ Bpe *bpe_clone(const Bpe *b);
  * vocabulary. */
 const uint8_t *bpe_token(const Bpe *b, int id, size_t *len);
 
+/* A growable array of bytes. */
+typedef struct {
+    uint8_t *bytes;
+    size_t n, cap;
+} BpeBytes;
+
+/* The reader of decode input (`tokenize --decode`): token ids in decimal,
+ * separated by whitespace (space, tab, newline, carriage return), fed in
+ * chunks of any size; an id may be split between two. Every id is parsed
+ * whole and must be one of the vocabulary's; any other byte (a NUL, a
+ * sign, a letter) is an error naming its offset. Nothing is held but the
+ * id being read, so input of any length streams through. */
+typedef struct {
+    char digits[24]; /* of the id being read */
+    size_t len;
+    uint64_t at, id_at, line; /* bytes fed, where the id began, its line (from 1) */
+} BpeDecoder;
+
+void bpe_decoder_init(BpeDecoder *d);
+/* Appends the bytes of every id that ends in buf[0..n) to out. Returns 0,
+ * or -1 with err "byte N (line L): ..." at the first bad id or byte (out
+ * then holds the bytes of the ids before it). */
+int bpe_decode_feed(const Bpe *b, BpeDecoder *d, const char *buf, size_t n, BpeBytes *out,
+                    Err *err);
+/* The end of the input: the id it ends in, if any. */
+int bpe_decode_end(const Bpe *b, BpeDecoder *d, BpeBytes *out, Err *err);
+
 #endif

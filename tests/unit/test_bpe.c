@@ -278,6 +278,74 @@ static void test_hash(void) {
     bpe_free(a);
 }
 
+/* Decode input fed in two chunks, split at every byte, gives the bytes
+ * and the error of it fed whole; a NUL or any byte but digits and
+ * whitespace, and an id outside the vocabulary, are errors naming the
+ * byte offset, however far into the input. */
+static int decode_split(const Bpe *b, const char *in, size_t n, size_t cut, BpeBytes *out,
+                        Err *err) {
+    BpeDecoder d;
+    bpe_decoder_init(&d);
+    out->n = 0;
+    if (bpe_decode_feed(b, &d, in, cut, out, err) != 0) return -1;
+    if (bpe_decode_feed(b, &d, in + cut, n - cut, out, err) != 0) return -1;
+    return bpe_decode_end(b, &d, out, err);
+}
+
+static void test_decode(void) {
+    static char ej[1 << 16], vb[1 << 14];
+    static Vocab v;
+    uint32_t seed = 3;
+    Bpe *b = random_vocab(&v, &seed, ej, vb);
+    CU_ASSERT_FATAL(b != NULL);
+    const char ok[] = "97 98\n\t256 \r\n00099 257";
+    BpeBytes whole = {0}, part = {0};
+    Err err;
+    CU_ASSERT_FATAL(decode_split(b, ok, strlen(ok), 0, &whole, &err) == 0);
+    size_t l0, l1;
+    const uint8_t *t0 = bpe_token(b, 256, &l0), *t1 = bpe_token(b, 257, &l1);
+    CU_ASSERT(whole.n == 3 + l0 + l1 && memcmp(whole.bytes, "ab", 2) == 0 &&
+              memcmp(whole.bytes + 2, t0, l0) == 0 && whole.bytes[2 + l0] == 'c' &&
+              memcmp(whole.bytes + 3 + l0, t1, l1) == 0);
+    for (size_t cut = 0; cut <= strlen(ok); cut++) {
+        CU_ASSERT(decode_split(b, ok, strlen(ok), cut, &part, &err) == 0);
+        CU_ASSERT(part.n == whole.n && memcmp(part.bytes, whole.bytes, whole.n) == 0);
+    }
+    static const struct {
+        const char *in;
+        size_t n;
+        const char *want;
+    } bad[] = {
+        {"97\n\0\n99999", 10, "byte 3 (line 2) is 0x00, not a digit"},
+        {"97\n\0\n296", 8, "byte 3 (line 2) is 0x00"},
+        {"97 296", 6, "byte 3 (line 1): 296 is not a token id in [0, 296)"},
+        {"97 -1", 5, "byte 3 (line 1) is '-'"},
+        {"97 9a", 5, "byte 4 (line 1) is 'a'"},
+        {"97,98", 5, "byte 2 (line 1) is ','"},
+        {"1 123456789012345678901", 23, "byte 2 (line 1): an id of more than 20 digits"},
+        {"99999999999999999999", 20, "byte 0 (line 1): 99999999999999999999 is not a token id"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++)
+        for (size_t cut = 0; cut <= bad[k].n; cut++) {
+            err.msg[0] = '\0';
+            CU_ASSERT(decode_split(b, bad[k].in, bad[k].n, cut, &part, &err) == -1);
+            if (!strstr(err.msg, bad[k].want))
+                fprintf(stderr, "got '%s', want '%s'\n", err.msg, bad[k].want);
+            CU_ASSERT(strstr(err.msg, bad[k].want) != NULL);
+        }
+    /* a bad id 5 MB in */
+    const size_t big = 5000000;
+    char *far = malloc(big + 8);
+    memset(far, ' ', big);
+    memcpy(far + big, "97 x", 4);
+    CU_ASSERT(decode_split(b, far, big + 4, big / 2, &part, &err) == -1);
+    CU_ASSERT(strstr(err.msg, "byte 5000003 (line 1) is 'x'") != NULL);
+    free(far);
+    free(whole.bytes);
+    free(part.bytes);
+    bpe_free(b);
+}
+
 /* ------------------------------------------------------ hash flooding */
 
 /* The hashes bpe.c used before it keyed them, to craft collisions: the
@@ -414,6 +482,7 @@ int main(void) {
                            {"any bytes decode back to themselves", test_round_trip},
                            {"malformed vocabularies: one line naming what is wrong", test_refused},
                            {"the hash names the tokens and merges, not the layout", test_hash},
+                           {"decode input: strict, in chunks split anywhere", test_decode},
                            {"merges crafted to collide: a few probes each", test_colliding_merges},
                            {"words crafted to collide: a few probes each", test_colliding_words},
                            CU_TEST_INFO_NULL};
