@@ -4,7 +4,7 @@
  * in sorted order), so the fuzzer spends its time on tables that load.
  * A table that loads must encode its own text back to itself, and no
  * table (the merge table, the token map, the word cache) may look at more
- * than 8 slots a lookup beyond a constant: with keyed hashes a crafted
+ * than 8 slots a lookup (and 32): with keyed hashes a crafted
  * table collides no more than any other, and an input that makes them
  * (hash flooding) aborts here rather than only running slowly. */
 #include <stdio.h>
@@ -61,8 +61,11 @@ static char *encoder_json(Str *strs, size_t n, size_t *len) {
     return j;
 }
 
+/* Keyed, at most half full: beyond 8 probes a lookup and 32 more takes
+ * most of 20 random keys in one run of 64 slots (p < 1e-7), while 16
+ * merges of one right side did it under the old hash. */
 static void check_probes(const BpeProbes *p) {
-    if (p->probes > 8 * p->lookups + 256) abort();
+    if (p->probes > 8 * p->lookups + 32) abort();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
