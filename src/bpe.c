@@ -27,14 +27,15 @@ enum { CACHE_WORD_MAX = 64, CACHE_ENTRIES_MAX = 1 << 16, PIECE_MAX = 1 << 20 };
 /* ------------------------------------------------------------ hashing */
 
 /* Every table keyed by input (the token map, the merges, the word cache)
- * hashes with SipHash-1-3 under a key of its own, drawn from the process's
- * random key (getrandom) when the table is made: which slot a key lands in
- * cannot be predicted from the input, so no vocabulary or text can be
- * crafted to collide (with the old unkeyed FNV and multiplicative hashes a
- * 22 MB vocabulary could take minutes to load). Tables stay at most half
- * full, so a lookup looks at under 2.5 slots on average whatever the
- * input. The slots affect only speed: ids and the vocabulary hash are the
- * same under any key. */
+ * hashes under a key of its own, drawn from the process's random key
+ * (getrandom) when the table is made: strings with SipHash-1-3, the
+ * merges' pairs of ids with a keyed wyhash-style mix. Which slot a key
+ * lands in cannot be predicted from the input, so no vocabulary or text
+ * can be crafted to collide (with the old unkeyed FNV and multiplicative
+ * hashes a 22 MB vocabulary could take minutes to load). Tables stay at
+ * most half full, so a lookup looks at under 2.5 slots on average
+ * whatever the input. The slots affect only speed: ids and the
+ * vocabulary hash are the same under any key. */
 typedef struct {
     uint64_t k0, k1;
 } HashKey;
@@ -220,8 +221,18 @@ typedef struct {
     BpeProbes probes; /* of the load (lookups while encoding are not counted: shared) */
 } PairMap;
 
+/* wyhash's mix: the 128-bit product's halves folded. */
+static inline uint64_t mum(uint64_t a, uint64_t b) {
+    const __uint128_t r = (__uint128_t)a * b;
+    return (uint64_t)r ^ (uint64_t)(r >> 64);
+}
+
+/* A pair's slot: a keyed wyhash-style mix of the 64-bit pair (two 128-bit
+ * multiplies under the table's key), cheaper than SipHash on the path
+ * every candidate pair of a merge takes. */
 static size_t pair_home(const PairMap *p, uint64_t key) {
-    return (size_t)sip13_u64(p->hkey, key) & p->mask;
+    const uint64_t h = mum(key ^ p->hkey.k0, p->hkey.k1 ^ 0xe7037ed1a0b428dbull);
+    return (size_t)mum(h ^ p->hkey.k1, p->hkey.k0 ^ 0x8ebc6af09c88c6e3ull) & p->mask;
 }
 
 static size_t pair_find(const PairMap *p, uint64_t key) {
