@@ -9,7 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 /* GPT-2's pre-tokenisation, as tiktoken's "gpt2" encoding writes it. */
 static const char PATTERN[] =
@@ -21,10 +24,105 @@ static const char PATTERN[] =
  * the merge's scratch (28 bytes a byte) stays bounded whatever the text. */
 enum { CACHE_WORD_MAX = 64, CACHE_ENTRIES_MAX = 1 << 16, PIECE_MAX = 1 << 20 };
 
-/* An open-addressing map from byte strings (kept in an arena) to a value. */
+/* ------------------------------------------------------------ hashing */
+
+/* Every table keyed by input (the token map, the merges, the word cache)
+ * hashes under a key of its own, drawn from the process's random key
+ * (getrandom) when the table is made: strings with SipHash-1-3, the
+ * merges' pairs of ids with a keyed wyhash-style mix. Which slot a key
+ * lands in cannot be predicted from the input, so no vocabulary or text
+ * can be crafted to collide (with the old unkeyed FNV and multiplicative
+ * hashes a 22 MB vocabulary could take minutes to load). Tables stay at
+ * most half full, so a lookup looks at under 2.5 slots on average
+ * whatever the input. The slots affect only speed: ids and the
+ * vocabulary hash are the same under any key. */
+typedef struct {
+    uint64_t k0, k1;
+} HashKey;
+
+#define SIP_ROUND(v0, v1, v2, v3)                                               \
+    do {                                                                        \
+        v0 += v1, v1 = v1 << 13 | v1 >> 51, v1 ^= v0, v0 = v0 << 32 | v0 >> 32; \
+        v2 += v3, v3 = v3 << 16 | v3 >> 48, v3 ^= v2;                           \
+        v0 += v3, v3 = v3 << 21 | v3 >> 43, v3 ^= v0;                           \
+        v2 += v1, v1 = v1 << 17 | v1 >> 47, v1 ^= v2, v2 = v2 << 32 | v2 >> 32; \
+    } while (0)
+
+/* SipHash-1-3 (Aumasson and Bernstein's keyed hash, with one round a
+ * word and three to finish) of n bytes. Words are read in host order: the
+ * slots differ on a big-endian machine, nothing else does. */
+static uint64_t sip13(HashKey k, const uint8_t *p, size_t n) {
+    uint64_t v0 = k.k0 ^ 0x736f6d6570736575ull, v1 = k.k1 ^ 0x646f72616e646f6dull;
+    uint64_t v2 = k.k0 ^ 0x6c7967656e657261ull, v3 = k.k1 ^ 0x7465646279746573ull;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t m;
+        memcpy(&m, p + i, 8);
+        v3 ^= m;
+        SIP_ROUND(v0, v1, v2, v3);
+        v0 ^= m;
+    }
+    uint64_t last = (uint64_t)(n & 0xFF) << 56;
+    for (size_t j = 0; i + j < n; j++) last |= (uint64_t)p[i + j] << (8 * j);
+    v3 ^= last;
+    SIP_ROUND(v0, v1, v2, v3);
+    v0 ^= last;
+    v2 ^= 0xFF;
+    SIP_ROUND(v0, v1, v2, v3);
+    SIP_ROUND(v0, v1, v2, v3);
+    SIP_ROUND(v0, v1, v2, v3);
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+/* The same of one 64-bit word (a merge's pair of ids), without the loop. */
+static inline uint64_t sip13_u64(HashKey k, uint64_t m) {
+    uint64_t v0 = k.k0 ^ 0x736f6d6570736575ull, v1 = k.k1 ^ 0x646f72616e646f6dull;
+    uint64_t v2 = k.k0 ^ 0x6c7967656e657261ull, v3 = k.k1 ^ 0x7465646279746573ull ^ m;
+    SIP_ROUND(v0, v1, v2, v3);
+    v0 ^= m;
+    const uint64_t last = (uint64_t)8 << 56;
+    v3 ^= last;
+    SIP_ROUND(v0, v1, v2, v3);
+    v0 ^= last;
+    v2 ^= 0xFF;
+    SIP_ROUND(v0, v1, v2, v3);
+    SIP_ROUND(v0, v1, v2, v3);
+    SIP_ROUND(v0, v1, v2, v3);
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+/* A fresh key for a new table: the process's random key (getrandom once;
+ * the clock and addresses where it fails) stepped by a counter, so that no
+ * two tables share one. */
+static HashKey table_key(void) {
+    static uint64_t base[2];
+    static int ready;
+    static uint64_t count;
+    if (!__atomic_load_n(&ready, __ATOMIC_ACQUIRE)) {
+        uint64_t k[2] = {0, 0};
+        if (getrandom(k, sizeof k, 0) != (ssize_t)sizeof k) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            k[0] = (uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec << 32 ^ (uint64_t)(uintptr_t)&ts;
+            k[1] = (uint64_t)getpid() ^ (uint64_t)(uintptr_t)&table_key;
+        }
+        __atomic_store_n(&base[0], k[0], __ATOMIC_RELAXED);
+        __atomic_store_n(&base[1], k[1], __ATOMIC_RELAXED);
+        __atomic_store_n(&ready, 1, __ATOMIC_RELEASE); /* a racing twin only picks another key */
+    }
+    const uint64_t c = __atomic_add_fetch(&count, 1, __ATOMIC_RELAXED);
+    const HashKey root = {__atomic_load_n(&base[0], __ATOMIC_RELAXED),
+                          __atomic_load_n(&base[1], __ATOMIC_RELAXED)};
+    return (HashKey){sip13_u64(root, 2 * c), sip13_u64(root, 2 * c + 1)};
+}
+
+/* An open-addressing map from byte strings (kept in an arena) to a value,
+ * at most half full. */
 typedef struct {
     uint32_t *slot; /* entry index + 1, 0 = empty */
     size_t mask;
+    HashKey key;
+    BpeProbes probes; /* lookups and the slots they looked at */
     uint8_t *arena;
     size_t alen, acap;
     size_t *off;   /* entry -> key offset in arena */
@@ -32,12 +130,6 @@ typedef struct {
     int64_t *val;
     size_t n, cap;
 } StrMap;
-
-static uint64_t hash_bytes(const uint8_t *p, size_t n) {
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
-    return h ^ (h >> 29);
-}
 
 /* FNV-1a, 64 bits, continued from h: the vocabulary's hash. */
 static uint64_t fnv1a(uint64_t h, const uint8_t *p, size_t n) {
@@ -56,6 +148,7 @@ static void strmap_init(StrMap *m, size_t want) {
     while (slots < 2 * want) slots *= 2;
     m->slot = xcalloc(slots, sizeof *m->slot);
     m->mask = slots - 1;
+    m->key = table_key();
 }
 
 static void strmap_free(StrMap *m) {
@@ -68,15 +161,18 @@ static void strmap_free(StrMap *m) {
 }
 
 /* The slot that holds key or the empty one where it would go. */
-static size_t strmap_find(const StrMap *m, const uint8_t *k, size_t n) {
-    for (size_t i = hash_bytes(k, n) & m->mask;; i = (i + 1) & m->mask) {
+static size_t strmap_find(StrMap *m, const uint8_t *k, size_t n) {
+    const size_t home = (size_t)sip13(m->key, k, n) & m->mask;
+    for (size_t i = home;; i = (i + 1) & m->mask) {
         const uint32_t e = m->slot[i];
-        if (e == 0) return i;
-        if (m->len[e - 1] == n && memcmp(m->arena + m->off[e - 1], k, n) == 0) return i;
+        if (e == 0 || (m->len[e - 1] == n && memcmp(m->arena + m->off[e - 1], k, n) == 0)) {
+            m->probes.lookups++, m->probes.probes += ((i - home) & m->mask) + 1;
+            return i;
+        }
     }
 }
 
-static int64_t strmap_get(const StrMap *m, const uint8_t *k, size_t n, int64_t missing) {
+static int64_t strmap_get(StrMap *m, const uint8_t *k, size_t n, int64_t missing) {
     const uint32_t e = m->slot[strmap_find(m, k, n)];
     return e ? m->val[e - 1] : missing;
 }
@@ -92,8 +188,12 @@ static void strmap_grow(StrMap *m) {
 
 /* Adds key -> v; returns 0, or -1 when the key is there already. */
 static int strmap_put(StrMap *m, const uint8_t *k, size_t n, int64_t v) {
-    if (m->slot[strmap_find(m, k, n)]) return -1;
-    if (2 * (m->n + 1) > m->mask + 1) strmap_grow(m);
+    size_t at = strmap_find(m, k, n);
+    if (m->slot[at]) return -1;
+    if (2 * (m->n + 1) > m->mask + 1) {
+        strmap_grow(m);
+        at = strmap_find(m, k, n);
+    }
     if (m->n == m->cap) {
         m->cap = m->cap ? 2 * m->cap : 256;
         m->off = xrealloc(m->off, m->cap * sizeof *m->off);
@@ -107,19 +207,36 @@ static int strmap_put(StrMap *m, const uint8_t *k, size_t n, int64_t v) {
     memcpy(m->arena + m->alen, k, n);
     m->off[m->n] = m->alen, m->len[m->n] = (uint32_t)n, m->val[m->n] = v;
     m->alen += n;
-    m->slot[strmap_find(m, k, n)] = (uint32_t)++m->n;
+    m->slot[at] = (uint32_t)++m->n;
     return 0;
 }
 
-/* The merges: (left id, right id) -> rank and merged id. */
+/* The merges: (left id, right id) -> rank and merged id, at most half
+ * full. */
 typedef struct {
     uint64_t *key; /* (left << 32 | right) + 1, 0 = empty */
     int32_t *rank, *to;
     size_t mask;
+    HashKey hkey;
+    BpeProbes probes; /* of the load (lookups while encoding are not counted: shared) */
 } PairMap;
 
+/* wyhash's mix: the 128-bit product's halves folded. */
+static inline uint64_t mum(uint64_t a, uint64_t b) {
+    const __uint128_t r = (__uint128_t)a * b;
+    return (uint64_t)r ^ (uint64_t)(r >> 64);
+}
+
+/* A pair's slot: a keyed wyhash-style mix of the 64-bit pair (two 128-bit
+ * multiplies under the table's key), cheaper than SipHash on the path
+ * every candidate pair of a merge takes. */
+static size_t pair_home(const PairMap *p, uint64_t key) {
+    const uint64_t h = mum(key ^ p->hkey.k0, p->hkey.k1 ^ 0xe7037ed1a0b428dbull);
+    return (size_t)mum(h ^ p->hkey.k1, p->hkey.k0 ^ 0x8ebc6af09c88c6e3ull) & p->mask;
+}
+
 static size_t pair_find(const PairMap *p, uint64_t key) {
-    for (size_t i = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 20) & p->mask;; i = (i + 1) & p->mask)
+    for (size_t i = pair_home(p, key);; i = (i + 1) & p->mask)
         if (p->key[i] == 0 || p->key[i] == key) return i;
 }
 
@@ -344,7 +461,7 @@ fail:
 /* id -> bytes, every id in [0, vocab) present once; the bytes' ids; the
  * end-of-text token's. */
 static int index_ids(Vocab *v, Err *err) {
-    const StrMap *t = &v->tokens;
+    StrMap *t = &v->tokens;
     v->vocab = 0;
     for (size_t e = 0; e < t->n; e++)
         if (t->val[e] + 1 > v->vocab) v->vocab = (int)t->val[e] + 1;
@@ -381,8 +498,7 @@ static int index_ids(Vocab *v, Err *err) {
 /* ------------------------------------------------------------- vocab.bpe */
 
 /* One side of a merge line: UTF-8 of alphabet characters -> its id. */
-static int32_t merge_side(const Vocab *v, const uint8_t *s, size_t n, uint8_t *bytes,
-                          int32_t *cps) {
+static int32_t merge_side(Vocab *v, const uint8_t *s, size_t n, uint8_t *bytes, int32_t *cps) {
     size_t k = 0;
     for (size_t i = 0; i < n;) {
         const int32_t cp = utf8_next(s, n, &i);
@@ -403,6 +519,7 @@ static int load_merges(Vocab *v, const uint8_t *s, size_t n, Err *err) {
     p->rank = xcalloc(slots, sizeof *p->rank);
     p->to = xcalloc(slots, sizeof *p->to);
     p->mask = slots - 1;
+    p->hkey = table_key();
     size_t longest = 0;
     for (int i = 0; i < v->vocab; i++)
         if (v->tok_len[i] > longest) longest = v->tok_len[i];
@@ -428,7 +545,11 @@ static int load_merges(Vocab *v, const uint8_t *s, size_t n, Err *err) {
             to = (int32_t)strmap_get(&v->tokens, bytes, v->tok_len[a] + v->tok_len[b], -1);
         }
         const uint64_t key = ((uint64_t)(uint32_t)a << 32 | (uint32_t)b) + 1;
-        const size_t slot = to >= 0 ? pair_find(p, key) : 0;
+        size_t slot = 0;
+        if (to >= 0) {
+            slot = pair_find(p, key);
+            p->probes.lookups++, p->probes.probes += ((slot - pair_home(p, key)) & p->mask) + 1;
+        }
         if (to < 0)
             rc = err_set(err,
                          "vocab.bpe: line %zu: expected 'A B', two tokens of encoder.json "
@@ -555,6 +676,12 @@ int bpe_vocab_size(const Bpe *b) { return b->v->vocab; }
 int bpe_eot(const Bpe *b) { return b->v->eot; }
 uint64_t bpe_hash(const Bpe *b) { return b->v->hash; }
 
+void bpe_probes(const Bpe *b, BpeProbes *merges, BpeProbes *tokens, BpeProbes *words) {
+    if (merges) *merges = b->v->merges.probes;
+    if (tokens) *tokens = b->v->tokens.probes;
+    if (words) *words = b->cache.probes;
+}
+
 const uint8_t *bpe_token(const Bpe *b, int id, size_t *len) {
     if (id < 0 || id >= b->v->vocab) return NULL;
     *len = b->v->tok_len[id];
@@ -660,8 +787,10 @@ static void bpe_piece(Bpe *b, const uint8_t *w, size_t n, BpeIds *out) {
     bpe_word(b, w, n, out);
     const size_t count = out->n - from;
     if (b->cache.n >= CACHE_ENTRIES_MAX) {
+        const BpeProbes counted = b->cache.probes;
         strmap_free(&b->cache);
         strmap_init(&b->cache, 1024);
+        b->cache.probes = counted;
         b->cache_n = 0;
     }
     if (b->cache_n + count > b->cache_cap) {
@@ -688,4 +817,65 @@ void bpe_encode(Bpe *b, const char *text, size_t n, BpeIds *out) {
         if (to > from) bpe_piece(b, s + from, to - from, out);
         at = to > at ? to : at + 1;
     }
+}
+
+/* ---------------------------------------------------------------- decode */
+
+void bpe_decoder_init(BpeDecoder *d) {
+    memset(d, 0, sizeof *d);
+    d->line = 1;
+}
+
+/* The id just read, to its bytes at the end of out. */
+static int decode_id(const Bpe *b, BpeDecoder *d, BpeBytes *out, Err *err) {
+    d->digits[d->len] = '\0';
+    long long id;
+    size_t len;
+    const uint8_t *t;
+    if (parse_i64(d->digits, 0, (long long)b->v->vocab - 1, &id) != 0 ||
+        !(t = bpe_token(b, (int)id, &len)))
+        return err_set(err, "byte %llu (line %llu): %s is not a token id in [0, %d)",
+                       (unsigned long long)d->id_at, (unsigned long long)d->line, d->digits,
+                       b->v->vocab);
+    d->len = 0;
+    if (out->n + len > out->cap) {
+        out->cap = 2 * (out->cap + len);
+        out->bytes = xrealloc(out->bytes, out->cap);
+    }
+    memcpy(out->bytes + out->n, t, len);
+    out->n += len;
+    return 0;
+}
+
+int bpe_decode_feed(const Bpe *b, BpeDecoder *d, const char *buf, size_t n, BpeBytes *out,
+                    Err *err) {
+    for (size_t i = 0; i < n; i++, d->at++) {
+        const uint8_t c = (uint8_t)buf[i];
+        if (c >= '0' && c <= '9') {
+            if (d->len == 0) d->id_at = d->at;
+            if (d->len == 20)
+                return err_set(err,
+                               "byte %llu (line %llu): an id of more than 20 digits; expected "
+                               "token ids in [0, %d)",
+                               (unsigned long long)d->id_at, (unsigned long long)d->line,
+                               b->v->vocab);
+            d->digits[d->len++] = (char)c;
+        } else if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+            if (d->len > 0 && decode_id(b, d, out, err) != 0) return -1;
+            d->line += c == '\n';
+        } else {
+            char what[16];
+            if (c > ' ' && c < 0x7F) snprintf(what, sizeof what, "'%c'", c);
+            else snprintf(what, sizeof what, "0x%02x", c);
+            return err_set(err,
+                           "byte %llu (line %llu) is %s, not a digit or whitespace; expected "
+                           "token ids in decimal separated by whitespace",
+                           (unsigned long long)d->at, (unsigned long long)d->line, what);
+        }
+    }
+    return 0;
+}
+
+int bpe_decode_end(const Bpe *b, BpeDecoder *d, BpeBytes *out, Err *err) {
+    return d->len > 0 ? decode_id(b, d, out, err) : 0;
 }

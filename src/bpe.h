@@ -40,6 +40,18 @@ int bpe_eot(const Bpe *b);
  * written hash the same; any change to a token or a merge changes it. */
 uint64_t bpe_hash(const Bpe *b);
 
+/* How hard a hash table worked: lookups (inserts included) and the slots
+ * they looked at, at least one each. Every table is keyed with a random
+ * key of its own and at most half full, so probes stay below 2.5 a lookup
+ * on average whatever the input (for tests: a vocabulary or text crafted
+ * to collide must not raise them). */
+typedef struct {
+    uint64_t lookups, probes;
+} BpeProbes;
+/* The merge table's and the token map's while the vocabulary loaded, the
+ * word cache's since b was made (NULL: not wanted). */
+void bpe_probes(const Bpe *b, BpeProbes *merges, BpeProbes *tokens, BpeProbes *words);
+
 /* A growable array of token ids. */
 typedef struct {
     int32_t *ids;
@@ -56,5 +68,32 @@ Bpe *bpe_clone(const Bpe *b);
 /* The bytes of token id: *len of them, NULL for an id outside the
  * vocabulary. */
 const uint8_t *bpe_token(const Bpe *b, int id, size_t *len);
+
+/* A growable array of bytes. */
+typedef struct {
+    uint8_t *bytes;
+    size_t n, cap;
+} BpeBytes;
+
+/* The reader of decode input (`tokenize --decode`): token ids in decimal,
+ * separated by whitespace (space, tab, newline, carriage return), fed in
+ * chunks of any size; an id may be split between two. Every id is parsed
+ * whole and must be one of the vocabulary's; any other byte (a NUL, a
+ * sign, a letter) is an error naming its offset. Nothing is held but the
+ * id being read, so input of any length streams through. */
+typedef struct {
+    char digits[24]; /* of the id being read */
+    size_t len;
+    uint64_t at, id_at, line; /* bytes fed, where the id began, its line (from 1) */
+} BpeDecoder;
+
+void bpe_decoder_init(BpeDecoder *d);
+/* Appends the bytes of every id that ends in buf[0..n) to out. Returns 0,
+ * or -1 with err "byte N (line L): ..." at the first bad id or byte (out
+ * then holds the bytes of the ids before it). */
+int bpe_decode_feed(const Bpe *b, BpeDecoder *d, const char *buf, size_t n, BpeBytes *out,
+                    Err *err);
+/* The end of the input: the id it ends in, if any. */
+int bpe_decode_end(const Bpe *b, BpeDecoder *d, BpeBytes *out, Err *err);
 
 #endif

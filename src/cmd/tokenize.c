@@ -3,8 +3,10 @@
  * line (what a prompt becomes; the reference tests compare it with
  * tiktoken's).
  */
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "src/bpe.h"
 #include "src/cmd/cmd.h"
@@ -34,24 +36,51 @@ static char *slurp(const char *path, size_t *len, Err *err) {
     return s;
 }
 
-/* Ids, one a line, to their bytes on stdout. */
-static int decode_ids(const Bpe *b, char *text, const char *path) {
-    int line = 0;
-    for (char *save = NULL, *tok = strtok_r(text, "\n", &save); tok;
-         tok = strtok_r(NULL, "\n", &save)) {
-        line++;
-        long long id;
-        size_t len;
-        const uint8_t *bytes;
-        if (parse_i64(tok, 0, (long long)bpe_vocab_size(b) - 1, &id) != 0 ||
-            !(bytes = bpe_token(b, (int)id, &len))) {
-            errorf("tokenize: %s: line %d: '%.40s' is not a token id in [0, %d)", path, line, tok,
-                   bpe_vocab_size(b));
+/* Ids separated by whitespace (one a line, as tokenize writes them) to
+ * their bytes on stdout, read in chunks: input of any length streams
+ * through, and a bad id or byte anywhere stops it with its offset. The
+ * bytes of the ids before it are written by then, so that is exit 1. */
+static int decode_ids(const Bpe *b, const char *path) {
+    FILE *f = stdin;
+    if (strcmp(path, "-") != 0) { /* a regular file only: never a FIFO's hang */
+        Err oerr;
+        const int fd = open_regular(path, O_RDONLY, NULL, &oerr);
+        if (fd < 0 || !(f = fdopen(fd, "rb"))) {
+            if (fd >= 0) close(fd);
+            errorf("tokenize: %s", fd < 0 ? oerr.msg : "cannot open the input");
             return EXIT_USAGE;
         }
-        fwrite(bytes, 1, len, stdout);
     }
-    return EXIT_OK;
+    enum { CHUNK = 1 << 16 };
+    char *buf = xmalloc(CHUNK);
+    BpeDecoder d;
+    bpe_decoder_init(&d);
+    BpeBytes out = {0};
+    Err err;
+    int rc = EXIT_OK;
+    for (size_t got = 1; got > 0 && rc == EXIT_OK;) {
+        got = fread(buf, 1, CHUNK, f);
+        out.n = 0;
+        int bad = got > 0     ? bpe_decode_feed(b, &d, buf, got, &out, &err)
+                  : ferror(f) ? 0
+                              : bpe_decode_end(b, &d, &out, &err);
+        fwrite(out.bytes, 1, out.n, stdout);
+        if (bad != 0) {
+            errorf("tokenize: %s: %s", path, err.msg);
+            rc = EXIT_FAILURE;
+        } else if (got == 0 && ferror(f)) {
+            errorf("tokenize: cannot read '%s' after byte %llu", path, (unsigned long long)d.at);
+            rc = EXIT_FAILURE;
+        }
+    }
+    if (fflush(stdout) != 0 && rc == EXIT_OK) {
+        errorf("tokenize: cannot write the decoded bytes");
+        rc = EXIT_FAILURE;
+    }
+    if (f != stdin) fclose(f);
+    free(buf);
+    free(out.bytes);
+    return rc;
 }
 
 int tokenize_main(int argc, char **argv) {
@@ -61,7 +90,8 @@ int tokenize_main(int argc, char **argv) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             printf("usage: modtrain tokenize --vocab DIR [--decode | --hash] [FILE]\n"
                    "Prints the GPT-2 BPE token ids of FILE (or standard input), one a line;\n"
-                   "with --decode, reads ids one a line and writes their bytes.\n\n"
+                   "with --decode, reads ids (one a line, or any whitespace between) and\n"
+                   "writes their bytes.\n\n"
                    "options:\n"
                    "  --vocab DIR   folder of encoder.json and vocab.bpe "
                    "(jobs/get_gpt2_vocab.sh DIR)\n"
@@ -96,13 +126,16 @@ int tokenize_main(int argc, char **argv) {
         bpe_free(b);
         return EXIT_OK;
     }
+    if (decode) {
+        const int rc = decode_ids(b, path);
+        bpe_free(b);
+        return rc;
+    }
     size_t n = 0;
     char *text = slurp(path, &n, &err);
     int rc = EXIT_USAGE;
     if (!text) {
         errorf("tokenize: %s", err.msg);
-    } else if (decode) {
-        rc = decode_ids(b, text, path);
     } else {
         BpeIds ids = {0};
         bpe_encode(b, text, n, &ids);

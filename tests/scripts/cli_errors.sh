@@ -4,17 +4,18 @@
 . "$(dirname "$0")/lib.sh"
 cd "$TMP"
 
-# expect_error PATTERN CMD... : exit 2, one stderr line matching PATTERN.
-expect_error() {
-    pattern=$1
-    shift
+# expect_exit CODE PATTERN CMD... : exit CODE, one stderr line matching PATTERN.
+expect_exit() {
+    code=$1
+    pattern=$2
+    shift 2
     set +e
     "$@" > out.txt 2> err.txt
     rc=$?
     set -e
     lines=$(wc -l < err.txt)
-    if [ "$rc" -ne 2 ]; then
-        fail "'$*' exited $rc, expected 2 ($(cat err.txt))"
+    if [ "$rc" -ne "$code" ]; then
+        fail "'$*' exited $rc, expected $code ($(cat err.txt))"
     elif [ "$lines" -ne 1 ]; then
         fail "'$*' printed $lines lines on stderr, expected 1: $(cat err.txt)"
     elif ! grep -q -- "$pattern" err.txt; then
@@ -23,6 +24,8 @@ expect_error() {
         ok "$(cat err.txt)"
     fi
 }
+# expect_error PATTERN CMD... : exit 2 (bad input found before any work).
+expect_error() { expect_exit 2 "$@"; }
 
 # a real shard to train on, and broken ones
 printf 'the quick brown fox jumps over the lazy dog\n%.0s' $(seq 1 400) > text.txt
@@ -70,6 +73,32 @@ expect_error "threads = 'x' is not an integer" "$MODTRAIN" prep --out data2 --to
 expect_error "cannot open 'nowhere/encoder.json'" "$MODTRAIN" prep --out data2 --tokenizer gpt2 --vocab nowhere text.txt
 expect_error "tokenize: --vocab DIR is required" "$MODTRAIN" tokenize text.txt
 expect_error "cannot open 'nowhere/encoder.json'" "$MODTRAIN" tokenize --vocab nowhere text.txt
+# tokenize --decode streams ids in 64 KiB chunks and reads them strictly: a
+# NUL or any other byte that is not a digit or whitespace, or an id outside
+# the vocabulary, anywhere, is exit 1 (the ids before it are written) with
+# its byte offset; an id split between two chunks reads as one
+mkdir vocab
+seed="$srcdir/tests/fuzz/seeds/vocab/small" # encoder.json, a NUL, vocab.bpe
+n=$(tr '\0' '\n' < "$seed" | head -n 1 | wc -c)
+head -c $((n - 1)) "$seed" > vocab/encoder.json
+tail -c +$((n + 1)) "$seed" > vocab/vocab.bpe
+V=$("$MODTRAIN" tokenize --vocab vocab --hash | sed -n 's/^vocab_size //p')
+printf '40\n\0\n99999\n' > nul-big.ids
+printf '40\n\0x\n' > nul-bad.ids
+printf '40\n%s\n' "$V" > beyond.ids
+printf '40 -1\n' > sign.ids
+spaces() { head -c "$1" /dev/zero | tr '\0' ' '; }
+{ spaces 65535; printf '99999\n'; } > split-big.ids
+{ spaces 65535; printf '40\n'; } > split.ids
+expect_exit 1 "tokenize: nul-big.ids: byte 3 (line 2) is 0x00, not a digit or whitespace" "$MODTRAIN" tokenize --vocab vocab --decode nul-big.ids
+expect_exit 1 "tokenize: nul-bad.ids: byte 3 (line 2) is 0x00" "$MODTRAIN" tokenize --vocab vocab --decode nul-bad.ids
+expect_exit 1 "tokenize: beyond.ids: byte 3 (line 2): $V is not a token id in \[0, $V)" "$MODTRAIN" tokenize --vocab vocab --decode beyond.ids
+expect_exit 1 "tokenize: sign.ids: byte 3 (line 1) is '-', not a digit" "$MODTRAIN" tokenize --vocab vocab --decode sign.ids
+expect_exit 1 "tokenize: split-big.ids: byte 65535 (line 1): 99999 is not a token id" "$MODTRAIN" tokenize --vocab vocab --decode split-big.ids
+"$MODTRAIN" tokenize --vocab vocab --decode split.ids > split.out
+printf '40' | "$MODTRAIN" tokenize --vocab vocab --decode > one.out
+[ -s one.out ] && cmp -s split.out one.out && ok "an id split between two chunks decodes as one" ||
+    fail "the id split between chunks decoded as '$(cat split.out)', alone as '$(cat one.out)'"
 expect_error "neither a checkpoint directory" "$MODTRAIN" eval --ckpt nowhere --data data/val.bin
 expect_error "neither a checkpoint directory" "$MODTRAIN" ckpt verify --ckpt nowhere
 expect_error "neither a checkpoint directory" "$MODTRAIN" ckpt inspect --ckpt nowhere

@@ -278,11 +278,213 @@ static void test_hash(void) {
     bpe_free(a);
 }
 
+/* Decode input fed in two chunks, split at every byte, gives the bytes
+ * and the error of it fed whole; a NUL or any byte but digits and
+ * whitespace, and an id outside the vocabulary, are errors naming the
+ * byte offset, however far into the input. */
+static int decode_split(const Bpe *b, const char *in, size_t n, size_t cut, BpeBytes *out,
+                        Err *err) {
+    BpeDecoder d;
+    bpe_decoder_init(&d);
+    out->n = 0;
+    if (bpe_decode_feed(b, &d, in, cut, out, err) != 0) return -1;
+    if (bpe_decode_feed(b, &d, in + cut, n - cut, out, err) != 0) return -1;
+    return bpe_decode_end(b, &d, out, err);
+}
+
+static void test_decode(void) {
+    static char ej[1 << 16], vb[1 << 14];
+    static Vocab v;
+    uint32_t seed = 3;
+    Bpe *b = random_vocab(&v, &seed, ej, vb);
+    CU_ASSERT_FATAL(b != NULL);
+    const char ok[] = "97 98\n\t256 \r\n00099 257";
+    BpeBytes whole = {0}, part = {0};
+    Err err;
+    CU_ASSERT_FATAL(decode_split(b, ok, strlen(ok), 0, &whole, &err) == 0);
+    size_t l0, l1;
+    const uint8_t *t0 = bpe_token(b, 256, &l0), *t1 = bpe_token(b, 257, &l1);
+    CU_ASSERT(whole.n == 3 + l0 + l1 && memcmp(whole.bytes, "ab", 2) == 0 &&
+              memcmp(whole.bytes + 2, t0, l0) == 0 && whole.bytes[2 + l0] == 'c' &&
+              memcmp(whole.bytes + 3 + l0, t1, l1) == 0);
+    for (size_t cut = 0; cut <= strlen(ok); cut++) {
+        CU_ASSERT(decode_split(b, ok, strlen(ok), cut, &part, &err) == 0);
+        CU_ASSERT(part.n == whole.n && memcmp(part.bytes, whole.bytes, whole.n) == 0);
+    }
+    static const struct {
+        const char *in;
+        size_t n;
+        const char *want;
+    } bad[] = {
+        {"97\n\0\n99999", 10, "byte 3 (line 2) is 0x00, not a digit"},
+        {"97\n\0\n296", 8, "byte 3 (line 2) is 0x00"},
+        {"97 296", 6, "byte 3 (line 1): 296 is not a token id in [0, 296)"},
+        {"97 -1", 5, "byte 3 (line 1) is '-'"},
+        {"97 9a", 5, "byte 4 (line 1) is 'a'"},
+        {"97,98", 5, "byte 2 (line 1) is ','"},
+        {"1 123456789012345678901", 23, "byte 2 (line 1): an id of more than 20 digits"},
+        {"99999999999999999999", 20, "byte 0 (line 1): 99999999999999999999 is not a token id"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++)
+        for (size_t cut = 0; cut <= bad[k].n; cut++) {
+            err.msg[0] = '\0';
+            CU_ASSERT(decode_split(b, bad[k].in, bad[k].n, cut, &part, &err) == -1);
+            if (!strstr(err.msg, bad[k].want))
+                fprintf(stderr, "got '%s', want '%s'\n", err.msg, bad[k].want);
+            CU_ASSERT(strstr(err.msg, bad[k].want) != NULL);
+        }
+    /* a bad id 5 MB in */
+    const size_t big = 5000000;
+    char *far = malloc(big + 8);
+    memset(far, ' ', big);
+    memcpy(far + big, "97 x", 4);
+    CU_ASSERT(decode_split(b, far, big + 4, big / 2, &part, &err) == -1);
+    CU_ASSERT(strstr(err.msg, "byte 5000003 (line 1) is 'x'") != NULL);
+    free(far);
+    free(whole.bytes);
+    free(part.bytes);
+    bpe_free(b);
+}
+
+/* ------------------------------------------------------ hash flooding */
+
+/* The hashes bpe.c used before it keyed them, to craft collisions: the
+ * merge table's multiplicative hash of (left << 32 | right) + 1, whose
+ * slot depends only on the key's low bits, and the string map's FNV-1a. */
+static size_t old_pair_slot(uint32_t a, uint32_t b, size_t mask) {
+    const uint64_t key = ((uint64_t)a << 32 | b) + 1;
+    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 20) & mask;
+}
+
+static uint64_t old_fnv(uint64_t h, const uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Appends a token to a long buffer at *at (json_token's strcat would
+ * rescan it from the start each time). */
+static void put_json(char *buf, size_t *at, const uint8_t *t, size_t n) {
+    buf[*at] = '\0';
+    json_token(buf + *at, t, n);
+    *at += strlen(buf + *at);
+}
+
+static void put_utf8(char *buf, size_t *at, const uint8_t *t, size_t n) {
+    buf[*at] = '\0';
+    utf8_token(buf + *at, t, n);
+    *at += strlen(buf + *at);
+}
+
+/* A valid vocabulary of m merges "L b" (L four letters, b any byte) whose
+ * pairs all fall in the first 1024 slots of the old merge table: the
+ * old code's linear probing made one cluster of them, m^2/2 probes. */
+static Bpe *colliding_merges(size_t m) {
+    size_t lines = m + 2, slots = 64; /* as load_merges counts them */
+    while (slots < 2 * lines) slots *= 2;
+    char *ej = malloc(48 * (m + 256) + 64 * m), *vb = malloc(24 * m + 64);
+    uint8_t(*merged)[5] = malloc(m * sizeof *merged);
+    size_t ea = 1, va = 0, nm = 0;
+    strcpy(ej, "{");
+    for (int b = 0; b < 256; b++) {
+        const uint8_t byte = (uint8_t)b;
+        put_json(ej, &ea, &byte, 1);
+        ea += (size_t)sprintf(ej + ea, ": %d, ", b);
+    }
+    va += (size_t)sprintf(vb, "#version: 0.2\n");
+    uint32_t id = 256;
+    for (uint32_t l = 0; nm < m; l++) {
+        const uint8_t left[4] = {(uint8_t)('a' + l % 26), (uint8_t)('a' + l / 26 % 26),
+                                 (uint8_t)('a' + l / 676 % 26), (uint8_t)('a' + l / 17576 % 26)};
+        const uint32_t lid = id++;
+        put_json(ej, &ea, left, 4);
+        ea += (size_t)sprintf(ej + ea, ": %u, ", lid);
+        for (uint32_t b = 0; b < 256 && nm < m; b++) {
+            if (old_pair_slot(lid, b, slots - 1) >= 1024) continue;
+            memcpy(merged[nm], left, 4), merged[nm][4] = (uint8_t)b;
+            put_utf8(vb, &va, left, 4);
+            vb[va++] = ' ';
+            put_utf8(vb, &va, merged[nm] + 4, 1);
+            vb[va++] = '\n';
+            nm++;
+        }
+    }
+    for (size_t k = 0; k < nm; k++) {
+        put_json(ej, &ea, merged[k], 5);
+        ea += (size_t)sprintf(ej + ea, ": %u%s", id++, k + 1 < nm ? ", " : "}");
+    }
+    Err err;
+    Bpe *b = bpe_from_memory(ej, ea, vb, va, &err);
+    if (!b) fprintf(stderr, "%s\n", err.msg);
+    free(ej), free(vb), free(merged);
+    return b;
+}
+
+/* 150,000 merges crafted to collide under the old hash: 1.1e10 probes
+ * there (6 s), a few per merge here. */
+static void test_colliding_merges(void) {
+    const size_t m = 150000;
+    Bpe *b = colliding_merges(m);
+    CU_ASSERT_FATAL(b != NULL);
+    BpeProbes merges, tokens;
+    bpe_probes(b, &merges, &tokens, NULL);
+    printf("\n    %zu colliding merges: %llu probes; %llu tokens: %llu probes\n", m,
+           (unsigned long long)merges.probes, (unsigned long long)tokens.lookups,
+           (unsigned long long)tokens.probes);
+    CU_ASSERT(merges.lookups == m);
+    CU_ASSERT(merges.probes < 4 * merges.lookups);
+    CU_ASSERT(tokens.probes < 4 * tokens.lookups);
+    size_t len = 0;
+    const uint8_t *first = bpe_token(b, 256, &len);
+    CU_ASSERT(first && len == 4 && memcmp(first, "aaaa", 4) == 0);
+    bpe_free(b);
+}
+
+/* 4096 words that all fell in one slot of the old word cache (FNV-1a,
+ * folded, 8192 slots when full): 8.4e6 probes there to encode them once,
+ * a few a word here. */
+static void test_colliding_words(void) {
+    char ej[1 << 13];
+    size_t ea = 1;
+    strcpy(ej, "{");
+    for (int b = 0; b < 256; b++) {
+        const uint8_t byte = (uint8_t)b;
+        put_json(ej, &ea, &byte, 1);
+        ea += (size_t)sprintf(ej + ea, ": %d%s", b, b < 255 ? ", " : "}");
+    }
+    Err err;
+    Bpe *b = bpe_from_memory(ej, ea, "", 0, &err);
+    CU_ASSERT_FATAL(b != NULL);
+    enum { WORDS = 4096, LEN = 7 }; /* " " and six letters: one piece each */
+    char *text = malloc(WORDS * LEN);
+    size_t n = 0;
+    uint8_t w[LEN] = {' '};
+    for (uint32_t k = 0; n < WORDS; k++) {
+        for (int i = 0, x = (int)k; i < 6; i++, x /= 26) w[1 + i] = (uint8_t)('a' + x % 26);
+        const uint64_t h = old_fnv(1469598103934665603ull, w, LEN);
+        if (((h ^ (h >> 29)) & 8191) == 0) memcpy(text + LEN * n++, w, LEN);
+    }
+    BpeIds ids = {0};
+    bpe_encode(b, text, WORDS * LEN, &ids);
+    CU_ASSERT(ids.n == WORDS * LEN);
+    BpeProbes words;
+    bpe_probes(b, NULL, NULL, &words);
+    printf("\n    %d colliding words: %llu lookups, %llu probes\n", WORDS,
+           (unsigned long long)words.lookups, (unsigned long long)words.probes);
+    CU_ASSERT(words.lookups >= WORDS);
+    CU_ASSERT(words.probes < 4 * words.lookups);
+    free(ids.ids);
+    free(text);
+    bpe_free(b);
+}
+
 int main(void) {
     CU_TestInfo tests[] = {{"merges equal a naive reference on random vocabularies", test_merges},
                            {"any bytes decode back to themselves", test_round_trip},
                            {"malformed vocabularies: one line naming what is wrong", test_refused},
                            {"the hash names the tokens and merges, not the layout", test_hash},
+                           {"decode input: strict, in chunks split anywhere", test_decode},
+                           {"merges crafted to collide: a few probes each", test_colliding_merges},
+                           {"words crafted to collide: a few probes each", test_colliding_words},
                            CU_TEST_INFO_NULL};
     return run_suite("bpe", tests);
 }
