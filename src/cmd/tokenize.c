@@ -22,7 +22,12 @@ static char *slurp(const char *path, size_t *len, Err *err) {
     for (size_t got; (got = fread(s + n, 1, cap - n, stdin)) > 0;) {
         n += got;
         if (n == cap) {
-            if (cap >= TOKENIZE_MAX) break;
+            if (cap >= TOKENIZE_MAX) { /* never a silent cut */
+                free(s);
+                err_set(err, "standard input holds more than %llu bytes (tokenize at most that at "
+                        "a time, or use 'modtrain prep' for a corpus)", (unsigned long long)TOKENIZE_MAX);
+                return NULL;
+            }
             s = xrealloc(s, (cap *= 2) + 1);
         }
     }
