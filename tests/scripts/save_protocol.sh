@@ -123,54 +123,46 @@ wait_steps() { # RUN N
         i=$((i + 1))
     done
 }
-# (no `timeout` around the process signalled: it would take the signal)
+# signal PID RUN STEPS SIG...: once RUN has trained STEPS steps (0: after
+# a second), sends the job PID each SIG, a second apart; its exit code in
+# $rc and the step it stopped at on the first SIG in $k. (No `timeout`
+# around a process signalled: it would take the signal.)
+signal() {
+    pid=$1 run=$2 n=$3
+    shift 3
+    if [ "$n" -gt 0 ]; then wait_steps "$run" "$n"; else sleep 1; fi
+    gap=
+    for sig in "$@"; do
+        [ -z "$gap" ] || sleep 1
+        kill -"$sig" "$pid"
+        gap=1
+    done
+    set +e
+    wait "$pid"
+    rc=$?
+    set -e
+    k=$(sed -n "s/^stopping at step \([0-9]*\)\/.* on SIG$1.*/\1/p" "$run.log")
+}
+saved() { [ -n "$k" ] && "$MODTRAIN" ckpt verify --ckpt "$(step "$1" "$k")" > /dev/null; }
 "$MODTRAIN" train $common --run_dir int1 $long > int1.log 2>&1 &
-pid=$!
-wait_steps int1 3
-kill -INT $pid
-set +e
-wait $pid
-rc=$?
-set -e
-k=$(sed -n 's/^stopping at step \([0-9]*\)\/.* on SIGINT.*/\1/p' int1.log)
-[ "$rc" -eq 75 ] && [ -n "$k" ] && "$MODTRAIN" ckpt verify --ckpt "$(step int1 "$k")" > /dev/null &&
-    ok "SIGINT: saved step $k, exit 75" || { cat int1.log; fail "SIGINT (exit $rc)"; }
+signal $! int1 3 INT
+[ "$rc" -eq 75 ] && saved int1 && ok "SIGINT: saved step $k, exit 75" ||
+    { cat int1.log; fail "SIGINT (exit $rc)"; }
 MODTRAIN_FAULT=save-slow:5000 "$MODTRAIN" train $common --run_dir int2 $long > int2.log 2>&1 &
-pid=$!
-wait_steps int2 3
-kill -INT $pid
-sleep 1
-kill -INT $pid
-set +e
-wait $pid
-rc=$?
-set -e
+signal $! int2 3 INT INT
 [ "$rc" -eq 130 ] && grep -q "second SIGINT" int2.log && ok "a second SIGINT: exit 130 at once" ||
     { cat int2.log; fail "a second SIGINT (exit $rc)"; }
 # a signal during setup (here: while the probe write of time_limit is slow)
 MODTRAIN_FAULT=save-slow:2000 "$MODTRAIN" train $common --run_dir early $long \
     --time_limit 1000 > early.log 2>&1 &
-pid=$!
-sleep 1
-kill -TERM $pid
-set +e
-wait $pid
-rc=$?
-set -e
+signal $! early 0 TERM
 [ "$rc" -eq 75 ] && grep -q "stopping before step 1/100000 on SIGTERM: nothing to save" early.log &&
     ok "SIGTERM during setup: $(grep stopping early.log)" || { cat early.log; fail "SIGTERM during setup (exit $rc)"; }
 # under mpirun: SIGUSR1 to mpirun reaches every rank, which save and exit 75
 $MPIRUN -np 2 "$MODTRAIN" train $common --run_dir mpi $long > mpi.log 2>&1 &
-pid=$!
-wait_steps mpi 3
-kill -USR1 $pid
-set +e
-wait $pid
-rc=$?
-set -e
-k=$(sed -n 's/^stopping at step \([0-9]*\)\/.* on SIGUSR1.*/\1/p' mpi.log)
-[ "$rc" -eq 75 ] && [ -n "$k" ] && "$MODTRAIN" ckpt verify --ckpt "$(step mpi "$k")" > /dev/null &&
-    ok "mpirun -np 2, SIGUSR1 to mpirun: step $k saved, exit 75" || { cat mpi.log; fail "mpirun SIGUSR1 (exit $rc)"; }
+signal $! mpi 3 USR1
+[ "$rc" -eq 75 ] && saved mpi && ok "mpirun -np 2, SIGUSR1 to mpirun: step $k saved, exit 75" ||
+    { cat mpi.log; fail "mpirun SIGUSR1 (exit $rc)"; }
 
 # 3. time_limit with saves slowed to 2 s (and the probe with them): the run
 # keeps to its 6 s counted from the start, the stop's save included
