@@ -13,6 +13,7 @@
 #include "mpi/check.h"
 #include "mpi/pipeline.h"
 #include "mpi/sync.h"
+#include "src/base/fault.h"
 #include "src/cmd/cmd.h"
 
 /* OMP_NUM_THREADS, the hybrid MPI + OpenMP convention (mpirun -x
@@ -91,6 +92,7 @@ double evaluate(Model *m, const Shard *s, int micro, size_t n_seqs, RouteMode mo
         /* a pipeline runs the forward stage after stage; the last has the loss */
         if (pp > 1 && !first) pp_recv_prev(m->cur->enc, count, PP_TAG_EVAL, m->pp_comm);
         total += (double)model_forward(m, inputs, targets, B, T) * B * T;
+        fault_progress(); /* the watchdog's: a long validation is no hang */
         check_model_fault(m);
         if (pp > 1 && !last) pp_send_next(model_stage_output(m), count, PP_TAG_EVAL, m->pp_comm);
         if (backward) model_backward(m, (float)(1.0 / tokens), aux_weight);

@@ -861,6 +861,7 @@ static int run_nonfinite(Run *r, int *step, const StepResult *s) {
     }
     double stall = 0;
     run_finish_async(r, done, 1, &stall); /* the save in flight commits first */
+    fault_phase("rollback");
     Config back = *c;
     snprintf(back.resume, sizeof back.resume, "auto");
     CkptRunState had = {0, 0};
