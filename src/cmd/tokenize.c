@@ -69,7 +69,7 @@ static int decode_ids(const Bpe *b, const char *path) {
         int bad = got > 0     ? bpe_decode_feed(b, &d, buf, got, &out, &err)
                   : ferror(f) ? 0
                               : bpe_decode_end(b, &d, &out, &err);
-        fwrite(out.bytes, 1, out.n, stdout);
+        if (out.n) fwrite(out.bytes, 1, out.n, stdout); /* bytes may be NULL when none */
         if (bad != 0) {
             errorf("tokenize: %s: %s", path, err.msg);
             rc = EXIT_FAILURE;
