@@ -166,7 +166,7 @@ int ckpt_list_steps(const char *ckpt_dir, char ***names) {
         (*names)[n++] = xstrdup(e->d_name);
     }
     closedir(d);
-    qsort(*names, (size_t)n, sizeof(char *), cmp_desc);
+    if (n > 1) qsort(*names, (size_t)n, sizeof(char *), cmp_desc); /* NULL when none */
     return n;
 }
 
