@@ -19,8 +19,10 @@
 # every point of it for 1 rank synchronous; ENOSPC and EDQUOT at the
 # writes; the asynchronous phases; the rollback's re-save; two points of
 # tp 2 x dp 2); MODTRAIN_SWEEP=full runs every point of every save (steps
-# 4 and 6) with every action in every case. MODTRAIN_SKIP_SLOW=1 (the
-# sanitizer pass and distcheck) keeps every other point of the subset.
+# 4 and 6) with every action in every case; MODTRAIN_SWEEP_PARTS (some of
+# "one roll tp2dp2"), MODTRAIN_SWEEP_STEPS and MODTRAIN_SWEEP_ACTIONS narrow
+# it. MODTRAIN_SKIP_SLOW=1 (the sanitizer pass and distcheck) keeps every
+# other point of the subset.
 . "$(dirname "$0")/lib.sh"
 prep_fortunes
 MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
@@ -122,11 +124,14 @@ sweep() {
 every=1
 [ -n "${MODTRAIN_SKIP_SLOW:-}" ] && [ -z "$full" ] && every=2
 if [ -n "$full" ]; then
-    steps="4 6" actions="kill EIO ENOSPC EDQUOT"
+    steps=${MODTRAIN_SWEEP_STEPS:-4 6} actions=${MODTRAIN_SWEEP_ACTIONS:-kill EIO ENOSPC EDQUOT}
 else
     steps=4 actions=""
 fi
+parts=" ${MODTRAIN_SWEEP_PARTS:-one roll tp2dp2} "
+part() { case $parts in *" $1 "*) return 0 ;; esac; return 1; }
 
+if part one; then
 # 1 rank, synchronous saves
 reference one-sync 1 --ckpt_async 0
 sweep one-sync 1 "$steps" "${actions:-kill EIO}" 0 "$every" --ckpt_async 0
@@ -144,11 +149,13 @@ else
     done
     one one-async 1 data.sync 4 EIO 0 --threads 2
 fi
+fi
 
 # a NaN loss on batch 4 (step 5), rolled back onto step 4: the re-save of
 # step 4 replaces it (commit.rename_old, .old removed), and every relaunch
 # meets the bad batch again and must skip it the same way
 roll="--on_nonfinite rollback --ckpt_async 0"
+if part roll; then
 MODTRAIN_FAULT=nan-batch:4 reference roll 1 $roll
 grep -q "rolled back to step 4, skipping the batches of steps 5-5" roll.log &&
     ok "rollback: $(grep -m 1 'rolled back' roll.log)" || { cat roll.log; fail "rollback reference"; }
@@ -177,8 +184,10 @@ rollone() { # POINT ACTION
 }
 for p in commit.rename_old commit.rename commit.old.unlink commit.old.rmdir; do rollone "$p" kill; done
 rollone commit.rename EIO
+fi
 
 # tp 2 x dp 2: rank 3 dies in the collective write, rank 0 in the commit
+if part tp2dp2; then
 reference tp2dp2-sync 4 --tp 2 --ckpt_async 0
 reference tp2dp2-async 4 --tp 2
 if [ -n "$full" ]; then
@@ -194,6 +203,7 @@ else
         one tp2dp2-async 4 phase.pack 4 kill 3 --tp 2
         one tp2dp2-async 4 latest.rename 4 kill 0 --tp 2
     }
+fi
 fi
 echo "sweep: $cases cases in $(($(date +%s) - t0)) s"
 finish
