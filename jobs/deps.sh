@@ -9,7 +9,7 @@
 #            npm package conflicts with other Node.js builds)
 set -eu
 pkgs="build-essential autoconf automake libtool pkg-config libopenmpi-dev openmpi-bin
-      libblis-dev libcunit1-dev zlib1g-dev libpcre2-dev fortunes python3 python3-torch gnuplot-nox"
+      libblis-dev libcunit1-dev zlib1g-dev libzstd-dev libjansson-dev libpcre2-dev fortunes python3 python3-torch gnuplot-nox"
 for opt in "$@"; do
     case $opt in
     --slurm) pkgs="$pkgs slurm-wlm munge" ;;

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -44,6 +45,11 @@ int shard_parse_header(const uint8_t *buf, size_t len, uint64_t file_size, const
                        "data: '%s' names tokenizer %d in its header (expected 0 unknown, 1 byte "
                        "or 2 gpt2)",
                        name, hdr[4]);
+    if (hdr[8] != 0 && hdr[8] != 1)
+        return err_set(err,
+                       "data: '%s' has %d in header slot 8, expected 0 or 1 (whether slot 7 holds "
+                       "the tokens' CRC-32)",
+                       name, hdr[8]);
     if (hdr[2] < 0) return err_set(err, "data: '%s' has a negative token count %d", name, hdr[2]);
     const size_t n = (size_t)hdr[2];
     const uint64_t expect = hbytes + (uint64_t)n * sizeof(uint16_t); /* n < 2^31: no overflow */
@@ -59,6 +65,8 @@ int shard_parse_header(const uint8_t *buf, size_t len, uint64_t file_size, const
     meta->vocab = hdr[3];
     meta->tokenizer = hdr[4];
     meta->vocab_hash = (uint64_t)(uint32_t)hdr[6] << 32 | (uint32_t)hdr[5];
+    meta->has_crc = hdr[8];
+    meta->crc = hdr[8] ? (uint32_t)hdr[7] : 0;
     return 0;
 }
 
@@ -113,14 +121,8 @@ void shard_describe_tokenizer(const ShardMeta *m, char *buf, size_t n) {
     else snprintf(buf, n, "an unknown tokenizer");
 }
 
-int shard_write(const char *path, const uint16_t *tokens, size_t n, const ShardMeta *meta,
-                Err *err) {
-    if (n > INT32_MAX) {
-        return err_set(err, "data: %zu tokens do not fit one shard (max %d)", n, INT32_MAX);
-    }
-    size_t bytes = SHARD_HEADER_INTS * sizeof(int32_t) + n * sizeof(uint16_t);
-    char *buf = xcalloc(1, bytes);
-    int32_t *hdr = (int32_t *)buf;
+void shard_header_fill(int32_t hdr[SHARD_HEADER_INTS], size_t n, const ShardMeta *meta) {
+    memset(hdr, 0, SHARD_HEADER_INTS * sizeof(int32_t));
     hdr[0] = SHARD_MAGIC;
     hdr[1] = SHARD_VERSION;
     hdr[2] = (int32_t)n;
@@ -128,6 +130,21 @@ int shard_write(const char *path, const uint16_t *tokens, size_t n, const ShardM
     hdr[4] = meta->tokenizer;
     hdr[5] = (int32_t)(uint32_t)meta->vocab_hash;
     hdr[6] = (int32_t)(uint32_t)(meta->vocab_hash >> 32);
+    hdr[7] = meta->has_crc ? (int32_t)meta->crc : 0;
+    hdr[8] = meta->has_crc ? 1 : 0;
+}
+
+int shard_write(const char *path, const uint16_t *tokens, size_t n, const ShardMeta *meta,
+                Err *err) {
+    if (n > INT32_MAX) {
+        return err_set(err, "data: %zu tokens do not fit one shard (max %d)", n, INT32_MAX);
+    }
+    size_t bytes = SHARD_HEADER_INTS * sizeof(int32_t) + n * sizeof(uint16_t);
+    char *buf = xcalloc(1, bytes);
+    ShardMeta m = *meta;
+    m.has_crc = 1;
+    m.crc = (uint32_t)crc32_z(0, (const unsigned char *)tokens, n * sizeof(uint16_t));
+    shard_header_fill((int32_t *)buf, n, &m);
     memcpy(buf + SHARD_HEADER_INTS * sizeof(int32_t), tokens, n * sizeof(uint16_t));
     int rc = write_file_atomic(path, buf, bytes, err);
     free(buf);
@@ -173,226 +190,4 @@ size_t order_window(DataOrder *o, uint64_t g) {
         o->epoch = epoch;
     }
     return o->perm[g % o->n_seqs];
-}
-
-#define PREP_CHUNK 4096
-
-/* The whole of a file for prep: read, and not empty. NULL with err set. */
-static char *prep_read(const char *path, size_t *len, Err *err) {
-    Err e;
-    char *buf = read_file(path, SIZE_MAX, len, &e);
-    if (!buf) {
-        err_set(err, "prep: %s (expected text to tokenise)", e.msg);
-        return NULL;
-    }
-    if (*len == 0) {
-        err_set(err, "prep: '%s' is empty (expected text to tokenise)", path);
-        free(buf);
-        return NULL;
-    }
-    return buf;
-}
-
-/* Refuses an output path that exists and is not a file (a directory named
- * val.bin): found before anything is written. Returns 0 or -1. */
-static int check_output(const char *path, Err *err) {
-    struct stat st;
-    if (stat(path, &st) != 0 || S_ISREG(st.st_mode)) return 0;
-    return err_set(err, "prep: '%s' exists and is not a file (prep replaces files only)", path);
-}
-
-/* Writes train (and val, when nv > 0) beside their final names, then moves
- * them into place together: val.bin first (or, with no val tokens, an old
- * val.bin removed, so that it never stands beside a new train.bin), then
- * train.bin. A failure before the renames leaves the old outputs as they
- * were. Returns 0 or -1 with err set. */
-static int write_outputs(const char *out_dir, const uint16_t *train, size_t nt, const uint16_t *val,
-                         size_t nv, const ShardMeta *meta, Err *err) {
-    char tp[1024], vp[1024], ts[1100], vs[1100];
-    snprintf(tp, sizeof tp, "%s/train.bin", out_dir);
-    snprintf(vp, sizeof vp, "%s/val.bin", out_dir);
-    snprintf(ts, sizeof ts, "%s.staged.%ld", tp, (long)getpid());
-    snprintf(vs, sizeof vs, "%s.staged.%ld", vp, (long)getpid());
-    if (check_output(tp, err) != 0 || check_output(vp, err) != 0) return -1;
-    if (mkdirs(out_dir) != 0)
-        return err_set(err, "prep: cannot create '%s': %s", out_dir, strerror(errno));
-    int rc = shard_write(ts, train, nt, meta, err);
-    if (rc == 0 && nv > 0) rc = shard_write(vs, val, nv, meta, err);
-    if (rc == 0 && nv > 0 && rename(vs, vp) != 0)
-        rc = err_set(err, "prep: cannot rename '%s' to '%s': %s", vs, vp, strerror(errno));
-    if (rc == 0 && nv == 0 && unlink(vp) != 0 && errno != ENOENT)
-        rc = err_set(err, "prep: cannot remove the old '%s': %s", vp, strerror(errno));
-    if (rc == 0 && rename(ts, tp) != 0)
-        rc = err_set(err, "prep: cannot rename '%s' to '%s': %s", ts, tp, strerror(errno));
-    unlink(ts);
-    unlink(vs);
-    fsync_dir(out_dir);
-    return rc;
-}
-
-/* Splits n tokens into train and val by 4096-token chunks (a val_fraction
- * of them, spread evenly, at least one when there are two or more) and
- * writes out_dir/train.bin and out_dir/val.bin with meta in the header
- * (write_outputs: both or neither). */
-static int split_write(const uint16_t *tokens, size_t n, const ShardMeta *meta, const char *out_dir,
-                       double val_fraction, size_t counts[2], Err *err) {
-    size_t n_chunks = (n + PREP_CHUNK - 1) / PREP_CHUNK;
-    uint16_t *train = xmalloc(n * sizeof(uint16_t) + 2), *val = xmalloc(n * sizeof(uint16_t) + 2);
-    size_t nt = 0, nv = 0;
-    for (size_t c = 0; c < n_chunks; c++) {
-        /* Chunk c goes to val when the running count floor(c * f) steps up:
-         * exactly a fraction f of the chunks, spread evenly over the text. */
-        int to_val = floor((double)(c + 1) * val_fraction) > floor((double)c * val_fraction);
-        /* a short text still gets a validation chunk: its last one */
-        if (c == n_chunks - 1 && c > 0 && val_fraction > 0 && nv == 0) to_val = 1;
-        size_t lo = c * PREP_CHUNK, hi = lo + PREP_CHUNK < n ? lo + PREP_CHUNK : n;
-        for (size_t i = lo; i < hi; i++) {
-            if (to_val) val[nv++] = tokens[i];
-            else train[nt++] = tokens[i];
-        }
-    }
-    int rc = -1;
-    if (nt < 2 || (val_fraction > 0 && nv < 2))
-        err_set(err,
-                "prep: the text gives %zu train and %zu val tokens; need at least 2 each "
-                "(give more text or change --val-fraction)",
-                nt, nv);
-    else if ((rc = write_outputs(out_dir, train, nt, val, nv, meta, err)) == 0) {
-        counts[0] = nt;
-        counts[1] = nv;
-    }
-    free(train);
-    free(val);
-    return rc;
-}
-
-int prep_byte_files(char **files, int nfiles, const char *out_dir, double val_fraction,
-                    size_t counts[2], Err *err) {
-    size_t cap = 1 << 20, n = 0;
-    uint16_t *tokens = xmalloc(cap * sizeof *tokens);
-    for (int i = 0; i < nfiles; i++) {
-        size_t len;
-        char *buf = prep_read(files[i], &len, err);
-        if (!buf) {
-            free(tokens);
-            return -1;
-        }
-        if (n + len > cap) {
-            while (n + len > cap) cap *= 2;
-            tokens = xrealloc(tokens, cap * sizeof *tokens);
-        }
-        for (size_t k = 0; k < len; k++) tokens[n++] = (uint8_t)buf[k];
-        free(buf);
-    }
-    const ShardMeta meta = {256, SHARD_TOK_BYTE, 0};
-    const int rc = split_write(tokens, n, &meta, out_dir, val_fraction, counts, err);
-    free(tokens);
-    return rc;
-}
-
-/* A document: bytes of one of the files. */
-typedef struct {
-    const char *p;
-    size_t n;
-} Doc;
-
-/* Appends the documents of text to *docs: the whole, or with sep the pieces
- * between lines equal to sep (a line's newline stays with it); empty ones
- * are left out. */
-static void split_docs(const char *text, size_t n, const char *sep, Doc **docs, size_t *nd,
-                       size_t *cap) {
-    const size_t sl = sep ? strlen(sep) : 0;
-    size_t start = 0;
-    for (size_t at = 0; at <= n;) {
-        const char *nl = at < n ? memchr(text + at, '\n', n - at) : NULL;
-        const size_t end = nl ? (size_t)(nl - text) : n; /* this line: [at, end) */
-        const int is_sep = sep && end - at == sl && memcmp(text + at, sep, sl) == 0;
-        if (is_sep || end >= n) {
-            const size_t stop = is_sep ? at : n;
-            if (stop > start) {
-                if (*nd == *cap) *docs = xrealloc(*docs, (*cap = 2 * *cap + 16) * sizeof **docs);
-                (*docs)[(*nd)++] = (Doc){text + start, stop - start};
-            }
-            start = is_sep ? (nl ? end + 1 : n) : n;
-        }
-        if (!nl) break;
-        at = end + 1;
-    }
-}
-
-/* Each document's ids, on threads of their own (a Bpe clone each, the
- * documents handed out in order), so the result does not depend on the
- * thread count. Calls progress from the first thread every 2 s. */
-static void encode_docs(const Bpe *bpe, const Doc *docs, size_t nd, int threads, BpeIds *ids,
-                        const PrepProgress *pg, size_t total) {
-    size_t done_bytes = 0;
-    const double t0 = now_s();
-    double last = t0;
-#pragma omp parallel num_threads(threads > 0 ? threads : 1)
-    {
-        Bpe *mine = bpe_clone(bpe);
-        if (!mine) {
-            fprintf(stderr, "modtrain: out of memory for a tokenizer's match data\n");
-            abort();
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (size_t d = 0; d < nd; d++) {
-            bpe_encode(mine, docs[d].p, docs[d].n, &ids[d]);
-            size_t now_done;
-#pragma omp atomic capture
-            now_done = done_bytes += docs[d].n;
-#ifdef _OPENMP
-            const int first = omp_get_thread_num() == 0;
-#else
-            const int first = 1;
-#endif
-            if (first && pg && pg->fn && now_s() - last >= 2.0) {
-                last = now_s();
-                pg->fn(pg->ctx, now_done, total, last - t0);
-            }
-        }
-        bpe_free(mine);
-    }
-}
-
-int prep_gpt2_files(char **files, int nfiles, const char *out_dir, double val_fraction,
-                    const Bpe *bpe, const char *doc_sep, int threads, const PrepProgress *pg,
-                    PrepStats *st, Err *err) {
-    const int vocab = bpe_vocab_size(bpe), eot = bpe_eot(bpe);
-    if (vocab > 65536 || eot < 0)
-        return err_set(err,
-                       "prep: the vocabulary has %d tokens%s; shards hold ids below 65536 "
-                       "and documents are separated by <|endoftext|>",
-                       vocab, eot < 0 ? " and no <|endoftext|>" : "");
-    char **bufs = xcalloc((size_t)nfiles, sizeof *bufs);
-    Doc *docs = NULL;
-    size_t nd = 0, cap = 0, total = 0, n = 0;
-    int rc = -1;
-    for (int i = 0; i < nfiles; i++) {
-        size_t len;
-        if (!(bufs[i] = prep_read(files[i], &len, err))) goto done;
-        split_docs(bufs[i], len, doc_sep, &docs, &nd, &cap);
-        total += len;
-    }
-    BpeIds *ids = xcalloc(nd + 1, sizeof *ids);
-    const double t0 = now_s();
-    encode_docs(bpe, docs, nd, threads, ids, pg, total);
-    st->seconds = now_s() - t0, st->bytes = total, st->docs = nd;
-    for (size_t d = 0; d < nd; d++) n += ids[d].n + 1;
-    uint16_t *tokens = xmalloc(n * sizeof *tokens + 2);
-    n = 0;
-    for (size_t d = 0; d < nd; d++) { /* <|endoftext|> before each document, as llm.c */
-        tokens[n++] = (uint16_t)eot;
-        for (size_t k = 0; k < ids[d].n; k++) tokens[n++] = (uint16_t)ids[d].ids[k];
-        free(ids[d].ids);
-    }
-    free(ids);
-    const ShardMeta meta = {vocab, SHARD_TOK_GPT2, bpe_hash(bpe)};
-    rc = split_write(tokens, n, &meta, out_dir, val_fraction, st->counts, err);
-    free(tokens);
-done:
-    for (int i = 0; i < nfiles; i++) free(bufs[i]);
-    free(bufs);
-    free(docs);
-    return rc;
 }

@@ -16,7 +16,6 @@
 #include <stdint.h>
 
 #include "src/base/util.h"
-#include "src/bpe.h"
 
 #define SHARD_MAGIC 20240520
 #define SHARD_VERSION 1
@@ -28,11 +27,15 @@ enum { SHARD_TOK_UNKNOWN = 0, SHARD_TOK_BYTE = 1, SHARD_TOK_GPT2 = 2 };
 /* What modtrain records in a shard's header beyond the count; zero where
  * llm.c's shards leave it: slot 3 the vocabulary size, slot 4 the
  * tokenizer, slots 5 and 6 the low and high halves of the vocabulary's
- * hash (bpe_hash; 0 for the byte tokenizer). */
+ * hash (bpe_hash; 0 for the byte tokenizer), slot 7 the CRC-32 (zlib's) of
+ * the token bytes and slot 8 1 when slot 7 holds it (the shard's content
+ * hash, which a checkpoint records to know its data again). */
 typedef struct {
     int vocab;
     int tokenizer;
     uint64_t vocab_hash;
+    int has_crc;
+    uint32_t crc;
 } ShardMeta;
 
 typedef struct {
@@ -52,7 +55,11 @@ int shard_load(Shard *s, const char *path, Err *err);
 int shard_parse_header(const uint8_t *buf, size_t len, uint64_t file_size, const char *name,
                        size_t *n_tokens, ShardMeta *meta, Err *err);
 void shard_free(Shard *s);
-/* Writes tokens as a shard, atomically. Returns 0 or -1 with err set. */
+/* The header of a shard of n tokens (n <= INT32_MAX) described by meta
+ * (its crc included when meta->has_crc). */
+void shard_header_fill(int32_t hdr[SHARD_HEADER_INTS], size_t n, const ShardMeta *meta);
+/* Writes tokens as a shard, atomically, with their CRC-32 in the header.
+ * Returns 0 or -1 with err set. */
 int shard_write(const char *path, const uint16_t *tokens, size_t n, const ShardMeta *meta,
                 Err *err);
 /* The tokenizer's name ("byte", "gpt2", "unknown"). */
@@ -78,36 +85,5 @@ void order_init(DataOrder *o, uint64_t seed, size_t n_seqs);
 void order_free(DataOrder *o);
 /* Window of global sequence index g (= step * batch_size + j). */
 size_t order_window(DataOrder *o, uint64_t g);
-
-/* `modtrain prep`: byte-tokenises the files, splits them into train and val
- * by 4096-token chunks (a val_fraction of the chunks, spread evenly, at least
- * one when there are two or more), writes
- * out_dir/train.bin and out_dir/val.bin (none when no chunk goes to val: an
- * old val.bin is removed), both or neither (written beside, then renamed).
- * Returns 0 with the token counts of train and val in counts, or -1 with err
- * set. */
-int prep_byte_files(char **files, int nfiles, const char *out_dir, double val_fraction,
-                    size_t counts[2], Err *err);
-
-/* Progress of a long prep: fn(ctx, bytes done, bytes in all, seconds). */
-typedef struct {
-    void (*fn)(void *ctx, size_t done, size_t total, double seconds);
-    void *ctx;
-} PrepProgress;
-
-typedef struct {
-    size_t counts[2]; /* tokens of train and val */
-    size_t bytes, docs;
-    double seconds; /* tokenising alone */
-} PrepStats;
-
-/* `modtrain prep --tokenizer gpt2`: the documents of the files (each file,
- * or with doc_sep the pieces between lines equal to it) encoded with bpe
- * on `threads` threads, each after <|endoftext|> as llm.c writes them,
- * split and written as prep_byte_files does, with the vocabulary size and
- * hash in the shards' header; the same shards whatever the thread count. */
-int prep_gpt2_files(char **files, int nfiles, const char *out_dir, double val_fraction,
-                    const Bpe *bpe, const char *doc_sep, int threads, const PrepProgress *pg,
-                    PrepStats *st, Err *err);
 
 #endif

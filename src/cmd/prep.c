@@ -8,7 +8,7 @@
 #endif
 
 #include "src/cmd/cmd.h"
-#include "src/data.h"
+#include "src/prep.h"
 
 static void progress(void *ctx, size_t done, size_t total, double secs) {
     (void)ctx;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "src/data.h"
+#include "src/prep.h"
 #include "src/base/util.h"
 #include "testutil.h"
 
@@ -21,7 +22,7 @@ static void test_roundtrip(void) {
     for (int i = 0; i < 100; i++) tok[i] = (uint16_t)(i * 37 % 300);
     char p[256];
     path_in(p, sizeof p, "a.bin");
-    const ShardMeta meta = {300, SHARD_TOK_GPT2, 0xfedcba9876543210ull};
+    const ShardMeta meta = {.vocab = 300, .tokenizer = SHARD_TOK_GPT2, .vocab_hash = 0xfedcba9876543210ull};
     CU_ASSERT_EQUAL(shard_write(p, tok, 100, &meta, NULL), 0);
     Shard s;
     CU_ASSERT_EQUAL_FATAL(shard_load(&s, p, &e), 0);
