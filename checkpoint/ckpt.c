@@ -269,7 +269,7 @@ static void model_key_value(const Config *cfg, const Model *m, const char *key, 
 
 static int state_kv(const Config *cfg, const Model *m, int step, const CkptRunState *rs, int world,
                     CkKV *kv) {
-    const CkptRunState none = {0, 0};
+    const CkptRunState none = {0};
     if (!rs) rs = &none;
     int n = 0;
     char v[256], k[80];
@@ -281,8 +281,11 @@ static int state_kv(const Config *cfg, const Model *m, int step, const CkptRunSt
     }
     snprintf(v, sizeof v, "%d", step);
     n = add_kv(kv, n, "state.step", v);
-    snprintf(v, sizeof v, "%lld", ((long long)step + rs->batch_offset) * cfg->batch_size);
+    const long long samples =
+        rs->samples ? rs->samples : ((long long)step + rs->batch_offset) * cfg->batch_size;
+    snprintf(v, sizeof v, "%lld", samples);
     n = add_kv(kv, n, "state.data_cursor", v);
+    n = add_kv(kv, n, "state.samples", v);
     snprintf(v, sizeof v, "%lld", rs->batch_offset);
     n = add_kv(kv, n, "state.batch_offset", v);
     snprintf(v, sizeof v, "%d", rs->rollbacks);
@@ -297,6 +300,7 @@ static int state_kv(const Config *cfg, const Model *m, int step, const CkptRunSt
     n = add_kv(kv, n, "layout.tp", v);
     snprintf(v, sizeof v, "%d", m->d.pp);
     n = add_kv(kv, n, "layout.pp", v);
+    for (int i = 0; i < rs->n_data; i++) n = add_kv(kv, n, rs->data[i].key, rs->data[i].value);
     return n;
 }
 
@@ -402,7 +406,7 @@ typedef struct {
     int step, keep;
     CkSlice *slices;
     int n;
-    CkKV kv[64];
+    CkKV *kv; /* (64 + the dataset's pairs) */
     int nkv;
     CkWriteOpts wo;
 } SaveJob;
@@ -424,6 +428,7 @@ static void job_init(SaveJob *j, const char *ckpt_dir, const Model *m, float *pa
         j->n += model_slices(m, mom_m, "adam_m", r, j->slices + j->n);
         j->n += model_slices(m, mom_v, "adam_v", r, j->slices + j->n);
     }
+    j->kv = xcalloc(64 + (size_t)(rs ? rs->n_data : 0), sizeof(CkKV));
     j->nkv = state_kv(cfg, m, step, rs, world, j->kv);
     j->wo = (CkWriteOpts){cfg->ckpt_level, cfg->ckpt_chunk, 0, 0};
 }
@@ -480,6 +485,7 @@ int ckpt_save(const char *ckpt_dir, const Model *m, const AdamW *opt, const Conf
              comm, &r);
     int rc = job_run(&j, comm, st, err);
     free(j.slices);
+    free(j.kv);
     return rc;
 }
 
@@ -635,6 +641,8 @@ int ckpt_async_wait(CkptAsync *a, CkStats *st, double *seconds, Err *err) {
     a->busy = 0;
     free(a->job.slices);
     a->job.slices = NULL;
+    free(a->job.kv);
+    a->job.kv = NULL;
     if (st) *st = a->st;
     if (seconds) *seconds = a->seconds;
     if (a->rc != 0) *err = a->err;
@@ -726,19 +734,40 @@ int ckpt_read_config(const char *stepdir, Config *cfg, int *step, Err *err) {
 
 int ckpt_read_run_state(const char *stepdir, CkptRunState *rs, Err *err) {
     CkIndex ix;
+    memset(rs, 0, sizeof *rs);
+    rs->seed = -1;
     if (ck_index_read(stepdir, &ix, err) != 0) return -1;
     const char *o = ck_kv(&ix, "state.batch_offset"), *b = ck_kv(&ix, "state.rollbacks");
-    long long ov = 0, bv = 0;
+    const char *s = ck_kv(&ix, "state.samples"), *dc = ck_kv(&ix, "state.data_cursor");
+    const char *sd = ck_kv(&ix, "state.seed");
+    long long ov = 0, bv = 0, sv = 0, seed = -1;
     int rc = 0;
-    if ((o && parse_i64(o, 0, 1LL << 50, &ov) != 0) || (b && parse_i64(b, 0, 1 << 20, &bv) != 0))
+    if (!s) s = dc;
+    if ((o && parse_i64(o, 0, 1LL << 50, &ov) != 0) || (b && parse_i64(b, 0, 1 << 20, &bv) != 0) ||
+        (s && parse_i64(s, 0, 1LL << 62, &sv) != 0) || (sd && parse_i64(sd, 0, INT64_MAX, &seed) != 0))
         rc = err_set(err,
                      "ckpt: '%s/index' has state.batch_offset = '%.32s', state.rollbacks = "
-                     "'%.32s' (expected integers >= 0)",
-                     stepdir, o ? o : "", b ? b : "");
+                     "'%.32s', state.samples = '%.32s', state.seed = '%.32s' (expected integers "
+                     ">= 0)",
+                     stepdir, o ? o : "", b ? b : "", s ? s : "", sd ? sd : "");
     rs->batch_offset = ov;
     rs->rollbacks = (int)bv;
+    rs->samples = sv;
+    rs->seed = seed;
+    for (int i = 0; i < ix.nkv; i++)
+        if (strncmp(ix.kv[i].key, "data.", 5) == 0) {
+            if (rs->n_data % 64 == 0)
+                rs->data = xrealloc(rs->data, ((size_t)rs->n_data + 64) * sizeof(CkKV));
+            rs->data[rs->n_data++] = ix.kv[i];
+        }
     ck_index_free(&ix);
     return rc;
+}
+
+void ckpt_run_state_free(CkptRunState *rs) {
+    free(rs->data);
+    rs->data = NULL;
+    rs->n_data = 0;
 }
 
 int ckpt_load(const char *stepdir, Model *m, AdamW *opt, int *had_moments, Err *err) {

@@ -23,16 +23,26 @@
 #include "src/optim.h"
 
 /* The training state beyond the step that a checkpoint records: the
- * global batches skipped so far (step s trains on batch s + batch_offset)
- * and the rollbacks onto this checkpoint's step after a non-finite loss. */
+ * global batches skipped so far (step s trains on batch s + batch_offset),
+ * the rollbacks onto this checkpoint's step after a non-finite loss, the
+ * samples consumed (the data position: the next step reads sample
+ * `samples` on), the seed of the data order, and the dataset's identity
+ * (ds_identity's "data.*" pairs: the caller's when saving; read from the
+ * checkpoint, n_data 0 when it has none, freed by ckpt_run_state_free). */
 typedef struct {
     long long batch_offset;
     int rollbacks;
+    long long samples;
+    long long seed; /* -1: not recorded */
+    CkKV *data;
+    int n_data;
 } CkptRunState;
 
 /* Reads a checkpoint's CkptRunState (zeros for keys it lacks: written
- * before they were). Returns 0 or -1 with err set. */
+ * before they were; samples then from state.data_cursor). Returns 0 or -1
+ * with err set. */
 int ckpt_read_run_state(const char *stepdir, CkptRunState *rs, Err *err);
+void ckpt_run_state_free(CkptRunState *rs);
 
 /* Saves weights (and moments when opt is non-NULL) after `step` completed
  * steps. Collective over comm; every rank writes a share: the data it holds

@@ -19,6 +19,7 @@ typedef enum { GATE_RAW = 0, GATE_SIGMOID = 1 } RouterGate;
 typedef enum { CAUSAL_AUX_LOSS = 0, CAUSAL_PREDICTOR = 1 } CausalRouter;
 typedef enum { SCHED_1F1B = 0, SCHED_GPIPE = 1 } Schedule;
 typedef enum { NONFINITE_STOP = 0, NONFINITE_ROLLBACK = 1 } OnNonfinite;
+typedef enum { DATA_CHANGED_REFUSE = 0, DATA_CHANGED_CONTINUE = 1 } DataChanged;
 /* How token ids map to text. AUTO is resolved before training (from the
  * training shard's header) and is never recorded in a checkpoint. */
 typedef enum { TOK_AUTO = 0, TOK_BYTE = 1, TOK_GPT2 = 2, TOK_NONE = 3 } Tokenizer;
@@ -59,6 +60,7 @@ typedef struct {
     OnNonfinite on_nonfinite;
     int nonfinite_tries; /* rollbacks onto one checkpoint before giving up */
     double watchdog_s;   /* seconds without progress that end the job; 0 = off */
+    DataChanged data_changed; /* on resume over another seed or dataset */
     /* machine */
     int threads;
     double peak_gflops;

@@ -14,6 +14,7 @@
 #include "checkpoint/ckpt.h"
 #include "src/base/util.h"
 #include "src/data.h"
+#include "src/dataset.h"
 #include "src/model.h"
 #include "src/optim.h"
 
@@ -59,13 +60,15 @@ double reduce_step_stats(Model *m, double loss_sum, MPI_Comm comm);
  * (tp ranks that routed differently): the other ranks would wait forever. */
 void check_model_fault(const Model *m);
 
-/* Mean loss of m over the first n_seqs windows of s, in micro-batches of
- * `micro`, through the pipeline when m has one, with routed blocks
- * choosing tokens by `mode`; m->stats holds what routing did. With
- * backward, also accumulates the gradient of that mean loss (aux_weight
- * for the router's BCE). Collective over the pipeline. */
-double evaluate(Model *m, const Shard *s, int micro, size_t n_seqs, RouteMode mode, int backward,
-                float aux_weight);
+/* Mean loss of m over the first n_seqs sequences (in order) of dataset
+ * `part` of ds, in micro-batches of `micro`, through the pipeline when m
+ * has one, with routed blocks choosing tokens by `mode`; m->stats holds
+ * what routing did. With backward, also accumulates the gradient of that
+ * mean loss (aux_weight for the router's BCE). Collective over
+ * MPI_COMM_WORLD (every rank evaluates): a read failing on any rank sets
+ * *failed on all (printed once) and returns NAN. */
+double evaluate(Model *m, Dataset *ds, int part, int micro, size_t n_seqs, RouteMode mode,
+                int backward, float aux_weight, int *failed);
 
 /* The tokenizer a shard header's code names (TOK_AUTO for none), and back
  * (SHARD_TOK_UNKNOWN for auto and none). */

@@ -1,9 +1,10 @@
 /*
  * common: what several commands share: thread counts, agreeing on failure
- * across ranks, step statistics, and evaluation over a shard (through the
+ * across ranks, step statistics, and evaluation over a dataset (through the
  * pipeline when there is one).
  */
 #include <limits.h>
+#include <math.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,11 +71,11 @@ void check_model_fault(const Model *m) {
     if (m->faulted) mpi_abort_job(m->fault.msg);
 }
 
-double evaluate(Model *m, const Shard *s, int micro, size_t n_seqs, RouteMode mode, int backward,
-                float aux_weight) {
+double evaluate(Model *m, Dataset *ds, int part, int micro, size_t n_seqs, RouteMode mode,
+                int backward, float aux_weight, int *failed) {
     const int T = m->d.maxT;
-    size_t avail = shard_num_seqs(s, T);
-    if (n_seqs > avail) n_seqs = avail;
+    const uint64_t avail = ds->parts[part].n_seqs;
+    if (n_seqs > avail) n_seqs = (size_t)avail;
     int *inputs = xmalloc((size_t)micro * T * sizeof(int));
     int *targets = xmalloc((size_t)micro * T * sizeof(int));
     const double tokens = (double)n_seqs * T;
@@ -84,10 +85,20 @@ double evaluate(Model *m, const Shard *s, int micro, size_t n_seqs, RouteMode mo
     model_use_slot(m, 0);
     const int pp = m->d.pp, first = model_first_stage(&m->d), last = model_last_stage(&m->d);
     double total = 0;
+    *failed = 0;
     for (size_t w = 0; w < n_seqs;) {
-        int B = 0;
-        for (; B < micro && w < n_seqs; B++, w++)
-            shard_get_seq(s, w, T, inputs + (size_t)B * T, targets + (size_t)B * T);
+        int B = 0, rc = 0;
+        Err err;
+        for (; B < micro && w < n_seqs && rc == 0; B++, w++) {
+            DsSample s;
+            ds_locate_seq(ds, part, w, &s);
+            rc = ds_read(ds, &s, m->d.V, inputs + (size_t)B * T, targets + (size_t)B * T, &err);
+        }
+        /* every rank reads the same sequences: one failing ends them all */
+        if (cmd_agree(rc, &err, MPI_COMM_WORLD) != 0) {
+            *failed = 1;
+            break;
+        }
         const size_t count = (size_t)B * T * m->d.C;
         /* a pipeline runs the forward stage after stage; the last has the loss */
         if (pp > 1 && !first) pp_recv_prev(m->cur->enc, count, PP_TAG_EVAL, m->pp_comm);
@@ -97,11 +108,11 @@ double evaluate(Model *m, const Shard *s, int micro, size_t n_seqs, RouteMode mo
         if (pp > 1 && !last) pp_send_next(model_stage_output(m), count, PP_TAG_EVAL, m->pp_comm);
         if (backward) model_backward(m, (float)(1.0 / tokens), aux_weight);
     }
-    if (pp > 1) total = reduce_step_stats(m, total, m->pp_comm);
+    if (pp > 1 && !*failed) total = reduce_step_stats(m, total, m->pp_comm);
     m->route = saved;
     free(inputs);
     free(targets);
-    return total / tokens;
+    return *failed ? NAN : total / tokens;
 }
 
 Tokenizer tokenizer_of_shard(int shard_tokenizer) {

@@ -140,9 +140,11 @@ static int eval_args(EvalArgs *a, int argc, char **argv) {
                     .aux_weight = defaults.aux_weight};
     CliOpt opts[] = {
         {"ckpt", CLI_STR, &a->ckpt, "checkpoint: a ckpt_dir (its newest) or a step directory"},
-        {"data", CLI_STR, &a->data, "token shard to evaluate on"},
+        {"data", CLI_STR, &a->data,
+         "shards to evaluate on: a shard, a glob, or a blend W:GLOB,W:GLOB (each dataset's "
+         "first sequences, in order)"},
         {"json", CLI_FLAG, &a->json, "print one JSON object"},
-        {"batches", CLI_INT, &a->batches, "micro-batches to evaluate; 0 = the whole shard (0)"},
+        {"batches", CLI_INT, &a->batches, "micro-batches to evaluate of each dataset; 0 = all of it (0)"},
         {"micro_batch", CLI_INT, &a->micro, "sequences per forward (8)"},
         {"threads", CLI_INT, &a->threads,
          "threads; 0 = OMP_NUM_THREADS, else the cores over the node's ranks (0)"},
@@ -199,15 +201,43 @@ static void print_fractions(const Model *m) {
     printf("]");
 }
 
+/* The loss under `mode` of each dataset's first `total` sequences (fewer
+ * where it has fewer) into part[], *seqs the sequences read; returns
+ * their blend by weight, or NAN with *failed set (printed). */
+static double eval_blend(Infer *in, const EvalArgs *a, Dataset *ds, size_t total, RouteMode mode,
+                         double *part, size_t *seqs, int *failed) {
+    double loss = 0;
+    *seqs = 0;
+    for (int d = 0; d < ds->n_parts; d++) {
+        const int grads = a->grads && a->grad_mode == mode;
+        part[d] = evaluate(&in->m, ds, d, a->micro, total, mode, grads, (float)a->aux_weight,
+                           failed);
+        if (*failed) return NAN;
+        loss += ds->parts[d].weight * part[d];
+        *seqs += total < ds->parts[d].n_seqs ? total : (size_t)ds->parts[d].n_seqs;
+    }
+    return loss;
+}
+
+static void print_parts(const char *key, const double *v, int n) {
+    if (n < 2) return;
+    printf(",\"%s\":[", key);
+    for (int d = 0; d < n; d++) printf("%s%.6f", d ? "," : "", v[d]);
+    printf("]");
+}
+
 /* Evaluates under top-k and, for a routed model, causal routing, and
  * prints the result. Returns the exit code. */
-static int eval_run(Infer *in, const EvalArgs *a, const Shard *s, size_t total) {
+static int eval_run(Infer *in, const EvalArgs *a, Dataset *ds, size_t total) {
     Model *m = &in->m;
-    const double tokens = (double)total * in->cfg.seq_len;
-    const int routed = in->cfg.route_every > 0;
+    const int routed = in->cfg.route_every > 0, np = ds->n_parts;
+    double part[DS_MAX_PARTS], cpart[DS_MAX_PARTS];
+    size_t seqs;
+    int failed = 0;
     if (a->grads) model_zero_grad(m);
-    double loss = evaluate(m, s, a->micro, total, ROUTE_TOPK,
-                           a->grads && a->grad_mode == ROUTE_TOPK, (float)a->aux_weight);
+    double loss = eval_blend(in, a, ds, total, ROUTE_TOPK, part, &seqs, &failed);
+    if (failed) return EXIT_USAGE;
+    const double tokens = (double)seqs * in->cfg.seq_len;
     if (!isfinite(loss)) { /* finite weights whose products overflow */
         errorf("eval: the loss on '%s' is %f (the model's activations overflow)", a->data, loss);
         return EXIT_FAILURE;
@@ -215,20 +245,25 @@ static int eval_run(Infer *in, const EvalArgs *a, const Shard *s, size_t total) 
     double acc = m->stats.decisions ? (double)m->stats.agree / (double)m->stats.decisions : 1.0;
     if (a->json) {
         printf("{\"loss\":%.6f", loss);
+        print_parts("loss_parts", part, np);
         if (routed) {
             printf(",\"processed_topk\":");
             print_fractions(m);
         }
     } else {
-        printf("eval: loss %.4f over %.0f tokens (%zu sequences), checkpoint step %d\n", loss,
-               tokens, total, in->step);
+        for (int d = 0; np > 1 && d < np; d++)
+            printf("eval: dataset %d ('%s', weight %.4g): loss %.4f\n", d, ds->parts[d].pattern,
+                   ds->parts[d].weight, part[d]);
+        printf("eval: loss %.4f%s over %.0f tokens (%zu sequences), checkpoint step %d\n", loss,
+               np > 1 ? " (the blend by weight)" : "", tokens, seqs, in->step);
     }
     if (routed) {
-        double lc = evaluate(m, s, a->micro, total, ROUTE_CAUSAL,
-                             a->grads && a->grad_mode == ROUTE_CAUSAL, (float)a->aux_weight);
+        double lc = eval_blend(in, a, ds, total, ROUTE_CAUSAL, cpart, &seqs, &failed);
+        if (failed) return EXIT_USAGE;
         if (a->json) {
-            printf(",\"loss_causal\":%.6f,\"predictor_accuracy\":%.6f,\"processed_causal\":", lc,
-                   acc);
+            printf(",\"loss_causal\":%.6f", lc);
+            print_parts("loss_causal_parts", cpart, np);
+            printf(",\"predictor_accuracy\":%.6f,\"processed_causal\":", acc);
             print_fractions(m);
         } else {
             printf("eval: loss_causal %.4f (causal routing by %s), predictor accuracy %.2f%%\n", lc,
@@ -241,7 +276,7 @@ static int eval_run(Infer *in, const EvalArgs *a, const Shard *s, size_t total) 
         }
     }
     if (a->json)
-        printf(",\"tokens\":%.0f,\"sequences\":%zu,\"step\":%d}\n", tokens, total, in->step);
+        printf(",\"tokens\":%.0f,\"sequences\":%zu,\"step\":%d}\n", tokens, seqs, in->step);
     Err err;
     if (a->grads && ckpt_export_grads(a->grads, m, &in->cfg, &err) != 0) {
         err_print(&err);
@@ -250,15 +285,16 @@ static int eval_run(Infer *in, const EvalArgs *a, const Shard *s, size_t total) 
     return EXIT_OK;
 }
 
-/* Warns (ids below the model's vocabulary still evaluate) when the shard's
- * header names another vocabulary or tokenizer than the model's. */
-static void warn_vocab(const Shard *s, const Infer *in) {
-    const ShardMeta *sm = &s->meta;
+/* Warns (ids below the model's vocabulary still evaluate) when the shards'
+ * headers name another vocabulary or tokenizer than the model's. */
+static void warn_vocab(const Dataset *ds, const Infer *in) {
+    const ShardMeta *sm = ds_meta(ds);
+    const char *path = ds->parts[0].shards[0].path;
     const Config *c = &in->cfg;
     if (sm->vocab && sm->vocab != in->m.d.V)
         errorf("warning: eval: '%s' was written for a %d-token vocabulary, but the model has "
                "vocab_size = %d",
-               s->path, sm->vocab, in->m.d.V);
+               path, sm->vocab, in->m.d.V);
     const int mine = shard_code_of_tokenizer(c->tokenizer);
     char hex[CONFIG_HASH_HEX + 1], what[64];
     format_vocab_hash(sm->vocab_hash, hex);
@@ -268,7 +304,7 @@ static void warn_vocab(const Shard *s, const Infer *in) {
          (mine == SHARD_TOK_GPT2 && c->tokenizer_hash[0] && strcmp(hex, c->tokenizer_hash) != 0)))
         errorf(
             "warning: eval: '%s' was tokenized by %s, but the model was trained on %s tokens%s%s%s",
-            s->path, what, shard_tokenizer_name(mine), c->tokenizer_hash[0] ? " (vocabulary " : "",
+            path, what, shard_tokenizer_name(mine), c->tokenizer_hash[0] ? " (vocabulary " : "",
             c->tokenizer_hash, c->tokenizer_hash[0] ? ")" : "");
 }
 
@@ -313,7 +349,7 @@ static void routing_rows(FILE *f, const Model *m, const int *inputs, int B, int 
  * each routed block's decision for each of their tokens, written by rank 0
  * (the tp ranks route alike) through a temporary file renamed into place.
  * Returns the exit code. */
-static int eval_routing(Infer *in, const EvalArgs *a, const Shard *s, size_t n_seqs) {
+static int eval_routing(Infer *in, const EvalArgs *a, Dataset *ds, size_t n_seqs) {
     Model *m = &in->m;
     const int T = in->cfg.seq_len, rank0 = in->grid.world_rank == 0;
     Err err = {0};
@@ -350,11 +386,18 @@ static int eval_routing(Infer *in, const EvalArgs *a, const Shard *s, size_t n_s
     const RouteMode saved = m->route;
     m->route = ROUTE_TOPK;
     model_use_slot(m, 0);
-    for (size_t w = 0; w < n;) {
+    for (size_t w = 0; w < n && rc == 0;) {
         const size_t seq0 = w;
         int B = 0;
-        for (; B < a->micro && w < n; B++, w++)
-            shard_get_seq(s, w, T, inputs + (size_t)B * T, targets + (size_t)B * T);
+        for (; B < a->micro && w < n && rc == 0; B++, w++) {
+            DsSample s;
+            ds_locate_seq(ds, 0, w, &s);
+            rc = ds_read(ds, &s, m->d.V, inputs + (size_t)B * T, targets + (size_t)B * T, &err);
+        }
+        if (cmd_agree(rc, &err, MPI_COMM_WORLD) != 0) {
+            rc = -1;
+            break;
+        }
         model_forward(m, inputs, targets, B, T);
         check_model_fault(m);
         if (f) routing_rows(f, m, inputs, B, T, seq0, bpe);
@@ -363,6 +406,13 @@ static int eval_routing(Infer *in, const EvalArgs *a, const Shard *s, size_t n_s
     free(inputs);
     free(targets);
     bpe_free(bpe);
+    if (rc != 0) { /* a read failed: printed */
+        if (f) {
+            fclose(f);
+            remove(tmp);
+        }
+        return EXIT_USAGE;
+    }
     if (f && (ferror(f) | fclose(f)) != 0)
         rc = err_set(&err, "eval: cannot write '%s': %s", tmp, strerror(errno));
     else if (f && rename(tmp, a->routing) != 0)
@@ -376,35 +426,25 @@ int eval_main(int argc, char **argv) {
     EvalArgs a;
     int rc = eval_args(&a, argc, argv);
     if (rc != 1) return rc;
-    Shard s;
-    Err err;
-    if (shard_load(&s, a.data, &err) != 0) {
-        err_print(&err);
-        return EXIT_USAGE;
-    }
     Infer in;
-    if (infer_open(&in, "eval", a.ckpt, a.pp, a.threads, a.micro) != 0) {
-        shard_free(&s);
+    if (infer_open(&in, "eval", a.ckpt, a.pp, a.threads, a.micro) != 0) return EXIT_USAGE;
+    Dataset ds;
+    Err err;
+    rc = ds_open(&ds, a.data, in.cfg.seq_len, 0, &err);
+    if (rc == 0 && a.grads && ds.n_parts > 1) {
+        rc = err_set(&err, "eval: --grads takes one dataset, not a blend of %d", ds.n_parts);
+        ds_free(&ds);
+    }
+    if (cmd_agree(rc, &err, MPI_COMM_WORLD) != 0) {
+        infer_close(&in);
         return EXIT_USAGE;
     }
-    if (in.grid.world_rank == 0) warn_vocab(&s, &in);
-    const int T = in.cfg.seq_len;
-    size_t n_seqs = shard_num_seqs(&s, T);
-    size_t total = a.batches ? (size_t)a.batches * a.micro : n_seqs;
-    if (total > n_seqs) total = n_seqs;
-    rc = EXIT_USAGE;
-    if (s.max_token >= in.m.d.V)
-        errorf("eval: '%s' holds token %d, outside the model's vocab_size = %d", a.data,
-               s.max_token, in.m.d.V);
-    else if (n_seqs == 0)
-        errorf("eval: '%s' has %zu tokens, fewer than the model's seq_len + 1 = %d", a.data,
-               s.n_tokens, T + 1);
-    else {
-        /* the routing file first: its refusals (tokenizer, path) come before the work */
-        rc = a.routing ? eval_routing(&in, &a, &s, n_seqs) : EXIT_OK;
-        if (rc == EXIT_OK) rc = eval_run(&in, &a, &s, total);
-    }
-    shard_free(&s);
+    if (in.grid.world_rank == 0) warn_vocab(&ds, &in);
+    const size_t total = a.batches ? (size_t)a.batches * a.micro : SIZE_MAX;
+    /* the routing file first: its refusals (tokenizer, path) come before the work */
+    rc = a.routing ? eval_routing(&in, &a, &ds, (size_t)ds.parts[0].n_seqs) : EXIT_OK;
+    if (rc == EXIT_OK) rc = eval_run(&in, &a, &ds, total);
+    ds_free(&ds);
     infer_close(&in);
     return rc;
 }

@@ -9,7 +9,7 @@
 #include "src/base/util.h"
 
 static const char *const names[PH_N] = {"forward",   "backward",   "tp_comm", "dp_comm", "pp_wait",
-                                        "optimizer", "ckpt_stall", "eval",    "other"};
+                                        "optimizer", "ckpt_stall", "eval",    "data",    "other"};
 
 /* Phases that are waits on other ranks: their spread over ranks is shown. */
 static int is_wait(int ph) {

@@ -15,7 +15,7 @@
 #include <stdio.h>
 
 typedef enum {
-    PH_FORWARD,   /* forward compute (data included), tp collectives excluded */
+    PH_FORWARD,   /* forward compute, tp collectives excluded */
     PH_BACKWARD,  /* backward compute, tp collectives excluded */
     PH_TP,        /* tensor-parallel collectives in the forward and backward */
     PH_DP,        /* gradient and statistics all-reduces after the schedule */
@@ -23,6 +23,7 @@ typedef enum {
     PH_OPTIMIZER, /* gradient norm, clipping and AdamW */
     PH_CKPT,      /* checkpoint work training waited for */
     PH_EVAL,      /* validation */
+    PH_DATA,      /* reading the step's sequences */
     PH_OTHER,
     PH_N
 } Phase;

@@ -24,16 +24,18 @@ static int try_resume(const char *dir, const Config *cfg, Model *m, AdamW *opt, 
         *fatal = 1;
         return 0;
     }
-    CkptRunState got = {0, 0};
+    CkptRunState got = {0};
     if (ok) ok = ckpt_read_run_state(dir, &got, &err) == 0;
     if (ok) ok = ckpt_load(dir, m, opt, &had_m, &err) == 0;
     int all = 0;
     MPI_CHECK(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm));
     if (!all) {
         if (!ok) errorf("resume: skipping %s: %s", dir, err.msg);
+        ckpt_run_state_free(&got);
         return 0;
     }
     *start = step;
+    ckpt_run_state_free(rs);
     *rs = got;
     log0("resume: loaded %s (step %d)%s\n", dir, step,
          had_m ? "" : "; it has no optimizer state, so AdamW starts from zero moments");

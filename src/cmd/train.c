@@ -27,6 +27,7 @@
 #include "src/cmd/cmd.h"
 #include "src/cmd/phases.h"
 #include "src/config.h"
+#include "src/dataset.h"
 #include "src/kernels.h"
 
 /* Everything a training run holds. The *_ready flags say what setup reached,
@@ -36,17 +37,16 @@ typedef struct {
     Grid grid;
     int grid_ready;
     char ckpt_dir[CONFIG_STR + 8];
-    Shard train, val;
+    Dataset train, val; /* val: when have_val */
     int have_val;
+    CkKV *data_id; /* (n_data_id) the training data's identity, saved with each checkpoint */
+    int n_data_id;
     int T, local_batch, micro, n_micro; /* local_batch: this dp rank's share of a step */
-    size_t n_train;                     /* training windows */
     Model m;
     AdamW opt;
     int model_ready;
-    DataOrder order;
-    int order_ready;
     PpSchedule sched;
-    int *inputs, *targets; /* (micro, T) */
+    int *inputs, *targets; /* (local_batch, T): this rank's sequences of the step */
     double *frac;          /* (L) share of tokens each block processed */
     FILE *metrics;         /* rank 0 only */
     int threads, n_routed, start;
@@ -73,7 +73,8 @@ typedef struct {
     double loss, grad_norm, lr, dt, bubble, fpt;
     unsigned long long tp_bytes, dp_bytes, pp_bytes;
     int live;
-    int nonfinite; /* the loss or gradient was not finite: no update made */
+    int nonfinite;  /* the loss or gradient was not finite: no update made */
+    int data_error; /* a read failed (printed): no step made */
 } StepResult;
 
 /* A step's micro-batches as pipeline callbacks. */
@@ -221,34 +222,20 @@ static int run_setup_layout(Run *r, int argc, char **argv) {
     return 0;
 }
 
-/* Checks that a shard suits the model: tokens in the vocabulary, at least
- * one window of seq_len + 1. */
-static int check_shard(const Shard *s, int V, int T, const char *what, Err *err) {
-    if (s->max_token >= V)
-        return err_set(err,
-                       "data: '%s' holds token %d, outside vocab_size = %d (set vocab_size > %d)",
-                       s->path, s->max_token, V, s->max_token);
-    if (shard_num_seqs(s, T) == 0)
-        return err_set(err,
-                       "data: '%s' has %zu tokens, fewer than seq_len + 1 = %d (lower seq_len or "
-                       "give more %s)",
-                       s->path, s->n_tokens, T + 1, what);
-    return 0;
-}
-
 /* The tokenizer the config names, checked against what the shards' headers
  * record, and resolved where the config leaves it to them (tokenizer =
  * auto, an empty tokenizer_hash). Returns 0 or -1 with err set. */
-static int resolve_tokenizer(Config *c, const Shard *train, const Shard *val, Err *err) {
-    const ShardMeta *t = &train->meta;
-    if (val && val->meta.tokenizer &&
-        (val->meta.tokenizer != t->tokenizer || val->meta.vocab_hash != t->vocab_hash)) {
+static int resolve_tokenizer(Config *c, const Dataset *train, const Dataset *val, Err *err) {
+    const ShardMeta *t = ds_meta(train);
+    const char *tpath = train->parts[0].shards[0].path;
+    if (val && ds_meta(val)->tokenizer &&
+        (ds_meta(val)->tokenizer != t->tokenizer || ds_meta(val)->vocab_hash != t->vocab_hash)) {
         char v[64], w[64];
-        shard_describe_tokenizer(&val->meta, v, sizeof v);
+        shard_describe_tokenizer(ds_meta(val), v, sizeof v);
         shard_describe_tokenizer(t, w, sizeof w);
         return err_set(err,
                        "data: '%s' was tokenized by %s but '%s' by %s; prep both with the same one",
-                       val->path, v, train->path, w);
+                       val->parts[0].shards[0].path, v, tpath, w);
     }
     const Tokenizer from_shard = tokenizer_of_shard(t->tokenizer);
     if (c->tokenizer == TOK_AUTO)
@@ -260,7 +247,7 @@ static int resolve_tokenizer(Config *c, const Shard *train, const Shard *val, Er
         return err_set(err,
                        "config: tokenizer = %s, but '%s' was written by 'modtrain prep "
                        "--tokenizer %s' (set tokenizer = %s, or auto)",
-                       name, train->path, shard_tokenizer_name(t->tokenizer),
+                       name, tpath, shard_tokenizer_name(t->tokenizer),
                        shard_tokenizer_name(t->tokenizer));
     }
     if (t->tokenizer == SHARD_TOK_GPT2) {
@@ -271,31 +258,101 @@ static int resolve_tokenizer(Config *c, const Shard *train, const Shard *val, Er
             return err_set(err,
                            "config: tokenizer_hash = %s, but '%s' was tokenized with the "
                            "vocabulary %s (set tokenizer_hash = %s, or leave it empty)",
-                           c->tokenizer_hash, train->path, hex, hex);
+                           c->tokenizer_hash, tpath, hex, hex);
     }
     return 0;
 }
 
-/* The shards, and the vocabulary and tokenizer when the config leaves them
- * to the data. Returns 0 or -1 (printed once). */
+/* The vocabulary: the config's, or the one the shards' headers record; a
+ * header that records none (llm.c's) needs vocab_size given, and one that
+ * records more tokens than vocab_size does not fit. Returns 0 or -1. */
+static int resolve_vocab(Config *c, const Dataset *ds, Err *err) {
+    const ShardMeta *m = ds_meta(ds);
+    const char *path = ds->parts[0].shards[0].path;
+    if (!c->vocab_size && !m->vocab)
+        return err_set(err,
+                       "data: '%s' does not record its vocabulary (an llm.c shard); set "
+                       "vocab_size (50257 for GPT-2's tokens)",
+                       path);
+    if (!c->vocab_size) c->vocab_size = m->vocab;
+    if (m->vocab > c->vocab_size)
+        return err_set(err,
+                       "data: '%s' was written for a vocabulary of %d tokens, more than "
+                       "vocab_size = %d (set vocab_size >= %d, or 0 to take the shards')",
+                       path, m->vocab, c->vocab_size, m->vocab);
+    return 0;
+}
+
+static void add_identity(void *ctx, const char *key, const char *value) {
+    Run *r = ctx;
+    if (r->n_data_id % 64 == 0)
+        r->data_id = xrealloc(r->data_id, ((size_t)r->n_data_id + 64) * sizeof(CkKV));
+    CkKV *kv = &r->data_id[r->n_data_id++];
+    snprintf(kv->key, sizeof kv->key, "%.63s", key);
+    snprintf(kv->value, sizeof kv->value, "%.255s", value);
+}
+
+/* The datasets (headers only), and the vocabulary and tokenizer when the
+ * config leaves them to the data. Returns 0 or -1 (printed once). */
 static int run_setup_data(Run *r) {
     Config *c = &r->cfg;
     Err err;
-    r->have_val = c->val_data[0] != '\0';
-    int rc = shard_load(&r->train, c->train_data, &err);
-    if (rc == 0 && r->have_val) rc = shard_load(&r->val, c->val_data, &err);
-    if (rc == 0) {
-        const Shard *t = &r->train;
-        c->vocab_size = c->vocab_size   ? c->vocab_size
-                        : t->meta.vocab ? t->meta.vocab
-                                        : (t->max_token < 256 ? 256 : 50257);
-        rc = resolve_tokenizer(c, t, r->have_val ? &r->val : NULL, &err);
-        if (rc == 0) rc = check_shard(&r->train, c->vocab_size, r->T, "text", &err);
-        if (rc == 0 && r->have_val)
-            rc = check_shard(&r->val, c->vocab_size, r->T, "validation text", &err);
+    const uint64_t seed = (uint64_t)c->seed;
+    int rc = ds_open(&r->train, c->train_data, r->T, seed, &err);
+    if (rc == 0 && c->val_data[0]) {
+        rc = ds_open(&r->val, c->val_data, r->T, seed, &err);
+        r->have_val = rc == 0;
     }
-    r->n_train = shard_num_seqs(&r->train, r->T);
+    if (rc == 0) rc = resolve_vocab(c, &r->train, &err);
+    if (rc == 0) rc = resolve_tokenizer(c, &r->train, r->have_val ? &r->val : NULL, &err);
+    if (rc == 0) ds_identity(&r->train, add_identity, r);
     return cmd_agree(rc, &err, r->grid.world);
+}
+
+static const char *look_identity(void *ctx, const char *key) {
+    const CkptRunState *rs = ctx;
+    for (int i = 0; i < rs->n_data; i++)
+        if (strcmp(rs->data[i].key, key) == 0) return rs->data[i].value;
+    return NULL;
+}
+
+/* A resumed run reads on from the checkpoint's samples consumed, over the
+ * same data in the same order: a changed seed or dataset is refused unless
+ * data_changed = continue. Returns 0 or -1 (printed). */
+static int run_check_data(Run *r) {
+    const Config *c = &r->cfg;
+    CkptRunState *rs = &r->rs;
+    Err why;
+    int rc = 0;
+    const int cont = c->data_changed == DATA_CHANGED_CONTINUE;
+    if (rs->seed >= 0 && rs->seed != c->seed) {
+        if (!cont) {
+            errorf("resume: seed = %lld, but the checkpoint's run used seed = %lld, which fixes "
+                   "its data order (set seed = %lld, or data_changed = continue to read a new "
+                   "order from sample %lld)",
+                   c->seed, rs->seed, rs->seed, rs->samples);
+            return -1;
+        }
+        log0("resume: data_changed = continue: seed %lld replaces the checkpoint's %lld; reading "
+             "the new order from sample %lld\n",
+             c->seed, rs->seed, rs->samples);
+    }
+    const int got = ds_identity_compare(&r->train, look_identity, rs, &why);
+    if (got < 0 && !cont) {
+        errorf("resume: train_data = '%s' is not the data the checkpoint's run read: %s (set "
+               "data_changed = continue to carry on over it from sample %lld)",
+               c->train_data, why.msg, rs->samples);
+        rc = -1;
+    } else if (got < 0) {
+        log0("resume: data_changed = continue: %s; carrying on over the new data from sample "
+             "%lld\n",
+             why.msg, rs->samples);
+    } else if (got > 0) {
+        log0("resume: the checkpoint does not record its data (written before it did); reading on "
+             "from sample %lld\n",
+             rs->samples);
+    }
+    return rc;
 }
 
 /* Whether the run makes periodic saves in the background (the final save
@@ -341,6 +398,10 @@ static int run_setup_model(Run *r) {
     if (resumed < 0) return -1;
     r->resumed = resumed;
     r->rs.rollbacks = 0; /* counted onto the checkpoint loaded, not the next ones */
+    if (resumed && run_check_data(r) != 0) return -1;
+    ckpt_run_state_free(&r->rs); /* the checkpoint's record of its data: ours from now on */
+    r->rs.data = r->data_id;
+    r->rs.n_data = r->n_data_id;
     if (resumed == 0) model_init_weights(&r->m, (uint64_t)c->seed);
     for (int l = 0; l < d.L; l++) r->n_routed += model_is_routed(&d, l);
     r->dense_fpt = model_flops_per_token(&d, r->T, NULL);
@@ -458,10 +519,8 @@ static int run_setup(Run *r, int argc, char **argv) {
     }
     if (r->cfg.time_limit > 0 && run_probe_save(r) != 0) return EXIT_USAGE;
     if (r->cfg.watchdog_s > 0) watchdog_start(r);
-    order_init(&r->order, (uint64_t)r->cfg.seed, r->n_train);
-    r->order_ready = 1;
-    r->inputs = xmalloc((size_t)r->micro * r->T * sizeof(int));
-    r->targets = xmalloc((size_t)r->micro * r->T * sizeof(int));
+    r->inputs = xmalloc((size_t)r->local_batch * r->T * sizeof(int));
+    r->targets = xmalloc((size_t)r->local_batch * r->T * sizeof(int));
     r->frac = xcalloc((size_t)r->m.d.L, sizeof(double));
     r->t_start = cmd_start_s; /* time_limit counts from the process's start */
     return EXIT_OK;
@@ -474,7 +533,6 @@ static void run_teardown(Run *r) {
     }
     ckpt_async_free(r->async);
     if (r->metrics) fclose(r->metrics);
-    if (r->order_ready) order_free(&r->order);
     free(r->inputs);
     free(r->targets);
     free(r->frac);
@@ -482,8 +540,9 @@ static void run_teardown(Run *r) {
         adamw_free(&r->opt);
         model_free(&r->m);
     }
-    shard_free(&r->train);
-    shard_free(&r->val);
+    ds_free(&r->train);
+    ds_free(&r->val);
+    free(r->data_id);
     if (r->grid_ready) grid_free(&r->grid);
 }
 
@@ -494,16 +553,11 @@ static void step_forward(void *p, int mb, int slot) {
     Run *r = c->r;
     const int T = r->T;
     const double t0 = now_s(), tp0 = tp_time_s;
-    for (int b = 0; b < r->micro; b++) {
-        /* the fixed slice of the step's global batch this dp rank takes */
-        uint64_t g = (uint64_t)(c->step + r->rs.batch_offset) * r->cfg.batch_size +
-                     (uint64_t)r->grid.dp_rank * r->local_batch + (uint64_t)mb * r->micro + b;
-        shard_get_seq(&r->train, order_window(&r->order, g), T, r->inputs + (size_t)b * T,
-                      r->targets + (size_t)b * T);
-    }
+    const size_t at = (size_t)mb * r->micro * T;
     model_use_slot(&r->m, slot);
     fault_phase("forward");
-    c->loss_sum += model_forward(&r->m, r->inputs, r->targets, r->micro, T) * (double)r->micro * T;
+    c->loss_sum +=
+        model_forward(&r->m, r->inputs + at, r->targets + at, r->micro, T) * (double)r->micro * T;
     check_model_fault(&r->m);
     phases_add(&r->ph, PH_FORWARD, now_s() - t0 - (tp_time_s - tp0));
 }
@@ -528,12 +582,38 @@ static float *step_output(void *p, int slot) {
 
 static float *step_grad(void *p) { return ((StepCtx *)p)->r->m.s.dres; }
 
+/* This rank's sequences of the step that starts at sample r->rs.samples:
+ * the fixed slice of the global batch its dp rank takes, the same on its
+ * tp and pp peers. A failed read (a shard truncated or changed while in
+ * use) on any rank ends the run on all of them. Returns 0 or -1 (printed
+ * by the first rank that failed). */
+static int run_read_batch(Run *r) {
+    const double t0 = now_s();
+    fault_phase("data");
+    const uint64_t first = (uint64_t)r->rs.samples + (uint64_t)r->grid.dp_rank * r->local_batch;
+    Err err;
+    int rc = 0;
+    for (int b = 0; b < r->local_batch && rc == 0; b++) {
+        DsSample s;
+        ds_locate(&r->train, first + (uint64_t)b, &s);
+        const size_t at = (size_t)b * r->T;
+        rc = ds_read(&r->train, &s, r->cfg.vocab_size, r->inputs + at, r->targets + at, &err);
+    }
+    phases_add(&r->ph, PH_DATA, now_s() - t0);
+    if (cmd_agree(rc, &err, r->grid.world) != 0) return -1;
+    return 0;
+}
+
 /* One optimizer step: schedule -> sync -> clip -> optimizer. */
 static void run_step(Run *r, int step, StepResult *out) {
     Model *m = &r->m;
     const Grid *g = &r->grid;
     const double t0 = now_s(), wait0 = pp_wait_s, tp_s0 = tp_time_s;
     const unsigned long long tp0 = tp_bytes, dp0 = dp_bytes, pp0 = pp_bytes;
+    if (run_read_batch(r) != 0) {
+        out->data_error = 1;
+        return;
+    }
     model_zero_grad(m);
     model_stats_reset(m);
     /* schedule: the micro-batches' forwards and backwards */
@@ -610,7 +690,16 @@ static void run_log(Run *r, int step, const StepResult *s) {
     const int done = step + 1;
     const double tps = r->step_tokens / s->dt, mfu = s->fpt * tps / (r->job_peak_gflops * 1e9);
     double aux = 0, acc = 0;
-    mprintf(r->metrics, "{\"step\":%d,\"loss\":%.6f", done, s->loss);
+    mprintf(r->metrics, "{\"step\":%d,\"samples\":%lld,\"loss\":%.6f", done, r->rs.samples,
+            s->loss);
+    if (r->train.n_parts > 1) { /* each dataset's share of the samples so far */
+        mprintf(r->metrics, ",\"data_share\":[");
+        for (int d = 0; d < r->train.n_parts; d++)
+            mprintf(r->metrics, "%s%.6f", d ? "," : "",
+                    (double)ds_part_count(&r->train, d, (uint64_t)r->rs.samples) /
+                        (double)r->rs.samples);
+        mprintf(r->metrics, "]");
+    }
     if (r->n_routed) {
         aux = (r->m.d.predictor ? st->pred_sum : st->aux_sum) / (double)st->decisions;
         acc = (double)st->agree / (double)st->decisions;
@@ -637,28 +726,62 @@ static void run_log(Run *r, int step, const StepResult *s) {
          100 * mfu, eta);
 }
 
-/* Validation every eval_every steps and after the last. */
-static void run_validate(Run *r, int done) {
+/* The validation loss under `mode`: each dataset's first eval_batches
+ * micro-batches (in order) into part[], and their blend by weight.
+ * Returns the blend, or NAN when a read failed (printed). */
+static double run_val_loss(Run *r, RouteMode mode, double *part) {
+    const size_t n_val = (size_t)r->cfg.eval_batches * r->micro;
+    double total = 0;
+    for (int d = 0; d < r->val.n_parts; d++) {
+        int failed = 0;
+        part[d] = evaluate(&r->m, &r->val, d, r->micro, n_val, mode, 0, 0.f, &failed);
+        if (failed) return NAN;
+        total += r->val.parts[d].weight * part[d];
+    }
+    return total;
+}
+
+static void print_parts(FILE *f, const char *key, const double *v, int n) {
+    if (n < 2) return;
+    mprintf(f, ",\"%s\":[", key);
+    for (int d = 0; d < n; d++) mprintf(f, "%s%.6f", d ? "," : "", v[d]);
+    mprintf(f, "]");
+}
+
+/* Validation every eval_every steps and after the last. Returns 0, or -1
+ * when a read failed (printed). */
+static int run_validate(Run *r, int done) {
     const Config *c = &r->cfg;
-    if (!r->have_val || !((c->eval_every && done % c->eval_every == 0) || done == c->steps)) return;
+    if (!r->have_val || !((c->eval_every && done % c->eval_every == 0) || done == c->steps))
+        return 0;
     const double t0 = now_s();
     fault_phase("validation");
     Model *m = &r->m;
-    size_t n_val = (size_t)c->eval_batches * r->micro;
-    double vl = evaluate(m, &r->val, r->micro, n_val, ROUTE_TOPK, 0, 0.f);
+    double parts[DS_MAX_PARTS], causal[DS_MAX_PARTS];
+    const int np = r->val.n_parts;
+    const double vl = run_val_loss(r, ROUTE_TOPK, parts);
+    if (isnan(vl)) return -1;
+    const double acc = r->n_routed ? (double)m->stats.agree / (double)m->stats.decisions : 0;
     mprintf(r->metrics, "{\"step\":%d,\"val_loss\":%.6f", done, vl);
+    print_parts(r->metrics, "val_loss_parts", parts, np);
+    char each[DS_MAX_PARTS * 24] = "";
+    for (int d = 0; np > 1 && d < np; d++)
+        snprintf(each + strlen(each), sizeof each - strlen(each), "%s%.4f", d ? ", " : " (", parts[d]);
+    if (np > 1) strcat(each, ")");
     if (r->n_routed) {
-        double acc = (double)m->stats.agree / (double)m->stats.decisions;
-        double vc = evaluate(m, &r->val, r->micro, n_val, ROUTE_CAUSAL, 0, 0.f);
+        const double vc = run_val_loss(r, ROUTE_CAUSAL, causal);
+        if (isnan(vc)) return -1;
         mprintf(r->metrics, ",\"val_loss_causal\":%.6f,\"predictor_accuracy\":%.6f", vc, acc);
-        log0("step %d | val_loss %.4f | val_loss_causal %.4f | predictor accuracy %.2f%%\n", done,
-             vl, vc, 100 * acc);
+        print_parts(r->metrics, "val_loss_causal_parts", causal, np);
+        log0("step %d | val_loss %.4f%s | val_loss_causal %.4f | predictor accuracy %.2f%%\n",
+             done, vl, each, vc, 100 * acc);
     } else {
-        log0("step %d | val_loss %.4f\n", done, vl);
+        log0("step %d | val_loss %.4f%s\n", done, vl, each);
     }
     mprintf(r->metrics, "}\n");
     r->last_eval_s = now_s() - t0;
     phases_add(&r->ph, PH_EVAL, now_s() - t0);
+    return 0;
 }
 
 /* Logs a committed save of `step` (seen at step `done`) and gives the
@@ -864,9 +987,10 @@ static int run_nonfinite(Run *r, int *step, const StepResult *s) {
     fault_phase("rollback");
     Config back = *c;
     snprintf(back.resume, sizeof back.resume, "auto");
-    CkptRunState had = {0, 0};
+    CkptRunState had = {0};
     int to = 0;
     const int got = resume_run(&back, r->ckpt_dir, &r->m, &r->opt, &to, &had, r->grid.world);
+    ckpt_run_state_free(&had); /* its samples are skipped: the cursor stays past this step */
     if (got < 0) return EXIT_FAILURE;
     if (got == 0) { /* no checkpoint yet: back to the seed's init */
         model_init_weights(&r->m, (uint64_t)c->seed);
@@ -905,13 +1029,15 @@ static int run_steps(Run *r) {
         fault_phase("step");
         atomic_store(&watch_step, step + 1);
         run_step(r, step, &s);
+        if (s.data_error) return EXIT_USAGE;
+        r->rs.samples += c->batch_size; /* a skipped step's too: a rollback skips them */
         if (s.nonfinite) {
             rc = run_nonfinite(r, &step, &s);
             if (rc >= 0) return rc;
             continue;
         }
         run_log(r, step, &s);
-        run_validate(r, step + 1);
+        if (run_validate(r, step + 1) != 0) return EXIT_USAGE;
         if (r->metrics) fflush(r->metrics);
         if (step + 1 == c->steps) break;
         rc = run_maybe_save_or_stop(r, step + 1, s.dt);

@@ -1,0 +1,504 @@
+/*
+ * dataset: specs, their shards' headers, the blend schedule, the keyed
+ * permutation and the reads (see dataset.h for the order).
+ */
+#include "src/dataset.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "src/base/rng.h"
+
+#define PERIOD ((uint64_t)1 << DS_PERIOD_BITS)
+#define MARK_BITS 8 /* a count of each dataset every 2^MARK_BITS samples */
+#define HDR_BYTES (SHARD_HEADER_INTS * sizeof(int32_t))
+
+/* ------------------------------------------------------------- the order */
+
+uint64_t ds_permute(uint64_t x, uint64_t n, uint64_t key) {
+    if (n <= 1) return 0;
+    int bits = 2;
+    while (bits < 64 && ((uint64_t)1 << bits) < n) bits += 2;
+    const int h = bits / 2;
+    const uint64_t mask = ((uint64_t)1 << h) - 1;
+    do { /* cycle-walking: x < n came from the cycle, so it returns into range */
+        uint64_t l = x >> h, r = x & mask;
+        for (uint64_t round = 0; round < 6; round++) {
+            const uint64_t f = rng_u64(key, round, r) & mask;
+            const uint64_t t = r;
+            r = l ^ f;
+            l = t;
+        }
+        x = l << h | r;
+    } while (x >= n);
+    return x;
+}
+
+/* The quotas: each dataset's share of a period of 2^20 samples, the
+ * largest remainders rounded up so that they add up to the period, and at
+ * least one each. Returns 0 or -1 (a weight too small to get a sample). */
+static int blend_quotas(Dataset *ds, Err *err) {
+    const int D = ds->n_parts;
+    uint64_t given = 0;
+    double rem[DS_MAX_PARTS];
+    for (int d = 0; d < D; d++) {
+        const double exact = ds->parts[d].weight * (double)PERIOD;
+        ds->parts[d].quota = (uint32_t)floor(exact);
+        rem[d] = exact - floor(exact);
+        given += ds->parts[d].quota;
+    }
+    while (given < PERIOD) { /* the largest remainder first, ties to the first */
+        int best = 0;
+        for (int d = 1; d < D; d++)
+            if (rem[d] > rem[best]) best = d;
+        ds->parts[best].quota++;
+        rem[best] = -1;
+        given++;
+    }
+    for (int d = 0; d < D; d++)
+        if (ds->parts[d].quota == 0)
+            return err_set(err,
+                           "data: the weight of '%s' is %.3g of the blend, less than one sample in "
+                           "2^%d (raise it or leave the dataset out)",
+                           ds->parts[d].pattern, ds->parts[d].weight, DS_PERIOD_BITS);
+    return 0;
+}
+
+/* Lays out one period of the schedule: at each sample, among the datasets
+ * whose share is at least sigma = 1/(2D-2) ahead of their count, the one
+ * whose share would run a full sample ahead first (Tijdeman's rule, which
+ * keeps every dataset's count within 1 - sigma of its share at every
+ * prefix). Integer arithmetic throughout, so every machine agrees. */
+static void blend_schedule(Dataset *ds) {
+    const int D = ds->n_parts;
+    const uint64_t S = 2 * (uint64_t)D - 2, Q = PERIOD;
+    uint64_t c[DS_MAX_PARTS] = {0};
+    ds->sched = xmalloc(PERIOD);
+    ds->marks = xcalloc((PERIOD >> MARK_BITS) * (size_t)D, sizeof(uint32_t));
+    for (uint64_t t = 0; t < PERIOD; t++) {
+        if ((t & ((1u << MARK_BITS) - 1)) == 0)
+            for (int d = 0; d < D; d++)
+                ds->marks[(t >> MARK_BITS) * (uint64_t)D + (uint64_t)d] = (uint32_t)c[d];
+        int best = -1;
+        for (int d = 0; d < D; d++) {
+            const uint64_t q = ds->parts[d].quota;
+            /* eligible: (t+1) q / Q - c >= 1/S */
+            if (S * (t + 1) * q < Q * (S * c[d] + 1)) continue;
+            /* deadline (S c + S - 1) / q, the smallest first */
+            if (best < 0 || (S * c[d] + S - 1) * ds->parts[best].quota <
+                                (S * c[best] + S - 1) * q)
+                best = d;
+        }
+        if (best < 0) { /* not reached under the theorem; the most behind, to be safe */
+            best = 0;
+            for (int d = 1; d < D; d++)
+                if ((t + 1) * ds->parts[d].quota - Q * c[d] >
+                    (t + 1) * ds->parts[best].quota - Q * c[best])
+                    best = d;
+        }
+        ds->sched[t] = (uint8_t)best;
+        c[best]++;
+    }
+}
+
+uint64_t ds_part_count(const Dataset *ds, int part, uint64_t g) {
+    if (ds->n_parts == 1) return g;
+    const uint64_t r = g & (PERIOD - 1), base = r >> MARK_BITS << MARK_BITS;
+    uint64_t n = (g >> DS_PERIOD_BITS) * ds->parts[part].quota +
+                 ds->marks[(r >> MARK_BITS) * (uint64_t)ds->n_parts + (uint64_t)part];
+    for (uint64_t t = base; t < r; t++) n += ds->sched[t] == part;
+    return n;
+}
+
+/* The shard of a dataset's sequence: the last one starting at or before it
+ * (shards without a sequence start where the next one does). */
+static int shard_of_seq(const DsPart *p, uint64_t seq) {
+    int lo = 0, hi = p->n_shards - 1;
+    while (lo < hi) {
+        const int mid = lo + (hi - lo + 1) / 2;
+        if (p->shards[mid].first_seq <= seq) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+void ds_locate_seq(const Dataset *ds, int part, uint64_t seq, DsSample *s) {
+    const DsPart *p = &ds->parts[part];
+    s->part = part;
+    s->seq = seq;
+    s->shard = shard_of_seq(p, seq);
+    s->offset = (seq - p->shards[s->shard].first_seq) * (uint64_t)ds->T;
+}
+
+void ds_locate(const Dataset *ds, uint64_t g, DsSample *s) {
+    const int d = ds->n_parts == 1 ? 0 : ds->sched[g & (PERIOD - 1)];
+    const uint64_t i = ds_part_count(ds, d, g), n = ds->parts[d].n_seqs;
+    const uint64_t epoch = i / n;
+    const uint64_t key = rng_u64(ds->seed, rng_hash_str("data-order") ^ (uint64_t)d, epoch);
+    ds_locate_seq(ds, d, ds_permute(i % n, n, key), s);
+    s->epoch = epoch;
+    s->index = i;
+}
+
+/* ----------------------------------------------------------------- reads */
+
+/* An open descriptor of a shard, from the cache or opened now (the least
+ * recently used one closed). Returns it, or -1 with err set. */
+static int shard_fd(Dataset *ds, int part, int shard, Err *err) {
+    int slot = 0;
+    for (int i = 0; i < DS_FILES; i++) {
+        if (ds->files[i].fd >= 0 && ds->files[i].part == part && ds->files[i].shard == shard) {
+            ds->files[i].used = ++ds->clock;
+            return ds->files[i].fd;
+        }
+        if (ds->files[i].used < ds->files[slot].used) slot = i;
+    }
+    const char *path = ds->parts[part].shards[shard].path;
+    const int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return err_set(err, "data: cannot open '%s': %s", path, strerror(errno));
+    if (ds->files[slot].fd >= 0) close(ds->files[slot].fd);
+    ds->files[slot].fd = fd;
+    ds->files[slot].part = part;
+    ds->files[slot].shard = shard;
+    ds->files[slot].used = ++ds->clock;
+    return fd;
+}
+
+int ds_read(Dataset *ds, const DsSample *s, int vocab, int *inputs, int *targets, Err *err) {
+    const DsShard *sh = &ds->parts[s->part].shards[s->shard];
+    const int fd = shard_fd(ds, s->part, s->shard, err);
+    if (fd < 0) return -1;
+    const size_t want = ((size_t)ds->T + 1) * sizeof(uint16_t);
+    const uint64_t at = HDR_BYTES + s->offset * sizeof(uint16_t);
+    size_t got = 0;
+    while (got < want) {
+        const ssize_t n = pread(fd, (char *)ds->buf + got, want - got, (off_t)(at + got));
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0)
+            return err_set(err, "data: cannot read '%s' at token %" PRIu64 ": %s", sh->path,
+                           s->offset, strerror(errno));
+        if (n == 0)
+            return err_set(err,
+                           "data: '%s' ends at byte %" PRIu64 ", inside the sequence at token %" PRIu64
+                           " (its header promised %" PRIu64 " tokens: truncated while in use?)",
+                           sh->path, at + got, s->offset, sh->n_tokens);
+        got += (size_t)n;
+    }
+    for (int t = 0; t <= ds->T; t++)
+        if (ds->buf[t] >= vocab)
+            return err_set(err,
+                           "data: '%s' holds token %d at offset %" PRIu64
+                           ", outside vocab_size = %d (set vocab_size > %d, or give shards of "
+                           "this vocabulary)",
+                           sh->path, ds->buf[t], s->offset + (uint64_t)t, vocab, ds->buf[t]);
+    for (int t = 0; t < ds->T; t++) {
+        inputs[t] = ds->buf[t];
+        targets[t] = ds->buf[t + 1];
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ open */
+
+/* Reads one shard's header into sh. Returns 0 or -1 with err set. */
+static int read_header(DsShard *sh, int T, Err *err) {
+    struct stat st;
+    Err e;
+    const int fd = open_regular(sh->path, O_RDONLY, &st, &e);
+    if (fd < 0) return err_set(err, "data: %s (give a token shard from 'modtrain prep')", e.msg);
+    uint8_t head[HDR_BYTES];
+    ssize_t got = pread(fd, head, sizeof head, 0);
+    const int saved = errno;
+    close(fd);
+    if (got < 0)
+        return err_set(err, "data: cannot read '%s': %s", sh->path, strerror(saved));
+    size_t n = 0;
+    if (shard_parse_header(head, (size_t)got, (uint64_t)st.st_size, sh->path, &n, &sh->meta, err) !=
+        0)
+        return -1;
+    sh->n_tokens = n;
+    sh->file_size = (uint64_t)st.st_size;
+    sh->n_seqs = n > (size_t)T ? (n - 1) / (size_t)T : 0;
+    return 0;
+}
+
+static int has_glob_chars(const char *s) { return strpbrk(s, "*?[") != NULL; }
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The shard paths a pattern names, in byte order: the path itself, or a
+ * glob's matches (at least one). Returns the count, or -1 with err set. */
+static int expand(const char *pattern, char ***out, Err *err) {
+    if (!has_glob_chars(pattern)) {
+        *out = xcalloc(1, sizeof(char *));
+        (*out)[0] = xstrdup(pattern);
+        return 1;
+    }
+    glob_t g;
+    const int rc = glob(pattern, GLOB_ERR, NULL, &g);
+    if (rc == GLOB_NOMATCH) {
+        globfree(&g);
+        return err_set(err,
+                       "data: '%s' matches no file (give a shard, a pattern such as "
+                       "'data/train_*.bin', or a blend W:PATTERN,...)",
+                       pattern);
+    }
+    if (rc != 0) {
+        globfree(&g);
+        return err_set(err, "data: cannot expand '%s': %s", pattern,
+                       rc == GLOB_NOSPACE ? "out of memory" : "a folder could not be read");
+    }
+    if (g.gl_pathc > DS_MAX_SHARDS) {
+        globfree(&g);
+        return err_set(err, "data: '%s' matches %zu files, more than %d shards", pattern,
+                       (size_t)g.gl_pathc, DS_MAX_SHARDS);
+    }
+    const int n = (int)g.gl_pathc;
+    *out = xcalloc((size_t)n, sizeof(char *));
+    for (int i = 0; i < n; i++) (*out)[i] = xstrdup(g.gl_pathv[i]);
+    globfree(&g);
+    qsort(*out, (size_t)n, sizeof(char *), cmp_str);
+    return n;
+}
+
+/* Splits spec into its parts and their weights (1 for a spec of one part
+ * with none). Returns the count, or -1 with err naming the bad part. */
+static int parse_spec(const char *spec, char **pats, double *w, Err *err) {
+    if (!spec[0]) return err_set(err, "data: the spec is empty (give a shard or a pattern)");
+    int n = 0, weighted = 0;
+    for (const char *p = spec;;) {
+        const char *comma = strchr(p, ',');
+        const size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (n == DS_MAX_PARTS)
+            return err_set(err, "data: '%.200s' blends more than %d datasets", spec, DS_MAX_PARTS);
+        char *item = xcalloc(len + 1, 1);
+        memcpy(item, p, len);
+        const char *colon = strchr(item, ':');
+        double v = 1;
+        int has_w = 0;
+        if (colon) {
+            char num[64];
+            const size_t nl = (size_t)(colon - item);
+            snprintf(num, sizeof num, "%.*s", (int)(nl < 63 ? nl : 63), item);
+            has_w = nl < 63 && parse_f64(num, &v) == 0;
+            if (has_w && !(v > 0)) {
+                err_set(err,
+                        "data: the weight '%s' of '%s' is not a positive number (blends are "
+                        "W:PATTERN,... with W > 0)",
+                        num, item);
+                free(item);
+                return -1;
+            }
+        }
+        if (!has_w && (comma || n > 0)) {
+            err_set(err,
+                    "data: '%s' in the blend '%.200s' has no weight (write each part as "
+                    "W:PATTERN, e.g. 0.7:web/train_*.bin,0.3:code/train_*.bin)",
+                    item, spec);
+            free(item);
+            return -1;
+        }
+        const char *pat = has_w ? colon + 1 : item;
+        if (!pat[0]) {
+            err_set(err, "data: a part of '%.200s' names no shard (expected W:PATTERN)", spec);
+            free(item);
+            return -1;
+        }
+        pats[n] = xstrdup(pat);
+        w[n] = v;
+        weighted |= has_w;
+        free(item);
+        n++;
+        if (!comma) break;
+        p = comma + 1;
+    }
+    (void)weighted;
+    return n;
+}
+
+/* Checks that a shard was written by the same tokenizer and vocabulary as
+ * the first one. Returns 0 or -1 with err naming both. */
+static int check_same_tokens(const DsShard *first, const DsShard *sh, Err *err) {
+    const ShardMeta *a = &first->meta, *b = &sh->meta;
+    if (a->vocab == b->vocab && a->tokenizer == b->tokenizer && a->vocab_hash == b->vocab_hash)
+        return 0;
+    char wa[96], wb[96];
+    shard_describe_tokenizer(a, wa, sizeof wa);
+    shard_describe_tokenizer(b, wb, sizeof wb);
+    return err_set(err,
+                   "data: '%s' was written by %s with vocabulary size %d, but '%s' by %s with %d; "
+                   "a dataset's shards need one tokenizer (prep them alike)",
+                   sh->path, wb, b->vocab, first->path, wa, a->vocab);
+}
+
+int ds_open(Dataset *ds, const char *spec, int T, uint64_t seed, Err *err) {
+    memset(ds, 0, sizeof *ds);
+    for (int i = 0; i < DS_FILES; i++) ds->files[i].fd = -1;
+    ds->T = T;
+    ds->seed = seed;
+    char *pats[DS_MAX_PARTS];
+    double w[DS_MAX_PARTS], wsum = 0;
+    const int np = parse_spec(spec, pats, w, err);
+    if (np < 0) return -1;
+    ds->parts = xcalloc((size_t)np, sizeof(DsPart));
+    ds->n_parts = np;
+    for (int d = 0; d < np; d++) {
+        ds->parts[d].pattern = pats[d];
+        wsum += w[d];
+    }
+    int rc = 0;
+    const DsShard *first = NULL;
+    for (int d = 0; d < np && rc == 0; d++) {
+        DsPart *p = &ds->parts[d];
+        p->weight = w[d] / wsum;
+        char **paths = NULL;
+        const int n = expand(p->pattern, &paths, err);
+        if (n < 0) {
+            rc = -1;
+            break;
+        }
+        p->shards = xcalloc((size_t)n, sizeof(DsShard));
+        p->n_shards = n;
+        for (int s = 0; s < n; s++) p->shards[s].path = paths[s];
+        free(paths);
+        for (int s = 0; s < n && rc == 0; s++) {
+            DsShard *sh = &p->shards[s];
+            rc = read_header(sh, T, err);
+            if (rc == 0 && first) rc = check_same_tokens(first, sh, err);
+            if (rc != 0) break;
+            if (!first) first = sh;
+            sh->first_seq = p->n_seqs;
+            p->n_seqs += sh->n_seqs;
+            p->n_tokens += sh->n_tokens;
+        }
+        if (rc == 0 && p->n_seqs == 0)
+            rc = err_set(err,
+                         "data: '%s' holds no sequence of seq_len + 1 = %d tokens (its largest "
+                         "shard is shorter; lower seq_len or give more text)",
+                         p->pattern, T + 1);
+    }
+    if (rc == 0 && np > 1) rc = blend_quotas(ds, err);
+    if (rc != 0) {
+        ds_free(ds);
+        return -1;
+    }
+    if (np > 1) blend_schedule(ds);
+    ds->buf = xmalloc(((size_t)T + 1) * sizeof(uint16_t));
+    return 0;
+}
+
+void ds_free(Dataset *ds) {
+    if (!ds->parts) return;
+    for (int i = 0; i < DS_FILES; i++)
+        if (ds->files[i].fd >= 0) close(ds->files[i].fd);
+    for (int d = 0; d < ds->n_parts; d++) {
+        DsPart *p = &ds->parts[d];
+        for (int s = 0; s < p->n_shards; s++) free(p->shards[s].path);
+        free(p->shards);
+        free(p->pattern);
+    }
+    free(ds->parts);
+    free(ds->sched);
+    free(ds->marks);
+    free(ds->buf);
+    memset(ds, 0, sizeof *ds);
+}
+
+const ShardMeta *ds_meta(const Dataset *ds) { return &ds->parts[0].shards[0].meta; }
+
+uint64_t ds_tokens(const Dataset *ds) {
+    uint64_t n = 0;
+    for (int d = 0; d < ds->n_parts; d++) n += ds->parts[d].n_tokens;
+    return n;
+}
+
+/* ------------------------------------------------------------- identity */
+
+static const char *base_name(const char *path) {
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
+static void shard_identity(const DsShard *sh, char *v, size_t n) {
+    if (sh->meta.has_crc)
+        snprintf(v, n, "%.180s %" PRIu64 " crc32:%08x", base_name(sh->path), sh->n_tokens,
+                 (unsigned)sh->meta.crc);
+    else
+        snprintf(v, n, "%.180s %" PRIu64 " size:%" PRIu64, base_name(sh->path), sh->n_tokens,
+                 sh->file_size);
+}
+
+static void part_identity(const DsPart *p, char *v, size_t n) {
+    snprintf(v, n, "weight %.17g shards %d tokens %" PRIu64, p->weight, p->n_shards, p->n_tokens);
+}
+
+void ds_identity(const Dataset *ds, void (*fn)(void *ctx, const char *key, const char *value),
+                 void *ctx) {
+    char k[64], v[256];
+    snprintf(v, sizeof v, "%d", ds->n_parts);
+    fn(ctx, "data.parts", v);
+    for (int d = 0; d < ds->n_parts; d++) {
+        snprintf(k, sizeof k, "data.p%d", d);
+        part_identity(&ds->parts[d], v, sizeof v);
+        fn(ctx, k, v);
+        for (int s = 0; s < ds->parts[d].n_shards; s++) {
+            snprintf(k, sizeof k, "data.p%d.s%d", d, s);
+            shard_identity(&ds->parts[d].shards[s], v, sizeof v);
+            fn(ctx, k, v);
+        }
+    }
+}
+
+int ds_identity_compare(const Dataset *ds, const char *(*look)(void *ctx, const char *key),
+                        void *ctx, Err *why) {
+    const char *np = look(ctx, "data.parts");
+    if (!np) return 1;
+    char k[64], v[256];
+    snprintf(v, sizeof v, "%d", ds->n_parts);
+    if (strcmp(np, v) != 0)
+        return err_set(why, "the checkpoint's run read a blend of %.20s datasets, this spec has %d",
+                       np, ds->n_parts);
+    for (int d = 0; d < ds->n_parts; d++) {
+        const DsPart *p = &ds->parts[d];
+        for (int s = 0;; s++) {
+            snprintf(k, sizeof k, "data.p%d.s%d", d, s);
+            const char *had = look(ctx, k);
+            if (s == p->n_shards) {
+                if (had)
+                    return err_set(why,
+                                   "dataset %d ('%s') lacks the shard '%.200s' that the "
+                                   "checkpoint's run read as its shard %d (a shard removed?)",
+                                   d, p->pattern, had, s);
+                break;
+            }
+            shard_identity(&p->shards[s], v, sizeof v);
+            if (!had)
+                return err_set(why,
+                               "dataset %d ('%s') has a shard %d, '%s', that the checkpoint's "
+                               "run did not read (a shard added?)",
+                               d, p->pattern, s, p->shards[s].path);
+            if (strcmp(had, v) != 0)
+                return err_set(why,
+                               "shard %d of dataset %d is '%s' now but was '%.200s' for the "
+                               "checkpoint's run (a shard added, removed, reordered or rewritten?)",
+                               s, d, v, had);
+        }
+        snprintf(k, sizeof k, "data.p%d", d);
+        const char *had = look(ctx, k);
+        part_identity(p, v, sizeof v);
+        if (!had || strcmp(had, v) != 0)
+            return err_set(why, "dataset %d ('%s') is '%s' now but was '%.200s'", d, p->pattern, v,
+                           had ? had : "absent");
+    }
+    return 0;
+}
