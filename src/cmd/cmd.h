@@ -36,6 +36,7 @@ void train_install_signals(void);
 
 /* The subcommands; each returns its exit code. */
 int prep_main(int argc, char **argv);   /* prep.c */
+int data_main(int argc, char **argv);   /* data_cmd.c */
 int tokenize_main(int argc, char **argv); /* tokenize.c */
 int train_main(int argc, char **argv);  /* train.c */
 int eval_main(int argc, char **argv);   /* infer.c */

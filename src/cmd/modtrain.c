@@ -1,6 +1,6 @@
 /*
- * modtrain: the command-line entry point. Subcommands: prep, tokenize,
- * train, eval, sample, ckpt; exit codes in src/cmd/cmd.h.
+ * modtrain: the command-line entry point. Subcommands: prep, data,
+ * tokenize, train, eval, sample, ckpt, plan; exit codes in src/cmd/cmd.h.
  */
 #include <blis.h>
 #include <mpi.h>
@@ -15,10 +15,11 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: modtrain <command> [options]\n\n"
                "commands:\n"
-               "  prep     text files -> token shards (train.bin, val.bin)\n"
+               "  prep     text, JSON Lines (.gz, .zst) -> token shards (train_000000.bin, ...)\n"
+               "  data     what a dataset spec holds; which sequence each sample reads\n"
                "  tokenize text -> GPT-2 BPE token ids, and back\n"
                "  train    train a model (alone or under mpirun/srun)\n"
-               "  eval     loss of a checkpoint on a token shard\n"
+               "  eval     loss of a checkpoint on token shards\n"
                "  sample   generate text from a checkpoint\n"
                "  ckpt     list | verify | inspect | diff | export | import checkpoints\n"
                "  plan     memory, traffic and step time of each layout on a cluster\n\n"
@@ -45,6 +46,7 @@ int main(int argc, char **argv) {
     }
     if (strcmp(cmd, "prep") == 0) return prep_main(argc - 2, argv + 2);
     if (strcmp(cmd, "tokenize") == 0) return tokenize_main(argc - 2, argv + 2);
+    if (strcmp(cmd, "data") == 0) return data_main(argc - 2, argv + 2);
     int (*run)(int, char **) = strcmp(cmd, "train") == 0    ? train_main
                                : strcmp(cmd, "eval") == 0   ? eval_main
                                : strcmp(cmd, "sample") == 0 ? sample_main
@@ -52,7 +54,7 @@ int main(int argc, char **argv) {
                                : strcmp(cmd, "plan") == 0   ? plan_main
                                                             : NULL;
     if (!run) {
-        errorf("unknown command '%s' (expected prep, tokenize, train, eval, sample, ckpt or plan)",
+        errorf("unknown command '%s' (expected prep, data, tokenize, train, eval, sample, ckpt or plan)",
                cmd);
         return EXIT_USAGE;
     }

@@ -6,6 +6,7 @@
  * frees whatever setup reached.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
@@ -24,6 +25,7 @@
 #include "mpi/pipeline.h"
 #include "mpi/sync.h"
 #include "src/base/fault.h"
+#include "src/base/rng.h"
 #include "src/cmd/cmd.h"
 #include "src/cmd/phases.h"
 #include "src/config.h"
@@ -49,6 +51,7 @@ typedef struct {
     int *inputs, *targets; /* (local_batch, T): this rank's sequences of the step */
     double *frac;          /* (L) share of tokens each block processed */
     FILE *metrics;         /* rank 0 only */
+    FILE *data_trace;      /* MODTRAIN_DATA_TRACE: every sample this dp rank reads */
     int threads, n_routed, start;
     double peak_gflops, job_peak_gflops, dense_fpt, step_tokens;
     /* timing: the first step pays for warm-up and is left out of the ETA */
@@ -75,6 +78,7 @@ typedef struct {
     int live;
     int nonfinite;  /* the loss or gradient was not finite: no update made */
     int data_error; /* a read failed (printed): no step made */
+    uint64_t data_hash; /* the sum over the step's samples of a hash of where each lies */
 } StepResult;
 
 /* A step's micro-batches as pipeline callbacks. */
@@ -519,6 +523,12 @@ static int run_setup(Run *r, int argc, char **argv) {
     }
     if (r->cfg.time_limit > 0 && run_probe_save(r) != 0) return EXIT_USAGE;
     if (r->cfg.watchdog_s > 0) watchdog_start(r);
+    const char *trace = getenv("MODTRAIN_DATA_TRACE");
+    if (trace && *trace) { /* a test's view of the reads: FILE.DP_RANK */
+        char p[4200];
+        snprintf(p, sizeof p, "%.4096s.%d", trace, r->grid.dp_rank);
+        r->data_trace = fopen(p, "a");
+    }
     r->inputs = xmalloc((size_t)r->local_batch * r->T * sizeof(int));
     r->targets = xmalloc((size_t)r->local_batch * r->T * sizeof(int));
     r->frac = xcalloc((size_t)r->m.d.L, sizeof(double));
@@ -533,6 +543,7 @@ static void run_teardown(Run *r) {
     }
     ckpt_async_free(r->async);
     if (r->metrics) fclose(r->metrics);
+    if (r->data_trace) fclose(r->data_trace);
     free(r->inputs);
     free(r->targets);
     free(r->frac);
@@ -587,20 +598,34 @@ static float *step_grad(void *p) { return ((StepCtx *)p)->r->m.s.dres; }
  * tp and pp peers. A failed read (a shard truncated or changed while in
  * use) on any rank ends the run on all of them. Returns 0 or -1 (printed
  * by the first rank that failed). */
-static int run_read_batch(Run *r) {
+static int run_read_batch(Run *r, uint64_t *hash) {
     const double t0 = now_s();
     fault_phase("data");
     const uint64_t first = (uint64_t)r->rs.samples + (uint64_t)r->grid.dp_rank * r->local_batch;
     Err err;
     int rc = 0;
+    uint64_t h = 0;
     for (int b = 0; b < r->local_batch && rc == 0; b++) {
         DsSample s;
-        ds_locate(&r->train, first + (uint64_t)b, &s);
+        const uint64_t g = first + (uint64_t)b;
+        ds_locate(&r->train, g, &s);
         const size_t at = (size_t)b * r->T;
         rc = ds_read(&r->train, &s, r->cfg.vocab_size, r->inputs + at, r->targets + at, &err);
+        h += rng_u64(g, (uint64_t)s.part << 32 ^ s.epoch, s.seq);
+        if (rc == 0 && r->data_trace && r->grid.tp_rank == 0 && r->grid.pp_rank == 0) {
+            fprintf(r->data_trace, "{\"sample\":%" PRIu64 ",\"dataset\":%d,\"shard\":%d,"
+                    "\"offset\":%" PRIu64 ",\"epoch\":%" PRIu64 ",\"tokens\":[",
+                    g, s.part, s.shard, s.offset, s.epoch);
+            for (int t = 0; t < 8 && t < r->T; t++)
+                fprintf(r->data_trace, "%s%d", t ? "," : "", r->inputs[at + (size_t)t]);
+            fprintf(r->data_trace, "]}\n");
+        }
     }
+    if (r->data_trace) fflush(r->data_trace);
     phases_add(&r->ph, PH_DATA, now_s() - t0);
     if (cmd_agree(rc, &err, r->grid.world) != 0) return -1;
+    /* the step's samples over the dp ranks: which were read, not by whom */
+    MPI_CHECK(MPI_Allreduce(&h, hash, 1, MPI_UINT64_T, MPI_SUM, r->grid.dp_comm));
     return 0;
 }
 
@@ -610,7 +635,7 @@ static void run_step(Run *r, int step, StepResult *out) {
     const Grid *g = &r->grid;
     const double t0 = now_s(), wait0 = pp_wait_s, tp_s0 = tp_time_s;
     const unsigned long long tp0 = tp_bytes, dp0 = dp_bytes, pp0 = pp_bytes;
-    if (run_read_batch(r) != 0) {
+    if (run_read_batch(r, &out->data_hash) != 0) {
         out->data_error = 1;
         return;
     }
@@ -690,8 +715,9 @@ static void run_log(Run *r, int step, const StepResult *s) {
     const int done = step + 1;
     const double tps = r->step_tokens / s->dt, mfu = s->fpt * tps / (r->job_peak_gflops * 1e9);
     double aux = 0, acc = 0;
-    mprintf(r->metrics, "{\"step\":%d,\"samples\":%lld,\"loss\":%.6f", done, r->rs.samples,
-            s->loss);
+    mprintf(r->metrics, "{\"step\":%d,\"samples\":%lld,\"data_hash\":\"%016" PRIx64
+            "\",\"loss\":%.6f",
+            done, r->rs.samples, s->data_hash, s->loss);
     if (r->train.n_parts > 1) { /* each dataset's share of the samples so far */
         mprintf(r->metrics, ",\"data_share\":[");
         for (int d = 0; d < r->train.n_parts; d++)
