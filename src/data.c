@@ -1,5 +1,5 @@
 /*
- * data: shard I/O, the seeded data order, and the byte-level prep.
+ * data: shard headers and shard I/O.
  */
 #include "src/data.h"
 
@@ -163,31 +163,3 @@ void shard_get_seq(const Shard *s, size_t w, int T, int *inputs, int *targets) {
     }
 }
 
-void order_init(DataOrder *o, uint64_t seed, size_t n_seqs) {
-    o->seed = seed;
-    o->n_seqs = n_seqs;
-    o->epoch = -1;
-    o->perm = xmalloc(n_seqs * sizeof(size_t));
-}
-
-void order_free(DataOrder *o) {
-    free(o->perm);
-    o->perm = NULL;
-}
-
-size_t order_window(DataOrder *o, uint64_t g) {
-    long long epoch = (long long)(g / o->n_seqs);
-    if (epoch != o->epoch) {
-        /* Fisher-Yates driven by the counter RNG of (seed, "data", epoch). */
-        uint64_t stream = rng_hash_str("data-order") ^ (uint64_t)epoch * 0x9e3779b97f4a7c15ULL;
-        for (size_t i = 0; i < o->n_seqs; i++) o->perm[i] = i;
-        for (size_t i = o->n_seqs - 1; i > 0; i--) {
-            size_t j = (size_t)(rng_u64(o->seed, stream, i) % (i + 1));
-            size_t t = o->perm[i];
-            o->perm[i] = o->perm[j];
-            o->perm[j] = t;
-        }
-        o->epoch = epoch;
-    }
-    return o->perm[g % o->n_seqs];
-}

@@ -1,13 +1,12 @@
 /*
- * data: llm.c token shards and the deterministic order in which training
- * reads them.
+ * data: llm.c token shards.
  *
  * A shard is a 256-int32 header (magic 20240520, version 1, token count;
- * slots 3-6 are modtrain's ShardMeta, zero in llm.c's shards) followed by
- * uint16 tokens. A sequence is a window of T+1 tokens starting at a multiple of
- * T; the global batch of step s is the sequences s*batch .. s*batch+batch-1 of
- * an epoch-wise seeded permutation, so what a step sees depends on the seed
- * alone, never on the parallel layout.
+ * slots 3-8 are modtrain's ShardMeta, zero in llm.c's shards) followed by
+ * uint16 tokens. A sequence is a window of T+1 tokens starting at a
+ * multiple of T. Training reads shards through src/dataset.h (headers,
+ * then the sequences it needs); shard_load reads a whole one, for tools
+ * and tests.
  */
 #ifndef MODTRAIN_DATA_H
 #define MODTRAIN_DATA_H
@@ -46,7 +45,7 @@ typedef struct {
     int max_token;
 } Shard;
 
-/* Loads and checks a shard (magic, version, count against file size).
+/* Loads and checks a whole shard (magic, version, count against file size).
  * Returns 0, or -1 with err naming the file and the problem. */
 int shard_load(Shard *s, const char *path, Err *err);
 /* Checks a shard's header: the first len bytes of a file of file_size bytes
@@ -73,17 +72,5 @@ size_t shard_num_seqs(const Shard *s, int T);
 /* Copies window w: inputs (T) and targets (T). */
 void shard_get_seq(const Shard *s, size_t w, int T, int *inputs, int *targets);
 
-/* Deterministic order of training windows. */
-typedef struct {
-    uint64_t seed;
-    size_t n_seqs;
-    long long epoch; /* epoch the permutation below belongs to, -1 none */
-    size_t *perm;    /* (n_seqs) */
-} DataOrder;
-
-void order_init(DataOrder *o, uint64_t seed, size_t n_seqs);
-void order_free(DataOrder *o);
-/* Window of global sequence index g (= step * batch_size + j). */
-size_t order_window(DataOrder *o, uint64_t g);
 
 #endif

@@ -17,7 +17,6 @@
 
 #include "src/base/rng.h"
 
-#define PERIOD ((uint64_t)1 << DS_PERIOD_BITS)
 #define MARK_BITS 8 /* a count of each dataset every 2^MARK_BITS samples */
 #define HDR_BYTES (SHARD_HEADER_INTS * sizeof(int32_t))
 
@@ -42,20 +41,51 @@ uint64_t ds_permute(uint64_t x, uint64_t n, uint64_t key) {
     return x;
 }
 
-/* The quotas: each dataset's share of a period of 2^20 samples, the
- * largest remainders rounded up so that they add up to the period, and at
- * least one each. Returns 0 or -1 (a weight too small to get a sample). */
-static int blend_quotas(Dataset *ds, Err *err) {
+static uint64_t gcd_u64(uint64_t a, uint64_t b) {
+    while (b) {
+        const uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* The quotas: each dataset's samples in one period of the schedule. Where
+ * the weights are decimals of at most 6 digits after the point whose
+ * scaled sum is at most 2^DS_PERIOD_BITS, they are exact: the weights as
+ * integers over their greatest common divisor (0.7 and 0.3 make a period
+ * of 10); otherwise each weight's share of a 2^DS_PERIOD_BITS period, the
+ * largest remainders rounded up. Returns 0 or -1 (a weight too small to
+ * get a sample). */
+static int blend_quotas(Dataset *ds, const double *w, Err *err) {
     const int D = ds->n_parts;
+    const uint64_t max_period = (uint64_t)1 << DS_PERIOD_BITS;
+    for (double scale = 1; scale <= 1e6; scale *= 10) {
+        uint64_t a[DS_MAX_PARTS], g = 0, sum = 0;
+        int exact = 1;
+        for (int d = 0; d < D && exact; d++) {
+            const double x = w[d] * scale, r = nearbyint(x);
+            exact = r >= 1 && r <= (double)max_period && fabs(x - r) <= 1e-9 * x;
+            a[d] = exact ? (uint64_t)r : 0;
+            g = gcd_u64(g, a[d]);
+        }
+        if (!exact) continue;
+        for (int d = 0; d < D; d++) sum += a[d] / g;
+        if (sum > max_period) break;
+        for (int d = 0; d < D; d++) ds->parts[d].quota = (uint32_t)(a[d] / g);
+        ds->period = sum;
+        return 0;
+    }
+    ds->period = max_period;
     uint64_t given = 0;
     double rem[DS_MAX_PARTS];
     for (int d = 0; d < D; d++) {
-        const double exact = ds->parts[d].weight * (double)PERIOD;
-        ds->parts[d].quota = (uint32_t)floor(exact);
-        rem[d] = exact - floor(exact);
+        const double share = ds->parts[d].weight * (double)max_period;
+        ds->parts[d].quota = (uint32_t)floor(share);
+        rem[d] = share - floor(share);
         given += ds->parts[d].quota;
     }
-    while (given < PERIOD) { /* the largest remainder first, ties to the first */
+    while (given < max_period) { /* the largest remainder first, ties to the first */
         int best = 0;
         for (int d = 1; d < D; d++)
             if (rem[d] > rem[best]) best = d;
@@ -79,11 +109,11 @@ static int blend_quotas(Dataset *ds, Err *err) {
  * prefix). Integer arithmetic throughout, so every machine agrees. */
 static void blend_schedule(Dataset *ds) {
     const int D = ds->n_parts;
-    const uint64_t S = 2 * (uint64_t)D - 2, Q = PERIOD;
+    const uint64_t S = 2 * (uint64_t)D - 2, Q = ds->period;
     uint64_t c[DS_MAX_PARTS] = {0};
-    ds->sched = xmalloc(PERIOD);
-    ds->marks = xcalloc((PERIOD >> MARK_BITS) * (size_t)D, sizeof(uint32_t));
-    for (uint64_t t = 0; t < PERIOD; t++) {
+    ds->sched = xmalloc(Q);
+    ds->marks = xcalloc(((Q >> MARK_BITS) + 1) * (size_t)D, sizeof(uint32_t));
+    for (uint64_t t = 0; t < Q; t++) {
         if ((t & ((1u << MARK_BITS) - 1)) == 0)
             for (int d = 0; d < D; d++)
                 ds->marks[(t >> MARK_BITS) * (uint64_t)D + (uint64_t)d] = (uint32_t)c[d];
@@ -111,8 +141,8 @@ static void blend_schedule(Dataset *ds) {
 
 uint64_t ds_part_count(const Dataset *ds, int part, uint64_t g) {
     if (ds->n_parts == 1) return g;
-    const uint64_t r = g & (PERIOD - 1), base = r >> MARK_BITS << MARK_BITS;
-    uint64_t n = (g >> DS_PERIOD_BITS) * ds->parts[part].quota +
+    const uint64_t r = g % ds->period, base = r >> MARK_BITS << MARK_BITS;
+    uint64_t n = g / ds->period * ds->parts[part].quota +
                  ds->marks[(r >> MARK_BITS) * (uint64_t)ds->n_parts + (uint64_t)part];
     for (uint64_t t = base; t < r; t++) n += ds->sched[t] == part;
     return n;
@@ -139,7 +169,7 @@ void ds_locate_seq(const Dataset *ds, int part, uint64_t seq, DsSample *s) {
 }
 
 void ds_locate(const Dataset *ds, uint64_t g, DsSample *s) {
-    const int d = ds->n_parts == 1 ? 0 : ds->sched[g & (PERIOD - 1)];
+    const int d = ds->n_parts == 1 ? 0 : ds->sched[g % ds->period];
     const uint64_t i = ds_part_count(ds, d, g), n = ds->parts[d].n_seqs;
     const uint64_t epoch = i / n;
     const uint64_t key = rng_u64(ds->seed, rng_hash_str("data-order") ^ (uint64_t)d, epoch);
@@ -185,11 +215,15 @@ int ds_read(Dataset *ds, const DsSample *s, int vocab, int *inputs, int *targets
         if (n < 0)
             return err_set(err, "data: cannot read '%s' at token %" PRIu64 ": %s", sh->path,
                            s->offset, strerror(errno));
-        if (n == 0)
+        if (n == 0) {
+            struct stat st;
+            const unsigned long long now = fstat(fd, &st) == 0 ? (unsigned long long)st.st_size : 0;
             return err_set(err,
-                           "data: '%s' ends at byte %" PRIu64 ", inside the sequence at token %" PRIu64
-                           " (its header promised %" PRIu64 " tokens: truncated while in use?)",
-                           sh->path, at + got, s->offset, sh->n_tokens);
+                           "data: '%s' ends at byte %llu, inside the sequence at token %" PRIu64
+                           " (bytes %" PRIu64 "-%" PRIu64 "; its header promised %" PRIu64
+                           " tokens: truncated while in use?)",
+                           sh->path, now, s->offset, at, at + want, sh->n_tokens);
+        }
         got += (size_t)n;
     }
     for (int t = 0; t <= ds->T; t++)
@@ -387,7 +421,7 @@ int ds_open(Dataset *ds, const char *spec, int T, uint64_t seed, Err *err) {
                          "shard is shorter; lower seq_len or give more text)",
                          p->pattern, T + 1);
     }
-    if (rc == 0 && np > 1) rc = blend_quotas(ds, err);
+    if (rc == 0 && np > 1) rc = blend_quotas(ds, w, err);
     if (rc != 0) {
         ds_free(ds);
         return -1;

@@ -13,10 +13,11 @@
  * The order is a pure function of (seed, g) for sample g of the run (the
  * g-th sequence consumed, from 0):
  *   1. the blend's schedule gives g's dataset d and i, the number of d's
- *      samples before g: a fixed period of 2^20 samples in which dataset
- *      d holds its weight's share (rounded), laid out so that every prefix
- *      is within one sample of its share (Tijdeman's chairman assignment),
- *      hence every window of N samples within 2 of N x weight;
+ *      samples before g: a period in which each dataset holds its weight's
+ *      share exactly (weights of up to 6 decimals: 0.7 and 0.3 make a
+ *      period of 10; others are rounded to 2^-22), laid out so that every
+ *      prefix is within 1 - 1/(2D-2) samples of its share (Tijdeman's
+ *      chairman assignment), hence every window of N samples within 2;
  *   2. epoch e = i / n_d and position p = i mod n_d of the dataset's n_d
  *      sequences;
  *   3. sequence = a keyed bijection of [0, n_d) applied to p: a Feistel
@@ -37,7 +38,7 @@
 
 #define DS_MAX_PARTS 64          /* datasets in a blend */
 #define DS_MAX_SHARDS 1000000    /* shards in a spec */
-#define DS_PERIOD_BITS 20        /* the blend schedule's period: 2^20 samples */
+#define DS_PERIOD_BITS 22        /* the blend schedule's period: at most 2^22 samples */
 #define DS_FILES 8               /* shards a Dataset keeps open */
 
 typedef struct {
@@ -62,8 +63,9 @@ typedef struct {
     uint64_t seed;
     /* the blend's schedule (n_parts > 1): the dataset of each sample of a
      * period, and every 256th sample's count of each dataset before it */
-    uint8_t *sched;  /* (2^DS_PERIOD_BITS) */
-    uint32_t *marks; /* (2^DS_PERIOD_BITS / 256, n_parts) */
+    uint64_t period; /* samples; at most 2^DS_PERIOD_BITS */
+    uint8_t *sched;  /* (period) */
+    uint32_t *marks; /* (period / 256 + 1, n_parts) */
     /* shards kept open for reading, least recently used first out */
     struct {
         int fd, part, shard;

@@ -1,6 +1,6 @@
 /*
- * test_data: shard round trips, every way a shard can be bad, the seeded
- * data order and the prep split.
+ * test_data: shard round trips, every way a shard can be bad, and the
+ * prep split.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,25 +92,6 @@ static void test_bad_shards(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "is a directory, not a file"));
 }
 
-static void test_order(void) {
-    const size_t n = 17;
-    DataOrder a, b, c;
-    order_init(&a, 1, n), order_init(&b, 1, n), order_init(&c, 2, n);
-    int seen[17] = {0}, differs = 0;
-    for (uint64_t g = 0; g < n; g++) {
-        size_t w = order_window(&a, g);
-        CU_ASSERT(w < n);
-        seen[w]++;
-        differs += w != order_window(&c, g);
-    }
-    for (size_t i = 0; i < n; i++) CU_ASSERT_EQUAL(seen[i], 1); /* an epoch is a permutation */
-    CU_ASSERT(differs > 0);                                      /* the seed matters */
-    /* random access gives the same answer as sequential access */
-    for (uint64_t g = 3 * n + 5; g > 0; g -= 4)
-        CU_ASSERT_EQUAL(order_window(&a, g), order_window(&b, g));
-    order_free(&a), order_free(&b), order_free(&c);
-}
-
 static void test_prep_split(void) {
     Err e;
     char txt[256], out[256];
@@ -148,7 +129,6 @@ int main(void) {
         {"shard round trip", test_roundtrip},
         {"truncated, short, wrong magic, wrong version, missing, vocabulary 1, a directory",
          test_bad_shards},
-        {"seeded order: permutations, random access", test_order},
         {"prep splits a fraction of chunks evenly", test_prep_split},
         CU_TEST_INFO_NULL};
     int rc = run_suite("data", tests);
