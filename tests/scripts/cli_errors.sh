@@ -55,8 +55,8 @@ head -c 2000 data/train.bin > trunc.bin
 expect_error "trunc.bin' is 2000 bytes but its header promises" "$MODTRAIN" train $T --train_data trunc.bin
 head -c 4096 /dev/zero > zero.bin
 expect_error "zero.bin' has magic 0, expected 20240520" "$MODTRAIN" train $T --train_data zero.bin
-expect_error "fewer than seq_len + 1 = 100001" "$MODTRAIN" train $T --seq_len 100000
-expect_error "outside vocab_size = 100" "$MODTRAIN" train $T --vocab_size 100
+expect_error "holds no sequence of seq_len + 1 = 100001" "$MODTRAIN" train $T --seq_len 100000
+expect_error "more than vocab_size = 100" "$MODTRAIN" train $T --vocab_size 100
 expect_error "tokenizer = 'bpe' is not one of auto/byte/gpt2/none" "$MODTRAIN" train $T --tokenizer bpe
 expect_error "tokenizer_hash = 'ABC' is not a vocabulary hash (expected 16 lowercase hex digits" "$MODTRAIN" train $T --tokenizer_hash ABC
 expect_error "tokenizer = gpt2, but 'data/train.bin' was written by 'modtrain prep --tokenizer byte'" "$MODTRAIN" train $T --tokenizer gpt2
