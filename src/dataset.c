@@ -50,16 +50,17 @@ static uint64_t gcd_u64(uint64_t a, uint64_t b) {
     return a;
 }
 
-/* The quotas: each dataset's samples in one period of the schedule. Where
- * the weights are decimals of at most 6 digits after the point whose
- * scaled sum is at most 2^DS_PERIOD_BITS, they are exact: the weights as
- * integers over their greatest common divisor (0.7 and 0.3 make a period
- * of 10); otherwise each weight's share of a 2^DS_PERIOD_BITS period, the
- * largest remainders rounded up. Returns 0 or -1 (a weight too small to
- * get a sample). */
-static int blend_quotas(Dataset *ds, const double *w, Err *err) {
-    const int D = ds->n_parts;
+/* The quotas: each of the D datasets' samples in one period of the
+ * schedule, and the period. Where the weights are decimals of at most 6
+ * digits after the point whose scaled sum is at most 2^DS_PERIOD_BITS,
+ * they are exact: the weights as integers over their greatest common
+ * divisor (0.7 and 0.3 make a period of 10); otherwise each normalised
+ * weight's share of a 2^DS_PERIOD_BITS period, the largest remainders
+ * rounded up (a quota may then be 0). */
+static uint64_t blend_period(const double *w, int D, uint32_t *quota) {
     const uint64_t max_period = (uint64_t)1 << DS_PERIOD_BITS;
+    double wsum = 0;
+    for (int d = 0; d < D; d++) wsum += w[d];
     for (double scale = 1; scale <= 1e6; scale *= 10) {
         uint64_t a[DS_MAX_PARTS], g = 0, sum = 0;
         int exact = 1;
@@ -72,33 +73,41 @@ static int blend_quotas(Dataset *ds, const double *w, Err *err) {
         if (!exact) continue;
         for (int d = 0; d < D; d++) sum += a[d] / g;
         if (sum > max_period) break;
-        for (int d = 0; d < D; d++) ds->parts[d].quota = (uint32_t)(a[d] / g);
-        ds->period = sum;
-        return 0;
+        for (int d = 0; d < D; d++) quota[d] = (uint32_t)(a[d] / g);
+        return sum;
     }
-    ds->period = max_period;
     uint64_t given = 0;
     double rem[DS_MAX_PARTS];
     for (int d = 0; d < D; d++) {
-        const double share = ds->parts[d].weight * (double)max_period;
-        ds->parts[d].quota = (uint32_t)floor(share);
+        const double share = w[d] / wsum * (double)max_period;
+        quota[d] = (uint32_t)floor(share);
         rem[d] = share - floor(share);
-        given += ds->parts[d].quota;
+        given += quota[d];
     }
     while (given < max_period) { /* the largest remainder first, ties to the first */
         int best = 0;
         for (int d = 1; d < D; d++)
             if (rem[d] > rem[best]) best = d;
-        ds->parts[best].quota++;
+        quota[best]++;
         rem[best] = -1;
         given++;
     }
-    for (int d = 0; d < D; d++)
-        if (ds->parts[d].quota == 0)
+    return max_period;
+}
+
+/* The blend's quotas and period. Returns 0 or -1 (a weight too small to
+ * get a sample). */
+static int blend_quotas(Dataset *ds, const double *w, Err *err) {
+    uint32_t q[DS_MAX_PARTS];
+    ds->period = blend_period(w, ds->n_parts, q);
+    for (int d = 0; d < ds->n_parts; d++) {
+        ds->parts[d].quota = q[d];
+        if (q[d] == 0)
             return err_set(err,
                            "data: the weight of '%s' is %.3g of the blend, less than one sample in "
                            "2^%d (raise it or leave the dataset out)",
                            ds->parts[d].pattern, ds->parts[d].weight, DS_PERIOD_BITS);
+    }
     return 0;
 }
 
@@ -306,16 +315,20 @@ static int expand(const char *pattern, char ***out, Err *err) {
 }
 
 /* Splits spec into its parts and their weights (1 for a spec of one part
- * with none). Returns the count, or -1 with err naming the bad part. */
+ * with none); pats[] are allocated. Returns the count, or -1 with err
+ * naming the bad part (nothing left allocated). */
 static int parse_spec(const char *spec, char **pats, double *w, Err *err) {
     if (!spec[0]) return err_set(err, "data: the spec is empty (give a shard or a pattern)");
-    int n = 0, weighted = 0;
+    int n = 0;
+    char *item = NULL;
     for (const char *p = spec;;) {
         const char *comma = strchr(p, ',');
         const size_t len = comma ? (size_t)(comma - p) : strlen(p);
-        if (n == DS_MAX_PARTS)
-            return err_set(err, "data: '%.200s' blends more than %d datasets", spec, DS_MAX_PARTS);
-        char *item = xcalloc(len + 1, 1);
+        if (n == DS_MAX_PARTS) {
+            err_set(err, "data: '%.200s' blends more than %d datasets", spec, DS_MAX_PARTS);
+            goto fail;
+        }
+        item = xcalloc(len + 1, 1);
         memcpy(item, p, len);
         const char *colon = strchr(item, ':');
         double v = 1;
@@ -330,8 +343,7 @@ static int parse_spec(const char *spec, char **pats, double *w, Err *err) {
                         "data: the weight '%s' of '%s' is not a positive number (blends are "
                         "W:PATTERN,... with W > 0)",
                         num, item);
-                free(item);
-                return -1;
+                goto fail;
             }
         }
         if (!has_w && (comma || n > 0)) {
@@ -339,25 +351,25 @@ static int parse_spec(const char *spec, char **pats, double *w, Err *err) {
                     "data: '%s' in the blend '%.200s' has no weight (write each part as "
                     "W:PATTERN, e.g. 0.7:web/train_*.bin,0.3:code/train_*.bin)",
                     item, spec);
-            free(item);
-            return -1;
+            goto fail;
         }
         const char *pat = has_w ? colon + 1 : item;
         if (!pat[0]) {
             err_set(err, "data: a part of '%.200s' names no shard (expected W:PATTERN)", spec);
-            free(item);
-            return -1;
+            goto fail;
         }
         pats[n] = xstrdup(pat);
-        w[n] = v;
-        weighted |= has_w;
+        w[n++] = v;
         free(item);
-        n++;
+        item = NULL;
         if (!comma) break;
         p = comma + 1;
     }
-    (void)weighted;
     return n;
+fail:
+    free(item);
+    for (int d = 0; d < n; d++) free(pats[d]);
+    return -1;
 }
 
 /* Checks that a shard was written by the same tokenizer and vocabulary as
@@ -454,6 +466,23 @@ uint64_t ds_tokens(const Dataset *ds) {
     uint64_t n = 0;
     for (int d = 0; d < ds->n_parts; d++) n += ds->parts[d].n_tokens;
     return n;
+}
+
+size_t ds_memory(const char *spec, int local_batch, int T, size_t shards) {
+    size_t bytes = sat_mul(sat_mul(2 * sizeof(int), (size_t)local_batch), (size_t)T);
+    bytes = sat_add(bytes, ((size_t)T + 1) * sizeof(uint16_t));
+    bytes = sat_add(bytes, sat_mul(shards, sizeof(DsShard) + 256));
+    char *pats[DS_MAX_PARTS];
+    double w[DS_MAX_PARTS];
+    const int np = parse_spec(spec, pats, w, NULL);
+    for (int d = 0; d < np; d++) free(pats[d]);
+    if (np > 1) {
+        uint32_t q[DS_MAX_PARTS];
+        const uint64_t period = blend_period(w, np, q);
+        bytes = sat_add(bytes, (size_t)period);
+        bytes = sat_add(bytes, ((size_t)(period >> MARK_BITS) + 1) * (size_t)np * sizeof(uint32_t));
+    }
+    return bytes;
 }
 
 /* ------------------------------------------------------------- identity */

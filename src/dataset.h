@@ -110,6 +110,13 @@ uint64_t ds_part_count(const Dataset *ds, int part, uint64_t g);
  * short read: the file was truncated; a token outside the vocabulary). */
 int ds_read(Dataset *ds, const DsSample *s, int vocab, int *inputs, int *targets, Err *err);
 
+/* Bytes the data path takes on a rank that reads local_batch sequences of
+ * T tokens a step from spec: the step's inputs and targets, the read
+ * buffer, the shard table (shards of `shards` entries) and a blend's
+ * schedule (from the weights alone; no file is read). A spec that does
+ * not parse counts as one dataset. */
+size_t ds_memory(const char *spec, int local_batch, int T, size_t shards);
+
 /* The keyed bijection of [0, n) (n >= 1) that orders a dataset's epoch. */
 uint64_t ds_permute(uint64_t x, uint64_t n, uint64_t key);
 

@@ -443,10 +443,14 @@ int model_memory_check(const ModelMemory *mm, size_t budget, int ranks, Err *err
     format_bytes(p, sizeof p, sat_add(mm->params, mm->grads));
     format_bytes(mo, sizeof mo, mm->moments);
     format_bytes(a, sizeof a, sat_add(mm->acts, mm->scratch));
-    char st[64] = "", sb[32];
+    char st[128] = "", sb[32];
     if (mm->staging) {
         format_bytes(sb, sizeof sb, mm->staging);
         snprintf(st, sizeof st, ", checkpoint staging copy %s", sb);
+    }
+    if (mm->data) {
+        format_bytes(sb, sizeof sb, mm->data);
+        snprintf(st + strlen(st), sizeof st - strlen(st), ", data path %s", sb);
     }
     return err_set(err,
                    "the model needs %s per rank (parameters and gradients %s, AdamW moments %s, "

@@ -217,6 +217,7 @@ int model_registry(const ModelDims *d, ParamInfo **reg);
 typedef struct {
     size_t params, grads, moments, acts, scratch;
     size_t staging; /* a copy of the weights and moments for asynchronous saves, set by the caller */
+    size_t data;    /* the data path (ds_memory), set by the caller */
     size_t total;
 } ModelMemory;
 void model_memory(const ModelDims *d, int maxB, int slots, int optimizer, ModelMemory *mm);

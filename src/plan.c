@@ -9,6 +9,7 @@
 
 #include "mpi/dp.h"
 #include "mpi/pipeline.h"
+#include "src/dataset.h"
 
 /* ------------------------------------------------------------- the model */
 
@@ -98,6 +99,8 @@ static int plan_stages(const Config *cfg, const Cluster *cl, PlanRow *r, MicroTi
             mm.staging = sat_add(mm.params, mm.moments);
             mm.total = sat_add(mm.total, mm.staging);
         }
+        mm.data = ds_memory(cfg->train_data, r->micro * r->n_micro, T, 0);
+        mm.total = sat_add(mm.total, mm.data);
         const size_t comm = r->pp > 1 ? (size_t)slots * (size_t)act : 0;
         if (stage_bytes)
             stage_bytes[s] =

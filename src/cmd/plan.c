@@ -14,6 +14,7 @@
 #include "mpi/check.h"
 #include "mpi/pipeline.h"
 #include "src/cmd/cmd.h"
+#include "src/dataset.h"
 #include "src/data.h"
 #include "src/kernels.h"
 #include "src/plan.h"
@@ -71,21 +72,14 @@ static int plan_args(PlanArgs *a, int *argc, char **argv) {
 }
 
 /* The vocabulary when the config leaves it to the data: the training
- * shard's header, else GPT-2's. */
+ * shards' headers, else GPT-2's. */
 static void plan_vocab(Config *c) {
     if (c->vocab_size) return;
     c->vocab_size = 50257;
-    struct stat st;
-    const int fd = open_regular(c->train_data, O_RDONLY, &st, NULL);
-    if (fd < 0) return;
-    uint8_t head[SHARD_HEADER_INTS * 4];
-    const ssize_t got = pread(fd, head, sizeof head, 0);
-    close(fd);
-    size_t n;
-    ShardMeta m;
-    if (got > 0 && shard_parse_header(head, (size_t)got, (uint64_t)st.st_size, c->train_data, &n,
-                                      &m, NULL) == 0)
-        c->vocab_size = m.vocab ? m.vocab : 50257;
+    Dataset ds;
+    if (ds_open(&ds, c->train_data, c->seq_len, 0, NULL) != 0) return;
+    if (ds_meta(&ds)->vocab) c->vocab_size = ds_meta(&ds)->vocab;
+    ds_free(&ds);
 }
 
 static void print_row(const PlanRow *r) {
@@ -124,15 +118,16 @@ static int plan_print(const Config *c, const Cluster *cl, const PlanArgs *a) {
     if (n > a->top) printf("(%d more; --top N shows more)\n", n - a->top);
     if (stage) { /* exact figures of the one layout (the tests compare them) */
         const ModelMemory *mm = &one.mem;
-        char b[8][32];
-        const size_t parts[8] = {
-            mm->params,  mm->grads,      mm->moments, mm->acts,
-            mm->scratch, one.comm_bytes, mm->staging, one.rank_bytes - mm->total - one.comm_bytes};
-        for (int i = 0; i < 8; i++) format_bytes(b[i], sizeof b[i], parts[i]);
+        char b[9][32];
+        const size_t parts[9] = {
+            mm->params,  mm->grads,      mm->moments, mm->acts, mm->scratch, one.comm_bytes,
+            mm->staging, mm->data,       one.rank_bytes - mm->total - one.comm_bytes};
+        for (int i = 0; i < 9; i++) format_bytes(b[i], sizeof b[i], parts[i]);
         printf(
             "memory of the largest stage's rank: parameters %s, gradients %s, AdamW moments %s, "
-            "activations %s, scratch %s, pipeline buffers %s, checkpoint staging %s, baseline %s\n",
-            b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]);
+            "activations %s, scratch %s, pipeline buffers %s, checkpoint staging %s, data path "
+            "%s, baseline %s\n",
+            b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8]);
         printf("bytes per step of the busiest rank: tp %.0f, dp %.0f, pp %.0f\n", one.tp_bytes,
                one.dp_bytes, one.pp_bytes);
         printf("step %.6f s: compute %.6f, tp %.6f, pp %.6f, bubble %.6f, dp %.6f, optimizer %.6f\n",

@@ -384,6 +384,10 @@ static int run_setup_model(Run *r) {
         r->mem.staging = sat_add(r->mem.params, r->mem.moments);
         r->mem.total = sat_add(r->mem.total, r->mem.staging);
     }
+    size_t shards = 0;
+    for (int k = 0; k < r->train.n_parts; k++) shards += (size_t)r->train.parts[k].n_shards;
+    r->mem.data = ds_memory(c->train_data, r->local_batch, r->T, shards);
+    r->mem.total = sat_add(r->mem.total, r->mem.data);
     rc = model_memory_check(&r->mem, machine_memory() / (size_t)g->local_ranks, g->local_ranks,
                             &err);
     if (rc != 0) {
@@ -430,12 +434,13 @@ static void run_banner(const Run *r) {
     format_bytes(pg, sizeof pg, r->mem.params + r->mem.grads);
     format_bytes(mo, sizeof mo, r->mem.moments);
     format_bytes(ac, sizeof ac, r->mem.acts + r->mem.scratch);
-    char sg[64] = "";
+    char sg[96] = "", b[32];
     if (r->mem.staging) {
-        char b[32];
         format_bytes(b, sizeof b, r->mem.staging);
         snprintf(sg, sizeof sg, " + checkpoint staging %s", b);
     }
+    format_bytes(b, sizeof b, r->mem.data);
+    snprintf(sg + strlen(sg), sizeof sg - strlen(sg), " + data path %s", b);
     log0("memory (rank 0): %s = parameters and gradients %s + AdamW moments %s + activations "
          "%s%s (%zu bytes)\n",
          tot, pg, mo, ac, sg, r->mem.total);
