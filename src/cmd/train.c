@@ -329,6 +329,8 @@ static int run_check_data(Run *r) {
     Err why;
     int rc = 0;
     const int cont = c->data_changed == DATA_CHANGED_CONTINUE;
+    if (rs->samples == 0 && r->start > 0) /* older than state.data_cursor: steps of this batch */
+        rs->samples = ((long long)r->start + rs->batch_offset) * c->batch_size;
     if (rs->seed >= 0 && rs->seed != c->seed) {
         if (!cont) {
             errorf("resume: seed = %lld, but the checkpoint's run used seed = %lld, which fixes "

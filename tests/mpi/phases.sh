@@ -2,14 +2,15 @@
 # Per-phase step timers on real ranks: a single rank (with validation and
 # synchronous saves), tp 2, pp 2 and dp 2. Every step's metrics line splits
 # its interval into forward, backward, tp_comm, dp_comm, pp_wait, optimizer,
-# ckpt_stall, eval and other; the phases sum to the interval, no measured
+# ckpt_stall, eval, data and other; the phases sum to the interval, no measured
 # phase is negative, and together they never claim more than the interval
 # (other >= -2% of it: no time counted twice). A phase a layout cannot have
 # is exactly 0 (no tp collective on one rank, no pipeline wait without
 # stages), and the one it has is not (tp_comm under tp 2, pp_wait under
 # pp 2, dp_comm's spread under dp 2); validation and synchronous saves
 # land in the next step's eval and ckpt_stall; the table at the end of a
-# run lists every phase and its shares add up to 100%.
+# run lists every phase and its shares add up to 100%; every step reads
+# its data (the data phase is never 0).
 . "$(dirname "$0")/../scripts/lib.sh"
 prep_fortunes
 MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
@@ -31,7 +32,7 @@ check() { # NAME: the checks above; prints what it found
     "$PYTHON" - "$1" <<'PY'
 import json, sys
 name = sys.argv[1]
-names = ["forward", "backward", "tp_comm", "dp_comm", "pp_wait", "optimizer", "ckpt_stall", "eval", "other"]
+names = ["forward", "backward", "tp_comm", "dp_comm", "pp_wait", "optimizer", "ckpt_stall", "eval", "data", "other"]
 steps = [json.loads(l) for l in open(name + "/metrics.jsonl") if '"loss"' in l]
 assert len(steps) == 8, len(steps)
 for s in steps:
@@ -47,6 +48,7 @@ after = lambda k: [s["step"] for s in steps if s["phase_ms"][k] > 0]
 # validation after steps 4 and 8 (the last is after the line); saves after 3 and 6
 assert after("eval") == [5], after("eval")
 assert after("ckpt_stall") == [4, 7], after("ckpt_stall")
+assert all(s["phase_ms"]["data"] > 0 for s in steps), [s["phase_ms"]["data"] for s in steps]
 if name == "one":
     assert tot["tp_comm"] == 0 and tot["pp_wait"] == 0, tot
 if name == "tp2":
@@ -63,8 +65,8 @@ for name in one tp2 pp2 dp2; do
     if got=$(check "$name" 2>&1); then ok "$name: ms per step: $got"; else fail "$name: $got"; fi
     share=$(sed -n '/^where the time went/,/^  other/p' "$name.log" | awk 'NR > 2 { s += $3 } END { print s }')
     rows=$(sed -n '/^where the time went/,/^  other/p' "$name.log" | wc -l)
-    [ "$rows" -eq 11 ] && check_ab "$share" 100 'a > b - 0.6 && a < b + 0.6' &&
-        ok "$name: the end-of-run table has the 9 phases, shares adding to $share%" ||
+    [ "$rows" -eq 12 ] && check_ab "$share" 100 'a > b - 0.6 && a < b + 0.6' &&
+        ok "$name: the end-of-run table has the 10 phases, shares adding to $share%" ||
         fail "$name: the table: $(sed -n '/^where the time went/,/^  other/p' "$name.log")"
 done
 finish
