@@ -314,10 +314,7 @@ static int expand(const char *pattern, char ***out, Err *err) {
     return n;
 }
 
-/* Splits spec into its parts and their weights (1 for a spec of one part
- * with none); pats[] are allocated. Returns the count, or -1 with err
- * naming the bad part (nothing left allocated). */
-static int parse_spec(const char *spec, char **pats, double *w, Err *err) {
+int ds_parse_spec(const char *spec, char **pats, double *w, Err *err) {
     if (!spec[0]) return err_set(err, "data: the spec is empty (give a shard or a pattern)");
     int n = 0;
     char *item = NULL;
@@ -394,7 +391,7 @@ int ds_open(Dataset *ds, const char *spec, int T, uint64_t seed, Err *err) {
     ds->seed = seed;
     char *pats[DS_MAX_PARTS];
     double w[DS_MAX_PARTS], wsum = 0;
-    const int np = parse_spec(spec, pats, w, err);
+    const int np = ds_parse_spec(spec, pats, w, err);
     if (np < 0) return -1;
     ds->parts = xcalloc((size_t)np, sizeof(DsPart));
     ds->n_parts = np;
@@ -474,7 +471,7 @@ size_t ds_memory(const char *spec, int local_batch, int T, size_t shards) {
     bytes = sat_add(bytes, sat_mul(shards, sizeof(DsShard) + 256));
     char *pats[DS_MAX_PARTS];
     double w[DS_MAX_PARTS];
-    const int np = parse_spec(spec, pats, w, NULL);
+    const int np = ds_parse_spec(spec, pats, w, NULL);
     for (int d = 0; d < np; d++) free(pats[d]);
     if (np > 1) {
         uint32_t q[DS_MAX_PARTS];

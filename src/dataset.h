@@ -85,6 +85,12 @@ typedef struct {
     uint64_t offset; /* the shard's index of the sequence's first token */
 } DsSample;
 
+/* Splits spec into its parts (at most DS_MAX_PARTS) and their weights (1
+ * for a spec of one part without one); pats[] are allocated for the
+ * caller. Reads no file. Returns the count, or -1 with err naming the bad
+ * part (nothing left allocated). */
+int ds_parse_spec(const char *spec, char **pats, double *w, Err *err);
+
 /* Parses spec, expands its patterns and reads every shard's header:
  * present, a token shard, the same tokenizer and vocabulary as the first,
  * and every dataset at least one sequence of T + 1 tokens. Returns 0, or -1

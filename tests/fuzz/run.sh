@@ -11,7 +11,7 @@ set -eu
 srcdir=${srcdir:-$(cd "$(dirname "$0")/../.." && pwd)}
 seconds=${FUZZ_SECONDS:-60}
 out=${FUZZ_OUT:-fuzz-out}
-targets=${FUZZ_TARGETS:-config shard index safetensors vocab cluster plan merges decode}
+targets=${FUZZ_TARGETS:-config shard index safetensors vocab cluster plan merges decode spec}
 mpicc=${MPICC:-mpicc}
 if ! command -v "${FUZZ_CC:-clang}" > /dev/null; then
     echo "fuzz: ${FUZZ_CC:-clang} not found (apt-get install clang libclang-rt-14-dev libomp-14-dev)" >&2
@@ -20,7 +20,7 @@ fi
 flags="-std=gnu11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer -fopenmp -I$srcdir \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined"
 lib="src/base/util.c src/base/fault.c src/base/rng.c mpi/check.c src/config.c src/data.c checkpoint/ckio.c checkpoint/huff.c \
-    checkpoint/safetensors.c src/bpe.c src/cluster.c"
+    checkpoint/safetensors.c src/bpe.c src/cluster.c src/dataset.c"
 mkdir -p "$out"
 status=0
 for t in $targets; do
