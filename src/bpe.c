@@ -318,8 +318,8 @@ static int alphabet_bytes(const Vocab *v, const int32_t *cps, size_t n, uint8_t 
  * a flat object but up to 80 times its input for nested empty arrays and
  * objects ("[[],{},...]"). An encoder.json has no nesting, so any '[', or a
  * '{' after the first, outside a string is refused before jansson builds
- * anything: the tree stays within about 16 times the file (README: Hostile
- * input). Returns the offset of the first such byte, or n. */
+ * anything: the tree and the token map stay within about 20 times the
+ * file (README: Hostile input). Returns the offset of the first such byte, or n. */
 static size_t nesting_at(const uint8_t *s, size_t n) {
     int in_string = 0, objects = 0;
     for (size_t i = 0; i < n; i++) {
@@ -597,8 +597,9 @@ Bpe *bpe_from_memory(const char *encoder_json, size_t elen, const char *vocab_bp
 }
 
 /* A vocabulary file's bytes, bounded before they are read: vocab.bpe at
- * most 64 MiB, encoder.json at most 16 MiB (GPT-2's is 1 MB), since jansson's
- * tree of it takes up to about 16 times the file (README: Hostile input). */
+ * most 64 MiB, encoder.json at most 8 MiB (GPT-2's is 1 MB), since jansson's
+ * tree of it and the token map take up to about 20 times the file: an 8 MiB
+ * file of short tokens peaks at 171 MiB (README: Hostile input). */
 static char *read_vocab_file(const char *dir, const char *name, unsigned mib, size_t *len,
                              Err *err) {
     char path[4096];
@@ -615,7 +616,7 @@ static char *read_vocab_file(const char *dir, const char *name, unsigned mib, si
 
 Bpe *bpe_load(const char *dir, Err *err) {
     size_t elen = 0, vlen = 0;
-    char *e = read_vocab_file(dir, "encoder.json", 16, &elen, err), *m = NULL;
+    char *e = read_vocab_file(dir, "encoder.json", 8, &elen, err), *m = NULL;
     if (e) m = read_vocab_file(dir, "vocab.bpe", 64, &vlen, err);
     Bpe *b = e && m ? bpe_from_memory(e, elen, m, vlen, err) : NULL;
     if (e && m && !b) { /* name the folder too */
