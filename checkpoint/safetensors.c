@@ -303,14 +303,18 @@ int st_parse(StFile *f, const uint8_t *buf, size_t len, const char *name, Err *e
     }
     const char *dup = f->nt ? twice(f->t[0].name, sizeof f->t[0], f->nt) : NULL;
     if (dup) {
-        err_set(err, "safetensors: '%s' has a malformed JSON header: a tensor name appears twice "
-                "('%s')", name, dup);
+        err_set(err,
+                "safetensors: '%s' has a malformed JSON header: a tensor name appears twice "
+                "('%s')",
+                name, dup);
         goto fail;
     }
     dup = f->nmeta ? twice(f->meta[0].key, sizeof f->meta[0], f->nmeta) : NULL;
     if (dup) {
-        err_set(err, "safetensors: '%s' has a malformed JSON header: a metadata key appears twice "
-                "('%s')", name, dup);
+        err_set(err,
+                "safetensors: '%s' has a malformed JSON header: a metadata key appears twice "
+                "('%s')",
+                name, dup);
         goto fail;
     }
     if (check_tensors(f, err) != 0) goto fail;

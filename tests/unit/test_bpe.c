@@ -224,7 +224,8 @@ static void test_refused(void) {
     refused("{\"a\": 99999999999999999999}", vb, "not valid JSON");
     refused("{\"a\\u0000\": 0}", vb, "U+0000, outside GPT-2's byte alphabet");
     refused("{\"\\udc00\": 0}", vb, "not valid JSON (jansson: invalid Unicode");
-    refused("{\"\": 0}", vb, "the token \"\": a character outside GPT-2's byte alphabet (or empty)");
+    refused("{\"\": 0}", vb,
+            "the token \"\": a character outside GPT-2's byte alphabet (or empty)");
     refused("{\"a\": 0, \"b\": [1]}", vb, "at byte 14: a '['");
     refused("{\"a\": 0, \"b\": {}}", vb, "at byte 14: a '{'");
     refused("[0, 1]", vb, "at byte 0: a '['");
