@@ -1,6 +1,10 @@
 /*
  * safetensors: a small JSON reader is enough for the header, whose grammar is
  * fixed: an object of objects holding strings, integer arrays and strings.
+ * It stays hand-written rather than jansson (which src/bpe.c uses for
+ * encoder.json) because it keeps only fixed-size records: a tree of a
+ * hostile 100 MiB header takes jansson 1.7 GiB (tiny tensor entries) to
+ * 7.7 GiB (empty objects), against the 256 MiB README promises.
  */
 #include "checkpoint/safetensors.h"
 
@@ -160,7 +164,7 @@ static int parse_meta(Json *j, StFile *f) {
             if (!jstring(j, m.key, sizeof m.key) || !expect(j, ':') ||
                 !jstring(j, m.value, sizeof m.value))
                 return 0;
-            if (st_meta(f, m.key)) return bad(j, "a metadata key appears twice");
+            if (f->nmeta == ST_MAX_META) return bad(j, "more than 1024 metadata keys");
             f->meta = xrealloc(f->meta, (size_t)(f->nmeta + 1) * sizeof(StMeta));
             f->meta[f->nmeta++] = m;
         } while (peek(j, ',') && expect(j, ','));
@@ -180,7 +184,7 @@ static int parse_header(Json *j, StFile *f) {
                 if (!parse_meta(j, f)) return 0;
                 continue;
             }
-            if (st_find(f, name)) return bad(j, "a tensor name appears twice");
+            if (f->nt == ST_MAX_TENSORS) return bad(j, "more than 65536 tensors");
             if (f->nt == cap) {
                 cap = cap ? 2 * cap : 64;
                 f->t = xrealloc(f->t, (size_t)cap * sizeof(StTensor));
@@ -195,6 +199,23 @@ static int parse_header(Json *j, StFile *f) {
     ws(j);
     if (j->p != j->end) return bad(j, "bytes after the JSON object");
     return 1;
+}
+
+static int by_string(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The first of n strings (each at base + i * stride) that appears twice, or
+ * NULL: sorted, so a header of many names is checked in n log n, not n^2. */
+static const char *twice(const char *base, size_t stride, int n) {
+    const char **s = xcalloc((size_t)n + 1, sizeof *s);
+    for (int i = 0; i < n; i++) s[i] = base + (size_t)i * stride;
+    qsort(s, (size_t)n, sizeof *s, by_string);
+    const char *dup = NULL;
+    for (int i = 1; i < n && !dup; i++)
+        if (strcmp(s[i - 1], s[i]) == 0) dup = s[i];
+    free(s);
+    return dup;
 }
 
 static int by_begin(const void *a, const void *b) {
@@ -278,6 +299,22 @@ int st_parse(StFile *f, const uint8_t *buf, size_t len, const char *name, Err *e
     if (!parse_header(&j, f)) {
         err_set(err, "safetensors: '%s' has a malformed JSON header at byte %ld: %s", name,
                 (long)(j.p - (const char *)buf), j.why ? j.why : "unexpected character");
+        goto fail;
+    }
+    const char *dup = f->nt ? twice(f->t[0].name, sizeof f->t[0], f->nt) : NULL;
+    if (dup) {
+        err_set(err,
+                "safetensors: '%s' has a malformed JSON header: a tensor name appears twice "
+                "('%s')",
+                name, dup);
+        goto fail;
+    }
+    dup = f->nmeta ? twice(f->meta[0].key, sizeof f->meta[0], f->nmeta) : NULL;
+    if (dup) {
+        err_set(err,
+                "safetensors: '%s' has a malformed JSON header: a metadata key appears twice "
+                "('%s')",
+                name, dup);
         goto fail;
     }
     if (check_tensors(f, err) != 0) goto fail;

@@ -13,6 +13,10 @@
 
 #define ST_MAX_DIMS 4
 #define ST_MAX_HEADER (100 << 20) /* bytes of JSON, as Hugging Face's reader allows */
+/* GPT-2 XL has 580 tensors; the caps keep a 100 MiB header of tiny entries
+ * from taking 192 bytes (an StTensor) for each 50 of JSON. */
+#define ST_MAX_TENSORS 65536
+#define ST_MAX_META 1024
 
 typedef struct {
     char name[128];
@@ -43,9 +47,10 @@ typedef struct {
 /* Parses and checks a whole safetensors file held in buf (len bytes, kept by
  * the caller; name is for messages): the header length within the file and
  * at most ST_MAX_HEADER, the JSON header strictly (no key twice, nothing after
- * it but spaces), every tensor F32 with a shape whose byte size (checked)
- * equals its data_offsets, and the tensors tiling the data section exactly.
- * Returns 0, or -1 with err naming the file and the problem. */
+ * it but spaces, at most ST_MAX_TENSORS tensors and ST_MAX_META metadata
+ * keys), every tensor F32 with a shape whose byte size (checked) equals its
+ * data_offsets, and the tensors tiling the data section exactly. Returns 0,
+ * or -1 with err naming the file and the problem. */
 int st_parse(StFile *f, const uint8_t *buf, size_t len, const char *name, Err *err);
 /* st_parse of the file at path, which f then owns. */
 int st_read(StFile *f, const char *path, Err *err);

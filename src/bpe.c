@@ -5,6 +5,7 @@
 #include "src/bpe.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <pcre2.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -308,154 +309,123 @@ static int alphabet_bytes(const Vocab *v, const int32_t *cps, size_t n, uint8_t 
 
 /* ----------------------------------------------------------- encoder.json */
 
-typedef struct {
-    const uint8_t *s;
-    size_t n, i;
-    int32_t *cps; /* the string just read, as code points */
-    size_t ncp, cap;
-} Json;
+/* jansson parses the file; this file checks what it holds. */
 
-static void json_ws(Json *j) {
-    while (j->i < j->n &&
-           (j->s[j->i] == ' ' || j->s[j->i] == '\t' || j->s[j->i] == '\n' || j->s[j->i] == '\r'))
-        j->i++;
-}
-
-static int json_hex4(Json *j, int32_t *out) {
-    if (j->i + 4 > j->n) return -1;
-    int32_t v = 0;
-    for (int k = 0; k < 4; k++) {
-        const uint8_t c = j->s[j->i++];
-        const int d = c >= '0' && c <= '9'   ? c - '0'
-                      : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                      : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                             : -1;
-        if (d < 0) return -1;
-        v = v * 16 + d;
-    }
-    *out = v;
-    return 0;
-}
-
-/* One escape after the backslash into *cp. */
-static int json_escape(Json *j, int32_t *cp) {
-    if (j->i >= j->n) return -1;
-    const uint8_t c = j->s[j->i++];
-    static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
-    const char *at = c ? strchr(from, c) : NULL;
-    if (at) {
-        *cp = (uint8_t)to[at - from];
-        return 0;
-    }
-    if (c != 'u' || json_hex4(j, cp) != 0) return -1;
-    if (*cp >= 0xDC00 && *cp <= 0xDFFF) return -1;
-    if (*cp >= 0xD800 && *cp <= 0xDBFF) { /* a surrogate pair */
-        int32_t lo;
-        if (j->i + 2 > j->n || j->s[j->i] != '\\' || j->s[j->i + 1] != 'u') return -1;
-        j->i += 2;
-        if (json_hex4(j, &lo) != 0 || lo < 0xDC00 || lo > 0xDFFF) return -1;
-        *cp = 0x10000 + ((*cp - 0xD800) << 10) + (lo - 0xDC00);
-    }
-    return 0;
-}
-
-/* A JSON string into j->cps. Returns 0 or -1 (malformed). */
-static int json_string(Json *j) {
-    j->ncp = 0;
-    if (j->i >= j->n || j->s[j->i] != '"') return -1;
-    j->i++;
-    for (;;) {
-        if (j->i >= j->n) return -1;
-        int32_t cp;
-        if (j->s[j->i] == '"') {
-            j->i++;
-            return 0;
-        } else if (j->s[j->i] == '\\') {
-            j->i++;
-            if (json_escape(j, &cp) != 0) return -1;
-        } else if (j->s[j->i] < 0x20 || (cp = utf8_next(j->s, j->n, &j->i)) < 0) {
-            return -1;
-        }
-        if (j->ncp == j->cap) {
-            j->cap = j->cap ? 2 * j->cap : 64;
-            j->cps = xrealloc(j->cps, j->cap * sizeof *j->cps);
-        }
-        j->cps[j->ncp++] = cp;
-    }
-}
-
-/* A non-negative integer below BPE_MAX_VOCAB, no leading zero. */
+/* A non-negative integer below BPE_MAX_VOCAB. */
 #define BPE_MAX_VOCAB (1 << 24)
-static int json_id(Json *j, int32_t *out) {
-    size_t start = j->i;
-    int64_t v = 0;
-    while (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9' && v < BPE_MAX_VOCAB)
-        v = v * 10 + (j->s[j->i++] - '0');
-    const size_t len = j->i - start;
-    if (len == 0 || (len > 1 && j->s[start] == '0') || v >= BPE_MAX_VOCAB ||
-        (j->i < j->n && j->s[j->i] >= '0' && j->s[j->i] <= '9'))
-        return -1;
-    *out = (int32_t)v;
-    return 0;
+
+/* jansson holds the whole document as a tree, about 140 bytes an entry of
+ * a flat object but up to 80 times its input for nested empty arrays and
+ * objects ("[[],{},...]"). An encoder.json has no nesting, so any '[', or a
+ * '{' after the first, outside a string is refused before jansson builds
+ * anything: the tree and the token map stay within about 20 times the
+ * file (README: Hostile input). Returns the offset of the first such byte, or n. */
+static size_t nesting_at(const uint8_t *s, size_t n) {
+    int in_string = 0, objects = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (in_string) {
+            if (s[i] == '\\') i++;
+            else if (s[i] == '"') in_string = 0;
+        } else if (s[i] == '"') {
+            in_string = 1;
+        } else if (s[i] == '[' || (s[i] == '{' && objects++ > 0)) {
+            return i;
+        }
+    }
+    return n;
+}
+
+/* A token for a message: quoted, at most 40 bytes, other than printable
+ * ASCII as \xNN. */
+static void token_text(const char *k, size_t len, char *out, size_t cap) {
+    size_t o = 0;
+    out[o++] = '"';
+    for (size_t i = 0; i < len && o + 8 < cap; i++) {
+        const uint8_t c = (uint8_t)k[i];
+        if (i == 40) {
+            o += (size_t)snprintf(out + o, cap - o, "...");
+            break;
+        }
+        if (c >= 0x20 && c < 0x7F && c != '"' && c != '\\') out[o++] = (char)c;
+        else o += (size_t)snprintf(out + o, cap - o, "\\x%02x", c);
+    }
+    snprintf(out + o, cap - o, "\"");
 }
 
 /* Fills v->tokens, tok_off/tok_len and vocab from encoder.json. */
 static int load_encoder(Vocab *v, const uint8_t *s, size_t n, Err *err) {
-    Json j = {s, n, 0, NULL, 0, 0};
+    const size_t nest = nesting_at(s, n);
+    if (nest < n)
+        return err_set(err,
+                       "encoder.json: at byte %zu: a '%c' (an array or a second object); "
+                       "expected one JSON object of tokens to integer ids, nothing nested",
+                       nest, s[nest]);
+    json_error_t jerr;
+    json_t *root = json_loadb((const char *)s, n, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        const enum json_error_code code = json_error_code(&jerr);
+        const char *what = code == json_error_duplicate_key ? "a token listed twice"
+                           : code == json_error_null_byte_in_key
+                               ? "a token with U+0000, outside GPT-2's byte alphabet"
+                           : code == json_error_end_of_input_expected
+                               ? "expected the end of the file after the object"
+                               : "not valid JSON";
+        return err_set(err, "encoder.json: at byte %d (line %d, column %d): %s (jansson: %s)",
+                       jerr.position, jerr.line, jerr.column, what, jerr.text);
+    }
+    int rc = -1;
     uint8_t *bytes = NULL;
-    int32_t maxid = -1;
-    strmap_init(&v->tokens, 1024);
-    json_ws(&j);
-    int ok = j.i < n && s[j.i++] == '{';
-    json_ws(&j);
-    for (int first = 1; ok && !(j.i < n && s[j.i] == '}'); first = 0) {
-        if (!first) {
-            ok = j.i < n && s[j.i++] == ',';
-            json_ws(&j);
+    int32_t *cps = NULL;
+    char tok[200];
+    strmap_init(&v->tokens, json_is_object(root) ? json_object_size(root) + 1 : 1);
+    if (!json_is_object(root)) {
+        err_set(err, "encoder.json: a JSON array; expected one object of tokens to ids");
+        goto done;
+    }
+    for (void *it = json_object_iter(root); it; it = json_object_iter_next(root, it)) {
+        const char *key = json_object_iter_key(it);
+        const size_t klen = json_object_iter_key_len(it);
+        const json_t *val = json_object_iter_value(it);
+        /* jansson checked the UTF-8 and the escapes: code points, then bytes */
+        bytes = xrealloc(bytes, klen + 1);
+        cps = xrealloc(cps, (klen + 1) * sizeof *cps);
+        size_t ncp = 0;
+        for (size_t i = 0; i < klen;) {
+            const int32_t cp = utf8_next((const uint8_t *)key, klen, &i);
+            if (cp < 0) break; /* cannot happen after jansson; refused below */
+            cps[ncp++] = cp;
         }
-        int32_t id;
-        size_t key_at = j.i;
-        if (!ok || json_string(&j) != 0) {
-            err_set(err, "encoder.json: at byte %zu: expected a token as a JSON string", key_at);
-            goto fail;
+        int bad = ncp == 0 || alphabet_bytes(v, cps, ncp, bytes) != 0;
+        if (!bad) { /* every code point decoded, none lost */
+            size_t enc = 0;
+            for (size_t i = 0; i < ncp; i++) enc += cps[i] < 0x80 ? 1 : cps[i] < 0x800 ? 2 : 3;
+            bad = enc != klen;
         }
-        bytes = xrealloc(bytes, j.ncp + 1);
-        if (alphabet_bytes(v, j.cps, j.ncp, bytes) != 0 || j.ncp == 0) {
+        token_text(key, klen, tok, sizeof tok);
+        if (bad) {
             err_set(err,
-                    "encoder.json: at byte %zu: a token with a character outside GPT-2's "
-                    "byte alphabet (or empty); expected the file GPT-2 was released with",
-                    key_at);
-            goto fail;
+                    "encoder.json: the token %s: a character outside GPT-2's byte alphabet (or "
+                    "empty); expected the file GPT-2 was released with",
+                    tok);
+            goto done;
         }
-        json_ws(&j);
-        ok = j.i < n && s[j.i++] == ':';
-        json_ws(&j);
-        if (!ok || json_id(&j, &id) != 0) {
-            err_set(err, "encoder.json: at byte %zu: expected ': ID' with ID an integer in [0, %d)",
-                    j.i, BPE_MAX_VOCAB);
-            goto fail;
+        const json_int_t id = json_is_integer(val) ? json_integer_value(val) : -1;
+        if (id < 0 || id >= BPE_MAX_VOCAB) {
+            err_set(err, "encoder.json: the token %s: expected an integer id in [0, %d)", tok,
+                    BPE_MAX_VOCAB);
+            goto done;
         }
-        if (strmap_put(&v->tokens, bytes, j.ncp, id) != 0) {
-            err_set(err, "encoder.json: at byte %zu: a token listed twice", key_at);
-            goto fail;
+        if (strmap_put(&v->tokens, bytes, ncp, (int64_t)id) != 0) {
+            err_set(err, "encoder.json: the token %s: listed twice", tok);
+            goto done;
         }
-        if (id > maxid) maxid = id;
-        json_ws(&j);
     }
-    ok = ok && j.i < n && s[j.i++] == '}';
-    json_ws(&j);
-    if (!ok || j.i != n) {
-        err_set(err, "encoder.json: at byte %zu: expected ',' or '}' and then the end of the file",
-                j.i);
-        goto fail;
-    }
+    rc = 0;
+done:
     free(bytes);
-    free(j.cps);
-    return 0;
-fail:
-    free(bytes);
-    free(j.cps);
-    return -1;
+    free(cps);
+    json_decref(root);
+    return rc;
 }
 
 /* id -> bytes, every id in [0, vocab) present once; the bytes' ids; the
@@ -626,24 +596,28 @@ Bpe *bpe_from_memory(const char *encoder_json, size_t elen, const char *vocab_bp
     return b;
 }
 
-/* A vocabulary file's bytes, bounded before they are read. */
-static char *read_vocab_file(const char *dir, const char *name, size_t *len, Err *err) {
+/* A vocabulary file's bytes, bounded before they are read: vocab.bpe at
+ * most 64 MiB, encoder.json at most 8 MiB (GPT-2's is 1 MB), since jansson's
+ * tree of it and the token map take up to about 20 times the file: an 8 MiB
+ * file of short tokens peaks at 171 MiB (README: Hostile input). */
+static char *read_vocab_file(const char *dir, const char *name, unsigned mib, size_t *len,
+                             Err *err) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     Err e;
-    char *s = read_file(path, 64u << 20, len, &e);
+    char *s = read_file(path, (size_t)mib << 20, len, &e);
     if (!s)
         err_set(err,
-                "bpe: %s (a vocabulary file of at most 64 MiB; jobs/get_gpt2_vocab.sh DIR places "
-                "GPT-2's files)",
-                e.msg);
+                "bpe: %s (%s is at most %u MiB; jobs/get_gpt2_vocab.sh DIR places GPT-2's "
+                "files)",
+                e.msg, name, mib);
     return s;
 }
 
 Bpe *bpe_load(const char *dir, Err *err) {
     size_t elen = 0, vlen = 0;
-    char *e = read_vocab_file(dir, "encoder.json", &elen, err), *m = NULL;
-    if (e) m = read_vocab_file(dir, "vocab.bpe", &vlen, err);
+    char *e = read_vocab_file(dir, "encoder.json", 8, &elen, err), *m = NULL;
+    if (e) m = read_vocab_file(dir, "vocab.bpe", 64, &vlen, err);
     Bpe *b = e && m ? bpe_from_memory(e, elen, m, vlen, err) : NULL;
     if (e && m && !b) { /* name the folder too */
         char msg[sizeof err->msg];

@@ -29,7 +29,7 @@ for t in $targets; do
     [ "$t" = plan ] && more="src/plan.c src/model.c src/kernels.c mpi/tp.c mpi/pipeline.c" libs="-lblis -lm"
     for f in $lib $more; do srcs="$srcs $srcdir/$f"; done
     # shellcheck disable=SC2086 # word splitting of the flag and source lists is meant
-    OMPI_CC=${FUZZ_CC:-clang} "$mpicc" $flags -o "$out/fuzz_$t" $srcs -lz -lpcre2-8 $libs
+    OMPI_CC=${FUZZ_CC:-clang} "$mpicc" $flags -o "$out/fuzz_$t" $srcs -lz -lpcre2-8 -ljansson $libs
     mkdir -p "$out/corpus/$t" "$out/crashes/$t"
     regress="$srcdir/tests/fuzz/regressions/$t"
     [ -d "$regress" ] || regress=

@@ -75,6 +75,44 @@ else
         fail "sample --tokens 1073741824 under a 4 GiB limit: exit $rc, $(wc -c < s.txt) bytes: $(cat se.txt)"
 fi
 
+# hostile vocabularies: encoder.json is parsed by jansson, whose tree takes
+# about 140 bytes an entry, so the largest file allowed (8 MiB) of 950,000
+# short tokens is refused within 512 MiB (jansson's many small allocations
+# under ASan's redzones too); nesting, which costs jansson up to 80 times
+# its input, is refused before the tree is built; a larger file unread
+mkdir -p hv
+echo '#version: 0.2' > hv/vocab.bpe
+vocab() {
+    "$PYTHON" - "$1" hv/encoder.json <<'PY'
+import sys
+kind, out, cap = sys.argv[1], sys.argv[2], 8 << 20
+a = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+def name(i):
+    s = a[i % 52]
+    while i >= 52: i //= 52; s += a[i % 52]
+    return s
+if kind == "nested": s = '{"a": ' + "[" * 2000 + "]" * 2000 + "}"
+else:
+    parts, size, i = [], 2, 0
+    while True:
+        e = '"%s":%d' % (name(i), i if kind == "dense" else 0)
+        if size + len(e) + 1 > cap + (1 << 20 if kind == "big" else 0): break
+        parts.append(e); size += len(e) + 1; i += 1
+    s = "{" + ",".join(parts) + "}"
+open(out, "w").write(s)
+PY
+}
+LIMIT_KB=524288
+vocab flat
+refused "encoder.json: 9[0-9]* tokens with ids up to 0; expected the ids 0 to" "$MODTRAIN" tokenize --vocab hv --hash
+vocab dense
+refused "encoder.json: no token for the byte 0x00" "$MODTRAIN" tokenize --vocab hv --hash
+vocab nested
+refused "encoder.json: at byte 6: a '\['" "$MODTRAIN" tokenize --vocab hv --hash
+vocab big
+refused "encoder.json' is [0-9]* bytes, more than the 8388608 it may have" "$MODTRAIN" tokenize --vocab hv --hash
+LIMIT_KB=262144
+
 # the accounting: the activations of 8 more sequences per micro-batch, as
 # the banner counts them, against the peak RSS they add to a real run
 M="--d_model 128 --n_layer 2 --n_head 4 --seq_len 256 --route_every 2 --threads 1"

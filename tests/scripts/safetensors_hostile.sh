@@ -84,6 +84,16 @@ elif case in ("masks", "mask_beyond"):
     out = pack(meta, tensors)
 elif case == "hlen": out = struct.pack("<Q", 2**63 + 5) + raw[8:]
 elif case == "deep": out = pack(meta, tensors, text='{"a":' * 100000)
+elif case == "many":  # 70,000 tiny entries: refused at the cap, not after n^2 name checks
+    entry = '"t%d":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}'
+    out = pack(meta, tensors, text="{" + ",".join(entry % i for i in range(70000)) + "}")
+elif case == "many_meta":
+    meta.update({"k%d" % i: "v" for i in range(2000)}); out = pack(meta, tensors)
+elif case == "meta_twice":  # the header with its "step" metadata key written twice
+    full = pack(meta, tensors)
+    text = full[8:8 + struct.unpack("<Q", full[:8])[0]].decode().rstrip()
+    text = text.replace('"__metadata__": {', '"__metadata__": {"step": "1", ', 1)
+    out = pack(meta, tensors, text=text)
 open(case + ".safetensors", "wb").write(out)
 PY
 }
@@ -123,6 +133,9 @@ refused nan "tensor 'h.1.router.weight' holds nan at element 1"
 refused hlen "is truncated"
 refused mask_beyond "tensor 'h.7.attn.bias' is not part of the model"
 refused deep "malformed JSON header"
+refused many "malformed JSON header at byte .*: more than 65536 tensors"
+refused many_meta "more than 1024 metadata keys"
+refused meta_twice "a metadata key appears twice ('step')"
 
 # a valid file whose data section starts at an odd address imports the same
 make_case unaligned

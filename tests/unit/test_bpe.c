@@ -216,11 +216,23 @@ static void test_refused(void) {
     bpe_free(ok);
     refused("", vb, "encoder.json: at byte 0");
     refused("{\"a\": 0, \"a\": 1}", vb, "listed twice");
-    refused("{\"a\": 01}", vb, "expected ': ID'");
+    refused("{\"a\": 01}", vb, "encoder.json: at byte 7 (line 1, column 7): not valid JSON");
+    refused("{\"a\": 0, \"\\u0061\": 1}", vb, "listed twice"); /* the same token escaped */
+    refused("{\"a\": 1.5}", vb, "the token \"a\": expected an integer id in [0, 16777216)");
+    refused("{\"a\": -1}", vb, "expected an integer id");
+    refused("{\"a\": \"0\"}", vb, "expected an integer id");
+    refused("{\"a\": 99999999999999999999}", vb, "not valid JSON");
+    refused("{\"a\\u0000\": 0}", vb, "U+0000, outside GPT-2's byte alphabet");
+    refused("{\"\\udc00\": 0}", vb, "not valid JSON (jansson: invalid Unicode");
+    refused("{\"\": 0}", vb,
+            "the token \"\": a character outside GPT-2's byte alphabet (or empty)");
+    refused("{\"a\": 0, \"b\": [1]}", vb, "at byte 14: a '['");
+    refused("{\"a\": 0, \"b\": {}}", vb, "at byte 14: a '{'");
+    refused("[0, 1]", vb, "at byte 0: a '['");
     refused("{\"a\": 0, \"b\": 0}", vb, "each once");
     refused("{\"a\": 0}", vb, "no token for the byte");
     refused("{\"a b\": 0}", vb, "outside GPT-2's byte alphabet");
-    refused("{\"a\": 0} x", vb, "then the end of the file");
+    refused("{\"a\": 0} x", vb, "at byte 10 (line 1, column 10): expected the end of the file");
     static char bad[1 << 15];
     snprintf(bad, sizeof bad, "%szz q\n", vb);
     refused(ej, bad, "vocab.bpe: line 42");
