@@ -314,15 +314,25 @@ static int expand(const char *pattern, char ***out, Err *err) {
     return n;
 }
 
+/* s (at most n - 1 bytes of it) for a one-line message: control bytes
+ * shown as '?'. */
+static const char *shown(const char *s, char *buf, size_t n) {
+    size_t k = 0;
+    for (; s[k] && k + 1 < n; k++) buf[k] = (unsigned char)s[k] < 0x20 || s[k] == 0x7f ? '?' : s[k];
+    buf[k] = '\0';
+    return buf;
+}
+
 int ds_parse_spec(const char *spec, char **pats, double *w, Err *err) {
     if (!spec[0]) return err_set(err, "data: the spec is empty (give a shard or a pattern)");
     int n = 0;
-    char *item = NULL;
+    char *item = NULL, sp[201], si[201];
     for (const char *p = spec;;) {
         const char *comma = strchr(p, ',');
         const size_t len = comma ? (size_t)(comma - p) : strlen(p);
         if (n == DS_MAX_PARTS) {
-            err_set(err, "data: '%.200s' blends more than %d datasets", spec, DS_MAX_PARTS);
+            err_set(err, "data: '%s' blends more than %d datasets", shown(spec, sp, sizeof sp),
+                    DS_MAX_PARTS);
             goto fail;
         }
         item = xcalloc(len + 1, 1);
@@ -339,20 +349,21 @@ int ds_parse_spec(const char *spec, char **pats, double *w, Err *err) {
                 err_set(err,
                         "data: the weight '%s' of '%s' is not a positive number (blends are "
                         "W:PATTERN,... with W > 0)",
-                        num, item);
+                        shown(num, sp, sizeof sp), shown(item, si, sizeof si));
                 goto fail;
             }
         }
         if (!has_w && (comma || n > 0)) {
             err_set(err,
-                    "data: '%s' in the blend '%.200s' has no weight (write each part as "
+                    "data: '%s' in the blend '%s' has no weight (write each part as "
                     "W:PATTERN, e.g. 0.7:web/train_*.bin,0.3:code/train_*.bin)",
-                    item, spec);
+                    shown(item, si, sizeof si), shown(spec, sp, sizeof sp));
             goto fail;
         }
         const char *pat = has_w ? colon + 1 : item;
         if (!pat[0]) {
-            err_set(err, "data: a part of '%.200s' names no shard (expected W:PATTERN)", spec);
+            err_set(err, "data: a part of '%s' names no shard (expected W:PATTERN)",
+                    shown(spec, sp, sizeof sp));
             goto fail;
         }
         pats[n] = xstrdup(pat);
