@@ -395,6 +395,19 @@ static int check_same_tokens(const DsShard *first, const DsShard *sh, Err *err) 
                    sh->path, wb, b->vocab, first->path, wa, a->vocab);
 }
 
+/* What opening and unpacking share once the shards are known: the blend's
+ * quotas and schedule, and the read buffer. Returns 0 or -1. */
+static int ds_finish(Dataset *ds, Err *err) {
+    if (ds->n_parts > 1) {
+        double w[DS_MAX_PARTS];
+        for (int d = 0; d < ds->n_parts; d++) w[d] = ds->parts[d].given;
+        if (blend_quotas(ds, w, err) != 0) return -1;
+        blend_schedule(ds);
+    }
+    ds->buf = xmalloc(((size_t)ds->T + 1) * sizeof(uint16_t));
+    return 0;
+}
+
 int ds_open(Dataset *ds, const char *spec, int T, uint64_t seed, Err *err) {
     memset(ds, 0, sizeof *ds);
     for (int i = 0; i < DS_FILES; i++) ds->files[i].fd = -1;
@@ -408,6 +421,7 @@ int ds_open(Dataset *ds, const char *spec, int T, uint64_t seed, Err *err) {
     ds->n_parts = np;
     for (int d = 0; d < np; d++) {
         ds->parts[d].pattern = pats[d];
+        ds->parts[d].given = w[d];
         wsum += w[d];
     }
     int rc = 0;
@@ -441,14 +455,116 @@ int ds_open(Dataset *ds, const char *spec, int T, uint64_t seed, Err *err) {
                          "shard is shorter; lower seq_len or give more text)",
                          p->pattern, T + 1);
     }
-    if (rc == 0 && np > 1) rc = blend_quotas(ds, w, err);
-    if (rc != 0) {
-        ds_free(ds);
-        return -1;
+    if (rc == 0) rc = ds_finish(ds, err);
+    if (rc != 0) ds_free(ds);
+    return rc;
+}
+
+/* ------------------------------------------------------- one rank reads */
+
+/* A growing byte buffer for ds_pack. */
+typedef struct {
+    uint8_t *p;
+    size_t n, cap;
+} Buf;
+
+static void put(Buf *b, const void *v, size_t n) {
+    if (b->n + n > b->cap) b->p = xrealloc(b->p, b->cap = 2 * (b->n + n) + 256);
+    memcpy(b->p + b->n, v, n);
+    b->n += n;
+}
+
+static void put_u64(Buf *b, uint64_t v) { put(b, &v, sizeof v); }
+
+static void put_str(Buf *b, const char *s) {
+    put_u64(b, strlen(s));
+    put(b, s, strlen(s));
+}
+
+uint8_t *ds_pack(const Dataset *ds, size_t *len) {
+    Buf b = {NULL, 0, 0};
+    put_u64(&b, (uint64_t)ds->n_parts);
+    for (int d = 0; d < ds->n_parts; d++) {
+        const DsPart *p = &ds->parts[d];
+        put_str(&b, p->pattern);
+        put(&b, &p->given, sizeof p->given);
+        put(&b, &p->weight, sizeof p->weight);
+        put_u64(&b, (uint64_t)p->n_shards);
+        for (int s = 0; s < p->n_shards; s++) {
+            const DsShard *sh = &p->shards[s];
+            put_str(&b, sh->path);
+            put(&b, sh, sizeof *sh); /* the path pointer in it is replaced on unpacking */
+        }
     }
-    if (np > 1) blend_schedule(ds);
-    ds->buf = xmalloc(((size_t)T + 1) * sizeof(uint16_t));
-    return 0;
+    *len = b.n;
+    return b.p;
+}
+
+/* The next n bytes of a packed dataset, or NULL past its end. */
+static const uint8_t *take(const uint8_t **at, const uint8_t *end, size_t n) {
+    if ((size_t)(end - *at) < n) return NULL;
+    const uint8_t *p = *at;
+    *at += n;
+    return p;
+}
+
+static int take_u64(const uint8_t **at, const uint8_t *end, uint64_t *v) {
+    const uint8_t *p = take(at, end, sizeof *v);
+    if (p) memcpy(v, p, sizeof *v);
+    return p ? 0 : -1;
+}
+
+static char *take_str(const uint8_t **at, const uint8_t *end) {
+    uint64_t n;
+    const uint8_t *p;
+    if (take_u64(at, end, &n) != 0 || n > 1 << 20 || !(p = take(at, end, (size_t)n))) return NULL;
+    char *s = xcalloc((size_t)n + 1, 1);
+    memcpy(s, p, (size_t)n);
+    return s;
+}
+
+int ds_unpack(Dataset *ds, const uint8_t *buf, size_t len, int T, uint64_t seed, Err *err) {
+    memset(ds, 0, sizeof *ds);
+    for (int i = 0; i < DS_FILES; i++) ds->files[i].fd = -1;
+    ds->T = T;
+    ds->seed = seed;
+    const uint8_t *at = buf, *end = buf + len;
+    uint64_t np;
+    if (take_u64(&at, end, &np) != 0 || np < 1 || np > DS_MAX_PARTS) goto bad;
+    ds->parts = xcalloc((size_t)np, sizeof(DsPart));
+    ds->n_parts = (int)np;
+    for (int d = 0; d < ds->n_parts; d++) {
+        DsPart *p = &ds->parts[d];
+        uint64_t ns;
+        const uint8_t *g, *w;
+        if (!(p->pattern = take_str(&at, end)) || !(g = take(&at, end, sizeof p->given)) ||
+            !(w = take(&at, end, sizeof p->weight)) || take_u64(&at, end, &ns) != 0 ||
+            ns > DS_MAX_SHARDS)
+            goto bad;
+        memcpy(&p->given, g, sizeof p->given);
+        memcpy(&p->weight, w, sizeof p->weight);
+        p->shards = xcalloc((size_t)ns, sizeof(DsShard));
+        for (; p->n_shards < (int)ns; p->n_shards++) {
+            DsShard *sh = &p->shards[p->n_shards];
+            char *path = take_str(&at, end);
+            const uint8_t *raw = path ? take(&at, end, sizeof *sh) : NULL;
+            if (!raw) {
+                free(path);
+                goto bad;
+            }
+            memcpy(sh, raw, sizeof *sh);
+            sh->path = path;
+            p->n_tokens += sh->n_tokens;
+            p->n_seqs += sh->n_seqs;
+        }
+    }
+    if (at != end) goto bad;
+    if (ds_finish(ds, err) == 0) return 0;
+    ds_free(ds);
+    return -1;
+bad:
+    ds_free(ds);
+    return err_set(err, "data: a packed dataset of %zu bytes is malformed", len);
 }
 
 void ds_free(Dataset *ds) {

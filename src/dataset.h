@@ -50,6 +50,7 @@ typedef struct {
 
 typedef struct {
     char *pattern;     /* the spec's part, as written */
+    double given;      /* the weight as the spec gives it */
     double weight;     /* normalised: the parts' add up to 1 */
     uint32_t quota;    /* samples in each period of the schedule */
     DsShard *shards;   /* (n_shards) */
@@ -97,6 +98,12 @@ int ds_parse_spec(const char *spec, char **pats, double *w, Err *err);
  * with err naming the shard or the part of the spec. */
 int ds_open(Dataset *ds, const char *spec, int T, uint64_t seed, Err *err);
 void ds_free(Dataset *ds);
+/* What ds_open found, as bytes (malloc'd, *len of them), and the dataset
+ * again from them on another rank: one rank reads the headers of a
+ * thousand shards, not every rank. ds_unpack returns 0 or -1 with err
+ * set (a malformed buffer). */
+uint8_t *ds_pack(const Dataset *ds, size_t *len);
+int ds_unpack(Dataset *ds, const uint8_t *buf, size_t len, int T, uint64_t seed, Err *err);
 
 /* The shards' common tokenizer and vocabulary (the first shard's). */
 const ShardMeta *ds_meta(const Dataset *ds);

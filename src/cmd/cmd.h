@@ -61,6 +61,11 @@ double reduce_step_stats(Model *m, double loss_sum, MPI_Comm comm);
  * (tp ranks that routed differently): the other ranks would wait forever. */
 void check_model_fault(const Model *m);
 
+/* ds_open on rank 0 of comm, which shares what it found with the others:
+ * one rank reads the shards' headers, however many ranks the job has.
+ * Collective. Returns 0, or -1 (printed once). */
+int ds_open_shared(Dataset *ds, const char *spec, int T, uint64_t seed, MPI_Comm comm);
+
 /* Mean loss of m over the first n_seqs sequences (in order) of dataset
  * `part` of ds, in micro-batches of `micro`, through the pipeline when m
  * has one, with routed blocks choosing tokens by `mode`; m->stats holds

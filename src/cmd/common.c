@@ -128,3 +128,33 @@ int shard_code_of_tokenizer(Tokenizer t) {
 void format_vocab_hash(uint64_t hash, char hex[CONFIG_HASH_HEX + 1]) {
     snprintf(hex, CONFIG_HASH_HEX + 1, "%016llx", (unsigned long long)hash);
 }
+
+int ds_open_shared(Dataset *ds, const char *spec, int T, uint64_t seed, MPI_Comm comm) {
+    int rank = 0;
+    MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    Err err;
+    uint64_t len = 0;
+    uint8_t *buf = NULL;
+    int rc = 0;
+    if (rank == 0) {
+        rc = ds_open(ds, spec, T, seed, &err);
+        size_t n = 0;
+        if (rc == 0) buf = ds_pack(ds, &n);
+        len = n;
+        if (rc == 0 && len > INT_MAX) {
+            ds_free(ds);
+            rc = err_set(&err, "data: '%.200s' names too many shards to share (%llu bytes of "
+                         "headers; at most 2 GiB)", spec, (unsigned long long)len);
+        }
+    }
+    if (cmd_agree(rc, &err, comm) != 0) {
+        free(buf);
+        return -1;
+    }
+    MPI_CHECK(MPI_Bcast(&len, 1, MPI_UINT64_T, 0, comm));
+    if (rank != 0) buf = xmalloc(len ? (size_t)len : 1);
+    MPI_CHECK(MPI_Bcast(buf, (int)len, MPI_BYTE, 0, comm));
+    if (rank != 0) rc = ds_unpack(ds, buf, (size_t)len, T, seed, &err);
+    free(buf);
+    return cmd_agree(rc, &err, comm);
+}

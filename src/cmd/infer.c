@@ -429,13 +429,14 @@ int eval_main(int argc, char **argv) {
     Infer in;
     if (infer_open(&in, "eval", a.ckpt, a.pp, a.threads, a.micro) != 0) return EXIT_USAGE;
     Dataset ds;
-    Err err;
-    rc = ds_open(&ds, a.data, in.cfg.seq_len, 0, &err);
-    if (rc == 0 && a.grads && ds.n_parts > 1) {
-        rc = err_set(&err, "eval: --grads takes one dataset, not a blend of %d", ds.n_parts);
-        ds_free(&ds);
+    if (ds_open_shared(&ds, a.data, in.cfg.seq_len, 0, MPI_COMM_WORLD) != 0) {
+        infer_close(&in);
+        return EXIT_USAGE;
     }
-    if (cmd_agree(rc, &err, MPI_COMM_WORLD) != 0) {
+    if (a.grads && ds.n_parts > 1) { /* alike on every rank */
+        if (in.grid.world_rank == 0)
+            errorf("eval: --grads takes one dataset, not a blend of %d", ds.n_parts);
+        ds_free(&ds);
         infer_close(&in);
         return EXIT_USAGE;
     }

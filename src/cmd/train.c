@@ -302,12 +302,12 @@ static int run_setup_data(Run *r) {
     Config *c = &r->cfg;
     Err err;
     const uint64_t seed = (uint64_t)c->seed;
-    int rc = ds_open(&r->train, c->train_data, r->T, seed, &err);
-    if (rc == 0 && c->val_data[0]) {
-        rc = ds_open(&r->val, c->val_data, r->T, seed, &err);
-        r->have_val = rc == 0;
+    if (ds_open_shared(&r->train, c->train_data, r->T, seed, r->grid.world) != 0) return -1;
+    if (c->val_data[0]) {
+        if (ds_open_shared(&r->val, c->val_data, r->T, seed, r->grid.world) != 0) return -1;
+        r->have_val = 1;
     }
-    if (rc == 0) rc = resolve_vocab(c, &r->train, &err);
+    int rc = resolve_vocab(c, &r->train, &err);
     if (rc == 0) rc = resolve_tokenizer(c, &r->train, r->have_val ? &r->val : NULL, &err);
     if (rc == 0) ds_identity(&r->train, add_identity, r);
     return cmd_agree(rc, &err, r->grid.world);

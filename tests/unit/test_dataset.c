@@ -210,6 +210,48 @@ static void test_locate_and_read(void) {
     ds_free(&ds);
 }
 
+typedef struct {
+    struct {
+        char key[64], value[256];
+    } * kv;
+    int n;
+} CkKVList;
+static const char *look_kv(void *ctx, const char *key);
+static void collect(void *ctx, const char *key, const char *value);
+
+/* What rank 0 packs, another rank unpacks: the same samples, the same
+ * identity; a cut buffer is refused. */
+static void test_pack(void) {
+    char spec[1024];
+    spec_in(spec, sizeof spec, "0.7:@/g_*.bin,0.3:@/a.bin");
+    Dataset a, b;
+    Err e;
+    CU_ASSERT_EQUAL_FATAL(ds_open(&a, spec, 10, 3, &e), 0);
+    size_t len;
+    uint8_t *buf = ds_pack(&a, &len);
+    CU_ASSERT_EQUAL_FATAL(ds_unpack(&b, buf, len, 10, 3, &e), 0);
+    int same = b.n_parts == a.n_parts && ds_tokens(&a) == ds_tokens(&b);
+    for (uint64_t g = 0; g < 5000 && same; g += 7) {
+        DsSample x, y;
+        ds_locate(&a, g, &x);
+        ds_locate(&b, g, &y);
+        same = x.part == y.part && x.shard == y.shard && x.offset == y.offset &&
+               x.epoch == y.epoch && !strcmp(a.parts[x.part].shards[x.shard].path,
+                                             b.parts[y.part].shards[y.shard].path);
+    }
+    CU_ASSERT(same);
+    CkKVList had = {NULL, 0};
+    ds_identity(&a, collect, &had);
+    CU_ASSERT_EQUAL(ds_identity_compare(&b, look_kv, &had, &e), 0);
+    free(had.kv);
+    ds_free(&b);
+    for (size_t cut = 0; cut < len; cut += len / 7 + 1) {
+        CU_ASSERT_EQUAL(ds_unpack(&b, buf, cut, 10, 3, &e), -1);
+    }
+    free(buf);
+    ds_free(&a);
+}
+
 /* A shard cut short after opening: a read past its end is an error that
  * names it and the byte, never garbage. */
 static void test_truncated_while_open(void) {
@@ -229,14 +271,6 @@ static void test_truncated_while_open(void) {
     CU_ASSERT_EQUAL(ds_read(&ds, &s, 256, in, tg, &e), 0);
     ds_free(&ds);
 }
-
-/* A checkpoint's record of its data, as the index holds it. */
-typedef struct {
-    struct {
-        char key[64], value[256];
-    } * kv;
-    int n;
-} CkKVList;
 
 static const char *look_kv(void *ctx, const char *key) {
     const CkKVList *l = ctx;
@@ -346,6 +380,7 @@ int main(void) {
         {"blend: every window of 1 to 10,000 samples within 2 of its share", test_blend},
         {"samples to shards and offsets, reads, epochs reshuffle", test_locate_and_read},
         {"a shard truncated after opening: a named error", test_truncated_while_open},
+        {"packed on one rank, unpacked on another: the same order", test_pack},
         {"identity: equal, older, shard added, rewritten, removed", test_identity},
         {"bad specs: one line each", test_bad_specs},
         CU_TEST_INFO_NULL};
