@@ -443,8 +443,10 @@ static int paths_make(Paths *p, const char *out, Err *err) {
     if (!slash) snprintf(p->parent, sizeof p->parent, ".");
     else if (slash == p->out) snprintf(p->parent, sizeof p->parent, "/");
     else snprintf(p->parent, sizeof p->parent, "%.*s", (int)(slash - p->out), p->out);
-    snprintf(p->tmp, sizeof p->tmp, "%s/%s.prep-tmp.%ld", p->parent, p->base, (long)getpid());
-    snprintf(p->old, sizeof p->old, "%s/%s.prep-old.%ld", p->parent, p->base, (long)getpid());
+    /* beside out: "x.prep-tmp.PID" for out "x", "data/x.prep-tmp.PID" for "data/x" */
+    const int plen = (int)(base - p->out);
+    snprintf(p->tmp, sizeof p->tmp, "%.*s%s.prep-tmp.%ld", plen, p->out, p->base, (long)getpid());
+    snprintf(p->old, sizeof p->old, "%.*s%s.prep-old.%ld", plen, p->out, p->base, (long)getpid());
     return 0;
 }
 
@@ -478,7 +480,7 @@ static void clean_stale(const Paths *p, const PrepReport *rep) {
         if (kill((pid_t)pid, 0) == 0 || errno == EPERM) continue; /* at work (ours is not made yet) */
         char path[PATH_CAP + 300];
         struct stat st;
-        snprintf(path, sizeof path, "%s/%s", p->parent, n);
+        snprintf(path, sizeof path, "%.*s%s", (int)(strlen(p->out) - bl), p->out, n);
         if (is_old && stat(p->out, &st) != 0 && errno == ENOENT && rename(path, p->out) == 0) {
             say(rep, "prep: put '%s' back as '%s' (a prep --force was killed between its renames)",
                 path, p->out);
