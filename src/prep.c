@@ -551,9 +551,14 @@ static int commit_set(const Paths *p, int force, Err *err) {
 
 /* ---- documents and blocks ---- */
 
+/* A document of the block: its bytes (JSON Lines: its line's), and once
+ * encoded its tokens. */
 typedef struct {
-    size_t off, len;  /* the document's bytes in the block */
-    uint16_t *tok;    /* gpt2: its tokens, <|endoftext|> first */
+    size_t off, len;
+    uint64_t line; /* JSON Lines: the line's number */
+    int input;     /* the input it came from */
+    int bad;       /* JSON Lines: the line is not what it must be */
+    uint16_t *tok; /* its tokens (gpt2: <|endoftext|> first; none: an empty document) */
     size_t ntok;
 } Doc;
 
@@ -576,6 +581,8 @@ typedef struct {
     int eot;
     double t0, last;
     const char *name;  /* the input being read */
+    int input;         /* its index */
+    int threads;       /* that encode (gpt2) and parse (JSON Lines) */
     uint64_t line_no;  /* of the line being read (1-based) */
     uint64_t doc_line; /* where the document being read starts */
     uint64_t in_done0; /* input bytes of the inputs before this one */
@@ -589,7 +596,11 @@ static void progress(Prep *p, int force) {
     p->st->tokens[0] = p->w[0].total + (uint64_t)p->w[0].held;
     p->st->tokens[1] = p->w[1].total + (uint64_t)p->w[1].held;
     p->st->shards[0] = p->w[0].shards, p->st->shards[1] = p->w[1].shards;
-    if (p->rep && p->rep->progress && !force) p->rep->progress(p->rep->ctx, p->st);
+    if (p->rep && p->rep->progress && !force) {
+        PrepStats now_st = *p->st;
+        now_st.docs += p->nd; /* read, not yet written */
+        p->rep->progress(p->rep->ctx, &now_st);
+    }
 }
 
 /* Room for n more bytes in the block. */
@@ -620,52 +631,132 @@ static int too_long(Prep *p, uint64_t line, const char *what, Err *err) {
                    p->o->jsonl_key || p->o->doc_sep ? "" : ", or cut files with --doc-sep LINE");
 }
 
-/* Encodes the block's finished documents (gpt2: on the threads, each
- * document on one, the result independent of which) and appends their
- * tokens in order to train or val; the document being read moves to the
- * block's front. */
+/* The name of input i for messages. */
+static const char *input_name(const PrepOptions *o, int i) {
+    return strcmp(o->inputs[i], "-") == 0 ? "standard input" : o->inputs[i];
+}
+
+/* Checks a JSON Lines line (n bytes at s, of input `input`, line `line`):
+ * a JSON object with a string under the key. Returns the parsed value
+ * (*text, *len: the document in it), or NULL with err set when err is not
+ * NULL. */
+static json_t *jsonl_parse(const PrepOptions *o, int input, uint64_t line, const char *s, size_t n,
+                           const char **text, size_t *len, Err *err) {
+    const char *key = o->jsonl_key, *name = input_name(o, input);
+    const unsigned long long ln = (unsigned long long)line;
+    json_error_t je;
+    json_t *v = json_loadb(s, n, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
+    if (!v) {
+        if (err)
+            err_set(err, "prep: '%s' line %llu is not JSON (%s, column %d; expected one object a line)",
+                    name, ln, je.text, je.column);
+        return NULL;
+    }
+    json_t *t = json_is_object(v) ? json_object_get(v, key) : NULL;
+    if (!json_is_object(v)) {
+        if (err)
+            err_set(err,
+                    "prep: '%s' line %llu is not a JSON object (expected one object a line, the "
+                    "document under \"%s\")",
+                    name, ln, key);
+    } else if (!t) {
+        if (err)
+            err_set(err,
+                    "prep: '%s' line %llu has no key \"%s\" (expected the document as a string "
+                    "there; --jsonl KEY names the key)",
+                    name, ln, key);
+    } else if (!json_is_string(t)) {
+        if (err)
+            err_set(err, "prep: '%s' line %llu: \"%s\" is not a string (expected the document's text)",
+                    name, ln, key);
+    } else {
+        *text = json_string_value(t);
+        *len = json_string_length(t);
+        return v;
+    }
+    json_decref(v);
+    return NULL;
+}
+
+/* Doc d's tokens from its n bytes of text at s: bytes widened, or gpt2's
+ * ids after <|endoftext|>; none for an empty document. */
+static void doc_encode(const Prep *p, Doc *d, const char *s, size_t n, Bpe *bpe, BpeIds *ids) {
+    d->tok = NULL, d->ntok = 0;
+    if (n == 0) return;
+    if (!bpe) {
+        d->tok = xmalloc(n * sizeof *d->tok);
+        for (size_t k = 0; k < n; k++) d->tok[k] = (unsigned char)s[k];
+        d->ntok = n;
+        return;
+    }
+    ids->n = 0;
+    bpe_encode(bpe, s, n, ids);
+    d->tok = xmalloc((ids->n + 1) * sizeof *d->tok);
+    d->tok[0] = (uint16_t)p->eot;
+    for (size_t k = 0; k < ids->n; k++) d->tok[k + 1] = (uint16_t)ids->ids[k];
+    d->ntok = ids->n + 1;
+    if (ids->cap > ((size_t)1 << 22)) { /* after a long document: give it back */
+        free(ids->ids);
+        ids->ids = NULL, ids->n = ids->cap = 0;
+    }
+}
+
+/* Encodes the block's finished documents and appends their tokens in order
+ * to train or val (document d to val when prep_doc_is_val); the document
+ * being read moves to the block's front. gpt2 and JSON Lines work on the
+ * threads, a document (a line) on one, the result independent of which;
+ * a bad line is reported in order, the first one. Bytes of text go
+ * straight through. */
 static int block_flush(Prep *p, Err *err) {
     const PrepOptions *o = p->o;
-    if (o->bpe && p->nd > 0) {
-        const int nt = o->threads;
+    const int parallel = o->bpe || o->jsonl_key;
+    if (parallel && p->nd > 0) {
         Doc *docs = p->docs;
-        const char *buf = p->buf;
         const long long nd = (long long)p->nd;
-        const uint16_t eot = (uint16_t)p->eot;
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(p->threads)
         {
 #ifdef _OPENMP
             const int t = omp_get_thread_num();
 #else
             const int t = 0;
 #endif
-            Bpe *mine = p->clones[t];
+            Bpe *mine = p->clones ? p->clones[t] : NULL;
             BpeIds *ids = &p->ids[t];
 #pragma omp for schedule(dynamic, 1)
             for (long long i = 0; i < nd; i++) {
-                ids->n = 0;
-                bpe_encode(mine, buf + docs[i].off, docs[i].len, ids);
-                uint16_t *tok = xmalloc((ids->n + 1) * sizeof *tok);
-                tok[0] = eot;
-                for (size_t k = 0; k < ids->n; k++) tok[k + 1] = (uint16_t)ids->ids[k];
-                docs[i].tok = tok, docs[i].ntok = ids->n + 1;
-                if (ids->cap > ((size_t)1 << 22)) { /* after a long document: give it back */
-                    free(ids->ids);
-                    ids->ids = NULL, ids->n = ids->cap = 0;
+                Doc *d = &docs[i];
+                const char *s = p->buf + d->off;
+                size_t n = d->len;
+                json_t *v = NULL;
+                if (o->jsonl_key && !(v = jsonl_parse(o, d->input, d->line, s, n, &s, &n, NULL))) {
+                    d->bad = 1;
+                    continue;
                 }
+                doc_encode(p, d, s, n, mine, ids);
+                json_decref(v);
             }
         }
     }
     int rc = 0;
-    uint16_t *wide = o->bpe ? NULL : xmalloc(WRITE_TOKENS * sizeof *wide);
+    uint16_t *wide = parallel ? NULL : xmalloc(WRITE_TOKENS * sizeof *wide);
     for (size_t i = 0; i < p->nd; i++) {
         Doc *d = &p->docs[i];
-        Writer *w = &p->w[prep_doc_is_val(p->st->docs, o->val_fraction)];
-        p->st->docs++;
         if (rc != 0) {
-        } else if (o->bpe) {
-            rc = writer_put(w, d->tok, d->ntok, err);
+        } else if (d->bad) { /* the message, made again here, in order */
+            const char *t;
+            size_t n;
+            json_t *v = jsonl_parse(o, d->input, d->line, p->buf + d->off, d->len, &t, &n, err);
+            json_decref(v);
+            rc = -1;
+        } else if (parallel) {
+            if (d->ntok > 0) {
+                rc = writer_put(&p->w[prep_doc_is_val(p->st->docs, o->val_fraction)], d->tok,
+                                d->ntok, err);
+                p->st->docs++;
+            }
         } else {
+            Writer *w = &p->w[prep_doc_is_val(p->st->docs, o->val_fraction)];
+            p->st->docs++;
             const unsigned char *s = (const unsigned char *)p->buf + d->off;
             for (size_t at = 0; rc == 0 && at < d->len; at += WRITE_TOKENS) {
                 const size_t k = d->len - at < WRITE_TOKENS ? d->len - at : WRITE_TOKENS;
@@ -692,7 +783,8 @@ static int doc_end(Prep *p, size_t end, Err *err) {
     if (end > p->doc_start) {
         if (p->nd == p->dcap)
             p->docs = xrealloc(p->docs, (p->dcap = 2 * p->dcap + 64) * sizeof *p->docs);
-        p->docs[p->nd++] = (Doc){p->doc_start, end - p->doc_start, NULL, 0};
+        p->docs[p->nd++] = (Doc){.off = p->doc_start, .len = end - p->doc_start, .line = p->line_no,
+                                 .input = p->input};
     }
     p->doc_start = p->line_start = p->len;
     return p->len >= p->block_bytes ? block_flush(p, err) : 0;
@@ -737,47 +829,18 @@ static int feed_sep(Prep *p, const char *s, size_t n, Err *err) {
     return 0;
 }
 
-/* One JSON Lines line: its document appended and ended. */
+/* One JSON Lines line: into the block as it is (parsed on the threads at
+ * the flush); a blank one is left out. */
 static int jsonl_line(Prep *p, const char *s, size_t n, Err *err) {
     size_t k = 0;
     while (k < n && (s[k] == ' ' || s[k] == '\t' || s[k] == '\r')) k++;
-    if (k == n) return 0; /* a blank line */
-    const char *key = p->o->jsonl_key;
-    const unsigned long long ln = (unsigned long long)p->line_no;
-    json_error_t je;
-    json_t *v = json_loadb(s, n, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
-    if (!v)
-        return err_set(err, "prep: '%s' line %llu is not JSON (%s, column %d; expected one object a line)",
-                       p->name, ln, je.text, je.column);
-    int rc = 0;
-    json_t *t = json_is_object(v) ? json_object_get(v, key) : NULL;
-    if (!json_is_object(v))
-        rc = err_set(err,
-                     "prep: '%s' line %llu is not a JSON object (expected one object a line, "
-                     "the document under \"%s\")",
-                     p->name, ln, key);
-    else if (!t)
-        rc = err_set(err,
-                     "prep: '%s' line %llu has no key \"%s\" (expected the document as a string "
-                     "there; --jsonl KEY names the key)",
-                     p->name, ln, key);
-    else if (!json_is_string(t))
-        rc = err_set(err, "prep: '%s' line %llu: \"%s\" is not a string (expected the document's text)",
-                     p->name, ln, key);
-    else {
-        const size_t len = json_string_length(t);
-        if (len > p->cap_doc) rc = too_long(p, p->line_no, "the document is", err);
-        else {
-            block_append(p, json_string_value(t), len);
-            rc = doc_end(p, p->len, err);
-        }
-    }
-    json_decref(v);
-    return rc;
+    if (k == n) return 0;
+    block_append(p, s, n);
+    return doc_end(p, p->len, err);
 }
 
-/* JSON Lines: each whole line parsed; one split across chunks gathered in
- * p->line first. */
+/* JSON Lines: each whole line to the block; one split across chunks
+ * gathered in p->line first. */
 static int feed_jsonl(Prep *p, const char *s, size_t n, Err *err) {
     while (n > 0) {
         const char *nl = memchr(s, '\n', n);
@@ -807,10 +870,12 @@ static int feed_jsonl(Prep *p, const char *s, size_t n, Err *err) {
 }
 
 /* Reads one input to its end through the splitter. */
-static int read_input(Prep *p, const char *path, int window_log, char *chunk, Err *err) {
+static int read_input(Prep *p, int input, int window_log, char *chunk, Err *err) {
+    const char *path = p->o->inputs[input];
     Reader r;
     if (reader_open(&r, path, window_log, err) != 0) return -1;
     p->name = r.name;
+    p->input = input;
     p->line_no = 0, p->doc_line = 1, p->llen = 0;
     uint64_t text = 0;
     int rc = 0;
@@ -905,10 +970,11 @@ int prep_run(const PrepOptions *o, const PrepReport *rep, PrepStats *st, Err *er
     if (check_out(&p.paths, o->force, err) != 0) return -1;
     /* the memory: what is held already (the vocabulary), the threads'
      * tokenizers, a zstd window; the rest for the block */
-    const int threads = o->bpe ? (o->threads > 0 ? o->threads : 1) : 1;
+    const int threads = o->bpe || o->jsonl_key ? (o->threads > 0 ? o->threads : 1) : 1;
+    p.ids = xcalloc((size_t)threads, sizeof *p.ids);
+    p.threads = st->threads = threads;
     if (o->bpe) {
         p.clones = xcalloc((size_t)threads, sizeof *p.clones);
-        p.ids = xcalloc((size_t)threads, sizeof *p.ids);
         for (int t = 0; t < threads; t++)
             if (!(p.clones[t] = bpe_clone(o->bpe))) {
                 fprintf(stderr, "modtrain: out of memory for a tokenizer's match data\n");
@@ -931,9 +997,10 @@ int prep_run(const PrepOptions *o, const PrepReport *rep, PrepStats *st, Err *er
         goto done;
     }
     p.cap_doc = prep_doc_cap(o->mem);
-    /* a block's text; the byte tokenizer adds little, gpt2's tokens and ids
-     * up to 12 bytes a byte of text (typically 2) */
-    p.block_bytes = (o->mem - held) / (o->bpe ? 24 : 4);
+    /* a block's text: bytes of text go straight through; JSON Lines add the
+     * parse (up to 3 bytes a byte) and the tokens (2), gpt2 its tokens and
+     * ids (up to 12, typically 2) */
+    p.block_bytes = (o->mem - held) / (o->bpe ? 24 : o->jsonl_key ? 8 : 4);
     if (mkdirs(p.paths.parent) != 0) {
         err_set(err, "prep: cannot create '%s': %s", p.paths.parent, strerror(errno));
         goto done;
@@ -948,7 +1015,7 @@ int prep_run(const PrepOptions *o, const PrepReport *rep, PrepStats *st, Err *er
                           .buf = xmalloc(WRITE_TOKENS * sizeof(uint16_t))};
     chunk = xmalloc(IO_CHUNK);
     for (int i = 0; i < o->ninputs; i++)
-        if (read_input(&p, o->inputs[i], wl, chunk, err) != 0) goto fail;
+        if (read_input(&p, i, wl, chunk, err) != 0) goto fail;
     if (block_flush(&p, err) != 0 || writer_finish(&p.w[0], err) != 0 ||
         writer_finish(&p.w[1], err) != 0)
         goto fail;
@@ -980,11 +1047,10 @@ fail:
 done:
     st->seconds = now_s() - p.t0;
     for (int s = 0; s < 2; s++) free(p.w[s].buf);
-    if (p.clones)
-        for (int t = 0; t < threads; t++) {
-            bpe_free(p.clones[t]);
-            free(p.ids[t].ids);
-        }
+    for (int t = 0; t < threads; t++) {
+        if (p.clones) bpe_free(p.clones[t]);
+        free(p.ids[t].ids);
+    }
     free(p.clones);
     free(p.ids);
     free(chunk);

@@ -28,7 +28,7 @@ typedef struct {
     const char *doc_sep;  /* text: documents are the pieces between lines equal to it (NULL: a file) */
     const char *jsonl_key; /* JSON Lines: each line an object, the document under this key */
     double val_fraction;  /* in [0, 1) */
-    int threads;          /* >= 1: the threads that encode (gpt2) */
+    int threads;          /* >= 1: the threads that encode (gpt2) and parse (JSON Lines) */
     size_t mem;           /* the memory bound, bytes (>= PREP_MEM_MIN) */
     size_t shard_tokens;  /* tokens a shard, 2 .. INT32_MAX - 1 */
     int force;            /* replace a shard set already at out */
@@ -43,6 +43,7 @@ typedef struct {
     uint64_t docs;
     uint64_t tokens[2]; /* train, val */
     size_t shards[2];   /* shards written of train, val */
+    int threads;        /* the threads that worked */
 } PrepStats;
 
 /* The command layer's ears: progress(ctx, st) every 2 s or so, note(ctx,

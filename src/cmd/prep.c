@@ -64,8 +64,8 @@ static void usage(void) {
         "                       (--doc-sep %% for fortune files); empty pieces are dropped\n"
         "  --jsonl KEY          JSON Lines: each line an object whose string under KEY is a\n"
         "                       document (--jsonl text for FineWeb, OpenWebText)\n"
-        "  --threads N          threads that tokenise (0: all cores; gpt2; the same shards\n"
-        "                       on any count)\n"
+        "  --threads N          threads that tokenise (gpt2) and parse JSON Lines (0: all\n"
+        "                       cores; the same shards on any count)\n"
         "  --mem SIZE           the memory bound, bytes or with K, M, G, T (512M); a\n"
         "                       document or JSON Lines line longer than a sixteenth of it\n"
         "                       (%s at 512M) is refused\n"
@@ -163,15 +163,15 @@ int prep_main(int argc, char **argv) {
             err_print(&err);
             goto done;
         }
-#ifdef _OPENMP
-        if (threads == 0) threads = omp_get_max_threads();
-#endif
     } else if (strcmp(tokenizer, "byte") != 0) {
         errorf("prep: --tokenizer '%s' is not available (expected byte or gpt2)", tokenizer);
         goto done;
     }
+#ifdef _OPENMP
+    if (threads == 0) threads = omp_get_max_threads();
+#endif
     o.bpe = bpe;
-    o.threads = bpe && threads > 0 ? (int)threads : 1;
+    o.threads = threads > 0 ? (int)threads : 1;
     o.shard_tokens = (size_t)shard_tokens;
     PrepReport rep = {progress, note, NULL};
     PrepStats st;
@@ -191,7 +191,7 @@ int prep_main(int argc, char **argv) {
     printf("prep: %llu documents, %.1f MB tokenised in %.2f s (%.1f MB/s on %d thread%s): "
            "%llu train tokens in %zu shard%s, %llu val tokens in %zu shard%s\n",
            (unsigned long long)st.docs, st.bytes / 1e6, st.seconds, st.bytes / 1e6 / secs,
-           o.threads, o.threads > 1 ? "s" : "", (unsigned long long)st.tokens[0], st.shards[0],
+           st.threads, st.threads > 1 ? "s" : "", (unsigned long long)st.tokens[0], st.shards[0],
            st.shards[0] == 1 ? "" : "s", (unsigned long long)st.tokens[1], st.shards[1],
            st.shards[1] == 1 ? "" : "s");
     rc = EXIT_OK;

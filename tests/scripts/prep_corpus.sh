@@ -98,12 +98,12 @@ PY
 fi
 for t in 1 2; do
     # shellcheck disable=SC2086 # the options
-    "$MODTRAIN" prep --out "b$t" $S --doc-sep % --threads $t corpus.txt > /dev/null || fail "byte prep on $t threads"
+    "$MODTRAIN" prep --out "b$t" $S --jsonl text --threads $t corpus.jsonl > /dev/null || fail "byte prep on $t threads"
     # shellcheck disable=SC2086 # the options
     "$MODTRAIN" prep --out "g$t" --shard_tokens 100000 --tokenizer gpt2 --vocab "$vocab" --jsonl text \
         --threads $t corpus.jsonl.gz > "g$t.log" || fail "gpt2 prep on $t threads: $(cat "g$t.log")"
 done
-same_set b1 b2 && same_set b1 text && ok "byte: the same shards on 1 and 2 threads" || fail "byte: 1 and 2 threads differ"
+same_set b1 b2 && same_set b1 text && ok "byte, JSON Lines: the same shards on 1 and 2 threads" || fail "byte: 1 and 2 threads differ"
 same_set g1 g2 && ok "gpt2: the same $(ls g1 | wc -l) shards on 1 and 2 threads ($(basename "$(dirname "$vocab")")/$(basename "$vocab"))" ||
     fail "gpt2: 1 and 2 threads differ"
 
@@ -245,7 +245,9 @@ hostile() { # PATTERN OPTIONS... (the prep's, after --out h)
 head -n 100 corpus.jsonl > bad.jsonl
 echo '{"id": 100, "text": "cut' >> bad.jsonl
 tail -n 5 corpus.jsonl >> bad.jsonl
-hostile "'bad.jsonl' line 101 is not JSON" --jsonl text bad.jsonl
+hostile "'bad.jsonl' line 101 is not JSON" --jsonl text --threads 2 bad.jsonl
+sed '3s/"text"/"txet"/' bad.jsonl > bad2.jsonl # and an earlier bad line: the first is named
+hostile "'bad2.jsonl' line 3 has no key \"text\"" --jsonl text --threads 2 bad2.jsonl
 head -n 7 corpus.jsonl > nokey.jsonl
 echo '{"id": 7, "body": "no text here"}' >> nokey.jsonl
 hostile "'nokey.jsonl' line 8 has no key \"text\"" --jsonl text nokey.jsonl
