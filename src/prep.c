@@ -8,7 +8,7 @@
  * block is encoded (gpt2: on the threads, each with its Bpe clone) and its
  * tokens appended in document order to the Writer of train or val, which
  * streams shards: a zero header, the tokens, then the real header (count,
- * CRC-32) and fsync. All of it lands in OUT.prep-tmp.PID beside OUT, which
+ * CRC-32) and fsync. All of it lands in OUT.prep-tmp.HOST.PID beside OUT, which
  * is renamed to OUT at the end.
  */
 #include "src/prep.h"
@@ -422,6 +422,7 @@ static int remove_set(const char *dir) {
  * the temporary folder beside it. */
 typedef struct {
     char out[PATH_CAP], parent[PATH_CAP], base[256], tmp[PATH_CAP + 300], old[PATH_CAP + 300];
+    char host[65]; /* this machine's name, in the temporary folders' names */
 } Paths;
 
 static int paths_make(Paths *p, const char *out, Err *err) {
@@ -443,10 +444,21 @@ static int paths_make(Paths *p, const char *out, Err *err) {
     if (!slash) snprintf(p->parent, sizeof p->parent, ".");
     else if (slash == p->out) snprintf(p->parent, sizeof p->parent, "/");
     else snprintf(p->parent, sizeof p->parent, "%.*s", (int)(slash - p->out), p->out);
-    /* beside out: "x.prep-tmp.PID" for out "x", "data/x.prep-tmp.PID" for "data/x" */
+    /* the host: a folder shared between machines holds their preps' folders
+     * apart, and only this machine's processes can be known to be gone */
+    if (gethostname(p->host, sizeof p->host) != 0) snprintf(p->host, sizeof p->host, "host");
+    p->host[sizeof p->host - 1] = '\0';
+    for (char *c = p->host; *c; c++)
+        if (!(*c == '-' || *c == '_' || (*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'z') ||
+              (*c >= 'A' && *c <= 'Z')))
+            *c = '_';
+    if (!p->host[0]) snprintf(p->host, sizeof p->host, "host");
+    /* beside out: "x.prep-tmp.HOST.PID" for out "x", "data/x.prep-tmp.HOST.PID" for "data/x" */
     const int plen = (int)(base - p->out);
-    snprintf(p->tmp, sizeof p->tmp, "%.*s%s.prep-tmp.%ld", plen, p->out, p->base, (long)getpid());
-    snprintf(p->old, sizeof p->old, "%.*s%s.prep-old.%ld", plen, p->out, p->base, (long)getpid());
+    snprintf(p->tmp, sizeof p->tmp, "%.*s%s.prep-tmp.%s.%ld", plen, p->out, p->base, p->host,
+             (long)getpid());
+    snprintf(p->old, sizeof p->old, "%.*s%s.prep-old.%s.%ld", plen, p->out, p->base, p->host,
+             (long)getpid());
     return 0;
 }
 
@@ -461,10 +473,11 @@ static void say(const PrepReport *rep, const char *fmt, ...) {
     rep->note(rep->ctx, line);
 }
 
-/* Removes the temporary folders of earlier preps into the same out that
- * did not finish (their process gone): OUT.prep-tmp.PID, and OUT.prep-old.PID
- * (the set an interrupted --force was replacing: put back when OUT is
- * missing, else removed). */
+/* Removes the temporary folders of earlier preps on this host into the same
+ * out that did not finish (their process gone): OUT.prep-tmp.HOST.PID, and
+ * OUT.prep-old.HOST.PID (the set an interrupted --force was replacing: put
+ * back when OUT is missing, else removed). Another host's are left alone
+ * (said). */
 static void clean_stale(const Paths *p, const PrepReport *rep) {
     DIR *d = opendir(p->parent);
     if (!d) return;
@@ -475,12 +488,18 @@ static void clean_stale(const Paths *p, const PrepReport *rep) {
         if (strncmp(n, p->base, bl) != 0) continue;
         const int is_tmp = strncmp(n + bl, ".prep-tmp.", 10) == 0;
         const int is_old = strncmp(n + bl, ".prep-old.", 10) == 0;
+        const char *host = n + bl + 10, *dot = strrchr(host, '.');
         long long pid;
-        if ((!is_tmp && !is_old) || parse_i64(n + bl + 10, 1, INT_MAX, &pid) != 0) continue;
-        if (kill((pid_t)pid, 0) == 0 || errno == EPERM) continue; /* at work (ours is not made yet) */
+        if ((!is_tmp && !is_old) || !dot || parse_i64(dot + 1, 1, INT_MAX, &pid) != 0) continue;
         char path[PATH_CAP + 300];
         struct stat st;
         snprintf(path, sizeof path, "%.*s%s", (int)(strlen(p->out) - bl), p->out, n);
+        if ((size_t)(dot - host) != strlen(p->host) || strncmp(host, p->host, (size_t)(dot - host)) != 0) {
+            say(rep, "prep: left '%s' alone: another host's prep wrote it (remove it if none runs there)",
+                path);
+            continue;
+        }
+        if (kill((pid_t)pid, 0) == 0 || errno == EPERM) continue; /* at work (ours is not made yet) */
         if (is_old && stat(p->out, &st) != 0 && errno == ENOENT && rename(path, p->out) == 0) {
             say(rep, "prep: put '%s' back as '%s' (a prep --force was killed between its renames)",
                 path, p->out);

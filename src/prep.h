@@ -73,7 +73,7 @@ int prep_doc_is_val(uint64_t d, double f);
  * OUT/val_000000.bin, ... of o->shard_tokens tokens each (the last of a
  * split the remainder; a remainder of 1 joins the shard before it), each
  * with its count and CRC-32 in the header. The shards are written into
- * OUT.prep-tmp.PID beside OUT and renamed to OUT when all are done; an
+ * OUT.prep-tmp.HOST.PID beside OUT and renamed to OUT when all are done; an
  * existing OUT holding a shard set is refused unless o->force (then the
  * set is replaced whole), one holding anything else always. Stale
  * temporary folders of a prep that was killed are removed first (said

@@ -169,6 +169,13 @@ mkdir empty
 "$MODTRAIN" prep --out empty/ --doc-sep % corpus.txt > /dev/null && [ -f empty/train_000000.bin ] &&
     ok "an empty folder takes the set" || fail "prep into an empty folder"
 ls -a | grep -q 'prep-' && fail "temporary folders left: $(ls -a | grep 'prep-')" || ok "no temporary folder is left"
+# another host's temporary folder (a folder shared between machines) is left alone
+mkdir -p empty.prep-tmp.otherhost.1 && touch empty.prep-tmp.otherhost.1/train_000000.bin
+"$MODTRAIN" prep --out empty --force --doc-sep % corpus.txt > /dev/null 2> err.txt || true
+grep -q "^prep: left 'empty.prep-tmp.otherhost.1' alone: another host's prep wrote it" err.txt &&
+    [ -f empty.prep-tmp.otherhost.1/train_000000.bin ] &&
+    ok "another host's folder stays: $(cat err.txt)" || fail "another host's folder: $(cat err.txt)"
+rm -rf empty.prep-tmp.otherhost.1
 
 # a prep killed midway, reading from a slow pipe: nothing at OUT (with
 # --force, the old set as it was); the next prep removes its temporary folder
@@ -187,20 +194,21 @@ for _ in range(400):
     "$MODTRAIN" prep --out "$out" --mem 32M --shard_tokens 1000000 --doc-sep % "$@" - < slow > /dev/null 2>&1 &
     pid=$!
     n=0
-    while [ ! -e "$out.prep-tmp.$pid/train_000001.bin" ] && [ $n -lt 600 ] && kill -0 $pid 2> /dev/null; do
+    while ! ls "$out".prep-tmp.*."$pid"/train_000001.bin > /dev/null 2>&1 && [ $n -lt 600 ] && kill -0 $pid 2> /dev/null; do
         sleep 0.05
         n=$((n + 1))
     done
     kill -9 $pid 2> /dev/null || true
     wait $pid 2> /dev/null || true
     wait $writer 2> /dev/null || true
-    [ -d "$out.prep-tmp.$pid" ] && ok "killed prep $pid with $(ls "$out.prep-tmp.$pid" | wc -l) files in $out.prep-tmp.$pid" ||
-        fail "the prep was not killed while writing (no $out.prep-tmp.$pid)"
+    tmp=$(ls -d "$out".prep-tmp.*."$pid" 2> /dev/null || true)
+    [ -n "$tmp" ] && [ -d "$tmp" ] && ok "killed prep $pid with $(ls "$tmp" | wc -l) files in $tmp" ||
+        fail "the prep was not killed while writing (no $out.prep-tmp.HOST.$pid)"
 }
 killed k
 [ ! -e k ] && ok "a killed prep leaves no OUT" || fail "a killed prep left OUT: $(ls k)"
 "$MODTRAIN" prep --out k --doc-sep % corpus.txt > out.txt 2> err.txt || fail "prep after a killed one: $(cat err.txt)"
-grep -q "^prep: removed 'k.prep-tmp.[0-9]*', left by a prep (process [0-9]*) that did not finish$" err.txt &&
+grep -q "^prep: removed 'k.prep-tmp.[^']*\.[0-9]*', left by a prep (process [0-9]*) that did not finish$" err.txt &&
     ! ls -d k.prep-* > /dev/null 2>&1 && ok "the next prep said: $(cat err.txt)" ||
     fail "the next prep did not remove the stale folder: $(cat err.txt) $(ls -d k.prep-* 2> /dev/null)"
 cat k/* | cksum > sumk.txt
