@@ -518,6 +518,12 @@ static void clean_stale(const Paths *p, const PrepReport *rep) {
 /* Checks out before the work: 0 when the set may go there, -1 with err. */
 static int check_out(const Paths *p, int force, Err *err) {
     char first[256] = "";
+    struct stat st;
+    if (lstat(p->out, &st) == 0 && S_ISLNK(st.st_mode))
+        return err_set(err,
+                       "prep: --out '%s' is a symbolic link (the set is renamed into place; give "
+                       "the folder it points to)",
+                       p->out);
     const int r = scan_set(p->out, "--out", first, sizeof first, err);
     if (r < 0) return -1;
     if (r == 1 && !force)
@@ -1039,6 +1045,12 @@ int prep_run(const PrepOptions *o, const PrepReport *rep, PrepStats *st, Err *er
         writer_finish(&p.w[1], err) != 0)
         goto fail;
     progress(&p, 1);
+    if (st->docs == 0) {
+        err_set(err,
+                "prep: the inputs hold no document (every piece between --doc-sep lines, or "
+                "every JSON string, is empty; expected text to tokenise)");
+        goto fail;
+    }
     if (o->val_fraction > 0 && st->tokens[1] == 0) {
         err_set(err,
                 "prep: %llu document%s give%s none to val at --val-fraction %g (document d goes "

@@ -304,6 +304,10 @@ hostile "cannot open 'missing.txt'" corpus.txt missing.txt
 : > empty.txt
 hostile "'empty.txt' is empty" corpus.txt empty.txt
 hostile "1 document gives none to val at --val-fraction 0.1" corpus.txt
+printf '%%\n%%\n' > seps.txt
+hostile "the inputs hold no document" --val-fraction 0 --doc-sep % seps.txt
+ln -s set link
+hostile "'link' is a symbolic link" --out link --force --doc-sep % corpus.txt
 "$MODTRAIN" prep --out one --val-fraction 0 corpus.txt > out.txt && [ "$(ls one)" = train_000000.bin ] &&
     ok "--val-fraction 0: $(tail -n 1 out.txt)" || fail "--val-fraction 0 on one document: $(ls one)"
 
