@@ -3,13 +3,15 @@
  *
  * Each input is read through a Reader (plain bytes, gzip through inflate,
  * zstd through ZSTD_decompressStream) in 1 MiB chunks; the chunks are cut
- * into documents (a whole file, the pieces between --doc-sep lines, or the
- * string under --jsonl KEY of each line) gathered into a Block; a full
- * block is encoded (gpt2: on the threads, each with its Bpe clone) and its
- * tokens appended in document order to the Writer of train or val, which
- * streams shards: a zero header, the tokens, then the real header (count,
- * CRC-32) and fsync. All of it lands in OUT.prep-tmp.HOST.PID beside OUT, which
- * is renamed to OUT at the end.
+ * into documents (a whole file, the pieces between --doc-sep lines, or a
+ * JSON Lines line) gathered into a block. A full block is sealed and handed
+ * to the worker thread, which parses its JSON lines and encodes its
+ * documents (on the OpenMP threads, gpt2 each with its Bpe clone) and
+ * appends their tokens in document order to the Writer of train or val,
+ * while the next block is read; one block at a time, so the order is the
+ * input's. A Writer streams shards: a zero header, the tokens, then the
+ * real header (count, CRC-32) and fsync. All of it lands in
+ * OUT.prep-tmp.HOST.PID beside OUT, which is renamed to OUT at the end.
  */
 #include "src/prep.h"
 
@@ -19,6 +21,7 @@
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -587,6 +590,14 @@ typedef struct {
     size_t ntok;
 } Doc;
 
+/* A block's finished documents: their bytes and where each lies. */
+typedef struct {
+    char *buf;
+    size_t cap;
+    Doc *docs;
+    size_t nd, dcap;
+} Sealed;
+
 typedef struct {
     const PrepOptions *o;
     const PrepReport *rep;
@@ -611,19 +622,34 @@ typedef struct {
     uint64_t line_no;  /* of the line being read (1-based) */
     uint64_t doc_line; /* where the document being read starts */
     uint64_t in_done0; /* input bytes of the inputs before this one */
+    /* the worker: encodes and writes one sealed block while the next is read */
+    Sealed job, spare; /* the block it works on; buffers to read the next into */
+    pthread_t worker;
+    int busy, job_rc;
+    Err job_err;
+    uint64_t wdocs; /* documents written (the worker's count) */
 } Prep;
 
+/* The counts of what is written into st (no worker at work). */
+static void sync_stats(Prep *p) {
+    p->st->docs = p->wdocs;
+    for (int s = 0; s < 2; s++) {
+        p->st->tokens[s] = p->w[s].total + (uint64_t)p->w[s].held;
+        p->st->shards[s] = p->w[s].shards;
+    }
+}
+
+/* Tells the progress every 2 s (force: only brings st up to date): the
+ * counts as of the last block written, the documents read since. */
 static void progress(Prep *p, int force) {
     const double now = now_s();
     if (!force && now - p->last < 2.0) return;
     p->last = now;
     p->st->seconds = now - p->t0;
-    p->st->tokens[0] = p->w[0].total + (uint64_t)p->w[0].held;
-    p->st->tokens[1] = p->w[1].total + (uint64_t)p->w[1].held;
-    p->st->shards[0] = p->w[0].shards, p->st->shards[1] = p->w[1].shards;
+    if (!p->busy) sync_stats(p);
     if (p->rep && p->rep->progress && !force) {
         PrepStats now_st = *p->st;
-        now_st.docs += p->nd; /* read, not yet written */
+        now_st.docs += p->nd + (p->busy ? p->job.nd : 0); /* read, not yet written */
         p->rep->progress(p->rep->ctx, &now_st);
     }
 }
@@ -726,18 +752,18 @@ static void doc_encode(const Prep *p, Doc *d, const char *s, size_t n, Bpe *bpe,
     }
 }
 
-/* Encodes the block's finished documents and appends their tokens in order
- * to train or val (document d to val when prep_doc_is_val); the document
- * being read moves to the block's front. gpt2 and JSON Lines work on the
- * threads, a document (a line) on one, the result independent of which;
- * a bad line is reported in order, the first one. Bytes of text go
- * straight through. */
-static int block_flush(Prep *p, Err *err) {
+/* Encodes a sealed block's documents and appends their tokens in order to
+ * train or val (document d to val when prep_doc_is_val). gpt2 and JSON
+ * Lines work on the threads, a document (a line) on one, the result
+ * independent of which; a bad line is reported in order, the first one.
+ * Bytes of text go straight through. The worker's work: it alone touches
+ * the writers, the tokenizers and wdocs. */
+static int block_write(Prep *p, Sealed *b, Err *err) {
     const PrepOptions *o = p->o;
     const int parallel = o->bpe || o->jsonl_key;
-    if (parallel && p->nd > 0) {
-        Doc *docs = p->docs;
-        const long long nd = (long long)p->nd;
+    if (parallel && b->nd > 0) {
+        Doc *docs = b->docs;
+        const long long nd = (long long)b->nd;
 #pragma omp parallel num_threads(p->threads)
         {
 #ifdef _OPENMP
@@ -750,7 +776,7 @@ static int block_flush(Prep *p, Err *err) {
 #pragma omp for schedule(dynamic, 1)
             for (long long i = 0; i < nd; i++) {
                 Doc *d = &docs[i];
-                const char *s = p->buf + d->off;
+                const char *s = b->buf + d->off;
                 size_t n = d->len;
                 json_t *v = NULL;
                 if (o->jsonl_key && !(v = jsonl_parse(o, d->input, d->line, s, n, &s, &n, NULL))) {
@@ -764,25 +790,25 @@ static int block_flush(Prep *p, Err *err) {
     }
     int rc = 0;
     uint16_t *wide = parallel ? NULL : xmalloc(WRITE_TOKENS * sizeof *wide);
-    for (size_t i = 0; i < p->nd; i++) {
-        Doc *d = &p->docs[i];
+    for (size_t i = 0; i < b->nd; i++) {
+        Doc *d = &b->docs[i];
         if (rc != 0) {
         } else if (d->bad) { /* the message, made again here, in order */
             const char *t;
             size_t n;
-            json_t *v = jsonl_parse(o, d->input, d->line, p->buf + d->off, d->len, &t, &n, err);
+            json_t *v = jsonl_parse(o, d->input, d->line, b->buf + d->off, d->len, &t, &n, err);
             json_decref(v);
             rc = -1;
         } else if (parallel) {
             if (d->ntok > 0) {
-                rc = writer_put(&p->w[prep_doc_is_val(p->st->docs, o->val_fraction)], d->tok,
+                rc = writer_put(&p->w[prep_doc_is_val(p->wdocs, o->val_fraction)], d->tok,
                                 d->ntok, err);
-                p->st->docs++;
+                p->wdocs++;
             }
         } else {
-            Writer *w = &p->w[prep_doc_is_val(p->st->docs, o->val_fraction)];
-            p->st->docs++;
-            const unsigned char *s = (const unsigned char *)p->buf + d->off;
+            Writer *w = &p->w[prep_doc_is_val(p->wdocs, o->val_fraction)];
+            p->wdocs++;
+            const unsigned char *s = (const unsigned char *)b->buf + d->off;
             for (size_t at = 0; rc == 0 && at < d->len; at += WRITE_TOKENS) {
                 const size_t k = d->len - at < WRITE_TOKENS ? d->len - at : WRITE_TOKENS;
                 for (size_t j = 0; j < k; j++) wide[j] = s[at + j];
@@ -793,13 +819,58 @@ static int block_flush(Prep *p, Err *err) {
         d->tok = NULL;
     }
     free(wide);
-    /* the document being read to the front */
-    const size_t keep = p->len - p->doc_start;
-    memmove(p->buf, p->buf + p->doc_start, keep);
-    p->line_start -= p->doc_start;
-    p->len = keep, p->doc_start = 0, p->nd = 0;
-    progress(p, 0);
     return rc;
+}
+
+static void *block_work(void *arg) {
+    Prep *p = arg;
+    p->job_rc = block_write(p, &p->job, &p->job_err);
+    return NULL;
+}
+
+/* After the worker's block: its buffers become the spare ones. Returns 0,
+ * or -1 with its error in err. */
+static int block_done(Prep *p, Err *err) {
+    sync_stats(p);
+    p->spare = p->job;
+    p->job = (Sealed){0};
+    if (p->job_rc == 0) return 0;
+    if (err) *err = p->job_err;
+    return -1;
+}
+
+/* Waits for the worker's block (block_done). */
+static int block_join(Prep *p, Err *err) {
+    if (!p->busy) return 0;
+    pthread_join(p->worker, NULL);
+    p->busy = 0;
+    return block_done(p, err);
+}
+
+/* Hands the block's finished documents to the worker (once it is done
+ * with the one before) and goes on reading into the spare buffers, the
+ * document being read copied to their front. Returns 0, or -1 with err
+ * (the worker's error on the block before). */
+static int block_flush(Prep *p, Err *err) {
+    if (block_join(p, err) != 0) return -1;
+    if (p->nd > 0) {
+        p->job = (Sealed){p->buf, p->bcap, p->docs, p->nd, p->dcap};
+        const char *rest = p->buf + p->doc_start;
+        const size_t keep = p->len - p->doc_start;
+        p->buf = p->spare.buf, p->bcap = p->spare.cap;
+        p->docs = p->spare.docs, p->dcap = p->spare.dcap;
+        p->spare = (Sealed){0};
+        p->len = 0;
+        block_reserve(p, keep);
+        if (keep > 0) memcpy(p->buf, rest, keep);
+        p->line_start -= p->doc_start;
+        p->len = keep, p->doc_start = 0, p->nd = 0;
+        if (pthread_create(&p->worker, NULL, block_work, p) == 0) p->busy = 1;
+        else if (block_work(p), block_done(p, err) != 0) /* no thread to be had: here */
+            return -1;
+    }
+    progress(p, 0);
+    return 0;
 }
 
 /* Ends the document [doc_start, end) (an empty one is left out); the next
@@ -1022,10 +1093,11 @@ int prep_run(const PrepOptions *o, const PrepReport *rep, PrepStats *st, Err *er
         goto done;
     }
     p.cap_doc = prep_doc_cap(o->mem);
-    /* a block's text: bytes of text go straight through; JSON Lines add the
-     * parse (up to 3 bytes a byte) and the tokens (2), gpt2 its tokens and
-     * ids (up to 12, typically 2) */
-    p.block_bytes = (o->mem - held) / (o->bpe ? 24 : o->jsonl_key ? 8 : 4);
+    /* a block's text, two blocks at a time (one read while the worker
+     * writes the other): bytes of text go straight through; JSON Lines add
+     * the parse (up to 3 bytes a byte) and the tokens (2), gpt2 its tokens
+     * and ids (up to 12, typically 2) */
+    p.block_bytes = (o->mem - held) / (o->bpe ? 48 : o->jsonl_key ? 16 : 8);
     if (mkdirs(p.paths.parent) != 0) {
         err_set(err, "prep: cannot create '%s': %s", p.paths.parent, strerror(errno));
         goto done;
@@ -1041,8 +1113,8 @@ int prep_run(const PrepOptions *o, const PrepReport *rep, PrepStats *st, Err *er
     chunk = xmalloc(IO_CHUNK);
     for (int i = 0; i < o->ninputs; i++)
         if (read_input(&p, i, wl, chunk, err) != 0) goto fail;
-    if (block_flush(&p, err) != 0 || writer_finish(&p.w[0], err) != 0 ||
-        writer_finish(&p.w[1], err) != 0)
+    if (block_flush(&p, err) != 0 || block_join(&p, err) != 0 ||
+        writer_finish(&p.w[0], err) != 0 || writer_finish(&p.w[1], err) != 0)
         goto fail;
     progress(&p, 1);
     if (st->docs == 0) {
@@ -1072,6 +1144,7 @@ int prep_run(const PrepOptions *o, const PrepReport *rep, PrepStats *st, Err *er
     rc = 0;
     goto done;
 fail:
+    block_join(&p, err); /* the worker's error, on earlier documents, comes first */
     for (int s = 0; s < 2; s++)
         if (p.w[s].fd >= 0) close(p.w[s].fd);
     remove_set(p.paths.tmp);
@@ -1087,6 +1160,8 @@ done:
     free(chunk);
     free(p.buf);
     free(p.docs);
+    free(p.spare.buf);
+    free(p.spare.docs);
     free(p.line);
     return rc;
 }
