@@ -50,10 +50,14 @@ int prep_parse_size(const char *s, size_t *out) {
     if (n == 0 || n >= sizeof num) return -1;
     size_t unit = 1, digits = n;
     switch (s[n - 1]) {
-    case 'K': case 'k': unit = (size_t)1 << 10; break;
-    case 'M': case 'm': unit = (size_t)1 << 20; break;
-    case 'G': case 'g': unit = (size_t)1 << 30; break;
-    case 'T': case 't': unit = (size_t)1 << 40; break;
+    case 'K':
+    case 'k': unit = (size_t)1 << 10; break;
+    case 'M':
+    case 'm': unit = (size_t)1 << 20; break;
+    case 'G':
+    case 'g': unit = (size_t)1 << 30; break;
+    case 'T':
+    case 't': unit = (size_t)1 << 40; break;
     default: break;
     }
     if (unit > 1) digits--;
@@ -124,7 +128,8 @@ static int reader_open(Reader *r, const char *path, int window_log, Err *err) {
         r->z_init = 1;
     } else if (r->kind == IN_ZSTD) {
         r->zs = ZSTD_createDStream();
-        if (!r->zs || ZSTD_isError(ZSTD_DCtx_setParameter(r->zs, ZSTD_d_windowLogMax, window_log))) {
+        if (!r->zs ||
+            ZSTD_isError(ZSTD_DCtx_setParameter(r->zs, ZSTD_d_windowLogMax, window_log))) {
             ZSTD_freeDStream(r->zs);
             if (!is_stdin) close(r->fd);
             free(r->in);
@@ -152,7 +157,8 @@ static ssize_t read_some(Reader *r, void *buf, size_t n, Err *err) {
             r->consumed += (uint64_t)got;
             return got;
         }
-        if (errno != EINTR) return err_set(err, "prep: cannot read '%s': %s", r->name, strerror(errno));
+        if (errno != EINTR)
+            return err_set(err, "prep: cannot read '%s': %s", r->name, strerror(errno));
     }
 }
 
@@ -249,15 +255,15 @@ typedef struct {
     const char *dir, *split; /* the temporary folder; "train" or "val" */
     ShardMeta meta;
     size_t per_shard;
-    int fd;          /* the open shard, -1 none */
+    int fd; /* the open shard, -1 none */
     char path[PATH_CAP];
-    size_t n;        /* tokens in the open shard */
+    size_t n; /* tokens in the open shard */
     uint32_t crc;
-    uint16_t hold;   /* a token past a full shard, kept until a second one comes */
+    uint16_t hold; /* a token past a full shard, kept until a second one comes */
     int held;
-    uint16_t *buf;   /* (WRITE_TOKENS) tokens not yet written */
+    uint16_t *buf; /* (WRITE_TOKENS) tokens not yet written */
     size_t nbuf;
-    size_t shards;   /* closed shards */
+    size_t shards; /* closed shards */
     uint64_t total;
 } Writer;
 
@@ -379,8 +385,9 @@ static int scan_set(const char *dir, const char *what, char *first, size_t nfirs
     if (!d) {
         if (errno == ENOENT) return 0;
         if (errno == ENOTDIR)
-            return err_set(err, "prep: %s '%s' exists and is not a folder (give a folder for the shards)",
-                           what, dir);
+            return err_set(
+                err, "prep: %s '%s' exists and is not a folder (give a folder for the shards)",
+                what, dir);
         return err_set(err, "prep: cannot read %s '%s': %s", what, dir, strerror(errno));
     }
     int found = 0, rc = 0;
@@ -497,12 +504,16 @@ static void clean_stale(const Paths *p, const PrepReport *rep) {
         char path[PATH_CAP + 300];
         struct stat st;
         snprintf(path, sizeof path, "%.*s%s", (int)(strlen(p->out) - bl), p->out, n);
-        if ((size_t)(dot - host) != strlen(p->host) || strncmp(host, p->host, (size_t)(dot - host)) != 0) {
-            say(rep, "prep: left '%s' alone: another host's prep wrote it (remove it if none runs there)",
+        if ((size_t)(dot - host) != strlen(p->host) ||
+            strncmp(host, p->host, (size_t)(dot - host)) != 0) {
+            say(rep,
+                "prep: left '%s' alone: another host's prep wrote it (remove it if none runs "
+                "there)",
                 path);
             continue;
         }
-        if (kill((pid_t)pid, 0) == 0 || errno == EPERM) continue; /* at work (ours is not made yet) */
+        if (kill((pid_t)pid, 0) == 0 || errno == EPERM)
+            continue; /* at work (ours is not made yet) */
         if (is_old && stat(p->out, &st) != 0 && errno == ENOENT && rename(path, p->out) == 0) {
             say(rep, "prep: put '%s' back as '%s' (a prep --force was killed between its renames)",
                 path, p->out);
@@ -548,7 +559,8 @@ static int commit_set(const Paths *p, int force, Err *err) {
     const int r = scan_set(p->out, "--out", first, sizeof first, err);
     if (r < 0) return -1;
     if (r == 1 && !force)
-        return err_set(err, "prep: '%s' now holds a shard set ('%s'...); give --force to replace it",
+        return err_set(err,
+                       "prep: '%s' now holds a shard set ('%s'...); give --force to replace it",
                        p->out, first);
     if (r == 0) {
         if (rename(p->tmp, p->out) != 0)
@@ -557,8 +569,10 @@ static int commit_set(const Paths *p, int force, Err *err) {
     } else if (renameat2(AT_FDCWD, p->tmp, AT_FDCWD, p->out, RENAME_EXCHANGE) == 0) {
         fsync_dir(p->parent);
         if (remove_set(p->tmp) != 0)
-            return err_set(err, "prep: the new set is in '%s', but the old one in '%s' could not be removed: %s",
-                           p->out, p->tmp, strerror(errno));
+            return err_set(
+                err,
+                "prep: the new set is in '%s', but the old one in '%s' could not be removed: %s",
+                p->out, p->tmp, strerror(errno));
     } else {
         if (rename(p->out, p->old) != 0)
             return err_set(err, "prep: cannot move the old set '%s' aside: %s", p->out,
@@ -566,7 +580,8 @@ static int commit_set(const Paths *p, int force, Err *err) {
         if (rename(p->tmp, p->out) != 0) {
             const int e = errno;
             rename(p->old, p->out);
-            return err_set(err, "prep: cannot rename '%s' to '%s': %s", p->tmp, p->out, strerror(e));
+            return err_set(err, "prep: cannot rename '%s' to '%s': %s", p->tmp, p->out,
+                           strerror(e));
         }
         fsync_dir(p->parent);
         remove_set(p->old);
@@ -699,7 +714,8 @@ static json_t *jsonl_parse(const PrepOptions *o, int input, uint64_t line, const
     json_t *v = json_loadb(s, n, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
     if (!v) {
         if (err)
-            err_set(err, "prep: '%s' line %llu is not JSON (%s, column %d; expected one object a line)",
+            err_set(err,
+                    "prep: '%s' line %llu is not JSON (%s, column %d; expected one object a line)",
                     name, ln, je.text, je.column);
         return NULL;
     }
@@ -718,7 +734,8 @@ static json_t *jsonl_parse(const PrepOptions *o, int input, uint64_t line, const
                     name, ln, key);
     } else if (!json_is_string(t)) {
         if (err)
-            err_set(err, "prep: '%s' line %llu: \"%s\" is not a string (expected the document's text)",
+            err_set(err,
+                    "prep: '%s' line %llu: \"%s\" is not a string (expected the document's text)",
                     name, ln, key);
     } else {
         *text = json_string_value(t);
@@ -801,8 +818,8 @@ static int block_write(Prep *p, Sealed *b, Err *err) {
             rc = -1;
         } else if (parallel) {
             if (d->ntok > 0) {
-                rc = writer_put(&p->w[prep_doc_is_val(p->wdocs, o->val_fraction)], d->tok,
-                                d->ntok, err);
+                rc = writer_put(&p->w[prep_doc_is_val(p->wdocs, o->val_fraction)], d->tok, d->ntok,
+                                err);
                 p->wdocs++;
             }
         } else {
@@ -866,8 +883,7 @@ static int block_flush(Prep *p, Err *err) {
         p->line_start -= p->doc_start;
         p->len = keep, p->doc_start = 0, p->nd = 0;
         if (pthread_create(&p->worker, NULL, block_work, p) == 0) p->busy = 1;
-        else if (block_work(p), block_done(p, err) != 0) /* no thread to be had: here */
-            return -1;
+        else if (block_work(p), block_done(p, err) != 0) /* no thread to be had: here */ return -1;
     }
     progress(p, 0);
     return 0;
@@ -879,8 +895,8 @@ static int doc_end(Prep *p, size_t end, Err *err) {
     if (end > p->doc_start) {
         if (p->nd == p->dcap)
             p->docs = xrealloc(p->docs, (p->dcap = 2 * p->dcap + 64) * sizeof *p->docs);
-        p->docs[p->nd++] = (Doc){.off = p->doc_start, .len = end - p->doc_start, .line = p->line_no,
-                                 .input = p->input};
+        p->docs[p->nd++] = (Doc){
+            .off = p->doc_start, .len = end - p->doc_start, .line = p->line_no, .input = p->input};
     }
     p->doc_start = p->line_start = p->len;
     return p->len >= p->block_bytes ? block_flush(p, err) : 0;
@@ -918,7 +934,8 @@ static int feed_sep(Prep *p, const char *s, size_t n, Err *err) {
             if (doc_end(p, at, err) != 0) return -1;
             p->doc_line = p->line_no + 1;
         } else {
-            if (p->len - p->doc_start > p->cap_doc) return too_long(p, p->doc_line, "the document from here is", err);
+            if (p->len - p->doc_start > p->cap_doc)
+                return too_long(p, p->doc_line, "the document from here is", err);
             p->line_start = p->len;
         }
     }
@@ -953,7 +970,8 @@ static int feed_jsonl(Prep *p, const char *s, size_t n, Err *err) {
         if (!nl) break;
         p->line_no++;
         if (k > p->cap_doc) return too_long(p, p->line_no, "the line is", err);
-        const int rc = p->llen > 0 ? jsonl_line(p, p->line, p->llen, err) : jsonl_line(p, s, k, err);
+        const int rc =
+            p->llen > 0 ? jsonl_line(p, p->line, p->llen, err) : jsonl_line(p, s, k, err);
         p->llen = 0;
         if (p->lcap > IO_CHUNK) { /* after a long line: give it back */
             free(p->line);
@@ -1024,8 +1042,10 @@ static int check_inputs(const PrepOptions *o, PrepStats *st, int *has_zstd, Err 
         struct stat s;
         if (strcmp(f, "-") == 0) {
             if (stdin_seen++)
-                return err_set(err, "prep: '-' (standard input) is given twice (it can be read once)");
-            if (fstat(STDIN_FILENO, &s) == 0 && S_ISREG(s.st_mode)) st->in_total += (uint64_t)s.st_size;
+                return err_set(err,
+                               "prep: '-' (standard input) is given twice (it can be read once)");
+            if (fstat(STDIN_FILENO, &s) == 0 && S_ISREG(s.st_mode))
+                st->in_total += (uint64_t)s.st_size;
             else st->in_known = 0;
             continue;
         }
@@ -1057,7 +1077,8 @@ int prep_run(const PrepOptions *o, const PrepReport *rep, PrepStats *st, Err *er
                            "prep: the vocabulary has %d tokens%s; shards hold ids below 65536 "
                            "and documents are separated by <|endoftext|>",
                            vocab, p.eot < 0 ? " and no <|endoftext|>" : "");
-        meta = (ShardMeta){.vocab = vocab, .tokenizer = SHARD_TOK_GPT2, .vocab_hash = bpe_hash(o->bpe)};
+        meta = (ShardMeta){
+            .vocab = vocab, .tokenizer = SHARD_TOK_GPT2, .vocab_hash = bpe_hash(o->bpe)};
     }
     int has_zstd;
     if (paths_make(&p.paths, o->out, err) != 0 || check_inputs(o, st, &has_zstd, err) != 0)
@@ -1107,20 +1128,22 @@ int prep_run(const PrepOptions *o, const PrepReport *rep, PrepStats *st, Err *er
         goto done;
     }
     for (int s = 0; s < 2; s++)
-        p.w[s] = (Writer){.dir = p.paths.tmp, .split = s ? "val" : "train", .meta = meta,
-                          .per_shard = o->shard_tokens, .fd = -1,
+        p.w[s] = (Writer){.dir = p.paths.tmp,
+                          .split = s ? "val" : "train",
+                          .meta = meta,
+                          .per_shard = o->shard_tokens,
+                          .fd = -1,
                           .buf = xmalloc(WRITE_TOKENS * sizeof(uint16_t))};
     chunk = xmalloc(IO_CHUNK);
     for (int i = 0; i < o->ninputs; i++)
         if (read_input(&p, i, wl, chunk, err) != 0) goto fail;
-    if (block_flush(&p, err) != 0 || block_join(&p, err) != 0 ||
-        writer_finish(&p.w[0], err) != 0 || writer_finish(&p.w[1], err) != 0)
+    if (block_flush(&p, err) != 0 || block_join(&p, err) != 0 || writer_finish(&p.w[0], err) != 0 ||
+        writer_finish(&p.w[1], err) != 0)
         goto fail;
     progress(&p, 1);
     if (st->docs == 0) {
-        err_set(err,
-                "prep: the inputs hold no document (every piece between --doc-sep lines, or "
-                "every JSON string, is empty; expected text to tokenise)");
+        err_set(err, "prep: the inputs hold no document (every piece between --doc-sep lines, or "
+                     "every JSON string, is empty; expected text to tokenise)");
         goto fail;
     }
     if (o->val_fraction > 0 && st->tokens[1] == 0) {

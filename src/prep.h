@@ -21,17 +21,18 @@
 
 /* What a prep does. */
 typedef struct {
-    const char *out;      /* the folder the shard set is committed to */
-    char **inputs;        /* paths; "-" is standard input */
-    int ninputs;          /* .gz and .zst inputs are decompressed */
-    const Bpe *bpe;       /* GPT-2's BPE, or NULL for the byte tokenizer */
-    const char *doc_sep;  /* text: documents are the pieces between lines equal to it (NULL: a file) */
+    const char *out; /* the folder the shard set is committed to */
+    char **inputs;   /* paths; "-" is standard input */
+    int ninputs;     /* .gz and .zst inputs are decompressed */
+    const Bpe *bpe;  /* GPT-2's BPE, or NULL for the byte tokenizer */
+    const char
+        *doc_sep; /* text: documents are the pieces between lines equal to it (NULL: a file) */
     const char *jsonl_key; /* JSON Lines: each line an object, the document under this key */
-    double val_fraction;  /* in [0, 1) */
-    int threads;          /* >= 1: the threads that encode (gpt2) and parse (JSON Lines) */
-    size_t mem;           /* the memory bound, bytes (>= PREP_MEM_MIN) */
-    size_t shard_tokens;  /* tokens a shard, 2 .. INT32_MAX - 1 */
-    int force;            /* replace a shard set already at out */
+    double val_fraction;   /* in [0, 1) */
+    int threads;           /* >= 1: the threads that encode (gpt2) and parse (JSON Lines) */
+    size_t mem;            /* the memory bound, bytes (>= PREP_MEM_MIN) */
+    size_t shard_tokens;   /* tokens a shard, 2 .. INT32_MAX - 1 */
+    int force;             /* replace a shard set already at out */
 } PrepOptions;
 
 /* Where a prep stands (and, at the end, what it did). */

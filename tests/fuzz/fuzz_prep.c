@@ -67,14 +67,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const int docs = data[0] & 3, kind = (data[0] >> 2) & 3;
     char in[600], out[600];
     snprintf(in, sizeof in, "%s/in%s%s", dir, docs >= 2 ? ".jsonl" : ".txt",
-             kind == 1 ? ".gz" : kind == 2 ? ".zst" : "");
+             kind == 1   ? ".gz"
+             : kind == 2 ? ".zst"
+                         : "");
     snprintf(out, sizeof out, "%s/out", dir);
     FILE *f = fopen(in, "wb");
     if (!f || fwrite(data + 1, 1, size - 1, f) != size - 1 || fclose(f) != 0) abort();
     char *inputs[] = {in};
-    PrepOptions o = {.out = out, .inputs = inputs, .ninputs = 1,
-                     .doc_sep = docs == 1 ? "%" : NULL, .jsonl_key = docs >= 2 ? "text" : NULL,
-                     .val_fraction = data[0] & 16 ? 0.5 : 0, .threads = 1, .mem = PREP_MEM_MIN,
+    PrepOptions o = {.out = out,
+                     .inputs = inputs,
+                     .ninputs = 1,
+                     .doc_sep = docs == 1 ? "%" : NULL,
+                     .jsonl_key = docs >= 2 ? "text" : NULL,
+                     .val_fraction = data[0] & 16 ? 0.5 : 0,
+                     .threads = 1,
+                     .mem = PREP_MEM_MIN,
                      .shard_tokens = 2 + (size_t)(data[0] >> 5)};
     PrepStats st;
     Err e;

@@ -22,7 +22,8 @@ static void test_roundtrip(void) {
     for (int i = 0; i < 100; i++) tok[i] = (uint16_t)(i * 37 % 300);
     char p[256];
     path_in(p, sizeof p, "a.bin");
-    const ShardMeta meta = {.vocab = 300, .tokenizer = SHARD_TOK_GPT2, .vocab_hash = 0xfedcba9876543210ull};
+    const ShardMeta meta = {
+        .vocab = 300, .tokenizer = SHARD_TOK_GPT2, .vocab_hash = 0xfedcba9876543210ull};
     CU_ASSERT_EQUAL(shard_write(p, tok, 100, &meta, NULL), 0);
     Shard s;
     CU_ASSERT_EQUAL_FATAL(shard_load(&s, p, &e), 0);
@@ -104,7 +105,7 @@ static void test_order(void) {
         differs += w != order_window(&c, g);
     }
     for (size_t i = 0; i < n; i++) CU_ASSERT_EQUAL(seen[i], 1); /* an epoch is a permutation */
-    CU_ASSERT(differs > 0);                                      /* the seed matters */
+    CU_ASSERT(differs > 0);                                     /* the seed matters */
     /* random access gives the same answer as sequential access */
     for (uint64_t g = 3 * n + 5; g > 0; g -= 4)
         CU_ASSERT_EQUAL(order_window(&a, g), order_window(&b, g));
@@ -112,10 +113,17 @@ static void test_order(void) {
 }
 
 /* A prep of files into out with the byte tokenizer: 0, or -1 with e. */
-static int prep_files(char **files, int n, const char *out, double f, size_t shard_tokens, int force,
-                      PrepStats *st, Err *e) {
-    PrepOptions o = {.out = out, .inputs = files, .ninputs = n, .doc_sep = "%", .val_fraction = f,
-                     .threads = 1, .mem = PREP_MEM_MIN, .shard_tokens = shard_tokens, .force = force};
+static int prep_files(char **files, int n, const char *out, double f, size_t shard_tokens,
+                      int force, PrepStats *st, Err *e) {
+    PrepOptions o = {.out = out,
+                     .inputs = files,
+                     .ninputs = n,
+                     .doc_sep = "%",
+                     .val_fraction = f,
+                     .threads = 1,
+                     .mem = PREP_MEM_MIN,
+                     .shard_tokens = shard_tokens,
+                     .force = force};
     return prep_run(&o, NULL, st, e);
 }
 
