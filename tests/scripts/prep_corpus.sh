@@ -168,7 +168,7 @@ expect_refused "'set' holds 'notes.txt', which is not a token shard" "$MODTRAIN"
 mkdir empty
 "$MODTRAIN" prep --out empty/ --doc-sep % corpus.txt > /dev/null && [ -f empty/train_000000.bin ] &&
     ok "an empty folder takes the set" || fail "prep into an empty folder"
-ls -a | grep -q 'prep-' && fail "temporary folders left: $(ls -a | grep 'prep-')" || ok "no temporary folder is left"
+if ls -d ./*.prep-* > /dev/null 2>&1; then fail "temporary folders left: $(ls -d ./*.prep-*)"; else ok "no temporary folder is left"; fi
 # another host's temporary folder (a folder shared between machines) is left alone
 mkdir -p empty.prep-tmp.otherhost.1 && touch empty.prep-tmp.otherhost.1/train_000000.bin
 "$MODTRAIN" prep --out empty --force --doc-sep % corpus.txt > /dev/null 2> err.txt || true
