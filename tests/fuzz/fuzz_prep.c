@@ -60,7 +60,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     if (!dir[0]) {
         const char *t = getenv("TMPDIR");
-        snprintf(dir, sizeof dir, "%s/modtrain-fuzz-prep-XXXXXX", t && *t ? t : "/tmp");
+        snprintf(dir, sizeof dir, "%s/modtrain-fuzz-prep-XXXXXX", t && *t ? t : P_tmpdir);
         if (!mkdtemp(dir)) abort();
         atexit(clear_dir);
     }
