@@ -1,6 +1,8 @@
 #!/bin/sh
 # Tokenises the plain text of Debian's `fortunes` package (apt-get install
-# fortunes) into OUT_DIR/train.bin and OUT_DIR/val.bin with the byte tokenizer.
+# fortunes) with the byte tokenizer into the shards OUT_DIR/train_000000.bin,
+# ... and OUT_DIR/val_000000.bin, ... (each file a document, every 20th one
+# to val).
 # usage: jobs/prep_fortunes.sh [OUT_DIR] [MODTRAIN]
 set -eu
 out=${1:-data/fortunes}

@@ -1,5 +1,5 @@
 /*
- * prep: `modtrain prep`, text files to token shards.
+ * prep: `modtrain prep`, text to token shards.
  */
 #include <stdio.h>
 #include <string.h>
@@ -10,126 +10,194 @@
 #include "src/cmd/cmd.h"
 #include "src/prep.h"
 
-static void progress(void *ctx, size_t done, size_t total, double secs) {
+/* A progress line on stderr: text read, rate, documents, tokens, shards,
+ * and when the input's size is known the share done and an ETA. */
+static void progress(void *ctx, const PrepStats *st) {
     (void)ctx;
-    fprintf(stderr, "prep: %.1f of %.1f MB tokenised, %.1f MB/s\n", done / 1e6, total / 1e6,
-            done / 1e6 / (secs > 0 ? secs : 1e-9));
+    const double secs = st->seconds > 0 ? st->seconds : 1e-9;
+    char eta[64] = "";
+    if (st->in_known && st->in_total > 0 && st->in_done > 0) {
+        const double frac = (double)st->in_done / (double)st->in_total;
+        char d[32];
+        format_duration(d, sizeof d, secs * (1 - frac) / frac);
+        snprintf(eta, sizeof eta, " (%.1f%% of the input, ETA %s)", 100 * frac, d);
+    }
+    fprintf(stderr,
+            "prep: %.1f MB read%s, %.1f MB/s, %llu documents, %llu tokens, %zu shards written\n",
+            st->bytes / 1e6, eta, st->bytes / 1e6 / secs, (unsigned long long)st->docs,
+            (unsigned long long)(st->tokens[0] + st->tokens[1]), st->shards[0] + st->shards[1]);
 }
 
-/* --tokenizer gpt2: the vocabulary loaded, the shards written. */
-static int prep_gpt2(char **files, int nfiles, const char *out, double val_fraction,
-                     const char *vocab, const char *doc_sep, int threads, size_t counts[2]) {
-    if (!vocab) {
-        errorf("prep: --tokenizer gpt2 needs --vocab DIR (encoder.json and vocab.bpe; "
-               "jobs/get_gpt2_vocab.sh DIR places GPT-2's)");
-        return EXIT_USAGE;
-    }
-    Err err;
-    Bpe *bpe = bpe_load(vocab, &err);
-    if (!bpe) {
-        err_print(&err);
-        return EXIT_USAGE;
-    }
-    PrepProgress pg = {progress, NULL};
-    PrepStats st;
-    const int rc =
-        prep_gpt2_files(files, nfiles, out, val_fraction, bpe, doc_sep, threads, &pg, &st, &err);
-    bpe_free(bpe);
-    if (rc != 0) {
-        err_print(&err);
-        return EXIT_USAGE;
-    }
-    printf("prep: %zu documents, %.1f MB tokenised in %.2f s (%.1f MB/s on %d threads)\n", st.docs,
-           st.bytes / 1e6, st.seconds, st.bytes / 1e6 / (st.seconds > 0 ? st.seconds : 1e-9),
-           threads);
-    counts[0] = st.counts[0], counts[1] = st.counts[1];
-    return EXIT_OK;
+static void note(void *ctx, const char *line) {
+    (void)ctx;
+    fprintf(stderr, "%s\n", line);
+}
+
+static void usage(void) {
+    char cap[32];
+    format_bytes(cap, sizeof cap, prep_doc_cap(PREP_MEM_DEFAULT));
+    printf("usage: modtrain prep --out DIR [--val-fraction F] [--tokenizer byte|gpt2 --vocab DIR]\n"
+           "                    [--doc-sep LINE | --jsonl KEY] [--threads N] [--mem SIZE]\n"
+           "                    [--shard_tokens N] [--force] FILE...\n"
+           "Tokenises documents into llm.c shards DIR/train_000000.bin, ... and\n"
+           "DIR/val_000000.bin, ..., streaming: the memory stays under --mem whatever the\n"
+           "input's size.\n\n"
+           "inputs (FILE...):\n"
+           "  text files; - for standard input (read as it comes: text, or JSON Lines);\n"
+           "  FILE.gz (gzip) and FILE.zst (zstd) are decompressed as they are read. Each\n"
+           "  text file is one document, or with --doc-sep its pieces; with --jsonl each\n"
+           "  line of each file is one. A document never spans two files.\n\n"
+           "options:\n"
+           "  --out DIR            the shard set's folder; written as DIR.prep-tmp.HOST.PID\n"
+           "                       beside it and renamed to DIR when complete (a stale one of\n"
+           "                       a killed prep on this host is removed). An existing DIR\n"
+           "                       must be empty or hold a shard set (train*.bin, val*.bin)\n"
+           "                       alone\n"
+           "  --force              replace the shard set already in DIR, whole\n"
+           "  --val-fraction F     (or --val_fraction) the fraction of documents for val, in\n"
+           "                       [0, 1): document d (from 0, over all inputs) goes to val\n"
+           "                       when floor((d+1)*F) > floor(d*F), every 1/F-th one, whole\n"
+           "                       (0.1; 0: no val shards)\n"
+           "  --tokenizer byte     byte-level tokens, vocab_size 256 (the default)\n"
+           "  --tokenizer gpt2     GPT-2's byte-level BPE from --vocab DIR (encoder.json,\n"
+           "                       vocab.bpe), <|endoftext|> before each document\n"
+           "  --doc-sep LINE       text: documents are the pieces between lines equal to LINE\n"
+           "                       (--doc-sep %% for fortune files); empty pieces are dropped\n"
+           "  --jsonl KEY          JSON Lines: each line an object whose string under KEY is a\n"
+           "                       document (--jsonl text for FineWeb, OpenWebText)\n"
+           "  --threads N          threads that tokenise (gpt2) and parse JSON Lines (0: all\n"
+           "                       cores; the same shards on any count)\n"
+           "  --mem SIZE           the memory bound, bytes or with K, M, G, T (512M); a\n"
+           "                       document or JSON Lines line longer than a sixteenth of it\n"
+           "                       (%s at 512M) is refused\n"
+           "  --shard_tokens N     (or --shard-tokens) tokens a shard, in [2, 2^31-2]\n"
+           "                       (100000000); the last of a split holds the rest, a rest of\n"
+           "                       one token joining the shard before it\n"
+           "Progress goes to stderr every 2 s; the summary line to stdout.\n",
+           cap);
 }
 
 int prep_main(int argc, char **argv) {
-    const char *out = NULL, *tokenizer = "byte", *vocab = NULL, *doc_sep = NULL;
-    long long threads = 0;
-    double val_fraction = 0.1;
-    char **files = xcalloc((size_t)argc + 1, sizeof(char *));
-    int nfiles = 0, rc = EXIT_USAGE;
+    const char *tokenizer = "byte", *vocab = NULL;
+    long long threads = 0, shard_tokens = PREP_SHARD_TOKENS_DEFAULT;
+    PrepOptions o = {.val_fraction = 0.1, .mem = PREP_MEM_DEFAULT};
+    o.inputs = xcalloc((size_t)argc + 1, sizeof(char *));
+    int rc = EXIT_USAGE, only_files = 0;
+    Bpe *bpe = NULL;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            printf(
-                "usage: modtrain prep --out DIR [--val-fraction F] [--tokenizer byte|gpt2]\n"
-                "                    [--vocab DIR] [--doc-sep LINE] [--threads N] FILE...\n"
-                "Tokenises text files into llm.c shards DIR/train.bin and DIR/val.bin.\n\n"
-                "options:\n"
-                "  --out DIR            output directory (created)\n"
-                "  --val-fraction F     fraction of 4096-token chunks for val.bin (0.1)\n"
-                "  --tokenizer byte     byte-level tokens, vocab_size 256 (the default)\n"
-                "  --tokenizer gpt2     GPT-2's byte-level BPE from --vocab DIR (encoder.json,\n"
-                "                       vocab.bpe), <|endoftext|> before each document\n"
-                "  --doc-sep LINE       documents are the pieces of each file between lines\n"
-                "                       equal to LINE (--doc-sep %% for fortune files); without\n"
-                "                       it each file is one document (gpt2)\n"
-                "  --threads N          threads that tokenise (0: all cores; gpt2)\n");
+        if (!only_files && (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)) {
+            usage();
             rc = EXIT_OK;
             goto done;
         }
-        if (strncmp(a, "--", 2) == 0) {
+        if (!only_files && strcmp(a, "--") == 0) {
+            only_files = 1;
+        } else if (!only_files && strcmp(a, "--force") == 0) {
+            o.force = 1;
+        } else if (!only_files && strncmp(a, "--", 2) == 0) {
             if (i + 1 >= argc) {
                 errorf("prep: %s needs a value", a);
                 goto done;
             }
             const char *v = argv[++i];
-            if (strcmp(a, "--out") == 0) out = v;
+            if (strcmp(a, "--out") == 0) o.out = v;
             else if (strcmp(a, "--tokenizer") == 0) tokenizer = v;
             else if (strcmp(a, "--vocab") == 0) vocab = v;
-            else if (strcmp(a, "--doc-sep") == 0 && *v) doc_sep = v;
-            else if (strcmp(a, "--threads") == 0) {
+            else if (strcmp(a, "--doc-sep") == 0) o.doc_sep = *v ? v : NULL;
+            else if (strcmp(a, "--jsonl") == 0) {
+                if (!*v) {
+                    errorf("prep: --jsonl needs a key (the documents' key: --jsonl text)");
+                    goto done;
+                }
+                o.jsonl_key = v;
+            } else if (strcmp(a, "--threads") == 0) {
                 if (parse_i64(v, 0, 1024, &threads) != 0) {
                     errorf("prep: --threads = '%s' is not an integer in [0, 1024]", v);
                     goto done;
                 }
+            } else if (strcmp(a, "--shard_tokens") == 0 || strcmp(a, "--shard-tokens") == 0) {
+                if (parse_i64(v, 2, INT32_MAX - 1, &shard_tokens) != 0) {
+                    errorf("prep: %s = '%s' is not an integer in [2, %d]", a, v, INT32_MAX - 1);
+                    goto done;
+                }
+            } else if (strcmp(a, "--mem") == 0) {
+                if (prep_parse_size(v, &o.mem) != 0 || o.mem < PREP_MEM_MIN) {
+                    errorf("prep: --mem = '%s' is not a size of at least 16M (bytes, or a number "
+                           "with K, M, G or T: 512M, 2G)",
+                           v);
+                    goto done;
+                }
             } else if (strcmp(a, "--val-fraction") == 0 || strcmp(a, "--val_fraction") == 0) {
-                if (parse_f64(v, &val_fraction) != 0 || val_fraction < 0 || val_fraction >= 1) {
+                if (parse_f64(v, &o.val_fraction) != 0 || o.val_fraction < 0 ||
+                    o.val_fraction >= 1) {
                     errorf("prep: --val-fraction = '%s' is not a number in [0, 1)", v);
                     goto done;
                 }
             } else {
                 errorf("prep: unknown option '%s' (expected --out, --val-fraction, --tokenizer, "
-                       "--vocab, --doc-sep, --threads)",
+                       "--vocab, --doc-sep, --jsonl, --threads, --mem, --shard_tokens, --force)",
                        a);
                 goto done;
             }
         } else {
-            files[nfiles++] = argv[i];
+            o.inputs[o.ninputs++] = argv[i];
         }
     }
-    if (!out || nfiles == 0) {
-        errorf("prep: give --out DIR and at least one text file (see modtrain prep --help)");
+    if (!o.out || o.ninputs == 0) {
+        errorf("prep: give --out DIR and at least one input (a file, or - for standard input; "
+               "see modtrain prep --help)");
         goto done;
     }
-    size_t counts[2];
-    if (strcmp(tokenizer, "gpt2") == 0) {
-#ifdef _OPENMP
-        if (threads == 0) threads = omp_get_max_threads();
-#endif
-        if ((rc = prep_gpt2(files, nfiles, out, val_fraction, vocab, doc_sep,
-                            threads > 0 ? (int)threads : 1, counts)) != EXIT_OK)
-            goto done;
-        rc = EXIT_USAGE;
-    } else if (strcmp(tokenizer, "byte") != 0) {
-        errorf("prep: --tokenizer '%s' is not available (expected byte or gpt2)", tokenizer);
+    if (o.doc_sep && o.jsonl_key) {
+        errorf("prep: --doc-sep cuts text files and --jsonl reads JSON Lines; give one of them");
         goto done;
-    } else {
+    }
+    if (strcmp(tokenizer, "gpt2") == 0) {
+        if (!vocab) {
+            errorf("prep: --tokenizer gpt2 needs --vocab DIR (encoder.json and vocab.bpe; "
+                   "jobs/get_gpt2_vocab.sh DIR places GPT-2's)");
+            goto done;
+        }
         Err err;
-        if (prep_byte_files(files, nfiles, out, val_fraction, counts, &err) != 0) {
+        if (!(bpe = bpe_load(vocab, &err))) {
             err_print(&err);
             goto done;
         }
+    } else if (strcmp(tokenizer, "byte") != 0) {
+        errorf("prep: --tokenizer '%s' is not available (expected byte or gpt2)", tokenizer);
+        goto done;
     }
-    printf("prep: wrote %s/train.bin (%zu tokens)\n", out, counts[0]);
-    if (counts[1] > 0) printf("prep: wrote %s/val.bin (%zu tokens)\n", out, counts[1]);
-    else printf("prep: no %s/val.bin (--val-fraction 0; an old one is removed)\n", out);
+#ifdef _OPENMP
+    if (threads == 0) threads = omp_get_max_threads();
+#endif
+    o.bpe = bpe;
+    o.threads = threads > 0 ? (int)threads : 1;
+    o.shard_tokens = (size_t)shard_tokens;
+    PrepReport rep = {progress, note, NULL};
+    PrepStats st;
+    Err err;
+    if (prep_run(&o, &rep, &st, &err) != 0) {
+        err_print(&err);
+        goto done;
+    }
+    for (int s = 0; s < 2; s++)
+        if (st.shards[s] > 0)
+            printf("prep: wrote %s/%s_000000.bin%s%s (%llu tokens in %zu shard%s)\n", o.out,
+                   s ? "val" : "train", st.shards[s] > 1 ? " .. " : "",
+                   st.shards[s] > 1 ? (s ? "val_*.bin" : "train_*.bin") : "",
+                   (unsigned long long)st.tokens[s], st.shards[s], st.shards[s] > 1 ? "s" : "");
+    if (st.shards[1] == 0) printf("prep: no val shards (--val-fraction 0)\n");
+    const double secs = st.seconds > 0 ? st.seconds : 1e-9;
+    printf("prep: %llu documents, %.1f MB tokenised in %.2f s (%.1f MB/s on %d thread%s): "
+           "%llu train tokens in %zu shard%s, %llu val tokens in %zu shard%s\n",
+           (unsigned long long)st.docs, st.bytes / 1e6, st.seconds, st.bytes / 1e6 / secs,
+           st.threads, st.threads > 1 ? "s" : "", (unsigned long long)st.tokens[0], st.shards[0],
+           st.shards[0] == 1 ? "" : "s", (unsigned long long)st.tokens[1], st.shards[1],
+           st.shards[1] == 1 ? "" : "s");
     rc = EXIT_OK;
 done:
-    free(files);
+    bpe_free(bpe);
+    free(o.inputs);
     return rc;
 }

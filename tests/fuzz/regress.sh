@@ -7,7 +7,7 @@ set -eu
 srcdir=${srcdir:-$(cd "$(dirname "$0")/../.." && pwd)}
 bin=$(dirname "${MODTRAIN:-./modtrain}")/tests/fuzz
 failures=0
-for t in config shard index safetensors vocab cluster plan merges decode spec; do
+for t in config shard index safetensors vocab cluster plan merges decode spec prep; do
     dirs="$srcdir/tests/fuzz/seeds/$t"
     [ -d "$srcdir/tests/fuzz/regressions/$t" ] && dirs="$dirs $srcdir/tests/fuzz/regressions/$t"
     # shellcheck disable=SC2086 # two directories

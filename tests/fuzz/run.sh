@@ -11,7 +11,7 @@ set -eu
 srcdir=${srcdir:-$(cd "$(dirname "$0")/../.." && pwd)}
 seconds=${FUZZ_SECONDS:-60}
 out=${FUZZ_OUT:-fuzz-out}
-targets=${FUZZ_TARGETS:-config shard index safetensors vocab cluster plan merges decode spec}
+targets=${FUZZ_TARGETS:-config shard index safetensors vocab cluster plan merges decode spec prep}
 mpicc=${MPICC:-mpicc}
 if ! command -v "${FUZZ_CC:-clang}" > /dev/null; then
     echo "fuzz: ${FUZZ_CC:-clang} not found (apt-get install clang libclang-rt-14-dev libomp-14-dev)" >&2
@@ -27,6 +27,8 @@ for t in $targets; do
     srcs="$srcdir/tests/fuzz/fuzz_$t.c" more= libs=
     # the planner sizes models: the model, its kernels and collectives link in
     [ "$t" = plan ] && more="src/plan.c src/model.c src/kernels.c mpi/tp.c mpi/pipeline.c" libs="-lblis -lm"
+    # prep reads gzip, zstd and JSON Lines
+    [ "$t" = prep ] && more="src/prep.c" libs="-lzstd -ljansson -lm"
     for f in $lib $more; do srcs="$srcs $srcdir/$f"; done
     # shellcheck disable=SC2086 # word splitting of the flag and source lists is meant
     OMPI_CC=${FUZZ_CC:-clang} "$mpicc" $flags -o "$out/fuzz_$t" $srcs -lz -lpcre2-8 -ljansson $libs

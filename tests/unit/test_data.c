@@ -1,6 +1,6 @@
 /*
- * test_data: shard round trips, every way a shard can be bad, and the
- * prep split.
+ * test_data: shard round trips, every way a shard can be bad, and prep
+ * (the document split, shards, the set).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,7 +22,8 @@ static void test_roundtrip(void) {
     for (int i = 0; i < 100; i++) tok[i] = (uint16_t)(i * 37 % 300);
     char p[256];
     path_in(p, sizeof p, "a.bin");
-    const ShardMeta meta = {.vocab = 300, .tokenizer = SHARD_TOK_GPT2, .vocab_hash = 0xfedcba9876543210ull};
+    const ShardMeta meta = {
+        .vocab = 300, .tokenizer = SHARD_TOK_GPT2, .vocab_hash = 0xfedcba9876543210ull};
     CU_ASSERT_EQUAL(shard_write(p, tok, 100, &meta, NULL), 0);
     Shard s;
     CU_ASSERT_EQUAL_FATAL(shard_load(&s, p, &e), 0);
@@ -92,35 +93,102 @@ static void test_bad_shards(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "is a directory, not a file"));
 }
 
+/* A prep of files into out with the byte tokenizer: 0, or -1 with e. */
+static int prep_files(char **files, int n, const char *out, double f, size_t shard_tokens,
+                      int force, PrepStats *st, Err *e) {
+    PrepOptions o = {.out = out,
+                     .inputs = files,
+                     .ninputs = n,
+                     .doc_sep = "%",
+                     .val_fraction = f,
+                     .threads = 1,
+                     .mem = PREP_MEM_MIN,
+                     .shard_tokens = shard_tokens,
+                     .force = force};
+    return prep_run(&o, NULL, st, e);
+}
+
 static void test_prep_split(void) {
     Err e;
-    char txt[256], out[256];
+    char txt[256], out[256], p[300];
     path_in(txt, sizeof txt, "t.txt");
     path_in(out, sizeof out, "prep");
-    size_t n = 10 * 4096;
-    char *text = xmalloc(n);
-    for (size_t i = 0; i < n; i++) text[i] = (char)('a' + (i / 4096));
+    /* 10 documents of 101 bytes ("aaa...a\n", "bbb...b\n", ...) between % lines */
+    char text[10 * 103];
+    size_t n = 0;
+    for (int d = 0; d < 10; d++) {
+        memset(text + n, 'a' + d, 100);
+        n += 100;
+        text[n++] = '\n';
+        if (d < 9) text[n++] = '%', text[n++] = '\n';
+    }
     write_raw(txt, text, n);
     char *files[] = {txt};
-    size_t counts[2];
-    CU_ASSERT_EQUAL_FATAL(prep_byte_files(files, 1, out, 0.2, counts, &e), 0);
-    CU_ASSERT_EQUAL(counts[0], 8 * 4096);
-    CU_ASSERT_EQUAL(counts[1], 2 * 4096);
-    char p[300];
+    PrepStats st;
+    /* documents 4 and 9 go to val (f = 0.2), whole; the train remainder of
+     * one token joins the shard before it (808 = 807 + 1) */
+    CU_ASSERT_EQUAL_FATAL(prep_files(files, 1, out, 0.2, 807, 0, &st, &e), 0);
+    CU_ASSERT_EQUAL(st.docs, 10);
+    CU_ASSERT_EQUAL(st.tokens[0], 8 * 101);
+    CU_ASSERT_EQUAL(st.tokens[1], 2 * 101);
+    CU_ASSERT_EQUAL(st.shards[0], 1);
+    CU_ASSERT_EQUAL(st.shards[1], 1);
     Shard tr, va;
-    snprintf(p, sizeof p, "%s/train.bin", out);
+    snprintf(p, sizeof p, "%s/train_000000.bin", out);
     CU_ASSERT_EQUAL_FATAL(shard_load(&tr, p, &e), 0);
-    snprintf(p, sizeof p, "%s/val.bin", out);
+    snprintf(p, sizeof p, "%s/val_000000.bin", out);
     CU_ASSERT_EQUAL_FATAL(shard_load(&va, p, &e), 0);
-    CU_ASSERT_EQUAL(va.n_tokens, 2 * 4096); /* 2 of 10 chunks */
-    CU_ASSERT_EQUAL(tr.n_tokens + va.n_tokens, n);
-    CU_ASSERT_EQUAL(va.tokens[0], 'e');   /* chunks 4 and 9, spread out */
-    CU_ASSERT_EQUAL(va.tokens[4096], 'j');
+    CU_ASSERT_EQUAL(tr.n_tokens, 808);
+    CU_ASSERT_EQUAL(tr.meta.has_crc, 1);
+    CU_ASSERT_EQUAL(tr.meta.tokenizer, SHARD_TOK_BYTE);
+    CU_ASSERT_EQUAL(va.n_tokens, 202);
+    CU_ASSERT_EQUAL(va.tokens[0], 'e'); /* documents 4 and 9, spread out */
+    CU_ASSERT_EQUAL(va.tokens[101], 'j');
+    CU_ASSERT_EQUAL(tr.tokens[4 * 101], 'f');
     shard_free(&tr), shard_free(&va);
-    write_raw(txt, "", 0); /* an empty file is an error */
-    CU_ASSERT_EQUAL(prep_byte_files(files, 1, out, 0.2, counts, &e), -1);
+    snprintf(p, sizeof p, "%s/train_000001.bin", out);
+    CU_ASSERT_NOT_EQUAL(access(p, F_OK), 0);
+    /* a set in place: refused, then replaced whole by --force (8 shards of 101) */
+    CU_ASSERT_EQUAL(prep_files(files, 1, out, 0.2, 101, 0, &st, &e), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "already holds a shard set"));
+    CU_ASSERT_EQUAL_FATAL(prep_files(files, 1, out, 0.2, 101, 1, &st, &e), 0);
+    CU_ASSERT_EQUAL(st.shards[0], 8);
+    snprintf(p, sizeof p, "%s/train_000007.bin", out);
+    CU_ASSERT_EQUAL_FATAL(shard_load(&tr, p, &e), 0);
+    CU_ASSERT_EQUAL(tr.n_tokens, 101);
+    CU_ASSERT_EQUAL(tr.tokens[0], 'i');
+    shard_free(&tr);
+    /* too few documents for a val one; an empty file */
+    write_raw(txt, "one document\n", 13);
+    CU_ASSERT_EQUAL(prep_files(files, 1, out, 0.2, 100, 1, &st, &e), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "gives none to val"));
+    write_raw(txt, "", 0);
+    CU_ASSERT_EQUAL(prep_files(files, 1, out, 0.2, 100, 1, &st, &e), -1);
     CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "is empty"));
-    free(text);
+    snprintf(p, sizeof p, "%s/train_000007.bin", out); /* the set stays as it was */
+    CU_ASSERT_EQUAL(access(p, F_OK), 0);
+}
+
+static void test_prep_parts(void) {
+    size_t v = 0;
+    CU_ASSERT(prep_parse_size("512M", &v) == 0 && v == (size_t)512 << 20);
+    CU_ASSERT(prep_parse_size("2G", &v) == 0 && v == (size_t)2 << 30);
+    CU_ASSERT(prep_parse_size("4k", &v) == 0 && v == 4096);
+    CU_ASSERT(prep_parse_size("123", &v) == 0 && v == 123);
+    const char *bad[] = {"", "M", "1.5G", " 1M", "1M ", "-1", "+1", "1MB", "99999999999T", "0x10"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        CU_ASSERT_EQUAL(prep_parse_size(bad[i], &v), -1);
+    int nval = 0, last = -1, gap_ok = 1;
+    for (int d = 0; d < 1000; d++)
+        if (prep_doc_is_val((uint64_t)d, 0.1)) {
+            gap_ok &= d - last == 10;
+            last = d, nval++;
+        }
+    CU_ASSERT_EQUAL(nval, 100); /* every 10th: 9, 19, ... */
+    CU_ASSERT(gap_ok);
+    CU_ASSERT(!prep_doc_is_val(0, 0.99)); /* the first document always trains */
+    CU_ASSERT(!prep_doc_is_val(5, 0));
+    CU_ASSERT_EQUAL(prep_doc_cap((size_t)512 << 20), (size_t)32 << 20);
 }
 
 int main(void) {
@@ -129,7 +197,8 @@ int main(void) {
         {"shard round trip", test_roundtrip},
         {"truncated, short, wrong magic, wrong version, missing, vocabulary 1, a directory",
          test_bad_shards},
-        {"prep splits a fraction of chunks evenly", test_prep_split},
+        {"prep: whole documents to val, shards, a set replaced only by force", test_prep_split},
+        {"prep: sizes, the val rule, the document cap", test_prep_parts},
         CU_TEST_INFO_NULL};
     int rc = run_suite("data", tests);
     char cmd[300];
