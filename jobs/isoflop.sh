@@ -27,7 +27,8 @@
 #   --seq_len N --batch N --lr F   (256, 16, 2e-3; min_lr is lr / 10)
 #   --min_steps N         a run shorter than this is left out, with a note (30)
 #   --eval_seqs N         validation sequences each final eval reads (256)
-#   --train FILE --val FILE  token shards; by default OUT/data from the
+#   --train SPEC --val SPEC  token shards (a shard, a glob, a blend, as train_data
+#                         takes); by default OUT/data from the
 #                         fortunes and, when `bible` (bible-kjv) is installed,
 #                         the King James Bible, byte tokens (ISOFLOP_NO_BIBLE=1:
 #                         the fortunes alone)
@@ -253,10 +254,15 @@ for size in $sizes; do
 done
 (( runs > 0 )) || die "every run is left out: no budget of '$budgets' buys --min_steps $min_steps steps of any" \
     "size of '$sizes'; raise the budgets or lower --min_steps"
-if [ -n "$train" ]; then
-    [ -f "$train" ] || die "--train '$train' does not exist"
-    [ -n "$val" ] && [ -f "$val" ] || die "--val '$val' does not exist (the final losses are measured on it)"
-fi
+# the tokens of a dataset spec (a shard, a glob, a blend), or nothing when
+# it does not open (modtrain data says why on stderr)
+spec_tokens() { "$MODTRAIN" data --data "$1" --seq_len 1 | sed -n 's/^data: .* shards\{0,1\}, \([0-9]*\) tokens,.*/\1/p'; }
+check_specs() {
+    [ -n "$(spec_tokens "$train")" ] || die "--train '$train' is not a dataset (see above)"
+    [ -n "$val" ] && [ -n "$(spec_tokens "$val")" ] ||
+        die "--val '$val' is not a dataset (see above; the final losses are measured on it)"
+}
+[ -z "$train" ] || check_specs
 if [ -z "$launcher" ] && [ "$np" != 0 ]; then
     launcher="mpirun -np $np ${MODTRAIN_MPIRUN_ARGS:-}"
 fi
@@ -273,26 +279,25 @@ log() { echo "isoflop: $*" | tee -a "$out/sweep.log"; }
 
 # ---------------------------------------------------------------- data
 if [ -z "$train" ]; then
-    train=$out/data/train.bin val=$out/data/val.bin
-    if [ ! -f "$train" ]; then
+    train="$out/data/train_*.bin" val="$out/data/val_*.bin"
+    if ! ls "$out"/data/train_*.bin > /dev/null 2>&1; then
         src=${FORTUNES_DIR:-/usr/share/games/fortunes}
         [ -d "$src" ] || die "$src not found: apt-get install fortunes, or pass --train and --val"
-        mkdir -p "$out/data"
+        mkdir -p "$out/text"
         texts=$(find "$src" -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' | sort)
         if [ -z "${ISOFLOP_NO_BIBLE:-}" ] && command -v bible > /dev/null; then
             # the verses without their "Ge1:1 " references
-            bible -f "gen1:1-rev22:21" | sed -e 's/^[1-3A-Za-z]*[0-9]*:[0-9]* //' > "$out/data/kjv.txt"
-            texts="$texts $out/data/kjv.txt"
+            bible -f "gen1:1-rev22:21" | sed -e 's/^[1-3A-Za-z]*[0-9]*:[0-9]* //' > "$out/text/kjv.txt"
+            texts="$texts $out/text/kjv.txt"
         fi
         # shellcheck disable=SC2086
-        "$MODTRAIN" prep --out "$out/data" --val-fraction 0.05 $texts > "$out/data/prep.log"
-        rm -f "$out/data/kjv.txt"
-        log "data: $(tr '\n' ' ' < "$out/data/prep.log")"
+        "$MODTRAIN" prep --out "$out/data" --doc-sep % --val-fraction 0.05 $texts > "$out/text/prep.log"
+        rm -f "$out/text/kjv.txt"
+        log "data: $(tr '\n' ' ' < "$out/text/prep.log")"
     fi
 fi
-[ -f "$train" ] || die "--train '$train' does not exist"
-[ -n "$val" ] && [ -f "$val" ] || die "--val '$val' does not exist (the final losses are measured on it)"
-train_tokens=$(( ($(stat -c %s "$train") - 1024) / 2 ))
+check_specs
+train_tokens=$(spec_tokens "$train")
 
 # ---------------------------------------------------------------- runs
 # Trains and evaluates one run unless its result.csv exists. Returns 0, or

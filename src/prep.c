@@ -1059,6 +1059,45 @@ static int check_inputs(const PrepOptions *o, PrepStats *st, int *has_zstd, Err 
     return 0;
 }
 
+/* What the shards' headers record, and the id of <|endoftext|> (gpt2).
+ * Returns 0 or -1 (a vocabulary shards cannot hold). */
+static int shard_meta(const PrepOptions *o, ShardMeta *meta, int *eot, Err *err) {
+    *meta = (ShardMeta){.vocab = 256, .tokenizer = SHARD_TOK_BYTE};
+    if (!o->bpe) return 0;
+    const int vocab = bpe_vocab_size(o->bpe);
+    *eot = bpe_eot(o->bpe);
+    if (vocab > 65536 || *eot < 0)
+        return err_set(err,
+                       "prep: the vocabulary has %d tokens%s; shards hold ids below 65536 "
+                       "and documents are separated by <|endoftext|>",
+                       vocab, *eot < 0 ? " and no <|endoftext|>" : "");
+    *meta = (ShardMeta){.vocab = vocab, .tokenizer = SHARD_TOK_GPT2, .vocab_hash = bpe_hash(o->bpe)};
+    return 0;
+}
+
+/* Whether what was read makes a set: documents, val ones where asked for,
+ * no split of a single token. Returns 0 or -1 with err set. */
+static int check_result(const PrepOptions *o, const PrepStats *st, Err *err) {
+    if (st->docs == 0)
+        return err_set(err, "prep: the inputs hold no document (every piece between --doc-sep "
+                            "lines, or every JSON string, is empty; expected text to tokenise)");
+    if (o->val_fraction > 0 && st->tokens[1] == 0)
+        return err_set(
+            err,
+            "prep: %llu document%s give%s none to val at --val-fraction %g (document d goes "
+            "there when floor((d+1)*f) > floor(d*f)); give more documents (--doc-sep LINE "
+            "cuts text files into documents) or --val-fraction 0",
+            (unsigned long long)st->docs, st->docs == 1 ? "" : "s", st->docs == 1 ? "s" : "",
+            o->val_fraction);
+    for (int s = 0; s < 2; s++)
+        if (st->tokens[s] == 1)
+            return err_set(err,
+                           "prep: the %s split holds 1 token, and a shard needs at least 2 (give "
+                           "more text or change --val-fraction)",
+                           s ? "val" : "train");
+    return 0;
+}
+
 int prep_run(const PrepOptions *o, const PrepReport *rep, PrepStats *st, Err *err) {
     memset(st, 0, sizeof *st);
     Prep p;
@@ -1068,18 +1107,8 @@ int prep_run(const PrepOptions *o, const PrepReport *rep, PrepStats *st, Err *er
     if (o->shard_tokens < 2 || o->shard_tokens > (size_t)INT32_MAX - 1)
         return err_set(err, "prep: %zu tokens a shard is outside [2, %d]", o->shard_tokens,
                        INT32_MAX - 1);
-    ShardMeta meta = {.vocab = 256, .tokenizer = SHARD_TOK_BYTE};
-    if (o->bpe) {
-        const int vocab = bpe_vocab_size(o->bpe);
-        p.eot = bpe_eot(o->bpe);
-        if (vocab > 65536 || p.eot < 0)
-            return err_set(err,
-                           "prep: the vocabulary has %d tokens%s; shards hold ids below 65536 "
-                           "and documents are separated by <|endoftext|>",
-                           vocab, p.eot < 0 ? " and no <|endoftext|>" : "");
-        meta = (ShardMeta){
-            .vocab = vocab, .tokenizer = SHARD_TOK_GPT2, .vocab_hash = bpe_hash(o->bpe)};
-    }
+    ShardMeta meta;
+    if (shard_meta(o, &meta, &p.eot, err) != 0) return -1;
     int has_zstd;
     if (paths_make(&p.paths, o->out, err) != 0 || check_inputs(o, st, &has_zstd, err) != 0)
         return -1;
@@ -1141,28 +1170,7 @@ int prep_run(const PrepOptions *o, const PrepReport *rep, PrepStats *st, Err *er
         writer_finish(&p.w[1], err) != 0)
         goto fail;
     progress(&p, 1);
-    if (st->docs == 0) {
-        err_set(err, "prep: the inputs hold no document (every piece between --doc-sep lines, or "
-                     "every JSON string, is empty; expected text to tokenise)");
-        goto fail;
-    }
-    if (o->val_fraction > 0 && st->tokens[1] == 0) {
-        err_set(err,
-                "prep: %llu document%s give%s none to val at --val-fraction %g (document d goes "
-                "there when floor((d+1)*f) > floor(d*f)); give more documents (--doc-sep LINE "
-                "cuts text files into documents) or --val-fraction 0",
-                (unsigned long long)st->docs, st->docs == 1 ? "" : "s", st->docs == 1 ? "s" : "",
-                o->val_fraction);
-        goto fail;
-    }
-    for (int s = 0; s < 2; s++)
-        if (st->tokens[s] == 1) {
-            err_set(err,
-                    "prep: the %s split holds 1 token, and a shard needs at least 2 (give more "
-                    "text or change --val-fraction)",
-                    s ? "val" : "train");
-            goto fail;
-        }
+    if (check_result(o, st, err) != 0) goto fail;
     if (commit_set(&p.paths, o->force, err) != 0) goto fail;
     rc = 0;
     goto done;

@@ -77,9 +77,75 @@ static void usage(void) {
            cap);
 }
 
+/* The options that take a value, beside the PrepOptions they fill. */
+typedef struct {
+    const char *tokenizer, *vocab;
+    long long threads, shard_tokens;
+} PrepArgs;
+
+/* Option a with value v. Returns 0, or -1 (printed). */
+static int prep_option(const char *a, const char *v, PrepOptions *o, PrepArgs *pa) {
+    if (strcmp(a, "--out") == 0) o->out = v;
+    else if (strcmp(a, "--tokenizer") == 0) pa->tokenizer = v;
+    else if (strcmp(a, "--vocab") == 0) pa->vocab = v;
+    else if (strcmp(a, "--doc-sep") == 0) o->doc_sep = *v ? v : NULL;
+    else if (strcmp(a, "--jsonl") == 0) {
+        if (!*v) {
+            errorf("prep: --jsonl needs a key (the documents' key: --jsonl text)");
+            return -1;
+        }
+        o->jsonl_key = v;
+    } else if (strcmp(a, "--threads") == 0) {
+        if (parse_i64(v, 0, 1024, &pa->threads) != 0) {
+            errorf("prep: --threads = '%s' is not an integer in [0, 1024]", v);
+            return -1;
+        }
+    } else if (strcmp(a, "--shard_tokens") == 0 || strcmp(a, "--shard-tokens") == 0) {
+        if (parse_i64(v, 2, INT32_MAX - 1, &pa->shard_tokens) != 0) {
+            errorf("prep: %s = '%s' is not an integer in [2, %d]", a, v, INT32_MAX - 1);
+            return -1;
+        }
+    } else if (strcmp(a, "--mem") == 0) {
+        if (prep_parse_size(v, &o->mem) != 0 || o->mem < PREP_MEM_MIN) {
+            errorf("prep: --mem = '%s' is not a size of at least 16M (bytes, or a number "
+                   "with K, M, G or T: 512M, 2G)",
+                   v);
+            return -1;
+        }
+    } else if (strcmp(a, "--val-fraction") == 0 || strcmp(a, "--val_fraction") == 0) {
+        if (parse_f64(v, &o->val_fraction) != 0 || o->val_fraction < 0 || o->val_fraction >= 1) {
+            errorf("prep: --val-fraction = '%s' is not a number in [0, 1)", v);
+            return -1;
+        }
+    } else {
+        errorf("prep: unknown option '%s' (expected --out, --val-fraction, --tokenizer, "
+               "--vocab, --doc-sep, --jsonl, --threads, --mem, --shard_tokens, --force)",
+               a);
+        return -1;
+    }
+    return 0;
+}
+
+/* The lines that say what a prep wrote. */
+static void print_stats(const PrepOptions *o, const PrepStats *st) {
+    for (int s = 0; s < 2; s++)
+        if (st->shards[s] > 0)
+            printf("prep: wrote %s/%s_000000.bin%s%s (%llu tokens in %zu shard%s)\n", o->out,
+                   s ? "val" : "train", st->shards[s] > 1 ? " .. " : "",
+                   st->shards[s] > 1 ? (s ? "val_*.bin" : "train_*.bin") : "",
+                   (unsigned long long)st->tokens[s], st->shards[s], st->shards[s] > 1 ? "s" : "");
+    if (st->shards[1] == 0) printf("prep: no val shards (--val-fraction 0)\n");
+    const double secs = st->seconds > 0 ? st->seconds : 1e-9;
+    printf("prep: %llu documents, %.1f MB tokenised in %.2f s (%.1f MB/s on %d thread%s): "
+           "%llu train tokens in %zu shard%s, %llu val tokens in %zu shard%s\n",
+           (unsigned long long)st->docs, st->bytes / 1e6, st->seconds, st->bytes / 1e6 / secs,
+           st->threads, st->threads > 1 ? "s" : "", (unsigned long long)st->tokens[0],
+           st->shards[0], st->shards[0] == 1 ? "" : "s", (unsigned long long)st->tokens[1],
+           st->shards[1], st->shards[1] == 1 ? "" : "s");
+}
+
 int prep_main(int argc, char **argv) {
-    const char *tokenizer = "byte", *vocab = NULL;
-    long long threads = 0, shard_tokens = PREP_SHARD_TOKENS_DEFAULT;
+    PrepArgs pa = {"byte", NULL, 0, PREP_SHARD_TOKENS_DEFAULT};
     PrepOptions o = {.val_fraction = 0.1, .mem = PREP_MEM_DEFAULT};
     o.inputs = xcalloc((size_t)argc + 1, sizeof(char *));
     int rc = EXIT_USAGE, only_files = 0;
@@ -100,46 +166,7 @@ int prep_main(int argc, char **argv) {
                 errorf("prep: %s needs a value", a);
                 goto done;
             }
-            const char *v = argv[++i];
-            if (strcmp(a, "--out") == 0) o.out = v;
-            else if (strcmp(a, "--tokenizer") == 0) tokenizer = v;
-            else if (strcmp(a, "--vocab") == 0) vocab = v;
-            else if (strcmp(a, "--doc-sep") == 0) o.doc_sep = *v ? v : NULL;
-            else if (strcmp(a, "--jsonl") == 0) {
-                if (!*v) {
-                    errorf("prep: --jsonl needs a key (the documents' key: --jsonl text)");
-                    goto done;
-                }
-                o.jsonl_key = v;
-            } else if (strcmp(a, "--threads") == 0) {
-                if (parse_i64(v, 0, 1024, &threads) != 0) {
-                    errorf("prep: --threads = '%s' is not an integer in [0, 1024]", v);
-                    goto done;
-                }
-            } else if (strcmp(a, "--shard_tokens") == 0 || strcmp(a, "--shard-tokens") == 0) {
-                if (parse_i64(v, 2, INT32_MAX - 1, &shard_tokens) != 0) {
-                    errorf("prep: %s = '%s' is not an integer in [2, %d]", a, v, INT32_MAX - 1);
-                    goto done;
-                }
-            } else if (strcmp(a, "--mem") == 0) {
-                if (prep_parse_size(v, &o.mem) != 0 || o.mem < PREP_MEM_MIN) {
-                    errorf("prep: --mem = '%s' is not a size of at least 16M (bytes, or a number "
-                           "with K, M, G or T: 512M, 2G)",
-                           v);
-                    goto done;
-                }
-            } else if (strcmp(a, "--val-fraction") == 0 || strcmp(a, "--val_fraction") == 0) {
-                if (parse_f64(v, &o.val_fraction) != 0 || o.val_fraction < 0 ||
-                    o.val_fraction >= 1) {
-                    errorf("prep: --val-fraction = '%s' is not a number in [0, 1)", v);
-                    goto done;
-                }
-            } else {
-                errorf("prep: unknown option '%s' (expected --out, --val-fraction, --tokenizer, "
-                       "--vocab, --doc-sep, --jsonl, --threads, --mem, --shard_tokens, --force)",
-                       a);
-                goto done;
-            }
+            if (prep_option(a, argv[++i], &o, &pa) != 0) goto done;
         } else {
             o.inputs[o.ninputs++] = argv[i];
         }
@@ -153,27 +180,27 @@ int prep_main(int argc, char **argv) {
         errorf("prep: --doc-sep cuts text files and --jsonl reads JSON Lines; give one of them");
         goto done;
     }
-    if (strcmp(tokenizer, "gpt2") == 0) {
-        if (!vocab) {
+    if (strcmp(pa.tokenizer, "gpt2") == 0) {
+        if (!pa.vocab) {
             errorf("prep: --tokenizer gpt2 needs --vocab DIR (encoder.json and vocab.bpe; "
                    "jobs/get_gpt2_vocab.sh DIR places GPT-2's)");
             goto done;
         }
         Err err;
-        if (!(bpe = bpe_load(vocab, &err))) {
+        if (!(bpe = bpe_load(pa.vocab, &err))) {
             err_print(&err);
             goto done;
         }
-    } else if (strcmp(tokenizer, "byte") != 0) {
-        errorf("prep: --tokenizer '%s' is not available (expected byte or gpt2)", tokenizer);
+    } else if (strcmp(pa.tokenizer, "byte") != 0) {
+        errorf("prep: --tokenizer '%s' is not available (expected byte or gpt2)", pa.tokenizer);
         goto done;
     }
 #ifdef _OPENMP
-    if (threads == 0) threads = omp_get_max_threads();
+    if (pa.threads == 0) pa.threads = omp_get_max_threads();
 #endif
     o.bpe = bpe;
-    o.threads = threads > 0 ? (int)threads : 1;
-    o.shard_tokens = (size_t)shard_tokens;
+    o.threads = pa.threads > 0 ? (int)pa.threads : 1;
+    o.shard_tokens = (size_t)pa.shard_tokens;
     PrepReport rep = {progress, note, NULL};
     PrepStats st;
     Err err;
@@ -181,20 +208,7 @@ int prep_main(int argc, char **argv) {
         err_print(&err);
         goto done;
     }
-    for (int s = 0; s < 2; s++)
-        if (st.shards[s] > 0)
-            printf("prep: wrote %s/%s_000000.bin%s%s (%llu tokens in %zu shard%s)\n", o.out,
-                   s ? "val" : "train", st.shards[s] > 1 ? " .. " : "",
-                   st.shards[s] > 1 ? (s ? "val_*.bin" : "train_*.bin") : "",
-                   (unsigned long long)st.tokens[s], st.shards[s], st.shards[s] > 1 ? "s" : "");
-    if (st.shards[1] == 0) printf("prep: no val shards (--val-fraction 0)\n");
-    const double secs = st.seconds > 0 ? st.seconds : 1e-9;
-    printf("prep: %llu documents, %.1f MB tokenised in %.2f s (%.1f MB/s on %d thread%s): "
-           "%llu train tokens in %zu shard%s, %llu val tokens in %zu shard%s\n",
-           (unsigned long long)st.docs, st.bytes / 1e6, st.seconds, st.bytes / 1e6 / secs,
-           st.threads, st.threads > 1 ? "s" : "", (unsigned long long)st.tokens[0], st.shards[0],
-           st.shards[0] == 1 ? "" : "s", (unsigned long long)st.tokens[1], st.shards[1],
-           st.shards[1] == 1 ? "" : "s");
+    print_stats(&o, &st);
     rc = EXIT_OK;
 done:
     bpe_free(bpe);

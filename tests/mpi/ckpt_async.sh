@@ -17,7 +17,7 @@
 prep_fortunes
 MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 cd "$TMP"
-common="--config $srcdir/jobs/tiny.conf --train_data data/train.bin --val_data data/val.bin \
+common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
     --steps 20 --ckpt_keep 5 --eval_every 0 --log_every 1000 --threads 1 --peak_gflops 50 \
     --route_every 2 --capacity 0.25"
 # train RUN NP [--key value ...]: the exit code in $rc

@@ -12,7 +12,7 @@
 prep_fortunes
 MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 cd "$TMP"
-common="--config $srcdir/jobs/tiny.conf --train_data data/train.bin --val_data data/val.bin \
+common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
     --steps 20 --ckpt_every 10 --ckpt_keep 5 --eval_every 0 --log_every 1000 --threads 1 \
     --peak_gflops 50 --route_every 2 --capacity 0.25"
 train() { # RUN NP [--key value ...]
@@ -72,10 +72,10 @@ v1=$srcdir/tests/fixtures/ckpt-v1/step-00000004
 mkdir lsv1 && cp -r "$v1" lsv1/
 "$MODTRAIN" ckpt list --ckpt lsv1 | grep -q "step-00000004 .* v1 zlib *verified" &&
     ok "ckpt list names version 1" || fail "ckpt list of v1: $("$MODTRAIN" ckpt list --ckpt lsv1)"
-printf 'the quick brown fox jumps over the lazy dog\n%.0s' $(seq 1 400) > text.txt
-"$MODTRAIN" prep --out fx text.txt > /dev/null
-e1=$("$MODTRAIN" eval --ckpt "$v1" --data fx/val.bin --json)
-fx="--train_data fx/train.bin --val_data fx/val.bin --seq_len 8 --d_model 8 --n_head 2 --n_layer 2 \
+printf 'the quick brown fox jumps over the lazy dog\n%%\n%.0s' $(seq 1 400) > text.txt
+"$MODTRAIN" prep --out fx --doc-sep % text.txt > /dev/null
+e1=$("$MODTRAIN" eval --ckpt "$v1" --data fx/val_000000.bin --json)
+fx="--train_data fx/train_000000.bin --val_data fx/val_000000.bin --seq_len 8 --d_model 8 --n_head 2 --n_layer 2 \
     --route_every 2 --causal_router predictor --predictor_hidden 4 --batch_size 4 --seed 7"
 mkdir -p v2/ckpt
 cp -r "$v1" v2/ckpt/
@@ -83,7 +83,7 @@ rm -rf v2/ckpt/step-00000004
 "$MODTRAIN" train $fx --run_dir v2 --resume "$v1" --steps 4 > v2.log 2>&1 || { cat v2.log; fail "v1 resume"; }
 head -n 1 v2/ckpt/step-00000004/index | grep -q "modtrain-checkpoint 2" &&
     same "$v1" v2/ckpt/step-00000004 "v1 saved again as v2" || fail "v1 resaved: not version 2"
-e2=$("$MODTRAIN" eval --ckpt v2/ckpt/step-00000004 --data fx/val.bin --json)
+e2=$("$MODTRAIN" eval --ckpt v2/ckpt/step-00000004 --data fx/val_000000.bin --json)
 [ "$e1" = "$e2" ] && ok "v1 and its v2 copy evaluate the same: $e1" || fail "eval: $e1 vs $e2"
 "$MODTRAIN" train $fx --run_dir v2 --steps 6 > v2b.log 2>&1 &&
     grep -q "resume: loaded v2/ckpt/step-00000004" v2b.log && ok "training goes on from it" ||

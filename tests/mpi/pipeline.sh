@@ -12,7 +12,7 @@
 prep_fortunes
 MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 cd "$TMP"
-common="--config $srcdir/jobs/tiny.conf --train_data data/train.bin --val_data data/val.bin \
+common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
     --n_layer 4 --micro_batch 2 --steps 12 --ckpt_every 6 --ckpt_keep 5 --eval_every 6 \
     --log_every 1000 --threads 1 --debug_checks 1 --peak_gflops 50 --resume never"
 train() { # NAME NP [--key value ...]
@@ -61,12 +61,12 @@ for model in dense mod; do
 done
 
 # evaluation and sampling through a pipeline give what one rank gives
-"$MODTRAIN" eval --ckpt mod-base/ckpt --data data/val.bin --batches 4 --json > e1.json
+"$MODTRAIN" eval --ckpt mod-base/ckpt --data data/val_000000.bin --batches 4 --json > e1.json
 "$MODTRAIN" sample --ckpt mod-base/ckpt --prompt "Q: " --tokens 60 --seed 5 --temperature 0.7 > s1.txt
 for lay in "2 2" "4 4" "4 2"; do
     set -- $lay
     np=$1 pp=$2
-    timeout 120 $MPIRUN -np $np "$MODTRAIN" eval --ckpt mod-base/ckpt --data data/val.bin --batches 4 \
+    timeout 120 $MPIRUN -np $np "$MODTRAIN" eval --ckpt mod-base/ckpt --data data/val_000000.bin --batches 4 \
         --json --pp $pp > ep.json
     timeout 120 $MPIRUN -np $np "$MODTRAIN" sample --ckpt mod-base/ckpt --prompt "Q: " --tokens 60 \
         --seed 5 --temperature 0.7 --pp $pp > sp.txt

@@ -99,7 +99,7 @@ for t in 1 2; do
     "$MODTRAIN" prep --out "prep$t" --tokenizer gpt2 --vocab "$vocab" --doc-sep % --val-fraction 0 \
         --threads $t $valid > "prep$t.log" || { cat "prep$t.log"; fail "prep --tokenizer gpt2 failed"; }
 done
-"$PYTHON" - prep1/train.bin > shard.ids <<'PY'
+"$PYTHON" - prep1/train_000000.bin > shard.ids <<'PY'
 import struct, sys
 raw = open(sys.argv[1], "rb").read()
 head = struct.unpack("<256i", raw[:1024])
@@ -108,7 +108,7 @@ print("\n".join(map(str, struct.unpack("<%dH" % head[2], raw[1024:]))))
 PY
 cmp -s shard.ids docs.ids && ok "prep --tokenizer gpt2 --doc-sep %: $(grep -c '^50256$' docs.ids) fortunes, each after <|endoftext|>, hold js-tiktoken's ids (vocabulary 50257 in the header)" ||
     fail "prep --tokenizer gpt2: the shard's ids differ from js-tiktoken's: $(diff shard.ids docs.ids | head -n 4 | tr '\n' ' ')"
-cmp -s prep1/train.bin prep2/train.bin && ok "prep on 1 and 2 threads writes the same shard" ||
+cmp -s prep1/train_000000.bin prep2/train_000000.bin && ok "prep on 1 and 2 threads writes the same shard" ||
     fail "prep on 1 and 2 threads wrote different shards"
 
 head -c 200000 /dev/urandom > random.bin

@@ -28,13 +28,13 @@ hash=$("$MODTRAIN" tokenize --vocab "$vocab" --hash | sed -n 's/^tokenizer_hash 
 head=$("$PYTHON" -c '
 import struct, sys
 h = struct.unpack("<7i", open(sys.argv[1], "rb").read(28))
-print(h[3], h[4], "%016x" % ((h[6] & 0xffffffff) << 32 | (h[5] & 0xffffffff)))' data/train.bin)
+print(h[3], h[4], "%016x" % ((h[6] & 0xffffffff) << 32 | (h[5] & 0xffffffff)))' data/train_000000.bin)
 [ "$head" = "50257 2 $hash" ] && ok "the shard's header: vocabulary 50257, tokenizer gpt2, hash $hash" ||
     fail "the shard's header says '$head', expected '50257 2 $hash'"
 
 model="--n_layer 2 --n_head 2 --d_model 32 --seq_len 32 --batch_size 8 --lr 3e-3 --warmup_steps 5"
 # shellcheck disable=SC2086 # the options
-"$MODTRAIN" train --config "$srcdir/jobs/text.conf" --train_data data/train.bin --val_data data/val.bin \
+"$MODTRAIN" train --config "$srcdir/jobs/text.conf" --train_data data/train_000000.bin --val_data data/val_000000.bin \
     --run_dir run $model --steps 60 --eval_every 60 --eval_batches 4 --log_every 1 \
     --ckpt_every 0 > train.log 2>&1 ||
     { cat train.log; fail "training on gpt2 tokens"; finish; }
@@ -47,12 +47,12 @@ ck=run/ckpt/step-00000060
 grep -q "^kv config.tokenizer gpt2$" "$ck/index" && grep -q "^kv config.tokenizer_hash $hash$" "$ck/index" &&
     ok "the checkpoint records tokenizer gpt2 and hash $hash" || fail "index: $(grep -a tokenizer "$ck/index")"
 
-"$MODTRAIN" eval --ckpt "$ck" --data data/val.bin --batches 8 > eval.out 2> eval.err &&
+"$MODTRAIN" eval --ckpt "$ck" --data data/val_000000.bin --batches 8 > eval.out 2> eval.err &&
     grep -q "^eval: loss" eval.out && [ ! -s eval.err ] && ok "eval: $(head -n 1 eval.out)" ||
     fail "eval on the gpt2 shard: $(cat eval.out eval.err)"
-printf 'plain bytes, a shard of the byte tokenizer\n%.0s' $(seq 1 300) > bytes.txt
-"$MODTRAIN" prep --out bytes bytes.txt > /dev/null
-"$MODTRAIN" eval --ckpt "$ck" --data bytes/val.bin --batches 2 > /dev/null 2> warn.err &&
+printf 'plain bytes, a shard of the byte tokenizer\n%%\n%.0s' $(seq 1 300) > bytes.txt
+"$MODTRAIN" prep --out bytes --doc-sep % bytes.txt > /dev/null
+"$MODTRAIN" eval --ckpt "$ck" --data bytes/val_000000.bin --batches 2 > /dev/null 2> warn.err &&
     [ "$(wc -l < warn.err)" -eq 2 ] && grep -q "256-token vocabulary, but the model has vocab_size = 50257" warn.err &&
     grep -q "tokenized by the byte tokenizer, but the model was trained on gpt2 tokens" warn.err && ok "eval warns: $(head -n 1 warn.err)" ||
     fail "eval on a byte shard: $(cat warn.err)"
@@ -93,14 +93,14 @@ cp "$vocab/encoder.json" other/
 sed '$d' "$vocab/vocab.bpe" > other/vocab.bpe # one merge fewer: another vocabulary
 one_line "sample with another vocabulary" "hash differs" "$MODTRAIN" sample --ckpt "$ck" --vocab other --tokens 4
 # shellcheck disable=SC2086
-one_line "train: tokenizer = byte on a gpt2 shard" "tokenizer = byte, but 'data/train.bin' was written by 'modtrain prep --tokenizer gpt2'" \
-    "$MODTRAIN" train --train_data data/train.bin --val_data data/val.bin --run_dir r2 $model --steps 1 --tokenizer byte
+one_line "train: tokenizer = byte on a gpt2 shard" "tokenizer = byte, but 'data/train_000000.bin' was written by 'modtrain prep --tokenizer gpt2'" \
+    "$MODTRAIN" train --train_data data/train_000000.bin --val_data data/val_000000.bin --run_dir r2 $model --steps 1 --tokenizer byte
 # shellcheck disable=SC2086
 one_line "train: validation shard of another tokenizer" "prep both with the same one" \
-    "$MODTRAIN" train --train_data data/train.bin --val_data bytes/val.bin --run_dir r3 $model --steps 1
+    "$MODTRAIN" train --train_data data/train_000000.bin --val_data bytes/val_000000.bin --run_dir r3 $model --steps 1
 # shellcheck disable=SC2086
 one_line "train: tokenizer_hash of another vocabulary" "tokenizer_hash = 0123456789abcdef, but" \
-    "$MODTRAIN" train --train_data data/train.bin --val_data data/val.bin --run_dir r4 $model --steps 1 \
+    "$MODTRAIN" train --train_data data/train_000000.bin --val_data data/val_000000.bin --run_dir r4 $model --steps 1 \
     --tokenizer_hash 0123456789abcdef
 
 v1=$srcdir/tests/fixtures/ckpt-v1/step-00000004

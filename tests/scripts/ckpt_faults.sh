@@ -10,7 +10,7 @@
 . "$(dirname "$0")/lib.sh"
 prep_fortunes
 cd "$TMP"
-common="--config $srcdir/jobs/tiny.conf --train_data data/train.bin --val_data data/val.bin \
+common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
     --eval_every 0 --log_every 1000 --ckpt_every 10 --ckpt_keep 5"
 train() { "$MODTRAIN" train $common "$@"; }
 
@@ -104,7 +104,7 @@ text = b"".join(l + b"\n" for l in lines)
 open(path, "wb").write(text + b"end %08x\n" % zlib.crc32(text))
 PY
     set +e
-    "$MODTRAIN" eval --ckpt "step$bad/ckpt/step-00000030" --data data/val.bin > e.txt 2>&1
+    "$MODTRAIN" eval --ckpt "step$bad/ckpt/step-00000030" --data data/val_000000.bin > e.txt 2>&1
     rc=$?
     set -e
     [ "$rc" -eq 2 ] && [ "$(wc -l < e.txt)" -eq 1 ] && grep -q "has state.step = '$bad' (expected an integer in \[0, 99999999\])" e.txt &&
@@ -208,7 +208,7 @@ open(d + "/index", "wb").write(text + b"end %08x\n" % zlib.crc32(text))
 PY
 expect_bad nan/ckpt/step-00000030 "chunk param/h.0.mlp.c_fc.weight .*: element 0 is nan"
 set +e
-"$MODTRAIN" eval --ckpt nan/ckpt/step-00000030 --data data/val.bin > e.txt 2>&1
+"$MODTRAIN" eval --ckpt nan/ckpt/step-00000030 --data data/val_000000.bin > e.txt 2>&1
 rc=$?
 set -e
 [ "$rc" -eq 2 ] && grep -q "element 0 is nan (weights and moments must be finite)" e.txt &&
@@ -219,7 +219,7 @@ resumes nan 20
 breakcopy dangling
 echo step-00000099 > dangling/ckpt/latest
 set +e
-"$MODTRAIN" eval --ckpt dangling/ckpt --data data/val.bin > e.txt 2>&1
+"$MODTRAIN" eval --ckpt dangling/ckpt --data data/val_000000.bin > e.txt 2>&1
 rc=$?
 set -e
 [ "$rc" -eq 2 ] && grep -q "latest' names 'step-00000099', which is not a checkpoint" e.txt &&

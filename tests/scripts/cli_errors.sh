@@ -28,9 +28,9 @@ expect_exit() {
 expect_error() { expect_exit 2 "$@"; }
 
 # a real shard to train on, and broken ones
-printf 'the quick brown fox jumps over the lazy dog\n%.0s' $(seq 1 400) > text.txt
-"$MODTRAIN" prep --out data text.txt > /dev/null
-T="--route_every 0 --train_data data/train.bin --val_data data/val.bin --run_dir run --seq_len 16"
+printf 'the quick brown fox jumps over the lazy dog\n%%\n%.0s' $(seq 1 400) > text.txt
+"$MODTRAIN" prep --out data --doc-sep % text.txt > /dev/null
+T="--route_every 0 --train_data data/train_000000.bin --val_data data/val_000000.bin --run_dir run --seq_len 16"
 
 expect_error "did you mean 'eval_every'" "$MODTRAIN" train $T --eval_evry 5
 expect_error "lr = 'abc' is not a number" "$MODTRAIN" train $T --lr abc
@@ -51,7 +51,7 @@ expect_error "config: '.' is a directory" "$MODTRAIN" train --config .
 expect_error "blis_arch = 'skylake' is not a BLIS configuration (expected one of auto, " "$MODTRAIN" train $T --blis_arch skylake
 expect_error "stage_layers = '4294967295,5' does not split n_layer = 4" "$MODTRAIN" train $T --pp 2 --stage_layers 4294967295,5
 expect_error "steps = 100000000 is out of range (expected an integer in \[0, 99999999\])" "$MODTRAIN" train $T --steps 100000000
-head -c 2000 data/train.bin > trunc.bin
+head -c 2000 data/train_000000.bin > trunc.bin
 expect_error "trunc.bin' is 2000 bytes but its header promises" "$MODTRAIN" train $T --train_data trunc.bin
 head -c 4096 /dev/zero > zero.bin
 expect_error "zero.bin' has magic 0, expected 20240520" "$MODTRAIN" train $T --train_data zero.bin
@@ -59,8 +59,8 @@ expect_error "holds no sequence of seq_len + 1 = 100001" "$MODTRAIN" train $T --
 expect_error "more than vocab_size = 100" "$MODTRAIN" train $T --vocab_size 100
 expect_error "tokenizer = 'bpe' is not one of auto/byte/gpt2/none" "$MODTRAIN" train $T --tokenizer bpe
 expect_error "tokenizer_hash = 'ABC' is not a vocabulary hash (expected 16 lowercase hex digits" "$MODTRAIN" train $T --tokenizer_hash ABC
-expect_error "tokenizer = gpt2, but 'data/train.bin' was written by 'modtrain prep --tokenizer byte'" "$MODTRAIN" train $T --tokenizer gpt2
-tok4=$("$PYTHON" -c 'import struct,sys; print(struct.unpack("<5i", open(sys.argv[1],"rb").read(20))[4])' data/train.bin)
+expect_error "tokenizer = gpt2, but 'data/train_000000.bin' was written by 'modtrain prep --tokenizer byte'" "$MODTRAIN" train $T --tokenizer gpt2
+tok4=$("$PYTHON" -c 'import struct,sys; print(struct.unpack("<5i", open(sys.argv[1],"rb").read(20))[4])' data/train_000000.bin)
 [ "$tok4" = 1 ] && ok "byte prep records tokenizer 1 in header slot 4" || fail "byte prep's header slot 4 is $tok4"
 : > empty.txt
 expect_error "'empty.txt' is empty" "$MODTRAIN" prep --out data2 empty.txt
@@ -99,7 +99,7 @@ expect_exit 1 "tokenize: split-big.ids: byte 65535 (line 1): 99999 is not a toke
 printf '40' | "$MODTRAIN" tokenize --vocab vocab --decode > one.out
 [ -s one.out ] && cmp -s split.out one.out && ok "an id split between two chunks decodes as one" ||
     fail "the id split between chunks decoded as '$(cat split.out)', alone as '$(cat one.out)'"
-expect_error "neither a checkpoint directory" "$MODTRAIN" eval --ckpt nowhere --data data/val.bin
+expect_error "neither a checkpoint directory" "$MODTRAIN" eval --ckpt nowhere --data data/val_000000.bin
 expect_error "neither a checkpoint directory" "$MODTRAIN" ckpt verify --ckpt nowhere
 expect_error "neither a checkpoint directory" "$MODTRAIN" ckpt inspect --ckpt nowhere
 expect_error "neither a checkpoint directory" "$MODTRAIN" ckpt export --ckpt nowhere --out x.st

@@ -28,7 +28,7 @@ prep_fortunes
 MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 cd "$TMP"
 full=${MODTRAIN_SWEEP:-}
-common="--config $srcdir/jobs/tiny.conf --train_data data/train.bin --val_data data/val.bin \
+common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
     --steps 6 --ckpt_every 2 --ckpt_keep 2 --eval_every 0 --log_every 1000 --threads 1 \
     --peak_gflops 50"
 cases=0

@@ -6,8 +6,8 @@
 # safetensors file to import, a cluster file) are each refused at once: the
 # documented exit code, one stderr line naming the path and what it is, no
 # hang (each command under `timeout 10`) and no 2^63-byte allocation.
-# Outputs appear together or not at all: prep never leaves an old val.bin
-# beside a new train.bin, and jobs/get_gpt2_vocab.sh --from a bad folder
+# Outputs appear together or not at all (prep's set of shards: see
+# prep_corpus.sh), and jobs/get_gpt2_vocab.sh --from a bad folder
 # leaves a good vocabulary alone; --help does nothing else.
 . "$(dirname "$0")/lib.sh"
 cd "$TMP"
@@ -48,9 +48,9 @@ bad() {
 
 # the real inputs: a shard, a small checkpoint, its safetensors export, a
 # byte-level vocabulary in GPT-2's format (no merges)
-printf 'the quick brown fox jumps over the lazy dog\n%.0s' $(seq 1 400) > text.txt
-"$MODTRAIN" prep --out data text.txt > /dev/null
-T="--route_every 0 --train_data data/train.bin --val_data data/val.bin --seq_len 16"
+printf 'the quick brown fox jumps over the lazy dog\n%%\n%.0s' $(seq 1 400) > text.txt
+"$MODTRAIN" prep --out data --doc-sep % text.txt > /dev/null
+T="--route_every 0 --train_data data/train_000000.bin --val_data data/val_000000.bin --seq_len 16"
 M="--d_model 32 --n_head 2 --n_layer 2 --batch_size 2"
 # shellcheck disable=SC2086 # the options
 "$MODTRAIN" train $T $M --run_dir run --steps 2 > /dev/null
@@ -100,12 +100,12 @@ for k in dir fifo dev; do
         w=$(bad $k "c/$step/$f")
         expect_kind 2 "c/$step/$f" "$w" "$MODTRAIN" ckpt export --ckpt "c/$step" --out o.st
         expect_kind 2 "c/$step/$f" "$w" "$MODTRAIN" ckpt verify --ckpt "c/$step"
-        expect_kind 2 "c/$step/$f" "$w" "$MODTRAIN" eval --ckpt "c/$step" --data data/val.bin
+        expect_kind 2 "c/$step/$f" "$w" "$MODTRAIN" eval --ckpt "c/$step" --data data/val_000000.bin
     done
     rm -rf c && cp -r run/ckpt c
     w=$(bad $k c/latest)
     expect_kind 2 c/latest "$w" "$MODTRAIN" ckpt export --ckpt c --out o.st
-    expect_kind 2 c/latest "$w" "$MODTRAIN" eval --ckpt c --data data/val.bin
+    expect_kind 2 c/latest "$w" "$MODTRAIN" eval --ckpt c --data data/val_000000.bin
     expect_kind 1 c/latest "$w" "$MODTRAIN" ckpt list --ckpt c
 done
 rm -rf x
@@ -157,24 +157,6 @@ open(sys.argv[2], "wb").write(struct.pack("<Q", len(js)) + js + body)
 PY
 expect_code 2 "ckpt import: 'v0.st' has vocab_size = 0, below the 256" "$MODTRAIN" ckpt import --in v0.st --ckpt imp
 
-# prep: train.bin and val.bin together or not at all
-printf 'a different text, a different shard\n%.0s' $(seq 1 400) > other.txt
-"$MODTRAIN" prep --out d text.txt > /dev/null
-cp d/train.bin train0.bin
-rm d/val.bin && mkdir -p d/val.bin/sub # val.bin cannot be replaced
-expect_code 2 "prep: 'd/val.bin' exists and is not a file" "$MODTRAIN" prep --out d other.txt
-cmp -s d/train.bin train0.bin && ok "a prep that cannot write val.bin leaves train.bin as it was" ||
-    fail "a failed prep replaced train.bin (a new train.bin beside an old val.bin)"
-rm -rf d/val.bin
-"$MODTRAIN" prep --out d text.txt > /dev/null
-"$MODTRAIN" prep --out d --val-fraction 0 other.txt > out.txt
-if [ -e d/val.bin ]; then
-    fail "prep --val-fraction 0 left an old val.bin beside the new train.bin"
-elif cmp -s d/train.bin train0.bin; then
-    fail "prep --val-fraction 0 did not write train.bin"
-else ok "prep --val-fraction 0 removes the old val.bin: $(tail -n 1 out.txt)"; fi
-find d -mindepth 1 ! -name train.bin > left.txt
-[ -s left.txt ] && fail "prep left files behind: $(cat left.txt)" || ok "prep leaves no temporary files"
 
 # jobs/get_gpt2_vocab.sh --from: a bad folder leaves a good vocabulary alone
 G=$srcdir/jobs/get_gpt2_vocab.sh

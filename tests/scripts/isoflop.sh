@@ -19,7 +19,7 @@
 . "$(dirname "$0")/lib.sh"
 prep_fortunes
 cd "$TMP"
-sweep() { MODTRAIN=$MODTRAIN "$srcdir/jobs/isoflop.sh" --quick --train data/train.bin --val data/val.bin "$@"; }
+sweep() { MODTRAIN=$MODTRAIN "$srcdir/jobs/isoflop.sh" --quick --train data/train_000000.bin --val data/val_000000.bin "$@"; }
 budgets="2e10 5e10" sizes="32x2 64x2"
 
 # --- an interrupted sweep: SIGTERM once a run has finished and another has
@@ -35,7 +35,7 @@ unfinished() { # the runs with a checkpoint and no result.csv
 victim=""
 for attempt in 1 2 3; do
     setsid bash -c 'exec "$0" "$@"' env MODTRAIN="$MODTRAIN" "$srcdir/jobs/isoflop.sh" --quick \
-        --train data/train.bin --val data/val.bin --out s > first.log 2>&1 &
+        --train data/train_000000.bin --val data/val_000000.bin --out s > first.log 2>&1 &
     pid=$!
     for _ in $(seq 1 1200); do # up to 60 s: a finished run, and another with a checkpoint
         [ -n "$(unfinished)" ] && ls s/runs/*/result.csv > /dev/null 2>&1 && break
@@ -127,7 +127,7 @@ grep -q "launched by mpirun -np 2" dp/sweep.log || fail "dp/sweep.log does not n
 
 # --- the routing dump
 ck=s/runs/b5e10_64x2_mod/ckpt
-"$MODTRAIN" eval --ckpt "$ck" --data data/val.bin --batches 1 --micro_batch 8 --json \
+"$MODTRAIN" eval --ckpt "$ck" --data data/val_000000.bin --batches 1 --micro_batch 8 --json \
     --routing routing.tsv --routing_seqs 8 > eval.json || fail "eval --routing failed"
 acc=$(sed -e 's/.*"predictor_accuracy":\([^,}]*\).*/\1/' eval.json)
 awk -F'\t' -v acc="$acc" '
@@ -160,7 +160,7 @@ END {
 for bad in "--routing r2.tsv --vocab nowhere" "--routing nowhere/r.tsv"; do
     rc=0
     # shellcheck disable=SC2086
-    "$MODTRAIN" eval --ckpt "$ck" --data data/val.bin --batches 1 $bad > bad.out 2> bad.err || rc=$?
+    "$MODTRAIN" eval --ckpt "$ck" --data data/val_000000.bin --batches 1 $bad > bad.out 2> bad.err || rc=$?
     [ "$rc" = 2 ] && [ "$(wc -l < bad.err)" = 1 ] && [ ! -s bad.out ] && [ ! -e r2.tsv ] &&
         ok "eval $bad: refused before evaluating: $(cat bad.err)" || fail "eval $bad: exit $rc, '$(cat bad.err)'"
 done

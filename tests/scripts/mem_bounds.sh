@@ -9,9 +9,9 @@ cd "$TMP"
 PEAKRSS=${PEAKRSS:-$(dirname "$MODTRAIN")/tests/tools/peakrss}
 LIMIT_KB=262144 # a refused run stays far below this (ASan's own use included)
 
-printf 'the quick brown fox jumps over the lazy dog\n%.0s' $(seq 1 400) > text.txt
-"$MODTRAIN" prep --out data text.txt > /dev/null
-T="--train_data data/train.bin --val_data data/val.bin --run_dir run --seq_len 16 --steps 1"
+printf 'the quick brown fox jumps over the lazy dog\n%%\n%.0s' $(seq 1 400) > text.txt
+"$MODTRAIN" prep --out data --doc-sep % text.txt > /dev/null
+T="--train_data data/train_000000.bin --val_data data/val_000000.bin --run_dir run --seq_len 16 --steps 1"
 
 # refused PATTERN CMD...: exit 2, one stderr line matching PATTERN, peak RSS
 # under LIMIT_KB, no run directory
@@ -53,7 +53,7 @@ cp -r run/ckpt/step-00000001 huge/
 cp -r run/ckpt/step-00000001 small
 edit_index huge/step-00000001 '
 lines = [b"kv config.d_model 65536" if l.startswith(b"kv config.d_model ") else l for l in lines]'
-refused "ckpt: 'huge/step-00000001': $needs" "$MODTRAIN" eval --ckpt huge/step-00000001 --data data/val.bin
+refused "ckpt: 'huge/step-00000001': $needs" "$MODTRAIN" eval --ckpt huge/step-00000001 --data data/val_000000.bin
 refused "ckpt: 'huge/step-00000001': $needs" "$MODTRAIN" sample --ckpt huge/step-00000001 --tokens 4
 refused "ckpt: 'huge/step-00000001': $needs" "$MODTRAIN" ckpt export --ckpt huge/step-00000001 --out x.safetensors
 [ ! -e x.safetensors ] && ok "nothing exported" || fail "export wrote x.safetensors"

@@ -8,7 +8,7 @@
 prep_fortunes
 MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 cd "$TMP"
-common="--config $srcdir/jobs/tiny.conf --train_data data/train.bin --val_data data/val.bin \
+common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
     --steps 120 --log_every 1000 --eval_every 0 --ckpt_every 0 --threads 1"
 run() { $MPIRUN -np 2 "$MODTRAIN" train $common "$@"; }
 run --run_dir ref > ref.log 2>&1 || { cat ref.log; fail "reference run"; finish; }

@@ -7,9 +7,9 @@
 . "$(dirname "$0")/lib.sh"
 cd "$TMP"
 PEAKRSS=${PEAKRSS:-$(dirname "$MODTRAIN")/tests/tools/peakrss}
-printf 'the quick brown fox jumps over the lazy dog\n%.0s' $(seq 1 400) > text.txt
-"$MODTRAIN" prep --out data text.txt > /dev/null
-"$MODTRAIN" train --train_data data/train.bin --val_data data/val.bin --run_dir run --seq_len 16 \
+printf 'the quick brown fox jumps over the lazy dog\n%%\n%.0s' $(seq 1 400) > text.txt
+"$MODTRAIN" prep --out data --doc-sep % text.txt > /dev/null
+"$MODTRAIN" train --train_data data/train_000000.bin --val_data data/val_000000.bin --run_dir run --seq_len 16 \
     --d_model 32 --n_head 2 --n_layer 4 --route_every 2 --batch_size 2 --steps 2 > /dev/null
 "$MODTRAIN" ckpt export --ckpt run/ckpt --out good.safetensors > /dev/null
 
@@ -141,12 +141,12 @@ refused meta_twice "a metadata key appears twice ('step')"
 make_case unaligned
 "$MODTRAIN" ckpt import --in unaligned.safetensors --ckpt ck_unaligned > /dev/null
 "$MODTRAIN" ckpt import --in good.safetensors --ckpt ck_good > /dev/null
-a=$("$MODTRAIN" eval --ckpt ck_good --data data/val.bin --batches 2 --json)
-b=$("$MODTRAIN" eval --ckpt ck_unaligned --data data/val.bin --batches 2 --json)
+a=$("$MODTRAIN" eval --ckpt ck_good --data data/val_000000.bin --batches 2 --json)
+b=$("$MODTRAIN" eval --ckpt ck_unaligned --data data/val_000000.bin --batches 2 --json)
 [ "$a" = "$b" ] && ok "unaligned data imports the same weights: $a" || fail "unaligned: $a vs $b"
 # GPT-2's causal-mask buffers are not parameters: imported past, same weights
 make_case masks
 "$MODTRAIN" ckpt import --in masks.safetensors --ckpt ck_masks > /dev/null
-b=$("$MODTRAIN" eval --ckpt ck_masks --data data/val.bin --batches 2 --json)
+b=$("$MODTRAIN" eval --ckpt ck_masks --data data/val_000000.bin --batches 2 --json)
 [ "$a" = "$b" ] && ok "h.N.attn.bias buffers are passed over" || fail "masks: $a vs $b"
 finish

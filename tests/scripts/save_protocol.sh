@@ -24,7 +24,7 @@
 prep_fortunes
 MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 cd "$TMP"
-common="--config $srcdir/jobs/tiny.conf --train_data data/train.bin --val_data data/val.bin \
+common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
     --eval_every 0 --log_every 1000 --threads 1 --peak_gflops 50"
 train() { # RUN [--key value ...]: exit code in $rc, output in RUN.log
     run=$1

@@ -20,12 +20,12 @@ check() { # NAME ROUTING [--key value ...]
     shift 2
     if [ ! -d "$name" ]; then
         # train a little first so that the weights are no longer at their init
-        "$MODTRAIN" train --config "$srcdir/jobs/tiny.conf" --train_data data/train.bin \
-            --val_data data/val.bin --steps 30 --seq_len 32 --eval_every 0 --run_dir "$name" \
+        "$MODTRAIN" train --config "$srcdir/jobs/tiny.conf" --train_data data/train_000000.bin \
+            --val_data data/val_000000.bin --steps 30 --seq_len 32 --eval_every 0 --run_dir "$name" \
             "$@" > "$name.log" 2>&1 || { cat "$name.log"; fail "$name: training failed"; return; }
         "$MODTRAIN" ckpt export --ckpt "$name/ckpt" --format safetensors --out "$name.safetensors" > /dev/null
     fi
-    "$MODTRAIN" eval --ckpt "$name/ckpt" --data data/val.bin --batches 2 --micro-batch 3 \
+    "$MODTRAIN" eval --ckpt "$name/ckpt" --data data/val_000000.bin --batches 2 --micro-batch 3 \
         --grads "$name-$routing.grads" --grads_routing "$routing" --aux-weight 0.5 --json > "$name-$routing.json"
     cat "$name-$routing.json"
     if [ "$routing" = causal ]; then
@@ -35,7 +35,7 @@ check() { # NAME ROUTING [--key value ...]
             fail "$name: causal routing processed a fraction $frac of the tokens, not a mix"
     fi
     if PYTHONPATH="$srcdir/tests/scripts" "$PYTHON" "$srcdir/tests/scripts/torch_parity.py" \
-        "$name.safetensors" "$name-$routing.grads" data/val.bin "$name-$routing.json" "$routing" 0.5; then
+        "$name.safetensors" "$name-$routing.grads" data/val_000000.bin "$name-$routing.json" "$routing" 0.5; then
         ok "$name, $routing routing: loss and all gradients match PyTorch"
     else
         fail "$name, $routing routing: modtrain and PyTorch disagree"
@@ -44,7 +44,9 @@ check() { # NAME ROUTING [--key value ...]
 check dense topk --route_every 0
 check mod topk --route_every 2 --capacity 0.5 --aux_weight 1 --steps 60
 check mod causal
-check modpred topk --route_every 2 --capacity 0.5 --aux_weight 1 --steps 60 --router_gate sigmoid --causal_router predictor \
+# the predictor needs 200 steps before it sends a mix of the validation tokens
+# through the routed block (at 60 it sends none)
+check modpred topk --route_every 2 --capacity 0.5 --aux_weight 1 --steps 200 --router_gate sigmoid --causal_router predictor \
     --predictor_hidden 16
 check modpred causal
 finish

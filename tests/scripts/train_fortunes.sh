@@ -8,8 +8,8 @@
 prep_fortunes
 cd "$TMP"
 run() {
-    "$MODTRAIN" train --config "$srcdir/jobs/tiny.conf" --train_data data/train.bin \
-        --val_data data/val.bin --run_dir "$1" --resume never > "$1.log" 2>&1 ||
+    "$MODTRAIN" train --config "$srcdir/jobs/tiny.conf" --train_data data/train_000000.bin \
+        --val_data data/val_000000.bin --run_dir "$1" --resume never > "$1.log" 2>&1 ||
         { cat "$1.log"; fail "training run $1 failed"; finish; }
 }
 run a
@@ -18,7 +18,7 @@ cat a.log
 
 # 1. learning: the bound is the entropy of the byte distribution of the
 # training text, which a model that ignores context cannot beat.
-unigram=$(unigram_entropy data/train.bin)
+unigram=$(unigram_entropy data/train_000000.bin)
 val=$(last_json a/metrics.jsonl val_loss)
 first=$(grep '"loss"' a/metrics.jsonl | head -n 1 | sed -e 's/.*"loss":\([^,]*\).*/\1/')
 echo "first loss $first, unigram entropy $unigram nats, final val_loss $val"
@@ -47,7 +47,7 @@ fi
     fail "expected 3 checkpoints, found: $(ls a/ckpt)"
 
 # 3. eval reproduces the run's last validation loss (same batches: 8 x 8)
-ev=$("$MODTRAIN" eval --ckpt a/ckpt --data data/val.bin --batches 8 --micro-batch 8 --json)
+ev=$("$MODTRAIN" eval --ckpt a/ckpt --data data/val_000000.bin --batches 8 --micro-batch 8 --json)
 echo "eval: $ev"
 evl=$(echo "$ev" | sed -e 's/.*"loss":\([^,]*\).*/\1/')
 awk -v a="$evl" -v b="$val" 'BEGIN { d = a - b; exit !(d < 1e-5 && d > -1e-5) }' &&
@@ -65,8 +65,8 @@ cmp -s s1.txt s3.txt && fail "sample: different seeds gave the same text" || ok 
 # 5. threads = 0: OMP_NUM_THREADS when it is a number (its first level when
 # nested), else the cores over the ranks, no more than the process is bound to
 threads_of() { # ENV...: the threads train reports with that environment
-    env "$@" "$MODTRAIN" train --config "$srcdir/jobs/tiny.conf" --train_data data/train.bin \
-        --val_data data/val.bin --run_dir t --resume never --steps 1 --eval_every 0 2>&1 |
+    env "$@" "$MODTRAIN" train --config "$srcdir/jobs/tiny.conf" --train_data data/train_000000.bin \
+        --val_data data/val_000000.bin --run_dir t --resume never --steps 1 --eval_every 0 2>&1 |
         sed -n 's/.* | \([0-9]*\) threads* a rank | .*/\1/p'
 }
 cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) # the cores this process may use

@@ -12,8 +12,8 @@ cd "$TMP"
 run() { # DIR [--key value ...]
     dir=$1
     shift
-    "$MODTRAIN" train --config "$srcdir/jobs/tiny.conf" --train_data data/train.bin \
-        --val_data data/val.bin --route_every 2 --capacity 0.125 --run_dir "$dir" --resume never \
+    "$MODTRAIN" train --config "$srcdir/jobs/tiny.conf" --train_data data/train_000000.bin \
+        --val_data data/val_000000.bin --route_every 2 --capacity 0.125 --run_dir "$dir" --resume never \
         "$@" > "$dir.log" 2>&1 || { cat "$dir.log"; fail "training run $dir failed"; finish; }
 }
 run a
@@ -21,7 +21,7 @@ run b
 run p --causal_router predictor --router_gate sigmoid
 cat a.log
 
-unigram=$(unigram_entropy data/train.bin)
+unigram=$(unigram_entropy data/train_000000.bin)
 val=$(last_json a/metrics.jsonl val_loss)
 check_ab "$val" "$unigram" 'a < b - 0.25' && ok "MoD val_loss $val < unigram entropy $unigram - 0.25" ||
     fail "MoD val_loss $val did not fall below unigram entropy $unigram - 0.25"
@@ -36,7 +36,7 @@ ratio=$(last_json a/metrics.jsonl flops_ratio_dense)
 check_ab "$ratio" 0.8 'a < b' && ok "realised FLOPs $ratio x dense" || fail "FLOPs ratio $ratio >= 0.8"
 
 for r in a p; do
-    "$MODTRAIN" eval --ckpt $r/ckpt --data data/val.bin --batches 16 --json > $r.json
+    "$MODTRAIN" eval --ckpt $r/ckpt --data data/val_000000.bin --batches 16 --json > $r.json
     cat $r.json
     loss=$(last_json $r.json loss)
     causal=$(last_json $r.json loss_causal)

@@ -13,8 +13,8 @@
 slurm_test_skip
 cd "$TMP"
 trap 'cluster_down; rm -rf "$TMP"' EXIT
-printf 'the quick brown fox jumps over the lazy dog\n%.0s' $(seq 1 400) > text.txt
-"$MODTRAIN" prep --out data text.txt > /dev/null
+printf 'the quick brown fox jumps over the lazy dog\n%%\n%.0s' $(seq 1 400) > text.txt
+"$MODTRAIN" prep --out data --doc-sep % text.txt > /dev/null
 cat > run.conf <<CONF
 seq_len = 16
 n_layer = 2
@@ -22,7 +22,7 @@ n_head = 2
 d_model = 16
 batch_size = 4
 steps = 6
-train_data = $TMP/data/train.bin
+train_data = $TMP/data/train_000000.bin
 val_data =
 log_every = 1
 ckpt_every = 0
@@ -74,11 +74,11 @@ case_run no-pmix none "$TMP/nopmix:$PATH" "launching with mpirun -np 2 .*(srun -
 # an isoFLOP sweep as a batch job, its runs launched by srun on the job's
 # two tasks (dp 2): the same steps and FLOPs as the sweep in one process
 set_mpi_default none
-iso() { "$srcdir/jobs/isoflop.sh" --quick --budgets 2e10 --sizes 32x2 --train "$TMP/data/train.bin" \
-    --val "$TMP/data/val.bin" "$@"; }
+iso() { "$srcdir/jobs/isoflop.sh" --quick --budgets 2e10 --sizes 32x2 --train "$TMP/data/train_000000.bin" \
+    --val "$TMP/data/val_000000.bin" "$@"; }
 iso --out "$TMP/iso1" > iso1.log 2>&1 || { cat iso1.log; fail "the sweep in one process failed"; }
 job=$(sbatch --parsable --ntasks=2 --cpus-per-task=1 --output="$TMP/iso.out" "$srcdir/jobs/isoflop.sh" \
-    --quick --budgets 2e10 --sizes 32x2 --train "$TMP/data/train.bin" --val "$TMP/data/val.bin" \
+    --quick --budgets 2e10 --sizes 32x2 --train "$TMP/data/train_000000.bin" --val "$TMP/data/val_000000.bin" \
     --out "$TMP/iso" --launcher "srun --mpi=pmix")
 wait_done "$job" || fail "isoflop: job $job never finished"
 one=$(cut -d, -f2,6,8 "$TMP/iso1/results.csv")
