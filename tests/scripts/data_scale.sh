@@ -1,0 +1,134 @@
+#!/bin/sh
+# Datasets beyond 32-bit sizes, and many shards: three sparse shards of
+# 2^31 - 1 tokens (4 GiB files each, no disk: truncate), 6.4e9 tokens in
+# all. A sample chosen in the third shard (past token 2^32 of the dataset,
+# past byte 2^31 of its file) reads exactly the tokens planted there, both
+# through `modtrain data --tokens` and in a training run resumed at that
+# sample (MODTRAIN_DATA_TRACE); the peak RSS of a run on the 12 GiB dataset
+# is that of a run on 1 MB (within 5%); 1,000 small shards open and train.
+. "$(dirname "$0")/lib.sh"
+set -f # the specs hold glob patterns: modtrain expands them, not the shell
+[ -d "${FORTUNES_DIR:-/usr/share/games/fortunes}" ] || { echo "SKIP: no fortunes text"; exit 77; }
+SHARDS="$PYTHON $srcdir/tests/scripts/make_shards.py"
+PEAKRSS=${PEAKRSS:-$(dirname "$MODTRAIN")/tests/tools/peakrss}
+cd "$TMP"
+N=2147483647 # tokens a shard: the header's int32 count at its largest
+mkdir big
+for i in 1 2 3; do $SHARDS sparse big/big_$i.bin $N; done
+size=$(stat -c %s big/big_3.bin)
+[ "$size" -eq $((1024 + 2 * N)) ] && ok "three sparse shards of $N tokens, $size bytes each" ||
+    fail "sparse shard is $size bytes"
+BIG="$TMP/big/big_*.bin"
+"$MODTRAIN" data --data "$BIG" --seq_len 64 --seed 1 > summary.txt
+grep -q "3 shards, $((3 * N)) tokens, $((3 * ((N - 1) / 64))) sequences" summary.txt &&
+    ok "summary: $(head -n 1 summary.txt | cut -c1-90)" || fail "summary: $(cat summary.txt)"
+
+# the seed for which one of samples 16..23 (step 3 at batch 8) lies in the
+# third shard past byte 2^31 of the file (token 2^32 of the dataset)
+K=2
+G=$((8 * K))
+far='
+import json, sys
+N = 2147483647
+for l in open(sys.argv[1]):
+    j = json.loads(l)
+    if j["shard"].endswith("big_3.bin") and 1024 + 2 * j["offset"] > 2**31 and 2 * N + j["offset"] > 2**32:
+        print(j["sample"], j["offset"])
+        break
+'
+seed=""
+for s in $(seq 1 200); do
+    "$MODTRAIN" data --data "$BIG" --seq_len 64 --seed "$s" --from $G --count 8 > where.txt
+    hit=$("$PYTHON" -c "$far" where.txt)
+    if [ -n "$hit" ]; then
+        seed=$s
+        break
+    fi
+done
+if [ -z "$seed" ]; then
+    fail "no seed in 1..200 puts one of samples $G..$((G + 7)) past byte 2^31 of the third shard"
+    finish
+fi
+set -- $hit
+ok "seed $seed: sample $1 lies in big_3.bin at token $2 (byte $((1024 + 2 * $2)) of the file, token $((2 * N + $2)) of the dataset)"
+
+# plant 65 distinct nonzero tokens at each of the 8 sequences
+"$PYTHON" - where.txt > planted.txt <<'PY'
+import array, json, sys
+for l in open(sys.argv[1]):
+    j = json.loads(l)
+    g = j["sample"]
+    toks = array.array("H", [1 + (g * 37 + t * 5) % 255 for t in range(65)])
+    with open(j["shard"], "r+b") as f:
+        f.seek(1024 + 2 * j["offset"])
+        f.write(toks.tobytes())
+    print(json.dumps({"sample": g, "offset": j["offset"], "tokens": list(toks[:8])}))
+PY
+"$MODTRAIN" data --data "$BIG" --seq_len 64 --seed "$seed" --from $G --count 8 --tokens > read.txt
+same='
+import json, sys
+def load(p, shard_index=False):
+    out = []
+    for l in open(p):
+        j = json.loads(l)
+        out.append((j["sample"], j["offset"], j["tokens"]))
+    return out
+a, b = load(sys.argv[1]), load(sys.argv[2])
+if a != b or len(a) != 8:
+    print("differ:", a, b)
+    sys.exit(1)
+'
+"$PYTHON" -c "$same" planted.txt read.txt && ok "modtrain data --tokens: the 8 planted windows, token for token" ||
+    fail "modtrain data --tokens does not print the planted tokens"
+
+# a run of K steps saved, then resumed for one step: it reads samples G..G+7
+common="--config $srcdir/jobs/tiny.conf --train_data $BIG --val_data big/big_1.bin --vocab_size 256 \
+    --batch_size 8 --micro_batch 8 --eval_every 0 --eval_batches 1 --log_every 1000 --threads 1 --seed $seed"
+"$MODTRAIN" train $common --steps $K --ckpt_every $K --run_dir run > run.log 2>&1 ||
+    { cat run.log; fail "training $K steps on the 12 GiB dataset"; }
+MODTRAIN_DATA_TRACE="$TMP/trace" "$MODTRAIN" train $common --steps $((K + 1)) --ckpt_every $K \
+    --resume auto --run_dir run > resumed.log 2>&1 || { cat resumed.log; fail "resuming at step $K"; }
+if [ -f trace.0 ] && "$PYTHON" -c "$same" read.txt trace.0 &&
+    "$PYTHON" - trace.0 read.txt <<'PY'; then
+import json, sys
+t = [json.loads(l) for l in open(sys.argv[1])]
+d = [json.loads(l) for l in open(sys.argv[2])]
+# the trace names the shard by its index in the glob's order
+sys.exit(any(int(b["shard"][-5]) - 1 != a["shard"] or a["epoch"] != b["epoch"] for a, b in zip(t, d)))
+PY
+    ok "the resumed run read samples $G..$((G + 7)) exactly where and as modtrain data says"
+else
+    cat trace.0 2> /dev/null || true
+    fail "the resumed run's reads differ from modtrain data's"
+fi
+
+# peak RSS: 12 GiB of data costs what 1 MB does
+$SHARDS text small.bin 500000
+rss_run() { # NAME SPEC
+    "$PEAKRSS" "$1.rss" "$MODTRAIN" train --config "$srcdir/jobs/tiny.conf" --train_data "$2" \
+        --val_data small.bin --vocab_size 256 --batch_size 8 --micro_batch 8 --steps 4 --eval_every 0 \
+        --eval_batches 1 --ckpt_every 0 --log_every 1000 --threads 1 --run_dir "rss-$1" > "$1.log" 2>&1 ||
+        { cat "$1.log"; fail "$1: training for the RSS figure"; }
+}
+rss_run big "$BIG"
+rss_run small small.bin
+a=$(cat big.rss) b=$(cat small.rss)
+echo "peak RSS: 12 GiB dataset $a KiB, 1 MB dataset $b KiB"
+check_ab "$a" "$b" 'a <= 1.05 * b && b <= 1.05 * a' && ok "peak RSS $a KiB on 12 GiB = $b KiB on 1 MB within 5%" ||
+    fail "peak RSS $a KiB on 12 GiB vs $b KiB on 1 MB"
+
+# 1,000 small shards
+mkdir many
+$SHARDS many many/s_ 1000 1000
+t0=$(date +%s.%N)
+"$MODTRAIN" data --data "$TMP/many/s_*.bin" --seq_len 64 --seed 1 > many.txt 2>&1
+t1=$(date +%s.%N)
+echo "modtrain data on 1,000 shards: $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }') s"
+grep -q "1000 shards, 1000000 tokens" many.txt && ok "1,000 shards: $(head -n 1 many.txt | cut -c1-60)" ||
+    fail "1,000 shards: $(cat many.txt)"
+"$MODTRAIN" train --config "$srcdir/jobs/tiny.conf" --train_data "$TMP/many/s_*.bin" \
+    --val_data "$TMP/many/s_00000*.bin" --batch_size 8 --micro_batch 8 --steps 1 --eval_batches 1 \
+    --ckpt_every 1 --log_every 1 --threads 1 --run_dir many-run > many-run.log 2>&1 &&
+    [ "$(grep -c '"samples":8,' many-run/metrics.jsonl)" -eq 1 ] &&
+    ok "1 step on 1,000 shards, saved" || { cat many-run.log; fail "training on 1,000 shards"; }
+finish
