@@ -52,6 +52,21 @@ bad_spec "'' in the blend .* has no weight" "0.5:d/train_0.bin,"
 refused "the spec is empty" "$MODTRAIN" data --data "" --seq_len 64
 refused "the spec is empty" "$MODTRAIN" train $common --train_data "" --val_data d/val.bin --run_dir run # val_data = "": none
 
+# weights whose sum overflows a double: refused, or normalised to 0.5 each
+# (not "weight 0" each, which blends the validation losses to 0)
+set +e
+"$MODTRAIN" data --data "1e308:d/train_0.bin,1e308:d/train_1.bin" --seq_len 64 > out.txt 2> err.txt
+rc=$?
+set -e
+if [ "$rc" -eq 2 ] && [ "$(wc -l < err.txt)" -eq 1 ]; then
+    ok "$(cat err.txt)"
+elif [ "$rc" -eq 0 ] && grep -q "dataset 0: weight 0.5 |" out.txt && grep -q "dataset 1: weight 0.5 |" out.txt; then
+    ok "weights 1e308 and 1e308: 0.5 each"
+else
+    cat out.txt err.txt
+    fail "weights 1e308 and 1e308 (their sum overflows): exit $rc, neither refused nor 0.5 each"
+fi
+
 # a shard of another tokenizer among its neighbours
 cp -r d mixed
 $SHARDS slot mixed/train_1.bin 4 0
@@ -92,7 +107,7 @@ set -e
     ! grep -q '"loss"' run/metrics.jsonl 2> /dev/null && ok "$(cat err.txt)" ||
     { cat out.txt err.txt; fail "token 300: exit $rc"; }
 
-# a shard truncated while a run reads it
+# a shard truncated while a run reads it, on one rank and under dp 2
 mkdir live
 $SHARDS text live/train_0.bin 100000
 "$MODTRAIN" train $common --train_data live/train_0.bin --val_data "" --steps 100000 --run_dir live-run \
@@ -114,5 +129,28 @@ if [ "$rc" -eq 2 ] && [ "$(wc -l < live.err)" -eq 1 ] &&
 else
     cat live.out live.err
     fail "a shard truncated while training: exit $rc"
+fi
+$SHARDS text live/train_0.bin 100000
+timeout 300 mpirun --allow-run-as-root --oversubscribe --mca btl self,vader -np 2 "$MODTRAIN" train $common \
+    --micro_batch 4 --train_data live/train_0.bin --val_data "" --steps 100000 --run_dir live-dp2 \
+    > live2.out 2> live2.err &
+pid=$!
+i=0
+while [ $i -lt 600 ] && ! grep -q '"loss"' live-dp2/metrics.jsonl 2> /dev/null; do
+    sleep 0.1
+    i=$((i + 1))
+done
+truncate -s 1024 live/train_0.bin
+set +e
+wait $pid
+rc=$?
+set -e
+# mpirun adds its own lines about the exit; modtrain's are one
+if [ "$rc" -eq 2 ] && [ "$(grep -c '^modtrain:' live2.err)" -eq 1 ] &&
+    grep -q "^modtrain: data: 'live/train_0.bin' ends at byte [0-9]*, inside the sequence at token" live2.err; then
+    ok "truncated while in use under dp 2, exit 2, one line: $(grep '^modtrain:' live2.err)"
+else
+    cat live2.out live2.err
+    fail "a shard truncated while training under dp 2: exit $rc"
 fi
 finish

@@ -2,9 +2,10 @@
 # Datasets beyond 32-bit sizes, and many shards: three sparse shards of
 # 2^31 - 1 tokens (4 GiB files each, no disk: truncate), 6.4e9 tokens in
 # all. A sample chosen in the third shard (past token 2^32 of the dataset,
-# past byte 2^31 of its file) reads exactly the tokens planted there, both
-# through `modtrain data --tokens` and in a training run resumed at that
-# sample (MODTRAIN_DATA_TRACE); the peak RSS of a run on the 12 GiB dataset
+# past byte 2^31 of its file), and the one that reads the third shard's
+# last sequence (past byte 2^32 of its file), read exactly the tokens
+# planted there, both through `modtrain data --tokens` and in a training
+# run resumed at that sample (MODTRAIN_DATA_TRACE); the peak RSS of a run on the 12 GiB dataset
 # is that of a run on 1 MB (within 5%); 1,000 small shards open and train.
 . "$(dirname "$0")/lib.sh"
 set -f # the specs hold glob patterns: modtrain expands them, not the shell
@@ -86,6 +87,7 @@ common="--config $srcdir/jobs/tiny.conf --train_data $BIG --val_data big/big_1.b
     --batch_size 8 --micro_batch 8 --eval_every 0 --eval_batches 1 --log_every 1000 --threads 1 --seed $seed"
 "$MODTRAIN" train $common --steps $K --ckpt_every $K --run_dir run > run.log 2>&1 ||
     { cat run.log; fail "training $K steps on the 12 GiB dataset"; }
+cp -r run far # saved at step K, for the resume past byte 2^32 below
 MODTRAIN_DATA_TRACE="$TMP/trace" "$MODTRAIN" train $common --steps $((K + 1)) --ckpt_every $K \
     --resume auto --run_dir run > resumed.log 2>&1 || { cat resumed.log; fail "resuming at step $K"; }
 if [ -f trace.0 ] && "$PYTHON" -c "$same" read.txt trace.0 &&
@@ -100,6 +102,43 @@ PY
 else
     cat trace.0 2> /dev/null || true
     fail "the resumed run's reads differ from modtrain data's"
+fi
+
+# past byte 2^32 of its file: the last sequence of the third shard (token
+# 2^31 - 128 of it, bytes 2^32 + 768 on). The sample that reads it is found
+# by inverting the order (make_shards.py sample); modtrain data confirms it,
+# and a checkpoint whose state.samples is edited to that sample's step
+# resumes there.
+nseq=$((3 * ((N - 1) / 64)))
+last=$(((N - 1) / 64 * 64 - 64))
+G=$($SHARDS sample "$seed" $nseq $((nseq - 1)))
+G0=$((G - G % 8))
+"$MODTRAIN" data --data "$BIG" --seq_len 64 --seed "$seed" --from "$G" --count 1 > last.txt
+grep -q "big_3.bin\",\"offset\":$last," last.txt && [ $((1024 + 2 * last)) -gt 4294967296 ] &&
+    ok "sample $G reads the third shard's last sequence, token $last, byte $((1024 + 2 * last)) > 2^32 of its file" ||
+    fail "sample $G: $(cat last.txt), expected big_3.bin at token $last"
+"$PYTHON" - big/big_3.bin $last <<'PY'
+import array, sys
+toks = array.array("H", [1 + (t * 11) % 255 for t in range(65)])
+with open(sys.argv[1], "r+b") as f:
+    f.seek(1024 + 2 * int(sys.argv[2]))
+    f.write(toks.tobytes())
+PY
+want="[1,12,23,34,45,56,67,78]"
+"$MODTRAIN" data --data "$BIG" --seq_len 64 --seed "$seed" --from $G0 --count 8 --tokens > far.txt
+grep -q "\"sample\":$G,.*\"offset\":$last,.*\"tokens\":\\$want" far.txt &&
+    ok "modtrain data --tokens: sample $G reads the tokens planted past byte 2^32" ||
+    { cat far.txt; fail "modtrain data --tokens at sample $G"; }
+edit_index far/ckpt/step-0000000$K "
+lines = [l.split(b' ')[0] + b' ' + l.split(b' ')[1] + b' $G0' if l.startswith((b'kv state.samples ', b'kv state.data_cursor ')) else l for l in lines]"
+MODTRAIN_DATA_TRACE="$TMP/far-trace" "$MODTRAIN" train $common --steps $((K + 1)) --ckpt_every $K \
+    --resume auto --run_dir far > far.log 2>&1 || { cat far.log; fail "resuming at sample $G0"; }
+if [ -f far-trace.0 ] && "$PYTHON" -c "$same" far.txt far-trace.0 &&
+    grep -q "\"step\":$((K + 1)),\"samples\":$((G0 + 8))," far/metrics.jsonl; then
+    ok "a run resumed at sample $G0 read samples $G0..$((G0 + 7)) as modtrain data says, $G past byte 2^32"
+else
+    cat far-trace.0 2> /dev/null || true
+    fail "the run resumed at sample $G0 read otherwise"
 fi
 
 # peak RSS: 12 GiB of data costs what 1 MB does

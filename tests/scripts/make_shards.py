@@ -15,6 +15,10 @@ of the token bytes, 1 when slot 7 holds it), then uint16 tokens.
       writes tokens at token OFFSET (the header's CRC is left as it is)
   make_shards.py slot OUT SLOT VALUE
       sets one header slot
+  make_shards.py sample SEED N SEQ
+      the sample g of epoch 0 of a one-dataset run (seed SEED, N sequences)
+      that reads sequence SEQ: the inverse of the order of src/dataset.c
+      (ds_permute keyed as ds_locate keys it, rng_u64 of src/base/rng.c)
 """
 import array
 import glob
@@ -64,6 +68,45 @@ def slice_of(text, skip, n):
     return out
 
 
+M64 = (1 << 64) - 1
+
+
+def mix64(z):
+    z = (z + 0x9E3779B97F4A7C15) & M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+def rng_u64(seed, stream, counter):
+    return mix64(mix64(mix64(seed) ^ stream) ^ counter)
+
+
+def fnv1a(s):
+    h = 1469598103934665603
+    for c in s.encode():
+        h = ((h ^ c) * 1099511628211) & M64
+    return h
+
+
+def unpermute(y, n, key):
+    """x with ds_permute(x, n, key) = y: the Feistel rounds backwards,
+    cycle-walked back into [0, n)."""
+    bits = 2
+    while bits < 64 and (1 << bits) < n:
+        bits += 2
+    h = bits // 2
+    mask = (1 << h) - 1
+    x = y
+    while True:
+        l, r = x >> h, x & mask
+        for rnd in range(5, -1, -1):
+            l, r = r ^ (rng_u64(key, rnd, l) & mask), l
+        x = l << h | r
+        if x < n:
+            return x
+
+
 def opts(args):
     o = {"skip": 0, "vocab": 256, "tokenizer": 1, "crc": True}
     rest = []
@@ -107,6 +150,9 @@ def main(argv):
         with open(a[0], "r+b") as f:
             f.seek(4 * int(a[1]))
             f.write(struct.pack("<i", int(a[2])))
+    elif cmd == "sample":
+        seed, n, seq = int(a[0]), int(a[1]), int(a[2])
+        print(unpermute(seq, n, rng_u64(seed, fnv1a("data-order") ^ 0, 0)))
     else:
         sys.exit(__doc__)
 
