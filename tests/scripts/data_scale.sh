@@ -156,6 +156,37 @@ echo "peak RSS: 12 GiB dataset $a KiB, 1 MB dataset $b KiB"
 check_ab "$a" "$b" 'a <= 1.05 * b && b <= 1.05 * a' && ok "peak RSS $a KiB on 12 GiB = $b KiB on 1 MB within 5%" ||
     fail "peak RSS $a KiB on 12 GiB vs $b KiB on 1 MB"
 
+# an epoch is a permutation: shards of unequal sizes, some too short for a
+# sequence (in the middle and at the end); two epochs of samples, each
+# reading every sequence once, in another order the second time, and the
+# tokens modtrain data prints are the file's at that offset
+mkdir uneven
+i=0
+for n in 5000 10 64 65 3000 30; do
+    $SHARDS text uneven/u_$i.bin $n --skip $((i * 9000))
+    i=$((i + 1))
+done
+"$MODTRAIN" data --data "$TMP/uneven/u_*.bin" --seq_len 64 --seed 5 --from 0 --count 250 --tokens > epochs.txt
+"$PYTHON" - epochs.txt <<'PY' && ok "uneven shards: 125 sequences, epochs 0 and 1 each read every one once, in two orders, the file's tokens" || fail "uneven shards: the epochs are not permutations"
+import array, json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+seqs = set()
+for f, n in ((0, 5000), (3, 65), (4, 3000)):
+    seqs |= {("u_%d.bin" % f, o) for o in range(0, (n - 1) // 64 * 64, 64)}
+assert len(seqs) == 125, len(seqs)
+orders = []
+for e in (0, 1):
+    part = lines[125 * e:125 * (e + 1)]
+    assert all(j["epoch"] == e for j in part), e
+    got = [(j["shard"].rsplit("/", 1)[1], j["offset"]) for j in part]
+    assert set(got) == seqs and len(got) == 125, e
+    orders.append(got)
+assert orders[0] != orders[1]
+for j in lines:
+    raw = open(j["shard"], "rb").read()[1024 + 2 * j["offset"]:1024 + 2 * j["offset"] + 16]
+    assert list(array.array("H", raw)) == j["tokens"], j
+PY
+
 # 1,000 small shards
 mkdir many
 $SHARDS many many/s_ 1000 1000
