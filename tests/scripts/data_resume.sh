@@ -117,6 +117,17 @@ train cont 1 --steps 8 --train_data "added/train_*.bin" --data_changed continue
 grep -q "resume: data_changed = continue: dataset 0 ('added/train_\*.bin') has a shard 4" cont.log &&
     [ -e cont/ckpt/step-00000008 ] && ok "data_changed = continue: carried on to step 8, logged" ||
     { cat cont.log; fail "data_changed = continue"; }
+# the data a continued run read is what its checkpoints record from then on
+train cont 1 --steps 9 --train_data "added/train_*.bin"
+grep -q '"step":9,"samples":72,' cont/metrics.jsonl && ok "resumed on over the new data without data_changed" ||
+    { cat cont.log; fail "resuming after data_changed = continue"; }
+rm -rf r-back && cp -r cont r-back
+set +e
+"$MODTRAIN" train $common --train_data "d/train_*.bin" --run_dir r-back --steps 10 > out.txt 2> err.txt
+rc=$?
+set -e
+[ "$rc" -eq 2 ] && [ "$(wc -l < err.txt)" -eq 1 ] && grep -q "lacks the shard 'train_4.bin" err.txt &&
+    ok "and the old data is refused after it: $(cut -c1-100 err.txt)..." || { cat err.txt; fail "old data after continue: exit $rc"; }
 cp -r base cont-seed
 train cont-seed 1 --steps 8 --seed 7 --data_changed continue
 grep -q "seed 7 replaces the checkpoint's 1337" cont-seed.log && [ -e cont-seed/ckpt/step-00000008 ] &&
@@ -125,6 +136,13 @@ grep -q "seed 7 replaces the checkpoint's 1337" cont-seed.log && [ -e cont-seed/
 # a blend: each dataset's share, each validated
 train blend 1 --steps 8 --train_data "0.7:d/train_*.bin,0.3:b/train_*.bin" \
     --val_data "0.5:d/val.bin,0.5:b/val.bin"
+rm -rf r-reweigh && cp -r blend r-reweigh
+set +e
+"$MODTRAIN" train $common --train_data "0.6:d/train_*.bin,0.4:b/train_*.bin" --run_dir r-reweigh --steps 10 > out.txt 2> err.txt
+rc=$?
+set -e
+[ "$rc" -eq 2 ] && [ "$(wc -l < err.txt)" -eq 1 ] && grep -q "dataset 0 ('d/train_\*.bin') is 'weight 0\.59[0-9]* shards 4 tokens 80000' now but was 'weight 0\.69[0-9]* shards" err.txt &&
+    ok "a blend reweighed on resume refused: $(cut -c1-120 err.txt)..." || { cat err.txt; fail "reweighed blend: exit $rc"; }
 "$PYTHON" - blend/metrics.jsonl <<'PY' && ok "blend 0.7/0.3: data_share within 1/64 of the weights at every step; val_loss_parts of 2" || fail "blend"
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
