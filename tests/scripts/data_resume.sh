@@ -6,7 +6,8 @@
 # fingerprint); on the same layout it ends bitwise equal. A changed seed or
 # dataset (a shard added, removed, rewritten, reordered) is refused with one
 # line and exit 2 unless data_changed = continue. A blend reads each
-# dataset in its weight's share and validates each.
+# dataset in its weight's share (every prefix within 1 sample, every window
+# within 2, across the schedule's period too) and validates each.
 . "$(dirname "$0")/lib.sh"
 set -f # the specs hold glob patterns: modtrain expands them, not the shell
 [ -d "${FORTUNES_DIR:-/usr/share/games/fortunes}" ] || { echo "SKIP: no fortunes text"; exit 77; }
@@ -158,4 +159,51 @@ assert len(vals) == 1 and len(vals[0]["val_loss_parts"]) == 2, vals
 v = vals[0]
 assert abs(0.5 * sum(v["val_loss_parts"]) - v["val_loss"]) < 1e-4, v
 PY
+# the blend's schedule: every prefix of the run within 1 sample of each
+# dataset's share, every window within 2, also across the period (2^20),
+# and each dataset's epochs whole there too
+for i in 0 1 2 3 4; do $SHARDS text sched_$i.bin 3000 --skip $((i * 50000)); done
+sched() { # SPEC FROM
+    "$MODTRAIN" data --data "$1" --seq_len 64 --from "$2" --count 30000 > sched.txt
+    "$PYTHON" - sched.txt "$1" "$2" <<'PY'
+import json, sys
+ws = [float(p.split(":")[0]) for p in sys.argv[2].split(",")]
+ws = [w / sum(ws) for w in ws]
+D = len(ws)
+lines = [json.loads(l) for l in open(sys.argv[1])]
+ds = [j["dataset"] for j in lines]
+assert len(ds) == 30000
+# each dataset's epochs (46 sequences a shard of 3000 tokens) seen whole
+# read each sequence once: none repeated or skipped over the period's end
+for k in range(D):
+    ep = {}
+    for j in lines:
+        if j["dataset"] == k:
+            ep.setdefault(j["epoch"], []).append(j["offset"])
+    whole = sorted(ep)[1:-1]
+    for e in whole:
+        if sorted(ep[e]) != list(range(0, 46 * 64, 64)):
+            sys.exit("%s: dataset %d's epoch %d reads %s" % (sys.argv[2], k, e, sorted(ep[e])))
+c, pref, prefix = [0] * D, [[0] * D], 0
+for n, d in enumerate(ds, 1):
+    c[d] += 1
+    pref.append(list(c))
+    prefix = max(prefix, max(abs(c[k] - ws[k] * n) for k in range(D)))
+window = 0
+for N in (1, 7, 100, 1000, 10000):
+    for s in range(0, len(ds) - N, max(1, N // 3)):
+        window = max(window, max(abs(pref[s + N][k] - pref[s][k] - N * ws[k]) for k in range(D)))
+if sys.argv[3] == "0" and prefix >= 1:
+    sys.exit("%s: a prefix %.3f samples off its share" % (sys.argv[2], prefix))
+if window >= 2:
+    sys.exit("%s from %s: a window %.3f samples off its share" % (sys.argv[2], sys.argv[3], window))
+print("%s from sample %s: prefixes within %.3f, windows within %.3f" % (sys.argv[2], sys.argv[3], prefix, window))
+PY
+}
+for spec in "0.5:sched_0.bin,0.3:sched_1.bin,0.2:sched_2.bin" "0.001:sched_0.bin,0.999:sched_1.bin" \
+    "1:sched_0.bin,1:sched_1.bin,1:sched_2.bin,1:sched_3.bin,3:sched_4.bin" \
+    "0.37:sched_0.bin,0.21:sched_1.bin,0.13:sched_2.bin,0.17:sched_3.bin,0.12:sched_4.bin"; do
+    out=$(sched "$spec" 0) && ok "$out" || fail "$out"
+    out=$(sched "$spec" $((1048576 - 15000))) && ok "$out" || fail "$out"
+done
 finish
