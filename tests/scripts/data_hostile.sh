@@ -107,6 +107,19 @@ set -e
     ! grep -q '"loss"' run/metrics.jsonl 2> /dev/null && ok "$(cat err.txt)" ||
     { cat out.txt err.txt; fail "token 300: exit $rc"; }
 
+# the same in validation data (read after the last step) and in eval --data
+$SHARDS text llmc/val.bin 20000 --vocab 0 --tokenizer 0
+$SHARDS poke llmc/val.bin 10 300
+refused "'llmc/val.bin' holds token 300 at offset 10, outside vocab_size = 256" \
+    "$MODTRAIN" train $common --train_data llmc/train_0.bin --val_data llmc/val.bin --vocab_size 256 --run_dir run-val
+refused "'llmc/val.bin' holds token 300 at offset 10, outside vocab_size = 256" \
+    "$MODTRAIN" eval --ckpt llmc-run/ckpt --data llmc/val.bin --batches 1
+
+# a folder among the shards a pattern matches
+cp -r d withdir
+mkdir withdir/train_9.bin
+bad_spec "'withdir/train_9.bin' is a directory, not a file" "withdir/train_*.bin"
+
 # a shard truncated while a run reads it, on one rank and under dp 2
 mkdir live
 $SHARDS text live/train_0.bin 100000
