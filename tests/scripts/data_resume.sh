@@ -68,6 +68,13 @@ for lay in "one 1" "dp2 2" "tp2 2 --tp 2" "pp2 2 --pp 2"; do
     [ "$got" = "$ref" ] && ok "stopped at 4 on 1 rank, resumed to 8 ($name): samples [0, 64), the same fingerprint" ||
         fail "$name: resumed run read '$got', the straight run '$ref'"
 done
+# and the other way: stopped at 4 under dp 2, resumed to 8 on one rank
+train base-dp2 2 --steps 4
+cp -r base-dp2 from-dp2
+train from-dp2 1 --steps 8
+got=$(samples from-dp2 8) || true
+[ "$got" = "$ref" ] && ok "stopped at 4 under dp 2, resumed to 8 on 1 rank: samples [0, 64), the same fingerprint" ||
+    fail "from-dp2: resumed run read '$got', the straight run '$ref'"
 cmp -s straight/ckpt/step-00000008/data.bin one/ckpt/step-00000008/data.bin &&
     ok "stopped and resumed on 1 rank: bitwise equal to the uninterrupted run" ||
     fail "stopped and resumed on 1 rank: data.bin differs from the uninterrupted run's"
