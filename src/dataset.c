@@ -59,8 +59,9 @@ static uint64_t gcd_u64(uint64_t a, uint64_t b) {
  * rounded up (a quota may then be 0). */
 static uint64_t blend_period(const double *w, int D, uint32_t *quota) {
     const uint64_t max_period = (uint64_t)1 << DS_PERIOD_BITS;
-    double wsum = 0;
-    for (int d = 0; d < D; d++) wsum += w[d];
+    double wmax = 0, wsum = 0; /* over the largest weight first: 1e308 and 1e308 add up */
+    for (int d = 0; d < D; d++) wmax = fmax(wmax, w[d]);
+    for (int d = 0; d < D; d++) wsum += w[d] / wmax;
     for (double scale = 1; scale <= 1e6; scale *= 10) {
         uint64_t a[DS_MAX_PARTS], g = 0, sum = 0;
         int exact = 1;
@@ -79,7 +80,7 @@ static uint64_t blend_period(const double *w, int D, uint32_t *quota) {
     uint64_t given = 0;
     double rem[DS_MAX_PARTS];
     for (int d = 0; d < D; d++) {
-        const double share = w[d] / wsum * (double)max_period;
+        const double share = w[d] / wmax / wsum * (double)max_period;
         quota[d] = (uint32_t)floor(share);
         rem[d] = share - floor(share);
         given += quota[d];
@@ -414,21 +415,22 @@ int ds_open(Dataset *ds, const char *spec, int T, uint64_t seed, Err *err) {
     ds->T = T;
     ds->seed = seed;
     char *pats[DS_MAX_PARTS];
-    double w[DS_MAX_PARTS], wsum = 0;
+    double w[DS_MAX_PARTS], wmax = 0, wsum = 0;
     const int np = ds_parse_spec(spec, pats, w, err);
     if (np < 0) return -1;
+    for (int d = 0; d < np; d++) wmax = fmax(wmax, w[d]);
     ds->parts = xcalloc((size_t)np, sizeof(DsPart));
     ds->n_parts = np;
     for (int d = 0; d < np; d++) {
         ds->parts[d].pattern = pats[d];
         ds->parts[d].given = w[d];
-        wsum += w[d];
+        wsum += w[d] / wmax; /* over the largest first, so that no sum overflows */
     }
     int rc = 0;
     const DsShard *first = NULL;
     for (int d = 0; d < np && rc == 0; d++) {
         DsPart *p = &ds->parts[d];
-        p->weight = w[d] / wsum;
+        p->weight = w[d] / wmax / wsum;
         char **paths = NULL;
         const int n = expand(p->pattern, &paths, err);
         if (n < 0) {
@@ -626,7 +628,7 @@ static void shard_identity(const DsShard *sh, char *v, size_t n) {
 }
 
 static void part_identity(const DsPart *p, char *v, size_t n) {
-    snprintf(v, n, "weight %.17g shards %d tokens %" PRIu64, p->weight, p->n_shards, p->n_tokens);
+    snprintf(v, n, "weight %.9g shards %d tokens %" PRIu64, p->weight, p->n_shards, p->n_tokens);
 }
 
 void ds_identity(const Dataset *ds, void (*fn)(void *ctx, const char *key, const char *value),

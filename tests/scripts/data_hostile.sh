@@ -137,7 +137,7 @@ wait $pid
 rc=$?
 set -e
 if [ "$rc" -eq 2 ] && [ "$(wc -l < live.err)" -eq 1 ] &&
-    grep -q "'live/train_0.bin' ends at byte [0-9]*, inside the sequence at token [0-9]* (its header promised 100000 tokens" live.err; then
+    grep -q "'live/train_0.bin' ends at byte [0-9]*, inside the sequence at token [0-9]* (bytes [0-9]*-[0-9]*; its header promised 100000 tokens" live.err; then
     ok "truncated while in use, exit 2: $(cat live.err)"
 else
     cat live.out live.err
