@@ -167,8 +167,9 @@ v = vals[0]
 assert abs(0.5 * sum(v["val_loss_parts"]) - v["val_loss"]) < 1e-4, v
 PY
 # the blend's schedule: every prefix of the run within 1 sample of each
-# dataset's share, every window within 2, also across the period (2^20),
-# and each dataset's epochs whole there too
+# dataset's share, every window within 2, also far into the run (past 2^20
+# samples: many of these weights' exact periods, and one of a weight
+# rounded to 2^-22), and each dataset's epochs whole there too
 for i in 0 1 2 3 4; do $SHARDS text sched_$i.bin 3000 --skip $((i * 50000)); done
 sched() { # SPEC FROM
     "$MODTRAIN" data --data "$1" --seq_len 64 --from "$2" --count 30000 > sched.txt
@@ -209,7 +210,8 @@ PY
 }
 for spec in "0.5:sched_0.bin,0.3:sched_1.bin,0.2:sched_2.bin" "0.001:sched_0.bin,0.999:sched_1.bin" \
     "1:sched_0.bin,1:sched_1.bin,1:sched_2.bin,1:sched_3.bin,3:sched_4.bin" \
-    "0.37:sched_0.bin,0.21:sched_1.bin,0.13:sched_2.bin,0.17:sched_3.bin,0.12:sched_4.bin"; do
+    "0.37:sched_0.bin,0.21:sched_1.bin,0.13:sched_2.bin,0.17:sched_3.bin,0.12:sched_4.bin" \
+    "0.123456789:sched_0.bin,0.3:sched_1.bin"; do
     out=$(sched "$spec" 0) && ok "$out" || fail "$out"
     out=$(sched "$spec" $((1048576 - 15000))) && ok "$out" || fail "$out"
 done
