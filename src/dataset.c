@@ -212,6 +212,13 @@ static int shard_fd(Dataset *ds, int part, int shard, Err *err) {
     return fd;
 }
 
+void ds_prefetch(Dataset *ds, const DsSample *s) {
+    const int fd = shard_fd(ds, s->part, s->shard, NULL);
+    if (fd < 0) return; /* the read will say why */
+    const off_t at = (off_t)(HDR_BYTES + s->offset * sizeof(uint16_t));
+    (void)posix_fadvise(fd, at, (off_t)(((size_t)ds->T + 1) * sizeof(uint16_t)), POSIX_FADV_WILLNEED);
+}
+
 int ds_read(Dataset *ds, const DsSample *s, int vocab, int *inputs, int *targets, Err *err) {
     const DsShard *sh = &ds->parts[s->part].shards[s->shard];
     const int fd = shard_fd(ds, s->part, s->shard, err);

@@ -130,6 +130,11 @@ int ds_read(Dataset *ds, const DsSample *s, int vocab, int *inputs, int *targets
  * not parse counts as one dataset. */
 size_t ds_memory(const char *spec, int local_batch, int T, size_t shards);
 
+/* Asks the kernel to start reading the sequence at s (a step's reads of
+ * the next step's samples: a cold page cache then fills while the step
+ * computes). Failures are left to the read. */
+void ds_prefetch(Dataset *ds, const DsSample *s);
+
 /* The keyed bijection of [0, n) (n >= 1) that orders a dataset's epoch. */
 uint64_t ds_permute(uint64_t x, uint64_t n, uint64_t key);
 

@@ -629,6 +629,11 @@ static int run_read_batch(Run *r, uint64_t *hash) {
         }
     }
     if (r->data_trace) fflush(r->data_trace);
+    for (int b = 0; b < r->local_batch && rc == 0; b++) { /* the next step's, in the background */
+        DsSample s;
+        ds_locate(&r->train, first + (uint64_t)r->cfg.batch_size + (uint64_t)b, &s);
+        ds_prefetch(&r->train, &s);
+    }
     phases_add(&r->ph, PH_DATA, now_s() - t0);
     if (cmd_agree(rc, &err, r->grid.world) != 0) return -1;
     /* the step's samples over the dp ranks: which were read, not by whom */
