@@ -130,10 +130,15 @@ static int prep_option(const char *a, const char *v, PrepOptions *o, PrepArgs *p
 static void print_stats(const PrepOptions *o, const PrepStats *st) {
     for (int s = 0; s < 2; s++)
         if (st->shards[s] > 0)
-            printf("prep: wrote %s/%s_000000.bin%s%s (%llu tokens in %zu shard%s)\n", o->out,
-                   s ? "val" : "train", st->shards[s] > 1 ? " .. " : "",
-                   st->shards[s] > 1 ? (s ? "val_*.bin" : "train_*.bin") : "",
-                   (unsigned long long)st->tokens[s], st->shards[s], st->shards[s] > 1 ? "s" : "");
+        {
+            char last[64] = "";
+            if (st->shards[s] > 1)
+                snprintf(last, sizeof last, " .. %s_%06zu.bin", s ? "val" : "train",
+                         st->shards[s] - 1);
+            printf("prep: wrote %s/%s_000000.bin%s (%llu tokens in %zu shard%s)\n", o->out,
+                   s ? "val" : "train", last, (unsigned long long)st->tokens[s], st->shards[s],
+                   st->shards[s] > 1 ? "s" : "");
+        }
     if (st->shards[1] == 0) printf("prep: no val shards (--val-fraction 0)\n");
     const double secs = st->seconds > 0 ? st->seconds : 1e-9;
     printf("prep: %llu documents, %.1f MB tokenised in %.2f s (%.1f MB/s on %d thread%s): "
