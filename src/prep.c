@@ -1128,7 +1128,7 @@ int prep_run(const PrepOptions *o, const PrepReport *rep, PrepStats *st, Err *er
             }
     }
     const int wl = zstd_window_log(o->mem);
-    size_t held = sat_add(peak_rss(), has_zstd ? (size_t)1 << wl : 0);
+    size_t held = sat_add(o->held ? o->held : peak_rss(), has_zstd ? (size_t)1 << wl : 0);
     held = sat_add(held, sat_mul((size_t)threads, (size_t)1 << 20)); /* a thread's caches */
     int rc = -1;
     char *chunk = NULL;

@@ -31,6 +31,10 @@ typedef struct {
     double val_fraction;   /* in [0, 1) */
     int threads;           /* >= 1: the threads that encode (gpt2) and parse (JSON Lines) */
     size_t mem;            /* the memory bound, bytes (>= PREP_MEM_MIN) */
+    size_t held;           /* bytes held before the prep that count against mem (the
+                            * vocabulary); 0: the process's peak RSS, as the command
+                            * measures it (tests and harnesses in a process that holds
+                            * more, a sanitizer's shadow, say what is theirs) */
     size_t shard_tokens;   /* tokens a shard, 2 .. INT32_MAX - 1 */
     int force;             /* replace a shard set already at out */
 } PrepOptions;

@@ -82,6 +82,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                      .val_fraction = data[0] & 16 ? 0.5 : 0,
                      .threads = 1,
                      .mem = PREP_MEM_MIN,
+                     .held = 1 << 20, /* not libFuzzer's corpus and ASan's shadow */
                      .shard_tokens = 2 + (size_t)(data[0] >> 5)};
     PrepStats st;
     Err e;
