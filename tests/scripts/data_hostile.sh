@@ -122,48 +122,39 @@ bad_spec "'withdir/train_9.bin' is a directory, not a file" "withdir/train_*.bin
 
 # a shard truncated while a run reads it, on one rank and under dp 2
 mkdir live
-$SHARDS text live/train_0.bin 100000
-"$MODTRAIN" train $common --train_data live/train_0.bin --val_data "" --steps 100000 --run_dir live-run \
-    > live.out 2> live.err &
-pid=$!
-i=0
-while [ $i -lt 600 ] && ! grep -q '"loss"' live-run/metrics.jsonl 2> /dev/null; do
-    sleep 0.1
-    i=$((i + 1))
-done
-truncate -s 1024 live/train_0.bin
-set +e
-wait $pid
-rc=$?
-set -e
-if [ "$rc" -eq 2 ] && [ "$(wc -l < live.err)" -eq 1 ] &&
-    grep -q "'live/train_0.bin' ends at byte [0-9]*, inside the sequence at token [0-9]* (bytes [0-9]*-[0-9]*; its header promised 100000 tokens" live.err; then
-    ok "truncated while in use, exit 2: $(cat live.err)"
+cut_live() { # NAME LAUNCH...: starts a long run, cuts its shard after its first step; sets rc
+    name=$1
+    shift
+    $SHARDS text live/train_0.bin 100000
+    "$@" "$MODTRAIN" train $common --micro_batch 4 --train_data live/train_0.bin --val_data "" \
+        --steps 100000 --run_dir "$name" > "$name.out" 2> "$name.err" &
+    pid=$!
+    i=0
+    while [ $i -lt 600 ] && ! grep -q '"loss"' "$name/metrics.jsonl" 2> /dev/null; do
+        sleep 0.1
+        i=$((i + 1))
+    done
+    truncate -s 1024 live/train_0.bin
+    set +e
+    wait $pid
+    rc=$?
+    set -e
+}
+cut_live live-run env
+if [ "$rc" -eq 2 ] && [ "$(wc -l < live-run.err)" -eq 1 ] &&
+    grep -q "'live/train_0.bin' ends at byte [0-9]*, inside the sequence at token [0-9]* (bytes [0-9]*-[0-9]*; its header promised 100000 tokens" live-run.err; then
+    ok "truncated while in use, exit 2: $(cat live-run.err)"
 else
-    cat live.out live.err
+    cat live-run.out live-run.err
     fail "a shard truncated while training: exit $rc"
 fi
-$SHARDS text live/train_0.bin 100000
-timeout 300 mpirun --allow-run-as-root --oversubscribe --mca btl self,vader -np 2 "$MODTRAIN" train $common \
-    --micro_batch 4 --train_data live/train_0.bin --val_data "" --steps 100000 --run_dir live-dp2 \
-    > live2.out 2> live2.err &
-pid=$!
-i=0
-while [ $i -lt 600 ] && ! grep -q '"loss"' live-dp2/metrics.jsonl 2> /dev/null; do
-    sleep 0.1
-    i=$((i + 1))
-done
-truncate -s 1024 live/train_0.bin
-set +e
-wait $pid
-rc=$?
-set -e
+cut_live live-dp2 timeout 300 mpirun --allow-run-as-root --oversubscribe --mca btl self,vader -np 2
 # mpirun adds its own lines about the exit; modtrain's are one
-if [ "$rc" -eq 2 ] && [ "$(grep -c '^modtrain:' live2.err)" -eq 1 ] &&
-    grep -q "^modtrain: data: 'live/train_0.bin' ends at byte [0-9]*, inside the sequence at token" live2.err; then
-    ok "truncated while in use under dp 2, exit 2, one line: $(grep '^modtrain:' live2.err)"
+if [ "$rc" -eq 2 ] && [ "$(grep -c '^modtrain:' live-dp2.err)" -eq 1 ] &&
+    grep -q "^modtrain: data: 'live/train_0.bin' ends at byte [0-9]*, inside the sequence at token" live-dp2.err; then
+    ok "truncated while in use under dp 2, exit 2, one line: $(grep '^modtrain:' live-dp2.err)"
 else
-    cat live2.out live2.err
+    cat live-dp2.out live-dp2.err
     fail "a shard truncated while training under dp 2: exit $rc"
 fi
 finish

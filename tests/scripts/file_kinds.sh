@@ -56,21 +56,7 @@ M="--d_model 32 --n_head 2 --n_layer 2 --batch_size 2"
 "$MODTRAIN" train $T $M --run_dir run --steps 2 > /dev/null
 "$MODTRAIN" ckpt export --ckpt run/ckpt --out good.st > /dev/null
 step=$(cat run/ckpt/latest)
-mkdir vocab
-"$PYTHON" - vocab <<'PY'
-import json, sys
-bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-cs, n = bs[:], 0
-for b in range(256):
-    if b not in bs:
-        bs.append(b)
-        cs.append(256 + n)
-        n += 1
-enc = {chr(c): i for i, c in enumerate(cs)}
-enc["<|endoftext|>"] = 256
-open(sys.argv[1] + "/encoder.json", "w").write(json.dumps(enc))
-open(sys.argv[1] + "/vocab.bpe", "w").write("#version: 0.2\n")
-PY
+byte_vocab vocab
 "$MODTRAIN" tokenize --vocab vocab text.txt > /dev/null || fail "the test's vocabulary does not load"
 
 for k in dir fifo dev; do

@@ -66,3 +66,23 @@ finish() {
     echo "all checks passed"
     exit 0
 }
+
+# Writes a byte-level GPT-2-format vocabulary into DIR: the 256 bytes in
+# GPT-2's alphabet and <|endoftext|>, no merges.
+byte_vocab() {
+    mkdir -p "$1"
+    "$PYTHON" - "$1" <<'PY'
+import json, sys
+bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+cs, n = bs[:], 0
+for b in range(256):
+    if b not in bs:
+        bs.append(b)
+        cs.append(256 + n)
+        n += 1
+enc = {chr(c): i for i, c in enumerate(cs)}
+enc["<|endoftext|>"] = 256
+open(sys.argv[1] + "/encoder.json", "w").write(json.dumps(enc))
+open(sys.argv[1] + "/vocab.bpe", "w").write("#version: 0.2\n")
+PY
+}

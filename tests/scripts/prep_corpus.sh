@@ -80,21 +80,7 @@ done
 vocab=${MODTRAIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/modtrain}/gpt2
 if [ ! -f "$vocab/encoder.json" ] || [ ! -f "$vocab/vocab.bpe" ]; then
     vocab=$TMP/vocab
-    mkdir "$vocab"
-    "$PYTHON" - "$vocab" <<'PY'
-import json, sys
-bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
-cs, n = bs[:], 0
-for b in range(256):
-    if b not in bs:
-        bs.append(b)
-        cs.append(256 + n)
-        n += 1
-enc = {chr(c): i for i, c in enumerate(cs)}
-enc["<|endoftext|>"] = 256
-open(sys.argv[1] + "/encoder.json", "w").write(json.dumps(enc))
-open(sys.argv[1] + "/vocab.bpe", "w").write("#version: 0.2\n")
-PY
+    byte_vocab "$vocab"
 fi
 for t in 1 2; do
     # shellcheck disable=SC2086 # the options
