@@ -191,11 +191,34 @@ static int layout_check(const Config *c, const Grid *g, Err *err) {
                        "d_model %d floats) exceed the 2^31 - 1 elements of one MPI message "
                        "between pipeline stages (lower micro_batch)",
                        micro, c->seq_len, c->d_model);
-    if (c->micro_batch > 0 && local % c->micro_batch != 0)
+    if (c->micro_batch > 0 && local % c->micro_batch != 0) {
+        char alts[256] = "";
+        for (int k = 1; k <= local && strlen(alts) < sizeof alts - 16; k++)
+            if (local % k == 0)
+                snprintf(alts + strlen(alts), sizeof alts - strlen(alts), "%s%d",
+                         alts[0] ? ", " : "", k);
         return err_set(err,
                        "layout: each of dp = %d ranks takes %d sequences a step, not a multiple "
-                       "of micro_batch = %d (choose a divisor of %d)",
-                       dp, local, c->micro_batch, local);
+                       "of micro_batch = %d (--micro_batch %s would do)",
+                       dp, local, c->micro_batch, alts);
+    }
+    return 0;
+}
+
+/* MODTRAIN_MAX_STEPS=N caps `steps` at N, as `--steps N` would (the
+ * README-commands test shortens the examples that train long with it).
+ * Returns 0, or -1 with err set when N is not a positive integer. */
+static int apply_steps_cap(Config *c, Err *err) {
+    const char *s = getenv("MODTRAIN_MAX_STEPS");
+    long long n;
+    if (!s) return 0;
+    if (parse_i64(s, 1, CONFIG_MAX_STEP, &n) != 0)
+        return err_set(err, "MODTRAIN_MAX_STEPS = '%s' is not a step count (1 to %d)", s,
+                       CONFIG_MAX_STEP);
+    if (c->steps > n) {
+        log0("steps = %d capped at %lld by MODTRAIN_MAX_STEPS\n", c->steps, n);
+        c->steps = (int)n;
+    }
     return 0;
 }
 
@@ -206,6 +229,7 @@ static int run_setup_layout(Run *r, int argc, char **argv) {
     config_defaults(&r->cfg);
     int rc = config_from_args(&r->cfg, argc, argv, &err);
     if (rc == 0) rc = config_validate(&r->cfg, &err);
+    if (rc == 0) rc = apply_steps_cap(&r->cfg, &err);
     if (rc == 0) rc = kernels_check_arch(r->cfg.blis_arch, &err);
     if (cmd_agree(rc, &err, MPI_COMM_WORLD) != 0) return -1;
     rc = grid_init(&r->grid, r->cfg.tp, r->cfg.pp, &err);

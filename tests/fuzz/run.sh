@@ -48,9 +48,12 @@ for t in $targets; do
         -malloc_limit_mb=64 -max_len=65536 -print_final_stats=1 \
         -artifact_prefix="$out/crashes/$t/" "$out/corpus/$t" "$srcdir/tests/fuzz/seeds/$t" \
         $regress > "$out/$t.log" 2>&1; then
-        status=1
-        echo "fuzz: $t FOUND A PROBLEM: see $out/$t.log and $out/crashes/$t/" >&2
+        status=1 failed="${failed:-}$t "
+        echo "fuzz: $t FOUND A PROBLEM: see $out/$t.log and $out/crashes/$t/; its report:" >&2
+        # the report is what a CI log must show: the finding, its stack, the input's name
+        grep -v -E '^#[0-9]+' "$out/$t.log" | tail -n 60 | sed "s/^/fuzz: $t: /" >&2
     fi
     grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$out/$t.log" | sed "s/^/fuzz: $t: /"
 done
+[ "$status" -eq 0 ] || echo "fuzz: problems found by: ${failed:-}" >&2
 exit $status

@@ -1,0 +1,149 @@
+#!/bin/bash
+# Runs every command README.md shows, as written, in README's order, on the
+# shipped configs: a line of an indented code block is a command when its
+# first word is a program (./modtrain, modtrain SUBCOMMAND, mpirun, sbatch,
+# jobs/..., make, ...) or a shell assignment; lines ending in '\' continue.
+# Lines of program output never start so. Each command runs with bash from
+# one scratch folder holding ./modtrain, jobs/ and the inputs README's
+# examples name (made from the fortunes text), so later commands read what
+# earlier ones wrote. Training is shortened by MODTRAIN_MAX_STEPS, and
+# mpirun may oversubscribe the cores; nothing else differs from a user's
+# shell. A command fails the test when it exits otherwise than README says,
+# unless SKIP below lists it with its reason.
+. "$(dirname "$0")/lib.sh"
+[ -d "${FORTUNES_DIR:-/usr/share/games/fortunes}" ] ||
+    { echo "SKIP: the fortunes package is not installed (apt-get install fortunes)"; exit 77; }
+fortunes=${FORTUNES_DIR:-/usr/share/games/fortunes}
+
+# A command README shows that this test does not run: a prefix of the
+# command, a tab, the reason.
+SKIP="jobs/quickstart.sh	installs packages and builds the tree it lives in; README's Typical session below runs its steps
+jobs/test.sh	runs this suite (CI runs it)
+jobs/deps.sh	installs Debian packages as root (jobs/test.sh and CI run it)
+./autogen.sh	builds the tree; this suite runs in the build
+apt-get install	installs Debian packages (jobs/deps.sh installs these)
+jobs/isoflop.sh --out isoflop	the default sweep takes about 30 minutes; the --quick sweep runs
+jobs/isoflop.sh --out iso2	a sweep of minutes on a corpus of the reader's own; the --quick sweep runs
+sbatch jobs/train.sbatch	needs a SLURM cluster: tests/slurm/launch.sh and preempt.sh submit it to a real one
+jobs/chain.sh	needs a SLURM cluster: tests/slurm/preempt.sh chains jobs on a real one
+make fuzz	minutes of libFuzzer; CI runs make fuzz"
+# A command README shows ending otherwise than with 0: a prefix, a tab,
+# the exit codes it may give.
+EXPECT="timeout --preserve-status -s USR1	75 0"
+# Commands that run whole: a sweep's budgets fix its runs' steps.
+UNCAPPED="jobs/isoflop.sh"
+
+W=$TMP/w
+mkdir -p "$W/bin" "$W/my-texts" "$W/corpus/books"
+cp -R "$srcdir/jobs" "$W/jobs"
+cp "$MODTRAIN" "$W/modtrain"
+ln -s ../modtrain "$W/bin/modtrain"
+: > "$W/.session"
+
+# The inputs README's examples name: text files, JSON Lines (gzip) of
+# documents, a folder of books.
+texts=$(ls "$fortunes" | grep -v -E '\.(dat|u8)$' | head -n 12)
+for f in $texts; do [ -f "$fortunes/$f" ] && cp "$fortunes/$f" "$W/my-texts/$f.txt"; done
+for f in $(echo "$texts" | head -n 4); do [ -f "$fortunes/$f" ] && cp "$fortunes/$f" "$W/corpus/books/$f"; done
+"$PYTHON" - "$fortunes" "$W" <<'PY'
+import gzip, json, os, sys
+src, out = sys.argv[1], sys.argv[2]
+docs = []
+for name in sorted(os.listdir(src)):
+    path = os.path.join(src, name)
+    if name.endswith((".dat", ".u8")) or not os.path.isfile(path):
+        continue
+    text = open(path, "rb").read().decode("utf-8", "replace")
+    docs += [d.strip() for d in text.split("\n%\n") if d.strip()]
+for name, part in (("corpus.jsonl.gz", docs[::3]), ("corpus/web.jsonl.gz", docs[1::3]),
+                   ("rep.jsonl.gz", docs[2::3])):
+    with gzip.open(os.path.join(out, name), "wt") as f:
+        for d in part:
+            f.write(json.dumps({"text": d}) + "\n")
+PY
+
+# README's commands, one a line, with their README line numbers
+"$PYTHON" - "$srcdir/README.md" > "$TMP/commands" <<'PY'
+import re, sys
+programs = {"mpirun", "sbatch", "srun", "make", "apt-get", "echo", "printf", "time",
+            "timeout", "export", "cat", "tc"}
+subcommands = {"train", "eval", "sample", "ckpt", "plan", "prep", "data", "tokenize",
+               "--version", "--help"}
+def is_command(line):
+    words = line.split()
+    while words and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]):
+        if len(words) == 1:
+            return True  # an assignment of its own
+        words = words[1:]
+    if not words:
+        return False
+    w = words[0]
+    if w.startswith(("./", "jobs/", "tests/")):
+        return True
+    if w == "modtrain":
+        return len(words) > 1 and words[1] in subcommands
+    return w in programs
+lines = open(sys.argv[1], encoding="utf-8").read().split("\n")
+prev_blank, in_block, i = True, False, 0
+while i < len(lines):
+    line = lines[i]
+    code = line.startswith("    ") and (in_block or prev_blank)
+    in_block = code
+    prev_blank = line.strip() == ""
+    if code and is_command(line.strip()):
+        start, cmd = i + 1, line.strip()
+        while cmd.endswith("\\") and i + 1 < len(lines):
+            i += 1
+            cmd = cmd[:-1] + " " + lines[i].strip()
+        print("%d\t%s" % (start, cmd))
+    i += 1
+PY
+n=$(wc -l < "$TMP/commands")
+[ "$n" -ge 30 ] && ok "README shows $n commands" || fail "found only $n commands in README.md"
+
+# whether a command line is only an assignment (NAME=VALUE)
+is_assignment() { printf '%s\n' "$1" | grep -q -E '^[A-Za-z_][A-Za-z0-9_]*=[^ ]*$'; }
+
+lookup() { # TABLE COMMAND: the value of the first row whose prefix starts COMMAND
+    printf '%s\n' "$1" | while IFS="	" read -r prefix value; do
+        case $2 in "$prefix"*) printf '%s\n' "$value"; break ;; esac
+    done
+}
+
+export PATH="$W/bin:$PATH" MODTRAIN_MAX_STEPS=${MODTRAIN_MAX_STEPS:-8}
+export OMPI_MCA_rmaps_base_oversubscribe=1 # README's 4-rank examples on a 2-core machine
+ran=0 skipped=0
+while IFS="	" read -r at cmd; do
+    reason=$(lookup "$SKIP" "$cmd")
+    if [ -n "$reason" ]; then
+        echo "skip README.md:$at: $cmd ($reason)"
+        skipped=$((skipped + 1))
+        continue
+    fi
+    codes=$(lookup "$EXPECT" "$cmd")
+    codes=${codes:-0}
+    cap="MODTRAIN_MAX_STEPS=$MODTRAIN_MAX_STEPS"
+    case $cmd in "$UNCAPPED"*) cap="-u MODTRAIN_MAX_STEPS" ;; esac
+    t0=$(date +%s)
+    set +e
+    # one shell session: the assignments README makes hold for what follows
+    (cd "$W" && env $cap bash -c ". ./.session; $cmd") < /dev/null > "$TMP/out" 2>&1
+    rc=$?
+    set -e
+    case $cmd in *=*) is_assignment "$cmd" && printf 'export %s\n' "$cmd" >> "$W/.session" ;; esac
+    ran=$((ran + 1))
+    case " $codes " in
+    *" $rc "*) ok "README.md:$at: $cmd (exit $rc, $(($(date +%s) - t0)) s)" ;;
+    *)
+        tail -n 20 "$TMP/out" | sed 's/^/    /'
+        fail "README.md:$at: $cmd exited $rc (README shows it ending with $codes)"
+        ;;
+    esac
+done < "$TMP/commands"
+echo "$ran commands run, $skipped skipped with their reasons"
+# every skip reason still names a command README shows
+printf '%s\n' "$SKIP" | while IFS="	" read -r prefix _; do
+    cut -f2 "$TMP/commands" | grep -q -F -- "$prefix" || echo "stale skip: $prefix"
+done > "$TMP/stale"
+[ -s "$TMP/stale" ] && fail "skip entries for commands README no longer shows: $(cat "$TMP/stale")"
+finish
