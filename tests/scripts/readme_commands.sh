@@ -36,6 +36,7 @@ UNCAPPED="jobs/isoflop.sh"
 W=$TMP/w
 mkdir -p "$W/bin" "$W/my-texts" "$W/corpus/books"
 cp -R "$srcdir/jobs" "$W/jobs"
+chmod -R u+w "$W/jobs" # a distcheck source tree is read-only
 cp "$MODTRAIN" "$W/modtrain"
 ln -s ../modtrain "$W/bin/modtrain"
 : > "$W/.session"
