@@ -66,6 +66,19 @@ if [ "$rc" = 0 ] && grep -q '^block 3: chose 5 of 10 tokens' t.txt &&
 else
     fail "routing: hostile decoded text: exit $rc: $(cat t.log)"
 fi
+# --positions defaults to the file's seq_len (4 here, of the 10 positions
+# drawn above): the same picture as --positions 4, a narrower one than 10
+if [ "$have_gnuplot" = 1 ]; then
+    "$srcdir/jobs/routing_plot.sh" text.tsv d --min_count 1 > d.log 2>&1 &&
+        "$srcdir/jobs/routing_plot.sh" text.tsv d4 --positions 4 --min_count 1 > d4.log 2>&1 &&
+        cmp -s d.png d4.png && ! cmp -s d.png t.png && ok "routing: --positions defaults to seq_len" ||
+        fail "routing: the default --positions is not seq_len = 4: $(cat d.log d4.log)"
+fi
+sed '1s/seq_len 4, //' text.tsv > nolen.tsv
+refused "routing: no seq_len and no --positions" "nolen.tsv' does not record seq_len on its first line (give --positions N)" \
+    "$srcdir/jobs/routing_plot.sh" nolen.tsv n
+refused "routing: --positions 0" "--positions = '0' is not a whole number >= 1" \
+    "$srcdir/jobs/routing_plot.sh" text.tsv n --positions 0
 # an output prefix is a name, never a command
 mkdir -p "x\";$sys;\""
 rc=0
