@@ -119,8 +119,14 @@ with open(tmp + "/evals.dat", "w") as f:
         v, c = evals[s]
         f.write("%d %.9g %s\n" % (s, v, "?" if c is None else "%.9g" % c))
 has_causal = any(c is not None for _, c in evals.values())
-open(tmp + "/args", "w").write("%d\n%d\n%d\n%s\n%s\n" % (
-    len(order), len(evals), has_causal, " ".join(drawn), " ".join(str(r) for r in resumes)))
+# the phases' scale: a few steps with an evaluation or a save in them would
+# flatten every other step, so it stops at 4x the median step (saying so)
+totals = sorted(sum(steps[s][1].get(p, 0.0) for p in drawn) for s in order)
+median = totals[len(totals) // 2]
+clip = 4 * median if drawn and median > 0 and totals[-1] > 4 * median else 0
+taller = sum(t > clip for t in totals) if clip else 0
+open(tmp + "/args", "w").write("%d\n%d\n%d\n%s\n%s\n%.6g %d\n" % (
+    len(order), len(evals), has_causal, " ".join(drawn), " ".join(str(r) for r in resumes), clip, taller))
 s0, s1 = order[0], order[-1]
 msg = "%d steps (%d to %d), loss %.4f to %.4f" % (len(order), s0, s1, steps[s0][0][0], steps[s1][0][0])
 if evals:
@@ -136,7 +142,7 @@ if cut:
     msg += "; the last line, cut short, left out"
 print(msg)
 PY
-{ read -r nsteps; read -r nevals; read -r causal; read -r phases; read -r resumes; } < "$tmp/args"
+{ read -r nsteps; read -r nevals; read -r causal; read -r phases; read -r resumes; read -r clip; } < "$tmp/args"
 
 # the script is fixed text: every value comes in as a gnuplot -c argument
 # (ARG1 ...), a string; the paths begin with / or ./ (never < or |, which
@@ -144,7 +150,7 @@ PY
 at() { case $1 in /*) printf '%s' "$1" ;; *) printf './%s' "$1" ;; esac; }
 cat > "$tmp/plot.gp" <<'GP'
 dir = ARG1; out = ARG2; run = ARG3; nsteps = ARG4 + 0; nevals = ARG5 + 0; causal = ARG6 + 0
-phases = ARG7; resumes = ARG8
+phases = ARG7; resumes = ARG8; clip = word(ARG9, 1) + 0; taller = word(ARG9, 2) + 0
 st = dir."/steps.dat"; ev = dir."/evals.dat"
 set terminal pngcairo size 1280,900 font ",10"
 set termoption noenhanced
@@ -180,7 +186,12 @@ set format y "% h"
 set title "throughput (tokens/s)"
 set yrange [0:*]
 plot st using 1:4 lw 1.5 lc rgb "#9467bd" notitle
-set title "where the time went (ms per step, stacked)"
+set title "where the time went: ms per step by phase, stacked"
+if (clip > 0) {
+    set yrange [0:clip]
+    set title sprintf("ms per step by phase, stacked (cut at %.0f ms: %d step%s above)", \
+        clip, taller, taller == 1 ? "" : "s")
+}
 set key outside right top vertical
 np = words(phases)
 if (np == 0) {
@@ -196,7 +207,7 @@ if (np == 0) {
 }
 unset multiplot
 GP
-gnuplot -c "$tmp/plot.gp" "$tmp" "$(at "$out")" "$run" "$nsteps" "$nevals" "$causal" "$phases" "$resumes" \
+gnuplot -c "$tmp/plot.gp" "$tmp" "$(at "$out")" "$run" "$nsteps" "$nevals" "$causal" "$phases" "$resumes" "$clip" \
     2> "$tmp/gp.err" || { sed -n 1p "$tmp/gp.err" >&2; echo "plot_run: gnuplot failed (above)" >&2; exit 1; }
 echo "plot_run: $(cat "$tmp/summary")"
 echo "plot_run: wrote $out"
