@@ -20,8 +20,10 @@ for a in "$@"; do case $a in --help | -h) usage; exit 0 ;; esac; done
 run="" out=""
 while [ $# -gt 0 ]; do
     case $1 in
-    --out) [ $# -ge 2 ] || die "--out needs a value (a file name, e.g. run.png)"; out=$2; shift 2 ;;
-    --out=*) out=${1#--out=}; shift ;;
+    --out | --out=*)
+        if [ "$1" = --out ]; then [ $# -ge 2 ] && out=$2 && shift; else out=${1#--out=}; fi
+        [ -n "$out" ] || die "--out needs a value (a file name, e.g. run.png)"
+        shift ;;
     -*) die "unknown option '$1' (expected --out FILE; see jobs/plot_run.sh --help)" ;;
     *) [ -z "$run" ] || die "one RUN_DIR only ('$run', then '$1')"; run=$1; shift ;;
     esac
@@ -33,7 +35,7 @@ metrics=$run/metrics.jsonl
 [ -f "$metrics" ] || die "'$metrics' is not a file"
 [ -s "$metrics" ] || die "'$metrics' is empty (the run has not logged a step yet)"
 [ -n "$out" ] || out=$run/metrics.png
-[ -n "$out" ] && [ "${out%/}" = "$out" ] || die "--out '$out' is a folder's name, not a file's"
+case $out in */) die "--out '$out' is a folder's name, not a file's" ;; esac
 [ -d "$(dirname -- "$out")" ] || die "--out '$out': the folder '$(dirname -- "$out")' does not exist"
 [ ! -d "$out" ] || die "--out '$out' is a folder (give a file name, e.g. run.png)"
 PYTHON=${PYTHON:-python3}
