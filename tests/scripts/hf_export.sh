@@ -18,6 +18,7 @@ prep_fortunes
 cd "$TMP"
 have_torch=0
 "$PYTHON" -c "import torch" 2> /dev/null && have_torch=1
+[ "$have_torch" = 1 ] || echo "note: $PYTHON cannot import torch (apt-get install python3-torch): the PyTorch checks are left out"
 common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
     --eval_every 0 --log_every 1000 --steps 20 --seq_len 32"
 "$MODTRAIN" train $common --run_dir dense > dense.log 2>&1 || { cat dense.log; fail "dense training failed"; finish; }
