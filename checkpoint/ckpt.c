@@ -847,8 +847,17 @@ static void export_shape(const ParamInfo *p, StOut *o) {
     o->shape[1] = p->shape[1];
 }
 
+/* A router's or a predictor's tensor: Mixture-of-Depths only, nothing a
+ * dense GPT-2 has. */
+static int is_mod_tensor(const ParamInfo *p) {
+    return strstr(p->name, ".router.") || strstr(p->name, ".predictor.");
+}
+
+/* The safetensors file of base (weights or gradients); dense: the dense part
+ * alone (no router or predictor tensors, route_every = 0 in the metadata),
+ * the model Hugging Face's GPT-2 runs. */
 static int write_safetensors(const char *path, const Model *m, const float *base, const Config *cfg,
-                             int step, Err *err) {
+                             int step, int dense, Err *err) {
     if (m->d.tp != 1)
         return err_set(err, "ckpt: writing safetensors under tp = %d is not built yet", m->d.tp);
     StMeta meta[32];
@@ -857,6 +866,8 @@ static int write_safetensors(const char *path, const Model *m, const float *base
     for (int i = 0; (key = config_model_key(i)); i++, nmeta++) {
         snprintf(meta[nmeta].key, sizeof meta[nmeta].key, "%s", key);
         model_key_value(cfg, m, key, meta[nmeta].value, sizeof meta[nmeta].value);
+        if (dense && strcmp(key, "route_every") == 0)
+            snprintf(meta[nmeta].value, sizeof meta[nmeta].value, "0");
     }
     snprintf(meta[nmeta].key, sizeof meta[nmeta].key, "step");
     snprintf(meta[nmeta].value, sizeof meta[nmeta].value, "%d", step);
@@ -865,23 +876,73 @@ static int write_safetensors(const char *path, const Model *m, const float *base
     snprintf(meta[nmeta].value, sizeof meta[nmeta].value, "pt");
     nmeta++;
     StOut *outs = xcalloc((size_t)m->nreg, sizeof(StOut));
+    int n = 0;
     for (int i = 0; i < m->nreg; i++) {
-        outs[i].name = m->reg[i].name;
-        export_shape(&m->reg[i], &outs[i]);
-        outs[i].data = base + m->reg[i].offset;
+        if (dense && is_mod_tensor(&m->reg[i])) continue;
+        outs[n].name = m->reg[i].name;
+        export_shape(&m->reg[i], &outs[n]);
+        outs[n++].data = base + m->reg[i].offset;
     }
-    int rc = st_write(path, outs, m->nreg, meta, nmeta, err);
+    int rc = st_write(path, outs, n, meta, nmeta, err);
     free(outs);
     return rc;
 }
 
 int ckpt_export_safetensors(const char *path, const Model *m, const Config *cfg, int step,
                             Err *err) {
-    return write_safetensors(path, m, m->params, cfg, step, err);
+    return write_safetensors(path, m, m->params, cfg, step, 0, err);
+}
+
+int ckpt_export_hf(const char *dir, const Model *m, const Config *cfg, int step, int *left_out,
+                   Err *err) {
+    struct stat st;
+    if (fp_mkdir("hf.mkdir", dir, 0755) != 0 && errno != EEXIST)
+        return err_set(err, "ckpt export: cannot create the folder '%s': %s", dir, strerror(errno));
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return err_set(err, "ckpt export: '%s' exists and is not a folder (--format hf writes a folder)",
+                       dir);
+    *left_out = 0;
+    for (int i = 0; i < m->nreg; i++) *left_out += is_mod_tensor(&m->reg[i]);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (write_safetensors(path, m, m->params, cfg, step, 1, err) != 0) return -1;
+    /* GPT-2's config (transformers' GPT2Config): modtrain's block is GPT-2's,
+     * with tanh-GELU (gelu_new), LayerNorm eps 1e-5, no dropout and the head
+     * tied to wte; V is the real vocabulary, never the padded one */
+    const int gpt2 = cfg->tokenizer == TOK_GPT2;
+    char json[2048];
+    const int n = snprintf(
+        json, sizeof json,
+        "{\n"
+        "  \"architectures\": [\"GPT2LMHeadModel\"],\n"
+        "  \"model_type\": \"gpt2\",\n"
+        "  \"vocab_size\": %d,\n"
+        "  \"n_positions\": %d,\n"
+        "  \"n_ctx\": %d,\n"
+        "  \"n_embd\": %d,\n"
+        "  \"n_layer\": %d,\n"
+        "  \"n_head\": %d,\n"
+        "  \"n_inner\": %d,\n"
+        "  \"activation_function\": \"gelu_new\",\n"
+        "  \"layer_norm_epsilon\": 1e-05,\n"
+        "  \"initializer_range\": 0.02,\n"
+        "  \"resid_pdrop\": 0.0,\n"
+        "  \"embd_pdrop\": 0.0,\n"
+        "  \"attn_pdrop\": 0.0,\n"
+        "  \"scale_attn_weights\": true,\n"
+        "  \"tie_word_embeddings\": true,\n"
+        "  \"use_cache\": true,\n"
+        "%s"
+        "  \"torch_dtype\": \"float32\"\n"
+        "}\n",
+        m->d.V, cfg->seq_len, cfg->seq_len, cfg->d_model, cfg->n_layer, cfg->n_head,
+        4 * cfg->d_model, gpt2 ? "  \"bos_token_id\": 50256,\n  \"eos_token_id\": 50256,\n" : "");
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    return write_file_durable("hf.config", path, json, (size_t)n, err) < 0 ? -1 : 0;
 }
 
 int ckpt_export_grads(const char *path, const Model *m, const Config *cfg, Err *err) {
-    return write_safetensors(path, m, m->grads, cfg, 0, err);
+    return write_safetensors(path, m, m->grads, cfg, 0, 0, err);
 }
 
 /* Whether tensor t of the file has the shape registry row p exports. */

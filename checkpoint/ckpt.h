@@ -149,6 +149,13 @@ int ckpt_open_model(const char *ckpt_arg, Model *m, Config *cfg, int maxB, int *
 int ckpt_export_safetensors(const char *path, const Model *m, const Config *cfg, int step,
                             Err *err);
 int ckpt_export_grads(const char *path, const Model *m, const Config *cfg, Err *err);
+/* Writes a Hugging Face folder dir (made when missing): model.safetensors,
+ * the dense part of m's weights (a Mixture-of-Depths model's routers and
+ * predictors left out: *left_out says how many tensors, and its metadata
+ * says route_every = 0), and GPT-2's config.json (transformers' GPT2Config).
+ * Returns 0 or -1 with err set. */
+int ckpt_export_hf(const char *dir, const Model *m, const Config *cfg, int step, int *left_out,
+                   Err *err);
 /* Checks a parsed safetensors file against the registry of a model of dims
  * d before any model is built: every tensor the model has is there with its
  * shape, and the file has no tensor the model lacks (but GPT-2's causal-mask

@@ -9,7 +9,8 @@
 #                         and how much faster the best MoD model steps
 #   OUT/isoflop.png       final loss against parameters, one curve per budget
 #                         and kind, the isoFLOP-optimal points marked
-#   OUT/loss_vs_time.png  final loss against wall-clock time, every run
+#   OUT/loss_vs_time.png  final loss against wall-clock time, every run,
+#                         each point labelled with its size (d_model x n_layer)
 # (jobs/isoflop.sh --report OUT draws them again from OUT/results.csv.)
 # A sweep that stops (preempted, killed, a failed run) starts again where it
 # was: finished runs are skipped, an unfinished one resumes from its newest
@@ -137,7 +138,7 @@ report() {
     budgets=$(awk -F, 'NR > 1 && !s[$1]++ { printf "%s ", $1 }' "$csv")
     for B in $budgets; do
         for kind in dense mod; do
-            awk -F, -v B="$B" -v K="$kind" 'NR > 1 && $1 == B && $2 == K { print $5, $11, $15 }' "$csv" |
+            awk -F, -v B="$B" -v K="$kind" 'NR > 1 && $1 == B && $2 == K { print $5, $11, $15, $3 "x" $4 }' "$csv" |
                 sort -n > "$plot/${B}_$kind.dat"
             sort -k2,2g "$plot/${B}_$kind.dat" | head -n 1 >> "$plot/opt_$kind.dat"
         done
@@ -168,12 +169,20 @@ plot for [i=1:words(budgets)] plot.word(budgets, i)."_dense.dat" using 1:2 \
      plot."opt_dense.dat" using 1:2 with points pt 6 ps 3 lw 2 lc rgb "black" title "optimal dense", \
      plot."opt_mod.dat" using 1:2 with points pt 4 ps 3 lw 2 lc rgb "red" title "optimal MoD"
 set output dir."/loss_vs_time.png"
-set title "final validation loss against wall-clock time: dense (circles) and MoD (squares)"
+set terminal pngcairo size 1200,700
+set termoption noenhanced
+set title "final validation loss against wall-clock time: dense (circles) and MoD (squares),\neach labelled d_model x n_layer (dense to the left, MoD to the right)"
 set xlabel "wall-clock seconds of training"
+set autoscale xfix
+set offsets graph 0.1, graph 0.1, graph 0.03, graph 0.03
 plot for [i=1:words(budgets)] plot.word(budgets, i)."_dense.dat" using 3:2 \
         with points pt 7 ps 1.5 lc i title word(budgets, i)." dense", \
      for [i=1:words(budgets)] plot.word(budgets, i)."_mod.dat" using 3:2 \
-        with points pt 5 ps 1.5 lc i title word(budgets, i)." MoD"
+        with points pt 5 ps 1.5 lc i title word(budgets, i)." MoD", \
+     for [i=1:words(budgets)] plot.word(budgets, i)."_dense.dat" using 3:2:4 \
+        with labels right offset char -1, 0 font ",8" tc lt i notitle, \
+     for [i=1:words(budgets)] plot.word(budgets, i)."_mod.dat" using 3:2:4 \
+        with labels left offset char 1, 0 font ",8" tc lt i notitle
 GP
     gnuplot -c "$plot/isoflop.gp" "$dir" "$budgets"
     echo "isoflop: wrote $out/summary.txt, $out/isoflop.png, $out/loss_vs_time.png"

@@ -1,7 +1,7 @@
 #!/bin/sh
 # From a fresh Debian machine to a trained model and a sample: installs the
 # dependencies (when run as root), builds, prepares the fortunes text, trains
-# jobs/small.conf and prints a sample.
+# jobs/small.conf, prints a sample and draws the run (runs/small/metrics.png).
 set -eu
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" -eq 0 ]; then jobs/deps.sh; fi
@@ -13,3 +13,9 @@ jobs/prep_fortunes.sh data/fortunes ./modtrain
 echo "--- a sample from runs/small/ckpt:"
 ./modtrain sample --ckpt runs/small/ckpt --prompt "Q: What is the meaning of life?
 A: " --tokens 300 --temperature 0.8 --top-k 40 --stats
+echo "--- the run in one picture:"
+if command -v gnuplot > /dev/null; then
+    jobs/plot_run.sh runs/small
+else
+    echo "no gnuplot: install gnuplot-nox, then jobs/plot_run.sh runs/small draws runs/small/metrics.png"
+fi

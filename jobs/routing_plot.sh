@@ -3,15 +3,17 @@
 # `modtrain eval --routing FILE` writes:
 #   PREFIX.png   a heatmap of one sequence: positions across, routed blocks
 #                up, coloured by the router weight g(r); the tokens top-k
-#                chose ringed in black, those the causal decision takes
-#                dotted in white; the decoded text along the bottom
+#                chose ringed, those the causal decision takes dotted (black
+#                marks outlined in white, so they read on every colour); the
+#                decoded text along the bottom
 #   PREFIX.txt   per routed block, the tokens it chooses most and least
 #                often over every sequence of the file (tokens seen at least
 #                --min_count times), and how often its causal decision
 #                agrees with top-k
 # usage: jobs/routing_plot.sh ROUTING_FILE PREFIX [--seq N] [--positions N] [--min_count N]
 #   --seq N         the sequence the heatmap shows (0)
-#   --positions N   its first N positions (96; the labels stay legible)
+#   --positions N   its first N positions (the model's seq_len, from the
+#                   file's first line)
 #   --min_count N   (8)
 set -euo pipefail
 export LC_ALL=C
@@ -19,12 +21,13 @@ die() { echo "routing_plot: $*" >&2; exit 2; }
 [ $# -ge 2 ] || die "usage: jobs/routing_plot.sh ROUTING_FILE PREFIX [--seq N] [--positions N] [--min_count N]"
 in=$1 prefix=$2
 shift 2
-seq=0 positions=96 min_count=8
+seq=0 positions="" min_count=8
 while [ $# -gt 0 ]; do
     [ $# -ge 2 ] || die "$1 needs a value"
     [[ $2 =~ ^[0-9]{1,9}$ ]] || die "$1 = '$2' is not a whole number"
     case $1 in
-    --seq) seq=$2 ;; --positions) positions=$2 ;; --min_count) min_count=$2 ;;
+    --seq) seq=$2 ;; --min_count) min_count=$2 ;;
+    --positions) [ "$2" -ge 1 ] || die "--positions = '$2' is not a whole number >= 1"; positions=$2 ;;
     *) die "unknown option '$1' (expected --seq, --positions or --min_count)" ;;
     esac
     shift 2
@@ -34,6 +37,11 @@ head -n 1 "$in" | grep -q '^# modtrain routing:' ||
     die "'$in' is not a routing file (its first line should start '# modtrain routing:')"
 sed -n 2p "$in" | grep -q "^seq	pos	block	token	text	topk	router	weight	causal$" ||
     die "'$in' has other columns than modtrain eval --routing writes"
+# the whole sequence unless told: seq_len as eval --routing records it
+if [ -z "$positions" ]; then
+    positions=$(head -n 1 "$in" | sed -n 's/.*[:,] seq_len \([0-9]\{1,9\}\),.*/\1/p')
+    [ -n "$positions" ] || die "'$in' does not record seq_len on its first line (give --positions N)"
+fi
 
 # every row, strictly: its numbers are numbers, its flags 0 or 1 (the text
 # is only ever data, never part of a gnuplot command)
@@ -111,6 +119,8 @@ NR > 2 && $1 == s && $2 < P {
 touch "$dat" "$xlab" "$ylab"
 [ -s "$dat" ] || { rm -f "$dat" "$xlab" "$ylab"; die "'$in' has no sequence $seq"; }
 nrow=$(awk -F'\t' '!s[$2]++ { n++ } END { print n }' "$dat")
+# no wider than the sequence is long (a --positions beyond it draws no more)
+positions=$(awk -F'\t' '$1 >= m { m = $1 + 1 } END { print m }' "$dat")
 # white at 0 for a raw gate (weights of both signs), at 0.5 for a sigmoid one
 read -r cbmin cbmax < <(awk -F'\t' '{ a = $3 < 0 ? -$3 : $3; if (a > m) m = a; if ($3 < 0) neg = 1 }
                                END { if (neg) print -m, m; else print 0, 1 }' "$dat")
@@ -126,7 +136,7 @@ set termoption noenhanced
 set output png
 set datafile separator "\t"
 set datafile commentschars ""
-set title "routing of sequence ".seq.": colour = router weight g(r); black rings = top-k; white dots = causal decision"
+set title "routing of sequence ".seq.": colour = router weight g(r); rings = top-k; dots = causal decision"
 set xtics scale 0 font "Mono,8"
 set ytics scale 0
 set xrange [-0.5:positions - 0.5]
@@ -134,12 +144,18 @@ set yrange [-0.5:nrow - 0.5]
 set palette defined (0 "#2b4c9b", 1 "#f7f7f7", 2 "#c0392b")
 set cblabel "g(r)"
 set cbrange [ARG5 + 0:ARG6 + 0]
-unset key
-plot dat using 1:2:(0.5):(0.5):3 with boxxyerror fs solid 1.0 noborder lc palette, \
-     "" using ($4 > 0 ? $1 : 1/0):2 with points pt 6 ps 1.6 lw 1.5 lc rgb "black", \
-     "" using ($5 > 0 ? $1 : 1/0):2 with points pt 7 ps 0.5 lc rgb "white", \
-     ARG1.".heat.x" using 1:(NaN):xticlabels(2) with points, \
-     ARG1.".heat.y" using (NaN):1:yticlabels(2) with points
+# the marks: black, each drawn over a wider white copy of itself, so that
+# a mark reads on the palette's dark ends and on its white middle alike
+set tmargin 5
+set title offset 0, 1
+set key at graph 0.5, graph 1 center bottom horizontal samplen 1
+plot dat using 1:2:(0.5):(0.5):3 with boxxyerror fs solid 1.0 noborder lc palette notitle, \
+     "" using ($4 > 0 ? $1 : 1/0):2 with points pt 6 ps 1.7 lw 4.5 lc rgb "white" notitle, \
+     "" using ($4 > 0 ? $1 : 1/0):2 with points pt 6 ps 1.7 lw 2 lc rgb "black" title "top-k", \
+     "" using ($5 > 0 ? $1 : 1/0):2 with points pt 7 ps 0.95 lc rgb "white" notitle, \
+     "" using ($5 > 0 ? $1 : 1/0):2 with points pt 7 ps 0.6 lc rgb "black" title "causal decision", \
+     ARG1.".heat.x" using 1:(NaN):xticlabels(2) with points notitle, \
+     ARG1.".heat.y" using (NaN):1:yticlabels(2) with points notitle
 GP
 gnuplot -c "$gp" "$at" "$seq" "$positions" "$nrow" "$cbmin" "$cbmax"
 rm -f "$gp" "$dat" "$xlab" "$ylab"

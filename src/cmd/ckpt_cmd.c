@@ -291,24 +291,83 @@ static int check_vocab(const Config *cfg, const char *cmd, const char *path, Err
                                                 : "none");
 }
 
+/* --format hf on a Mixture-of-Depths model: one line on what the folder
+ * leaves out, and that it exports anyway. */
+static void warn_hf_left_out(const char *ckpt, const Model *m, int left_out) {
+    char blocks[256] = "";
+    size_t k = 0;
+    int n = 0;
+    for (int l = 0; l < m->d.L && k < sizeof blocks; l++)
+        if (model_is_routed(&m->d, l)) {
+            k += (size_t)snprintf(blocks + k, sizeof blocks - k, "%s%d", k ? ", " : "", l);
+            n++;
+        }
+    errorf("warning: ckpt export: '%s' is a Mixture-of-Depths model: the folder leaves out the "
+           "%s of block%s %s (%d tensors), which Hugging Face's GPT-2 cannot run, and holds the "
+           "rest as a dense GPT-2 (every block takes every token, so its outputs differ; "
+           "--format safetensors keeps every tensor)",
+           ckpt, m->d.predictor ? "routers and predictors" : "routers", n > 1 ? "s" : "", blocks,
+           left_out);
+}
+
+/* --out of --format hf: a folder, or a name to make one under a folder that
+ * exists. 0, or -1 after printing why. */
+static int check_hf_out(const char *out) {
+    struct stat st;
+    if (stat(out, &st) == 0) {
+        if (S_ISDIR(st.st_mode)) return 0;
+        errorf("ckpt export: --out '%s' exists and is not a folder (--format hf writes a folder)",
+               out);
+        return -1;
+    }
+    char parent[4096];
+    snprintf(parent, sizeof parent, "%s", out);
+    char *slash = strrchr(parent, '/');
+    while (slash && slash > parent && slash[1] == '\0') { /* "dir/": its own parent is above */
+        *slash = '\0';
+        slash = strrchr(parent, '/');
+    }
+    if (!slash) snprintf(parent, sizeof parent, ".");
+    else if (slash == parent) parent[1] = '\0';
+    else *slash = '\0';
+    if (stat(parent, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        errorf("ckpt export: --out '%s': its parent '%s' is not a folder (make it first)", out,
+               parent);
+        return -1;
+    }
+    return 0;
+}
+
 static int export_main(int argc, char **argv) {
     const char *ckpt = NULL, *format = "safetensors", *out = NULL;
     CliOpt opts[] = {{"ckpt", CLI_STR, &ckpt, "checkpoint (ckpt_dir or step directory)"},
-                     {"format", CLI_STR, &format, "output format: safetensors"},
-                     {"out", CLI_STR, &out, "output file"},
+                     {"format", CLI_STR, &format,
+                      "safetensors (one file) or hf (a Hugging Face folder: model.safetensors "
+                      "and GPT-2's config.json)"},
+                     {"out", CLI_STR, &out, "output file (safetensors) or folder (hf)"},
                      {NULL, 0, NULL, NULL}};
-    int h = cli_parse(
-        "ckpt export", "modtrain ckpt export --ckpt DIR --format safetensors --out FILE",
-        "Writes the weights under Hugging Face GPT-2 names and shapes.", opts, argc, argv);
+    int h = cli_parse("ckpt export",
+                      "modtrain ckpt export --ckpt DIR --format safetensors --out FILE\n"
+                      "       modtrain ckpt export --ckpt DIR --format hf --out FOLDER",
+                      "Writes the weights under Hugging Face GPT-2 names and shapes; hf writes "
+                      "the folder transformers' GPT2LMHeadModel.from_pretrained reads (a "
+                      "Mixture-of-Depths model's routers left out).",
+                      opts, argc, argv);
     if (h != 1) return h == 0 ? EXIT_OK : EXIT_USAGE;
     if (!ckpt || !out) {
         errorf("ckpt export: --ckpt and --out are required");
         return EXIT_USAGE;
     }
-    if (strcmp(format, "safetensors") != 0) {
-        errorf("ckpt export: --format '%s' is not available (expected safetensors)", format);
+    const int hf = strcmp(format, "hf") == 0;
+    if (!hf && strcmp(format, "safetensors") != 0) {
+        errorf("ckpt export: --format '%s' is not available (expected safetensors or hf)", format);
         return EXIT_USAGE;
     }
+    if (hf && check_hf_out(out) != 0) return EXIT_USAGE;
+    char folder[4096]; /* the folder without trailing slashes, for its files' names */
+    snprintf(folder, sizeof folder, "%s", out);
+    for (size_t k = strlen(folder); hf && k > 1 && folder[k - 1] == '/'; k--) folder[k - 1] = '\0';
+    if (hf) out = folder;
     Config cfg;
     config_defaults(&cfg);
     Model m;
@@ -323,12 +382,18 @@ static int export_main(int argc, char **argv) {
         model_free(&m);
         return EXIT_USAGE;
     }
-    int rc = EXIT_OK;
-    if (ckpt_export_safetensors(out, &m, &cfg, step, &err) != 0) {
+    int rc = EXIT_OK, left_out = 0;
+    if (hf ? ckpt_export_hf(out, &m, &cfg, step, &left_out, &err) != 0
+           : ckpt_export_safetensors(out, &m, &cfg, step, &err) != 0) {
         err_print(&err);
         rc = EXIT_FAILURE;
     }
-    if (rc == 0) printf("ckpt export: wrote %s (step %d)\n", out, step);
+    if (rc == 0 && left_out) warn_hf_left_out(ckpt, &m, left_out);
+    if (rc == 0 && hf)
+        printf("ckpt export: wrote %s/model.safetensors and %s/config.json (step %d)\n", out, out,
+               step);
+    else if (rc == 0)
+        printf("ckpt export: wrote %s (step %d)\n", out, step);
     model_free(&m);
     return rc;
 }
@@ -462,6 +527,7 @@ int ckpt_main(int argc, char **argv) {
                "  inspect --ckpt DIR       config, state, layout, tensors and chunks\n"
                "  diff    --a DIR --b DIR [--tol X]   compare two checkpoints tensor by tensor\n"
                "  export  --ckpt DIR --format safetensors --out FILE\n"
+               "          --ckpt DIR --format hf --out FOLDER   (a Hugging Face folder)\n"
                "  import  --in FILE --ckpt DIR [--n-head N]\n");
         return argc < 1 ? EXIT_USAGE : EXIT_OK;
     }

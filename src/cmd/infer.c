@@ -428,6 +428,14 @@ int eval_main(int argc, char **argv) {
     if (rc != 1) return rc;
     Infer in;
     if (infer_open(&in, "eval", a.ckpt, a.pp, a.threads, a.micro) != 0) return EXIT_USAGE;
+    if (a.routing && in.cfg.route_every == 0) { /* the config: alike on every rank */
+        if (in.grid.world_rank == 0)
+            errorf("eval: --routing needs routed blocks, and '%s' is a dense model (route_every "
+                   "= 0): leave --routing out, or give a Mixture-of-Depths checkpoint",
+                   a.ckpt);
+        infer_close(&in);
+        return EXIT_USAGE;
+    }
     Dataset ds;
     if (ds_open_shared(&ds, a.data, in.cfg.seq_len, 0, MPI_COMM_WORLD) != 0) {
         infer_close(&in);

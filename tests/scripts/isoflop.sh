@@ -14,7 +14,8 @@
 # - the routing dump holds exactly k top-k tokens per sequence and block,
 #   the k largest router logits; its causal decisions are the router's sign
 #   and agree with top-k as often as eval's predictor_accuracy says; --vocab
-#   on a byte model and an unwritable path are refused before evaluating;
+#   on a byte model, an unwritable path and a dense model are refused
+#   before evaluating; routing_plot.sh draws the whole sequence by default;
 # - bad sweep options are one-line errors with exit 2.
 . "$(dirname "$0")/lib.sh"
 prep_fortunes
@@ -164,7 +165,13 @@ for bad in "--routing r2.tsv --vocab nowhere" "--routing nowhere/r.tsv"; do
     [ "$rc" = 2 ] && [ "$(wc -l < bad.err)" = 1 ] && [ ! -s bad.out ] && [ ! -e r2.tsv ] &&
         ok "eval $bad: refused before evaluating: $(cat bad.err)" || fail "eval $bad: exit $rc, '$(cat bad.err)'"
 done
-"$srcdir/jobs/routing_plot.sh" routing.tsv rp --positions 64 > rp.log 2>&1 ||
+rc=0
+"$MODTRAIN" eval --ckpt s/runs/b5e10_64x2_dense/ckpt --data data/val_000000.bin --batches 1 \
+    --routing r2.tsv > bad.out 2> bad.err || rc=$?
+[ "$rc" = 2 ] && [ "$(wc -l < bad.err)" = 1 ] && grep -q "is a dense model (route_every = 0)" bad.err &&
+    [ ! -s bad.out ] && [ ! -e r2.tsv ] && ok "eval --routing on a dense model: $(cat bad.err)" ||
+    fail "eval --routing on a dense model: exit $rc, '$(cat bad.err)'"
+"$srcdir/jobs/routing_plot.sh" routing.tsv rp > rp.log 2>&1 ||
     { cat rp.log; fail "routing_plot.sh failed"; }
 [ "$(grep -c '^block 1: chose 64 of 512 tokens' rp.txt)" = 1 ] && [ -s rp.png ] &&
     ok "routing_plot.sh: table and heatmap" || { cat rp.txt; fail "routing_plot.sh's table is wrong"; }

@@ -7,7 +7,10 @@
 # is drawn as it is, and an output folder's name is only ever a name; no
 # marker file appears. jobs/isoflop.sh refuses bad budgets (1e999, 1e-999,
 # nan, negative, 0, more steps than train takes) and a grid that leaves every
-# run out up front: exit 2, one line, nothing created.
+# run out up front: exit 2, one line, nothing created. jobs/plot_run.sh
+# refuses a missing folder, missing, empty, binary, deeply nested or
+# non-run metrics and values that are not numbers (one line, exit 2), takes
+# the last line of a repeated step and leaves out a last line cut short.
 . "$(dirname "$0")/lib.sh"
 cd "$TMP"
 have_gnuplot=0
@@ -66,6 +69,19 @@ if [ "$rc" = 0 ] && grep -q '^block 3: chose 5 of 10 tokens' t.txt &&
 else
     fail "routing: hostile decoded text: exit $rc: $(cat t.log)"
 fi
+# --positions defaults to the file's seq_len (4 here, of the 10 positions
+# drawn above): the same picture as --positions 4, a narrower one than 10
+if [ "$have_gnuplot" = 1 ]; then
+    "$srcdir/jobs/routing_plot.sh" text.tsv d --min_count 1 > d.log 2>&1 &&
+        "$srcdir/jobs/routing_plot.sh" text.tsv d4 --positions 4 --min_count 1 > d4.log 2>&1 &&
+        cmp -s d.png d4.png && ! cmp -s d.png t.png && ok "routing: --positions defaults to seq_len" ||
+        fail "routing: the default --positions is not seq_len = 4: $(cat d.log d4.log)"
+fi
+sed '1s/seq_len 4, //' text.tsv > nolen.tsv
+refused "routing: no seq_len and no --positions" "nolen.tsv' does not record seq_len on its first line (give --positions N)" \
+    "$srcdir/jobs/routing_plot.sh" nolen.tsv n
+refused "routing: --positions 0" "--positions = '0' is not a whole number >= 1" \
+    "$srcdir/jobs/routing_plot.sh" text.tsv n --positions 0
 # an output prefix is a name, never a command
 mkdir -p "x\";$sys;\""
 rc=0
@@ -73,6 +89,51 @@ rc=0
 no_marker "routing: a hostile prefix"
 [ "$rc" = 0 ] && { [ "$have_gnuplot" = 0 ] || [ -s "x\";$sys;\"/p.png" ]; } && ok "routing: a hostile prefix is a file name" ||
     fail "routing: a hostile prefix: exit $rc: $(cat p.log)"
+
+# --- jobs/plot_run.sh
+pr=$srcdir/jobs/plot_run.sh
+st() { printf '{"step":%s,"loss":%s,"lr":1e-3,"tokens_per_s":100,"phase_ms":{"forward":%s,"backward":2}}\n' "$@"; }
+refused "plot_run: no RUN_DIR" "usage: jobs/plot_run.sh RUN_DIR" "$pr"
+refused "plot_run: a missing folder" "'nowhere' is not a folder" "$pr" nowhere
+mkdir -p none empty bin mid deep phase big arr
+refused "plot_run: a folder without metrics" "'none/metrics.jsonl' does not exist" "$pr" none
+: > empty/metrics.jsonl
+refused "plot_run: empty metrics" "'empty/metrics.jsonl' is empty" "$pr" empty
+head -c 4096 /dev/urandom > bin/metrics.jsonl
+refused "plot_run: binary garbage" "bin/metrics.jsonl': line 1 is not a JSON object" "$pr" bin
+{ st 1 2 1; echo "set output '|touch marker'"; st 2 1 1; } > mid/metrics.jsonl
+refused "plot_run: a line of garbage before the last" "mid/metrics.jsonl': line 2 is not a JSON object" "$pr" mid
+{ st 1 2 1; "$PYTHON" -c 'print("[" * 100000 + "]" * 100000)'; st 2 1 1; } > deep/metrics.jsonl
+refused "plot_run: JSON nested 100000 deep" "deep/metrics.jsonl': line 2 is not a JSON object" "$pr" deep
+# (a bad line before the last: a last line that is not JSON is one cut short)
+for v in '"`touch marker`"' true NaN 1e999 -1 2.5; do
+    mkdir -p "v$v"
+    { st 1 2 1; st "$v" 1 1; st 3 1 1; } > "v$v/metrics.jsonl"
+    refused "plot_run: step = $v" "line 2: step = .* is not a whole number >= 0" "$pr" "v$v"
+done
+{ st 1 2 1; st 2 '"1); system(\"touch marker\"); (1"' 1; st 3 1 1; } > big/metrics.jsonl
+refused "plot_run: a loss that is a command" "big/metrics.jsonl': line 2: loss = .* is not a number" "$pr" big
+{ st 1 2 1; echo '{"step":2,"loss":1,"lr":1,"tokens_per_s":1,"phase_ms":{"a\"$sys":1}}'; } > phase/metrics.jsonl
+refused "plot_run: a phase that is a command" "phase/metrics.jsonl': line 2: phase_ms has a key .*, not a phase's name" "$pr" phase
+echo '[1, 2]' > arr/metrics.jsonl
+refused "plot_run: JSON that is not a run's" "arr/metrics.jsonl': line 1 is not a JSON object" "$pr" arr
+refused "plot_run: --out in a missing folder" "the folder 'nowhere' does not exist" "$pr" mid --out nowhere/x.png
+refused "plot_run: an unknown option" "unknown option '--bogus'" "$pr" mid --bogus
+[ ! -e mid/metrics.png ] || fail "plot_run: a refused run drew mid/metrics.png"
+# the last line of a step counts (a resume logs it again), a last line cut
+# short is left out, and a hostile folder name is only a name
+out="r\";$sys;\""
+mkdir -p "$out"
+{ st 1 3 1; st 2 2.5 1; st 1 9 1; st 2 8 1; echo '{"step":2,"val_loss":7.5}'; printf '{"step":3,"lo'; } > "$out/metrics.jsonl"
+rc=0
+"$pr" "$out" > pr.log 2>&1 || rc=$?
+no_marker "plot_run: a hostile folder name"
+want="2 steps (1 to 2), loss 9.0000 to 8.0000, 1 evaluation (val_loss 7.5000 at step 2), resumed 1 time (at step 1); the last line, cut short, left out"
+if [ "$rc" = 0 ] && grep -qF "plot_run: $want" pr.log && { [ "$have_gnuplot" = 0 ] || [ -s "$out/metrics.png" ]; }; then
+    ok "plot_run: the last line of a step counts; a cut last line and a hostile folder name are harmless"
+else
+    fail "plot_run: repeated steps / hostile name: exit $rc: $(cat pr.log)"
+fi
 
 # --- jobs/isoflop.sh --report
 H=budget,kind,d_model,n_layer,params,steps,tokens,flops,epochs,budget_spent,val_loss,val_loss_causal,step_ms,tokens_per_s,wall_s,capacity,route_every
