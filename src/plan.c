@@ -86,6 +86,8 @@ static int plan_stages(const Config *cfg, const Cluster *cl, PlanRow *r, MicroTi
     model_dims_config(&d, cfg, r->tp, 0);
     if (rc == 0) model_units(&d, r->micro, &u);
     d.pp = r->pp;
+    /* the data path's memory is every stage's alike: the spec parsed once */
+    const size_t data_mem = ds_memory(cfg->train_data, r->micro * r->n_micro, T, 0);
     for (int s = 0, l0 = 0; s < r->pp && rc == 0; l0 += layers[s++]) {
         if (layers[s] < 1 || l0 + layers[s] > cfg->n_layer) {
             rc = -1;
@@ -99,7 +101,7 @@ static int plan_stages(const Config *cfg, const Cluster *cl, PlanRow *r, MicroTi
             mm.staging = sat_add(mm.params, mm.moments);
             mm.total = sat_add(mm.total, mm.staging);
         }
-        mm.data = ds_memory(cfg->train_data, r->micro * r->n_micro, T, 0);
+        mm.data = data_mem;
         mm.total = sat_add(mm.total, mm.data);
         const size_t comm = r->pp > 1 ? (size_t)slots * (size_t)act : 0;
         if (stage_bytes)
