@@ -764,15 +764,16 @@ static void run_log(Run *r, int step, const StepResult *s) {
          100 * mfu, eta);
 }
 
-/* The validation loss under `mode`: each dataset's first eval_batches
- * micro-batches (in order) into part[], and their blend by weight.
- * Returns the blend, or NAN when a read failed (printed). */
+/* The validation loss under `mode`: each dataset's share of the first
+ * eval_seqs sequences (val_seqs: from its first, in order, whatever the
+ * layout) into part[], and their blend by weight. Returns the blend, or
+ * NAN when a read failed (printed). */
 static double run_val_loss(Run *r, RouteMode mode, double *part) {
-    const size_t n_val = (size_t)r->cfg.eval_batches * r->micro;
     double total = 0;
     for (int d = 0; d < r->val.n_parts; d++) {
         int failed = 0;
-        part[d] = evaluate(&r->m, &r->val, d, r->micro, n_val, mode, 0, 0.f, &failed);
+        const size_t n = (size_t)val_seqs(&r->val, d, (uint64_t)r->cfg.eval_seqs);
+        part[d] = evaluate(&r->m, &r->val, d, r->micro, n, mode, 0, 0.f, &failed);
         if (failed) return NAN;
         total += r->val.parts[d].weight * part[d];
     }
@@ -915,14 +916,14 @@ static void run_periodic_save(Run *r, int done, double *stall) {
 }
 
 /* What validating after step `done` would take: as timed last, or before
- * any, its forwards at a third of a training step's micro-batch each (two
+ * any, its forwards at a third of a training step's sequence each (two
  * passes for a MoD model: top-k and causal). */
 static double run_eval_estimate(const Run *r, int done, double per_step) {
     const Config *c = &r->cfg;
     if (!r->have_val || !((c->eval_every && done % c->eval_every == 0) || done == c->steps))
         return 0;
     if (r->last_eval_s > 0) return r->last_eval_s;
-    return per_step / r->n_micro / 3 * c->eval_batches * (r->n_routed ? 2 : 1);
+    return per_step / r->local_batch / 3 * c->eval_seqs * (r->n_routed ? 2 : 1);
 }
 
 /* Whether the next step (and its validation), the save in flight and a
