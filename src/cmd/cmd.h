@@ -97,4 +97,16 @@ void format_vocab_hash(uint64_t hash, char hex[CONFIG_HASH_HEX + 1]);
 int resume_run(const Config *cfg, const char *ckpt_dir, Model *m, AdamW *opt, int *start,
                CkptRunState *rs, MPI_Comm comm);
 
+/* init_from, before resume_run: refuses (printed, -1) a checkpoint of the
+ * run's own ckpt_dir, whose step names a new run would collide with.
+ * Collective; 0 or -1. */
+int init_from_check(const Config *cfg, const char *ckpt_dir, MPI_Comm comm);
+/* init_from, after resume_run (resumed: its result, start: the step it
+ * loaded): a resumed run logs that init_from is ignored; a new one loads
+ * only the weights of init_from (a checkpoint or ckpt_dir under any
+ * layout, or a GPT-2 safetensors file), whose model must be cfg's, and
+ * leaves the moments as they are. Collective; 0, or -1 (printed once). */
+int init_from_load(const Config *cfg, const char *ckpt_dir, Model *m, int resumed, int start,
+                   MPI_Comm comm);
+
 #endif
