@@ -294,6 +294,15 @@ static int state_kv(const Config *cfg, const Model *m, int step, const CkptRunSt
     n = add_kv(kv, n, "state.seed", v);
     snprintf(v, sizeof v, "%d", cfg->batch_size);
     n = add_kv(kv, n, "state.batch_size", v);
+    /* the schedule the run trained under, which a resume compares with its own */
+    snprintf(v, sizeof v, "%.17g", cfg->lr);
+    n = add_kv(kv, n, "state.lr", v);
+    snprintf(v, sizeof v, "%.17g", cfg->min_lr);
+    n = add_kv(kv, n, "state.min_lr", v);
+    snprintf(v, sizeof v, "%d", cfg->warmup_steps);
+    n = add_kv(kv, n, "state.warmup_steps", v);
+    snprintf(v, sizeof v, "%d", cfg->steps);
+    n = add_kv(kv, n, "state.steps", v);
     snprintf(v, sizeof v, "%d", world);
     n = add_kv(kv, n, "layout.world", v);
     snprintf(v, sizeof v, "%d", m->d.tp);
@@ -732,6 +741,23 @@ int ckpt_read_config(const char *stepdir, Config *cfg, int *step, Err *err) {
     return rc;
 }
 
+/* The schedule keys of a checkpoint's index into rs (-1 where one is
+ * absent or malformed: a checkpoint from before they were recorded). */
+static void read_schedule(const CkIndex *ix, CkptRunState *rs) {
+    const char *lr = ck_kv(ix, "state.lr"), *min_lr = ck_kv(ix, "state.min_lr");
+    const char *ints[3] = {ck_kv(ix, "state.warmup_steps"), ck_kv(ix, "state.steps"),
+                           ck_kv(ix, "state.batch_size")};
+    int *to[3] = {&rs->warmup_steps, &rs->steps, &rs->batch_size};
+    rs->lr = rs->min_lr = -1;
+    if (lr && parse_f64(lr, &rs->lr) != 0) rs->lr = -1;
+    if (min_lr && parse_f64(min_lr, &rs->min_lr) != 0) rs->min_lr = -1;
+    for (int i = 0; i < 3; i++) {
+        long long v = -1;
+        if (!ints[i] || parse_i64(ints[i], 0, INT32_MAX, &v) != 0) v = -1;
+        *to[i] = (int)v;
+    }
+}
+
 int ckpt_read_run_state(const char *stepdir, CkptRunState *rs, Err *err) {
     CkIndex ix;
     memset(rs, 0, sizeof *rs);
@@ -754,6 +780,7 @@ int ckpt_read_run_state(const char *stepdir, CkptRunState *rs, Err *err) {
     rs->rollbacks = (int)bv;
     rs->samples = sv;
     rs->seed = seed;
+    read_schedule(&ix, rs);
     for (int i = 0; i < ix.nkv; i++)
         if (strncmp(ix.kv[i].key, "data.", 5) == 0) {
             if (rs->n_data % 64 == 0)
@@ -1006,7 +1033,9 @@ int ckpt_check_safetensors(const StFile *f, const ModelDims *d, Err *err) {
 }
 
 int ckpt_load_safetensors(const StFile *f, Model *m, Err *err) {
-    if (ckpt_check_safetensors(f, &m->d, err) != 0) return -1;
+    ModelDims whole = m->d; /* the file holds every stage: check the whole model */
+    whole.pp = 1, whole.pp_rank = 0, whole.l0 = 0, whole.l1 = whole.L;
+    if (ckpt_check_safetensors(f, &whole, err) != 0) return -1;
     for (int i = 0; i < m->nreg; i++) {
         const ParamInfo *p = &m->reg[i];
         const StTensor *t = st_find(f, p->name);

@@ -36,6 +36,9 @@ typedef struct {
     long long seed; /* -1: not recorded */
     CkKV *data;
     int n_data;
+    /* read only: the schedule the checkpoint's run had (-1: not recorded) */
+    double lr, min_lr;
+    int warmup_steps, steps, batch_size;
 } CkptRunState;
 
 /* Reads a checkpoint's CkptRunState (zeros for keys it lacks: written
@@ -162,8 +165,9 @@ int ckpt_export_hf(const char *dir, const Model *m, const Config *cfg, int step,
  * buffers, h.N.attn.bias and h.N.attn.masked_bias, of blocks it has).
  * Returns 0 or -1 with err naming the tensor. */
 int ckpt_check_safetensors(const StFile *f, const ModelDims *d, Err *err);
-/* Loads m's weights from a parsed safetensors file (checked as above; a
- * NaN or infinity is an error naming the tensor). Returns 0 or -1. */
+/* Loads m's weights (its pipeline stage's, its tp slices) from a parsed
+ * safetensors file (checked as above against the whole model; a NaN or
+ * infinity is an error naming the tensor). Returns 0 or -1. */
 int ckpt_load_safetensors(const StFile *f, Model *m, Err *err);
 
 #endif

@@ -343,7 +343,7 @@ one_run() {
         return $rc
     fi
     local micro=$(( eval_seqs < 16 ? eval_seqs : 16 ))
-    run_eval --ckpt "$dir/ckpt" --data "$val" --batches $(( (eval_seqs + micro - 1) / micro )) \
+    run_eval --ckpt "$dir/ckpt" --data "$val" --seqs "$eval_seqs" \
         --micro_batch "$micro" --pp "$pp" --json > "$dir/eval.json" 2> "$dir/eval.log" ||
         { log "$name: eval failed (see $dir/eval.log)"; return 1; }
     # the run's own account: FLOPs as train counted them step by step, mean

@@ -85,8 +85,8 @@ static const KeySpec keys[] = {
      "validation shards (as train_data); empty = none"},
     {"eval_every", K_INT, 0, OFF(eval_every), "50", 0, 1 << 30, 0, NULL,
      "validation every n steps; 0 = only at the end"},
-    {"eval_batches", K_INT, 0, OFF(eval_batches), "8", 1, 1 << 24, 0, NULL,
-     "micro-batches per validation"},
+    {"eval_seqs", K_INT, 0, OFF(eval_seqs), "256", 1, 1 << 24, 0, NULL,
+     "sequences per validation: the first n of val_data (a blend's in its order)"},
     {"tp", K_INT, 0, OFF(tp), "1", 1, 4096, 0, NULL, "tensor-parallel ranks"},
     {"pp", K_INT, 0, OFF(pp), "1", 1, 4096, 0, NULL, "pipeline stages"},
     {"schedule", K_ENUM, 0, OFF(schedule), "1f1b", 0, 0, 0, "1f1b|gpipe", "pipeline schedule"},
@@ -103,6 +103,8 @@ static const KeySpec keys[] = {
     {"ckpt_async", K_INT, 0, OFF(ckpt_async), "1", 0, 1, 0, NULL,
      "1 = periodic saves copy the state and write it in the background"},
     {"resume", K_STR, 0, OFF(resume), "auto", 0, 0, 0, NULL, "auto | never | checkpoint path"},
+    {"init_from", K_STR, 0, OFF(init_from), "", 0, 0, 0, NULL,
+     "a new run from these weights: a checkpoint, a ckpt_dir or a safetensors file"},
     {"run_dir", K_STR, 0, OFF(run_dir), "runs/default", 0, 0, 0, NULL, "metrics.jsonl goes here"},
     {"log_every", K_INT, 0, OFF(log_every), "10", 1, 1 << 30, 0, NULL,
      "progress line every n steps"},
@@ -177,6 +179,11 @@ static void norm_key(char *dst, size_t n, const char *src) {
 }
 
 static int unknown_key(const char *key, const char *where, Err *err) {
+    if (strcmp(key, "eval_batches") == 0) /* counted micro-batches until eval_seqs */
+        return err_set(err,
+                       "%s: eval_batches was replaced by eval_seqs, which counts sequences, not "
+                       "micro-batches (set eval_seqs = eval_batches x micro_batch for as many)",
+                       where);
     const char *best = NULL;
     int bestd = 1 << 30;
     for (size_t i = 0; i < NKEYS; i++) {

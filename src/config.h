@@ -45,7 +45,7 @@ typedef struct {
     long long seed;
     /* data and evaluation */
     char train_data[CONFIG_STR], val_data[CONFIG_STR];
-    int eval_every, eval_batches;
+    int eval_every, eval_seqs;
     /* parallel layout */
     int tp, pp;
     Schedule schedule;
@@ -54,6 +54,7 @@ typedef struct {
     char ckpt_dir[CONFIG_STR];
     int ckpt_every, ckpt_keep, ckpt_level, ckpt_chunk, ckpt_async;
     char resume[CONFIG_STR];
+    char init_from[CONFIG_STR]; /* "" or the weights a new run starts from */
     char run_dir[CONFIG_STR];
     int log_every;
     double time_limit; /* seconds; save and stop before the run uses more; 0 = none */

@@ -67,7 +67,8 @@ void check_model_fault(const Model *m);
 int ds_open_shared(Dataset *ds, const char *spec, int T, uint64_t seed, MPI_Comm comm);
 
 /* Mean loss of m over the first n_seqs sequences (in order) of dataset
- * `part` of ds, in micro-batches of `micro`, through the pipeline when m
+ * `part` of ds, in micro-batches of `micro` (summed per sequence, in
+ * sequence order: the same bits under any micro), through the pipeline when m
  * has one, with routed blocks choosing tokens by `mode`; m->stats holds
  * what routing did. With backward, also accumulates the gradient of that
  * mean loss (aux_weight for the router's BCE). Collective over
@@ -75,6 +76,11 @@ int ds_open_shared(Dataset *ds, const char *spec, int T, uint64_t seed, MPI_Comm
  * *failed on all (printed once) and returns NAN. */
 double evaluate(Model *m, Dataset *ds, int part, int micro, size_t n_seqs, RouteMode mode,
                 int backward, float aux_weight, int *failed);
+
+/* Validation's sequences of dataset `part` of ds: the first n of the whole
+ * (0: all of it) in the blend's order hold this many of part's, read from
+ * its first in order (ds_locate_seq): at least one, at most all it has. */
+uint64_t val_seqs(const Dataset *ds, int part, uint64_t n);
 
 /* The tokenizer a shard header's code names (TOK_AUTO for none), and back
  * (SHARD_TOK_UNKNOWN for auto and none). */
@@ -90,5 +96,17 @@ void format_vocab_hash(uint64_t hash, char hex[CONFIG_HASH_HEX + 1]);
  * start fresh, -1 an error (printed). */
 int resume_run(const Config *cfg, const char *ckpt_dir, Model *m, AdamW *opt, int *start,
                CkptRunState *rs, MPI_Comm comm);
+
+/* init_from, before resume_run: refuses (printed, -1) a checkpoint of the
+ * run's own ckpt_dir, whose step names a new run would collide with.
+ * Collective; 0 or -1. */
+int init_from_check(const Config *cfg, const char *ckpt_dir, MPI_Comm comm);
+/* init_from, after resume_run (resumed: its result, start: the step it
+ * loaded): a resumed run logs that init_from is ignored; a new one loads
+ * only the weights of init_from (a checkpoint or ckpt_dir under any
+ * layout, or a GPT-2 safetensors file), whose model must be cfg's, and
+ * leaves the moments as they are. Collective; 0, or -1 (printed once). */
+int init_from_load(const Config *cfg, const char *ckpt_dir, Model *m, int resumed, int start,
+                   MPI_Comm comm);
 
 #endif

@@ -102,7 +102,14 @@ double evaluate(Model *m, Dataset *ds, int part, int micro, size_t n_seqs, Route
         const size_t count = (size_t)B * T * m->d.C;
         /* a pipeline runs the forward stage after stage; the last has the loss */
         if (pp > 1 && !first) pp_recv_prev(m->cur->enc, count, PP_TAG_EVAL, m->pp_comm);
-        total += (double)model_forward(m, inputs, targets, B, T) * B * T;
+        model_forward(m, inputs, targets, B, T);
+        /* each sequence's token losses, then the sequences, in order: the
+         * same sum whatever micro-batches they came in */
+        for (int b = 0; last && b < B; b++) {
+            double seq = 0;
+            for (int t = 0; t < T; t++) seq += m->cur->losses[(size_t)b * T + t];
+            total += seq;
+        }
         fault_progress(); /* the watchdog's: a long validation is no hang */
         check_model_fault(m);
         if (pp > 1 && !last) pp_send_next(model_stage_output(m), count, PP_TAG_EVAL, m->pp_comm);
@@ -113,6 +120,14 @@ double evaluate(Model *m, Dataset *ds, int part, int micro, size_t n_seqs, Route
     free(inputs);
     free(targets);
     return *failed ? NAN : total / tokens;
+}
+
+uint64_t val_seqs(const Dataset *ds, int part, uint64_t n) {
+    const uint64_t have = ds->parts[part].n_seqs;
+    if (n == 0) return have;
+    uint64_t k = ds->n_parts == 1 ? n : ds_part_count(ds, part, n);
+    if (k < 1) k = 1;
+    return k < have ? k : have;
 }
 
 Tokenizer tokenizer_of_shard(int shard_tokenizer) {

@@ -124,7 +124,7 @@ static int infer_tokenizer(const Infer *in, const char *cmd, const char *vocab, 
 
 typedef struct {
     const char *ckpt, *data, *grads, *grads_routing, *routing, *vocab;
-    int json, batches, micro, threads, pp, routing_seqs;
+    int json, seqs, micro, threads, pp, routing_seqs;
     double aux_weight;
     RouteMode grad_mode;
 } EvalArgs;
@@ -135,16 +135,18 @@ static int eval_args(EvalArgs *a, int argc, char **argv) {
     config_defaults(&defaults);
     *a = (EvalArgs){.grads_routing = "topk",
                     .micro = 8,
+                    .seqs = 256,
                     .pp = 1,
                     .routing_seqs = 4,
                     .aux_weight = defaults.aux_weight};
     CliOpt opts[] = {
         {"ckpt", CLI_STR, &a->ckpt, "checkpoint: a ckpt_dir (its newest) or a step directory"},
         {"data", CLI_STR, &a->data,
-         "shards to evaluate on: a shard, a glob, or a blend W:GLOB,W:GLOB (each dataset's "
-         "first sequences, in order)"},
+         "shards to evaluate on: a shard, a glob, or a blend W:GLOB,W:GLOB"},
         {"json", CLI_FLAG, &a->json, "print one JSON object"},
-        {"batches", CLI_INT, &a->batches, "micro-batches to evaluate of each dataset; 0 = all of it (0)"},
+        {"seqs", CLI_INT, &a->seqs,
+         "sequences to evaluate: the first N of the data, a blend's in its own order (each "
+         "dataset's share from its first, in order); 0 = all of every dataset (256)"},
         {"micro_batch", CLI_INT, &a->micro, "sequences per forward (8)"},
         {"threads", CLI_INT, &a->threads,
          "threads; 0 = OMP_NUM_THREADS, else the cores over the node's ranks (0)"},
@@ -159,17 +161,24 @@ static int eval_args(EvalArgs *a, int argc, char **argv) {
         {"aux_weight", CLI_FLOAT, &a->aux_weight, "weight of the router's BCE in --grads (0.1)"},
         {"pp", CLI_INT, &a->pp, "pipeline stages over the ranks; the rest is tensor-parallel (1)"},
         {NULL, 0, NULL, NULL}};
-    int h = cli_parse("eval", "modtrain eval --ckpt DIR --data FILE [--json]",
-                      "Mean next-token loss of a checkpoint on a token shard; for a "
-                      "Mixture-of-Depths model under top-k and under causal routing.",
+    for (int i = 0; i < argc; i++)
+        if (strcmp(argv[i], "--batches") == 0 || strncmp(argv[i], "--batches=", 10) == 0) {
+            errorf("eval: --batches was replaced by --seqs N, which counts sequences, not "
+                   "micro-batches (--seqs = batches x micro_batch reads as many)");
+            return EXIT_USAGE;
+        }
+    int h = cli_parse("eval", "modtrain eval --ckpt DIR --data FILE [--seqs N] [--json]",
+                      "Mean next-token loss of a checkpoint over the first --seqs sequences "
+                      "(256) of token shards, the same under every layout and micro-batch; for "
+                      "a Mixture-of-Depths model under top-k and under causal routing.",
                       opts, argc, argv);
     if (h != 1) return h == 0 ? EXIT_OK : EXIT_USAGE;
     if (!a->ckpt || !a->data) {
         errorf("eval: --ckpt and --data are required (see modtrain eval --help)");
         return EXIT_USAGE;
     }
-    if (a->micro < 1 || a->batches < 0 || a->threads < 0 || a->routing_seqs < 1) {
-        errorf("eval: --micro_batch and --routing_seqs must be >= 1, --batches and --threads >= 0");
+    if (a->micro < 1 || a->seqs < 0 || a->threads < 0 || a->routing_seqs < 1) {
+        errorf("eval: --micro_batch and --routing_seqs must be >= 1, --seqs and --threads >= 0");
         return EXIT_USAGE;
     }
     if (strcmp(a->grads_routing, "topk") != 0 && strcmp(a->grads_routing, "causal") != 0) {
@@ -201,20 +210,20 @@ static void print_fractions(const Model *m) {
     printf("]");
 }
 
-/* The loss under `mode` of each dataset's first `total` sequences (fewer
- * where it has fewer) into part[], *seqs the sequences read; returns
- * their blend by weight, or NAN with *failed set (printed). */
+/* The loss under `mode` of each dataset's share of the first `total`
+ * sequences (val_seqs; 0 = all) into part[], *seqs the sequences read;
+ * returns their blend by weight, or NAN with *failed set (printed). */
 static double eval_blend(Infer *in, const EvalArgs *a, Dataset *ds, size_t total, RouteMode mode,
                          double *part, size_t *seqs, int *failed) {
     double loss = 0;
     *seqs = 0;
     for (int d = 0; d < ds->n_parts; d++) {
         const int grads = a->grads && a->grad_mode == mode;
-        part[d] = evaluate(&in->m, ds, d, a->micro, total, mode, grads, (float)a->aux_weight,
-                           failed);
+        const size_t n = (size_t)val_seqs(ds, d, total);
+        part[d] = evaluate(&in->m, ds, d, a->micro, n, mode, grads, (float)a->aux_weight, failed);
         if (*failed) return NAN;
         loss += ds->parts[d].weight * part[d];
-        *seqs += total < ds->parts[d].n_seqs ? total : (size_t)ds->parts[d].n_seqs;
+        *seqs += n;
     }
     return loss;
 }
@@ -449,7 +458,7 @@ int eval_main(int argc, char **argv) {
         return EXIT_USAGE;
     }
     if (in.grid.world_rank == 0) warn_vocab(&ds, &in);
-    const size_t total = a.batches ? (size_t)a.batches * a.micro : SIZE_MAX;
+    const size_t total = (size_t)a.seqs;
     /* the routing file first: its refusals (tokenizer, path) come before the work */
     rc = a.routing ? eval_routing(&in, &a, &ds, (size_t)ds.parts[0].n_seqs) : EXIT_OK;
     if (rc == EXIT_OK) rc = eval_run(&in, &a, &ds, total);

@@ -1,10 +1,12 @@
 /*
  * resume: restoring a training run from its checkpoints, newest first,
- * with every rank agreeing on which one loaded.
+ * with every rank agreeing on which one loaded; and init_from, a new run
+ * from another run's weights (Megatron's --finetune).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "checkpoint/ckpt.h"
 #include "mpi/check.h"
@@ -116,4 +118,132 @@ int resume_run(const Config *cfg, const char *ckpt_dir, Model *m, AdamW *opt, in
     }
     if (r == 1 && resume_abandon(ckpt_dir, *start, comm) != 0) return -1;
     return r;
+}
+
+/* ------------------------------------------------------------- init_from */
+
+/* What init_from names: a safetensors file (*is_st, dir = the path) or a
+ * checkpoint's step directory (a ckpt_dir's newest). Returns 0, or -1
+ * with err set. */
+static int init_locate(const char *arg, char *dir, size_t n, int *is_st, Err *err) {
+    struct stat st;
+    *is_st = stat(arg, &st) == 0 && S_ISREG(st.st_mode);
+    if (*is_st) {
+        snprintf(dir, n, "%s", arg);
+        return 0;
+    }
+    if (ckpt_resolve(arg, dir, n, err) == 0) return 0;
+    Err why = *err;
+    return err_set(err, "init_from: %s (name a checkpoint, a ckpt_dir or a safetensors file)",
+                   why.msg);
+}
+
+/* Whether step directory stepdir lies in ckpt_dir (the same folder, by
+ * device and inode: the paths may differ). */
+static int in_ckpt_dir(const char *stepdir, const char *ckpt_dir) {
+    char parent[1100];
+    snprintf(parent, sizeof parent, "%s", stepdir);
+    size_t k = strlen(parent);
+    while (k > 1 && parent[k - 1] == '/') parent[--k] = '\0';
+    char *slash = strrchr(parent, '/');
+    if (!slash) snprintf(parent, sizeof parent, ".");
+    else if (slash == parent) slash[1] = '\0';
+    else *slash = '\0';
+    struct stat a, b;
+    return stat(parent, &a) == 0 && stat(ckpt_dir, &b) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
+}
+
+int init_from_check(const Config *cfg, const char *ckpt_dir, MPI_Comm comm) {
+    if (!cfg->init_from[0]) return 0;
+    char dir[1100];
+    int is_st = 0, rc = 0;
+    Err err;
+    /* one that does not resolve may be gone from a requeued job: resume decides */
+    if (init_locate(cfg->init_from, dir, sizeof dir, &is_st, &err) == 0 && !is_st &&
+        in_ckpt_dir(dir, ckpt_dir))
+        rc = err_set(&err,
+                     "init_from: '%s' is a checkpoint of this run's own ckpt_dir '%s'; a new run "
+                     "from it needs a ckpt_dir of its own (set ckpt_dir or run_dir), so that step "
+                     "names never collide, or leave init_from out to resume it",
+                     cfg->init_from, ckpt_dir);
+    return cmd_agree(rc, &err, comm);
+}
+
+/* Every model key of `src` (a config read from init_from) equals the run's.
+ * Returns 0, or -1 with err naming the first that differs. */
+static int init_same_model(const Config *src, const Config *run, const char *path, Err *err) {
+    const char *key;
+    for (int i = 0; (key = config_model_key(i)); i++) {
+        char a[128], b[128];
+        config_get(src, key, a, sizeof a);
+        config_get(run, key, b, sizeof b);
+        if (strcmp(a, b) != 0)
+            return err_set(err,
+                           "init_from: '%s' has %s = %s but this run has %s = %s (the model must "
+                           "be the source's: set %s = %s)",
+                           path, key, a, key, b, key, a);
+    }
+    return 0;
+}
+
+/* The model keys a safetensors file's metadata records must be the run's
+ * (those it lacks, as GPT-2's own files lack n_head, are the run's), and
+ * its tensors the whole model's. Returns 0, or -1 with err set. */
+static int init_check_st(const StFile *f, const Config *run, const ModelDims *d, Err *err) {
+    Config src = *run;
+    const char *key;
+    for (int i = 0; (key = config_model_key(i)); i++) {
+        const char *v = st_meta(f, key);
+        if (v && config_set(&src, key, v, f->path, err) != 0) return -1;
+    }
+    if (init_same_model(&src, run, f->path, err) != 0) return -1;
+    ModelDims whole = *d;
+    whole.pp = 1, whole.pp_rank = 0, whole.l0 = 0, whole.l1 = whole.L;
+    Err why;
+    if (ckpt_check_safetensors(f, &whole, &why) == 0) return 0;
+    return err_set(err, "init_from: %s", why.msg);
+}
+
+/* Loads init_from's weights into m (this rank's slices, from any layout):
+ * 0, or -1 with err set; *step is the source's step. */
+static int init_load(const Config *cfg, Model *m, char *dir, size_t n, int *step, Err *err) {
+    int is_st = 0;
+    *step = 0;
+    if (init_locate(cfg->init_from, dir, n, &is_st, err) != 0) return -1;
+    if (!is_st) {
+        Config src = *cfg;
+        if (ckpt_read_config(dir, &src, step, err) != 0) return -1;
+        if (init_same_model(&src, cfg, dir, err) != 0) return -1;
+        return ckpt_load(dir, m, NULL, NULL, err);
+    }
+    StFile f;
+    if (st_read(&f, dir, err) != 0) return -1;
+    int rc = init_check_st(&f, cfg, &m->d, err);
+    const char *s = st_meta(&f, "step");
+    long long v = 0;
+    if (s && parse_i64(s, 0, CONFIG_MAX_STEP, &v) == 0) *step = (int)v;
+    if (rc == 0) rc = ckpt_load_safetensors(&f, m, err);
+    st_free(&f);
+    return rc;
+}
+
+int init_from_load(const Config *cfg, const char *ckpt_dir, Model *m, int resumed, int start,
+                   MPI_Comm comm) {
+    if (!cfg->init_from[0]) return 0;
+    if (resumed) {
+        log0("init_from: ckpt_dir '%s' holds this run's own checkpoints: resumed at step %d; "
+             "init_from '%s' is ignored\n",
+             ckpt_dir, start, cfg->init_from);
+        return 0;
+    }
+    char dir[1100];
+    int step = 0;
+    Err err;
+    int rc = init_load(cfg, m, dir, sizeof dir, &step, &err);
+    if (cmd_agree(rc, &err, comm) != 0) return -1;
+    log0("init_from: the weights of %s (step %d of its run) start a new run at step 0: fresh "
+         "AdamW moments, the lr schedule from its start, train_data from sample 0\n",
+         dir, step);
+    return 0;
 }

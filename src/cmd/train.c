@@ -385,6 +385,42 @@ static int run_check_data(Run *r) {
     return rc;
 }
 
+/* A resumed run whose lr schedule or batch_size differs from its
+ * checkpoint's says, in one line, what the change does (run_before_steps
+ * speaks for a run with nothing left to train). */
+static void run_resume_notice(const Run *r) {
+    const Config *c = &r->cfg;
+    const CkptRunState *rs = &r->rs;
+    if (r->start >= c->steps) return;
+    Config old = *c; /* the checkpoint's schedule, where it records one */
+    const struct {
+        const char *name;
+        double mine, theirs; /* theirs < 0: not recorded */
+    } keys[] = {{"lr", c->lr, rs->lr},
+                {"min_lr", c->min_lr, rs->min_lr},
+                {"warmup_steps", c->warmup_steps, rs->warmup_steps},
+                {"steps", c->steps, rs->steps},
+                {"batch_size", c->batch_size, rs->batch_size}};
+    char what[512] = "";
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        if (keys[i].theirs < 0 || keys[i].theirs == keys[i].mine) continue;
+        char v[64];
+        snprintf(v, sizeof v, "%.17g", keys[i].theirs);
+        config_set(&old, keys[i].name, v, "checkpoint", NULL); /* read from an index: valid */
+        snprintf(what + strlen(what), sizeof what - strlen(what),
+                 "%s%s %g differs from the checkpoint's %g", what[0] ? ", " : "", keys[i].name,
+                 keys[i].mine, keys[i].theirs);
+    }
+    if (!what[0]) return;
+    char batch[128] = "";
+    if (old.batch_size != c->batch_size)
+        snprintf(batch, sizeof batch, "; each step reads %d sequences, on from sample %lld",
+                 c->batch_size, rs->samples);
+    log0("resume: %s: the new values apply from step %d (lr %.3e there, where the checkpoint's "
+         "schedule gave %.3e%s)\n",
+         what, r->start + 1, lr_at(c, r->start), lr_at(&old, r->start), batch);
+}
+
 /* Whether the run makes periodic saves in the background (the final save
  * and a stop's are synchronous: nothing is left to overlap them with). */
 static int run_saves_async(const Config *c) {
@@ -428,15 +464,18 @@ static int run_setup_model(Run *r) {
     r->m.check_routing = c->debug_checks;
     adamw_init(&r->opt, &r->m);
     r->model_ready = 1;
+    if (init_from_check(c, r->ckpt_dir, g->world) != 0) return -1;
     int resumed = resume_run(c, r->ckpt_dir, &r->m, &r->opt, &r->start, &r->rs, g->world);
     if (resumed < 0) return -1;
     r->resumed = resumed;
     r->rs.rollbacks = 0; /* counted onto the checkpoint loaded, not the next ones */
     if (resumed && run_check_data(r) != 0) return -1;
+    if (resumed) run_resume_notice(r);
+    if (init_from_load(c, r->ckpt_dir, &r->m, resumed, r->start, g->world) != 0) return -1;
     ckpt_run_state_free(&r->rs); /* the checkpoint's record of its data: ours from now on */
     r->rs.data = r->data_id;
     r->rs.n_data = r->n_data_id;
-    if (resumed == 0) model_init_weights(&r->m, (uint64_t)c->seed);
+    if (resumed == 0 && !c->init_from[0]) model_init_weights(&r->m, (uint64_t)c->seed);
     for (int l = 0; l < d.L; l++) r->n_routed += model_is_routed(&d, l);
     r->dense_fpt = model_flops_per_token(&d, r->T, NULL);
     return 0;
@@ -788,15 +827,16 @@ static void run_log(Run *r, int step, const StepResult *s) {
          100 * mfu, eta);
 }
 
-/* The validation loss under `mode`: each dataset's first eval_batches
- * micro-batches (in order) into part[], and their blend by weight.
- * Returns the blend, or NAN when a read failed (printed). */
+/* The validation loss under `mode`: each dataset's share of the first
+ * eval_seqs sequences (val_seqs: from its first, in order, whatever the
+ * layout) into part[], and their blend by weight. Returns the blend, or
+ * NAN when a read failed (printed). */
 static double run_val_loss(Run *r, RouteMode mode, double *part) {
-    const size_t n_val = (size_t)r->cfg.eval_batches * r->micro;
     double total = 0;
     for (int d = 0; d < r->val.n_parts; d++) {
         int failed = 0;
-        part[d] = evaluate(&r->m, &r->val, d, r->micro, n_val, mode, 0, 0.f, &failed);
+        const size_t n = (size_t)val_seqs(&r->val, d, (uint64_t)r->cfg.eval_seqs);
+        part[d] = evaluate(&r->m, &r->val, d, r->micro, n, mode, 0, 0.f, &failed);
         if (failed) return NAN;
         total += r->val.parts[d].weight * part[d];
     }
@@ -939,14 +979,14 @@ static void run_periodic_save(Run *r, int done, double *stall) {
 }
 
 /* What validating after step `done` would take: as timed last, or before
- * any, its forwards at a third of a training step's micro-batch each (two
+ * any, its forwards at a third of a training step's sequence each (two
  * passes for a MoD model: top-k and causal). */
 static double run_eval_estimate(const Run *r, int done, double per_step) {
     const Config *c = &r->cfg;
     if (!r->have_val || !((c->eval_every && done % c->eval_every == 0) || done == c->steps))
         return 0;
     if (r->last_eval_s > 0) return r->last_eval_s;
-    return per_step / r->n_micro / 3 * c->eval_batches * (r->n_routed ? 2 : 1);
+    return per_step / r->local_batch / 3 * c->eval_seqs * (r->n_routed ? 2 : 1);
 }
 
 /* Whether the next step (and its validation), the save in flight and a
@@ -1011,10 +1051,15 @@ static int run_before_steps(Run *r) {
     struct stat st;
     snprintf(have, sizeof have, "%s/step-%08d/index", r->ckpt_dir, r->start);
     if (r->resumed && r->start >= c->steps && stat(have, &st) == 0) {
-        log0("train: %s is at step %d and steps = %d: nothing to train or save\n", r->ckpt_dir,
-             r->start, c->steps);
+        log0("resume: steps = %d is at or below the checkpoint's step %d: nothing to train or "
+             "save, exiting 0\n",
+             c->steps, r->start);
         return EXIT_OK;
     }
+    if (r->resumed && r->start >= c->steps)
+        log0("resume: steps = %d is at or below the checkpoint's step %d: nothing to train; "
+             "saving it into %s\n",
+             c->steps, r->start, r->ckpt_dir);
     int stop = atomic_load(&stop_signal);
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, r->grid.world));
     if (!stop) return -1;
@@ -1054,8 +1099,10 @@ static int run_nonfinite(Run *r, int *step, const StepResult *s) {
     const int got = resume_run(&back, r->ckpt_dir, &r->m, &r->opt, &to, &had, r->grid.world);
     ckpt_run_state_free(&had); /* its samples are skipped: the cursor stays past this step */
     if (got < 0) return EXIT_FAILURE;
-    if (got == 0) { /* no checkpoint yet: back to the seed's init */
-        model_init_weights(&r->m, (uint64_t)c->seed);
+    if (got == 0) { /* no checkpoint yet: back to the seed's init, or init_from's weights */
+        if (!c->init_from[0]) model_init_weights(&r->m, (uint64_t)c->seed);
+        else if (init_from_load(c, r->ckpt_dir, &r->m, 0, 0, r->grid.world) != 0)
+            return EXIT_FAILURE;
         adamw_reset(&r->opt);
     }
     if (had.rollbacks >= c->nonfinite_tries) {

@@ -17,7 +17,7 @@ MODTRAIN=${MODTRAIN:-$top/modtrain}
 mkdir -p "$out"
 [ -f "$out/data/train.bin" ] || MODTRAIN=$MODTRAIN "$top/jobs/prep_fortunes.sh" "$out/data" > /dev/null
 model="--n_layer 8 --d_model 128 --n_head 4 --seq_len 256 --batch_size 8 --micro_batch 8"
-opt="--lr 2e-3 --min_lr 2e-4 --warmup_steps 40 --eval_every 50 --eval_batches 16 --log_every 50"
+opt="--lr 2e-3 --min_lr 2e-4 --warmup_steps 40 --eval_every 50 --eval_seqs 128 --log_every 50"
 for kind in dense mod; do
     re=0
     [ "$kind" = mod ] && re=2

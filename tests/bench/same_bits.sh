@@ -37,8 +37,8 @@ run_all() { # BINARY DIR
     t pp2dp2 4 --threads 1 --pp 2
     t resumed 1 --threads 2 $mod --time_limit 0.001 # stops after step 1, exit 75
     t resumed 1 --threads 2 $mod --resume auto
-    "$b" eval --ckpt mod1/ckpt --data "$data/val.bin" --batches 4 --json --threads 2 > eval1.txt 2>&1
-    $MPIRUN -np 2 "$b" eval --ckpt pp2/ckpt --data "$data/val.bin" --batches 4 --json --threads 1 --pp 2 > evalpp2.txt 2>&1
+    "$b" eval --ckpt mod1/ckpt --data "$data/val.bin" --seqs 32 --json --threads 2 > eval1.txt 2>&1
+    $MPIRUN -np 2 "$b" eval --ckpt pp2/ckpt --data "$data/val.bin" --seqs 32 --json --threads 1 --pp 2 > evalpp2.txt 2>&1
     "$b" sample --ckpt pred1/ckpt --tokens 200 --threads 2 --seed 3 > sample1.txt 2>&1
     $MPIRUN -np 2 "$b" sample --ckpt tp2/ckpt --tokens 200 --threads 1 --seed 3 > sampletp2.txt 2>&1
     $MPIRUN -np 2 "$b" sample --ckpt mod1/ckpt --tokens 100 --threads 1 --seed 3 --pp 2 --prompt Hello > samplepp2.txt 2>&1

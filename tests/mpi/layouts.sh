@@ -54,10 +54,10 @@ grep -q "val_loss_causal" mod-2-2/metrics.jsonl && ok "MoD under (tp 2, dp 2) ev
     fail "MoD evaluation under tp"
 
 # evaluation and sampling under tp give what one rank gives
-"$MODTRAIN" eval --ckpt mod-1-1/ckpt --data data/val_000000.bin --batches 4 --json > e1.json
+"$MODTRAIN" eval --ckpt mod-1-1/ckpt --data data/val_000000.bin --seqs 32 --json > e1.json
 "$MODTRAIN" sample --ckpt mod-1-1/ckpt --prompt "Q: " --tokens 60 --seed 5 --temperature 0.7 > s1.txt
 for np in 2 4; do
-    $MPIRUN -np $np "$MODTRAIN" eval --ckpt mod-1-1/ckpt --data data/val_000000.bin --batches 4 --json > e$np.json
+    $MPIRUN -np $np "$MODTRAIN" eval --ckpt mod-1-1/ckpt --data data/val_000000.bin --seqs 32 --json > e$np.json
     $MPIRUN -np $np "$MODTRAIN" sample --ckpt mod-1-1/ckpt --prompt "Q: " --tokens 60 --seed 5 \
         --temperature 0.7 > s$np.txt
     a=$(last_json e1.json loss) b=$(last_json e$np.json loss)

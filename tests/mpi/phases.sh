@@ -16,7 +16,7 @@ prep_fortunes
 MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 cd "$TMP"
 common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
-    --steps 8 --ckpt_every 3 --ckpt_async 0 --eval_every 4 --eval_batches 2 --log_every 1000 \
+    --steps 8 --ckpt_every 3 --ckpt_async 0 --eval_every 4 --eval_seqs 16 --log_every 1000 \
     --threads 1 --peak_gflops 50 --resume never"
 run() { # NAME RANKS [--key value ...]
     name=$1 n=$2

@@ -61,12 +61,12 @@ for model in dense mod; do
 done
 
 # evaluation and sampling through a pipeline give what one rank gives
-"$MODTRAIN" eval --ckpt mod-base/ckpt --data data/val_000000.bin --batches 4 --json > e1.json
+"$MODTRAIN" eval --ckpt mod-base/ckpt --data data/val_000000.bin --seqs 32 --json > e1.json
 "$MODTRAIN" sample --ckpt mod-base/ckpt --prompt "Q: " --tokens 60 --seed 5 --temperature 0.7 > s1.txt
 for lay in "2 2" "4 4" "4 2"; do
     set -- $lay
     np=$1 pp=$2
-    timeout 120 $MPIRUN -np $np "$MODTRAIN" eval --ckpt mod-base/ckpt --data data/val_000000.bin --batches 4 \
+    timeout 120 $MPIRUN -np $np "$MODTRAIN" eval --ckpt mod-base/ckpt --data data/val_000000.bin --seqs 32 \
         --json --pp $pp > ep.json
     timeout 120 $MPIRUN -np $np "$MODTRAIN" sample --ckpt mod-base/ckpt --prompt "Q: " --tokens 60 \
         --seed 5 --temperature 0.7 --pp $pp > sp.txt

@@ -35,7 +35,7 @@ print(h[3], h[4], "%016x" % ((h[6] & 0xffffffff) << 32 | (h[5] & 0xffffffff)))' 
 model="--n_layer 2 --n_head 2 --d_model 32 --seq_len 32 --batch_size 8 --lr 3e-3 --warmup_steps 5"
 # shellcheck disable=SC2086 # the options
 "$MODTRAIN" train --config "$srcdir/jobs/text.conf" --train_data data/train_000000.bin --val_data data/val_000000.bin \
-    --run_dir run $model --steps 60 --eval_every 60 --eval_batches 4 --log_every 1 \
+    --run_dir run $model --steps 60 --eval_every 60 --eval_seqs 32 --log_every 1 \
     --ckpt_every 0 > train.log 2>&1 ||
     { cat train.log; fail "training on gpt2 tokens"; finish; }
 first=$(grep '"loss"' run/metrics.jsonl | head -n 1 | sed 's/.*"loss":\([^,]*\).*/\1/')
@@ -47,12 +47,12 @@ ck=run/ckpt/step-00000060
 grep -q "^kv config.tokenizer gpt2$" "$ck/index" && grep -q "^kv config.tokenizer_hash $hash$" "$ck/index" &&
     ok "the checkpoint records tokenizer gpt2 and hash $hash" || fail "index: $(grep -a tokenizer "$ck/index")"
 
-"$MODTRAIN" eval --ckpt "$ck" --data data/val_000000.bin --batches 8 > eval.out 2> eval.err &&
+"$MODTRAIN" eval --ckpt "$ck" --data data/val_000000.bin --seqs 64 > eval.out 2> eval.err &&
     grep -q "^eval: loss" eval.out && [ ! -s eval.err ] && ok "eval: $(head -n 1 eval.out)" ||
     fail "eval on the gpt2 shard: $(cat eval.out eval.err)"
 printf 'plain bytes, a shard of the byte tokenizer\n%%\n%.0s' $(seq 1 300) > bytes.txt
 "$MODTRAIN" prep --out bytes --doc-sep % bytes.txt > /dev/null
-"$MODTRAIN" eval --ckpt "$ck" --data bytes/val_000000.bin --batches 2 > /dev/null 2> warn.err &&
+"$MODTRAIN" eval --ckpt "$ck" --data bytes/val_000000.bin --seqs 16 > /dev/null 2> warn.err &&
     [ "$(wc -l < warn.err)" -eq 2 ] && grep -q "256-token vocabulary, but the model has vocab_size = 50257" warn.err &&
     grep -q "tokenized by the byte tokenizer, but the model was trained on gpt2 tokens" warn.err && ok "eval warns: $(head -n 1 warn.err)" ||
     fail "eval on a byte shard: $(cat warn.err)"

@@ -13,7 +13,7 @@ mkdir d
 for i in 0 1 2; do $SHARDS text d/train_$i.bin 20000 --skip $((i * 20000)); done
 $SHARDS text d/val.bin 20000 --skip 100000
 common="--config $srcdir/jobs/tiny.conf --batch_size 8 --micro_batch 8 --steps 2 --eval_every 0 \
-    --eval_batches 1 --log_every 1000 --ckpt_every 0 --threads 1"
+    --eval_seqs 8 --log_every 1000 --ckpt_every 0 --threads 1"
 
 # refused PATTERN CMD...: exit 2, one line on stderr matching PATTERN, and
 # no training step
@@ -113,7 +113,7 @@ $SHARDS poke llmc/val.bin 10 300
 refused "'llmc/val.bin' holds token 300 at offset 10, outside vocab_size = 256" \
     "$MODTRAIN" train $common --train_data llmc/train_0.bin --val_data llmc/val.bin --vocab_size 256 --run_dir run-val
 refused "'llmc/val.bin' holds token 300 at offset 10, outside vocab_size = 256" \
-    "$MODTRAIN" eval --ckpt llmc-run/ckpt --data llmc/val.bin --batches 1
+    "$MODTRAIN" eval --ckpt llmc-run/ckpt --data llmc/val.bin --seqs 8
 
 # a folder among the shards a pattern matches
 cp -r d withdir

@@ -21,7 +21,7 @@ for i in 0 1; do $SHARDS text b/train_$i.bin 20000 --skip $((300000 + i * 20000)
 $SHARDS text b/val.bin 20000 --skip 400000
 
 common="--config $srcdir/jobs/tiny.conf --val_data d/val.bin --batch_size 8 --micro_batch 4 \
-    --eval_every 0 --eval_batches 1 --log_every 1000 --ckpt_every 0 --threads 1"
+    --eval_every 0 --eval_seqs 4 --log_every 1000 --ckpt_every 0 --threads 1"
 train() { # RUN_DIR NP [--key value ...]: trains on d/ unless told otherwise
     name=$1 np=$2
     shift 2

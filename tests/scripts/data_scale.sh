@@ -84,7 +84,7 @@ if a != b or len(a) != 8:
 
 # a run of K steps saved, then resumed for one step: it reads samples G..G+7
 common="--config $srcdir/jobs/tiny.conf --train_data $BIG --val_data big/big_1.bin --vocab_size 256 \
-    --batch_size 8 --micro_batch 8 --eval_every 0 --eval_batches 1 --log_every 1000 --threads 1 --seed $seed"
+    --batch_size 8 --micro_batch 8 --eval_every 0 --eval_seqs 8 --log_every 1000 --threads 1 --seed $seed"
 "$MODTRAIN" train $common --steps $K --ckpt_every $K --run_dir run > run.log 2>&1 ||
     { cat run.log; fail "training $K steps on the 12 GiB dataset"; }
 cp -r run far # saved at step K, for the resume past byte 2^32 below
@@ -146,7 +146,7 @@ $SHARDS text small.bin 500000
 rss_run() { # NAME SPEC
     "$PEAKRSS" "$1.rss" "$MODTRAIN" train --config "$srcdir/jobs/tiny.conf" --train_data "$2" \
         --val_data small.bin --vocab_size 256 --batch_size 8 --micro_batch 8 --steps 4 --eval_every 0 \
-        --eval_batches 1 --ckpt_every 0 --log_every 1000 --threads 1 --run_dir "rss-$1" > "$1.log" 2>&1 ||
+        --eval_seqs 8 --ckpt_every 0 --log_every 1000 --threads 1 --run_dir "rss-$1" > "$1.log" 2>&1 ||
         { cat "$1.log"; fail "$1: training for the RSS figure"; }
 }
 rss_run big "$BIG"
@@ -197,7 +197,7 @@ echo "modtrain data on 1,000 shards: $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf
 grep -q "1000 shards, 1000000 tokens" many.txt && ok "1,000 shards: $(head -n 1 many.txt | cut -c1-60)" ||
     fail "1,000 shards: $(cat many.txt)"
 "$MODTRAIN" train --config "$srcdir/jobs/tiny.conf" --train_data "$TMP/many/s_*.bin" \
-    --val_data "$TMP/many/s_00000*.bin" --batch_size 8 --micro_batch 8 --steps 1 --eval_batches 1 \
+    --val_data "$TMP/many/s_00000*.bin" --batch_size 8 --micro_batch 8 --steps 1 --eval_seqs 8 \
     --ckpt_every 1 --log_every 1 --threads 1 --run_dir many-run > many-run.log 2>&1 &&
     [ "$(grep -c '"samples":8,' many-run/metrics.jsonl)" -eq 1 ] &&
     ok "1 step on 1,000 shards, saved" || { cat many-run.log; fail "training on 1,000 shards"; }

@@ -128,7 +128,7 @@ grep -q "launched by mpirun -np 2" dp/sweep.log || fail "dp/sweep.log does not n
 
 # --- the routing dump
 ck=s/runs/b5e10_64x2_mod/ckpt
-"$MODTRAIN" eval --ckpt "$ck" --data data/val_000000.bin --batches 1 --micro_batch 8 --json \
+"$MODTRAIN" eval --ckpt "$ck" --data data/val_000000.bin --seqs 8 --micro_batch 8 --json \
     --routing routing.tsv --routing_seqs 8 > eval.json || fail "eval --routing failed"
 acc=$(sed -e 's/.*"predictor_accuracy":\([^,}]*\).*/\1/' eval.json)
 awk -F'\t' -v acc="$acc" '
@@ -161,7 +161,7 @@ END {
 for bad in "--routing r2.tsv --vocab nowhere" "--routing nowhere/r.tsv"; do
     rc=0
     # shellcheck disable=SC2086
-    "$MODTRAIN" eval --ckpt "$ck" --data data/val_000000.bin --batches 1 $bad > bad.out 2> bad.err || rc=$?
+    "$MODTRAIN" eval --ckpt "$ck" --data data/val_000000.bin --seqs 8 $bad > bad.out 2> bad.err || rc=$?
     [ "$rc" = 2 ] && [ "$(wc -l < bad.err)" = 1 ] && [ ! -s bad.out ] && [ ! -e r2.tsv ] &&
         ok "eval $bad: refused before evaluating: $(cat bad.err)" || fail "eval $bad: exit $rc, '$(cat bad.err)'"
 done

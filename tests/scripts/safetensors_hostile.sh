@@ -141,12 +141,12 @@ refused meta_twice "a metadata key appears twice ('step')"
 make_case unaligned
 "$MODTRAIN" ckpt import --in unaligned.safetensors --ckpt ck_unaligned > /dev/null
 "$MODTRAIN" ckpt import --in good.safetensors --ckpt ck_good > /dev/null
-a=$("$MODTRAIN" eval --ckpt ck_good --data data/val_000000.bin --batches 2 --json)
-b=$("$MODTRAIN" eval --ckpt ck_unaligned --data data/val_000000.bin --batches 2 --json)
+a=$("$MODTRAIN" eval --ckpt ck_good --data data/val_000000.bin --seqs 16 --json)
+b=$("$MODTRAIN" eval --ckpt ck_unaligned --data data/val_000000.bin --seqs 16 --json)
 [ "$a" = "$b" ] && ok "unaligned data imports the same weights: $a" || fail "unaligned: $a vs $b"
 # GPT-2's causal-mask buffers are not parameters: imported past, same weights
 make_case masks
 "$MODTRAIN" ckpt import --in masks.safetensors --ckpt ck_masks > /dev/null
-b=$("$MODTRAIN" eval --ckpt ck_masks --data data/val_000000.bin --batches 2 --json)
+b=$("$MODTRAIN" eval --ckpt ck_masks --data data/val_000000.bin --seqs 16 --json)
 [ "$a" = "$b" ] && ok "h.N.attn.bias buffers are passed over" || fail "masks: $a vs $b"
 finish

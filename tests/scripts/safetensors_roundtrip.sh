@@ -37,8 +37,8 @@ assert all(v["dtype"] == "F32" for v in h.values())
 PY
 
 "$MODTRAIN" ckpt import --in model.safetensors --ckpt imported > import.log
-a=$("$MODTRAIN" eval --ckpt full/ckpt --data data/val_000000.bin --batches 4 --json)
-b=$("$MODTRAIN" eval --ckpt imported --data data/val_000000.bin --batches 4 --json)
+a=$("$MODTRAIN" eval --ckpt full/ckpt --data data/val_000000.bin --seqs 32 --json)
+b=$("$MODTRAIN" eval --ckpt imported --data data/val_000000.bin --seqs 32 --json)
 [ "$a" = "$b" ] && ok "import(export(x)) evaluates identically: $a" || fail "eval differs: $a vs $b"
 
 # an imported model can be trained further
@@ -84,8 +84,8 @@ want = {"h.1.router.weight": [64], "h.1.router.bias": [1],
 assert got == want, got
 PY
 "$MODTRAIN" ckpt import --in mod.safetensors --ckpt modimp > /dev/null
-a=$("$MODTRAIN" eval --ckpt mod/ckpt --data data/val_000000.bin --batches 2 --json)
-b=$("$MODTRAIN" eval --ckpt modimp --data data/val_000000.bin --batches 2 --json)
+a=$("$MODTRAIN" eval --ckpt mod/ckpt --data data/val_000000.bin --seqs 16 --json)
+b=$("$MODTRAIN" eval --ckpt modimp --data data/val_000000.bin --seqs 16 --json)
 [ "$a" = "$b" ] && ok "MoD import(export(x)) evaluates identically: $a" || fail "MoD eval differs: $a vs $b"
 
 # broken safetensors files

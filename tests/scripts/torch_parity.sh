@@ -25,7 +25,7 @@ check() { # NAME ROUTING [--key value ...]
             "$@" > "$name.log" 2>&1 || { cat "$name.log"; fail "$name: training failed"; return; }
         "$MODTRAIN" ckpt export --ckpt "$name/ckpt" --format safetensors --out "$name.safetensors" > /dev/null
     fi
-    "$MODTRAIN" eval --ckpt "$name/ckpt" --data data/val_000000.bin --batches 2 --micro-batch 3 \
+    "$MODTRAIN" eval --ckpt "$name/ckpt" --data data/val_000000.bin --seqs 6 --micro-batch 3 \
         --grads "$name-$routing.grads" --grads_routing "$routing" --aux-weight 0.5 --json > "$name-$routing.json"
     cat "$name-$routing.json"
     if [ "$routing" = causal ]; then

@@ -46,8 +46,8 @@ fi
 [ "$(ls a/ckpt | grep -c '^step-')" -eq 3 ] && ok "ckpt_keep = 3 checkpoints kept" ||
     fail "expected 3 checkpoints, found: $(ls a/ckpt)"
 
-# 3. eval reproduces the run's last validation loss (same batches: 8 x 8)
-ev=$("$MODTRAIN" eval --ckpt a/ckpt --data data/val_000000.bin --batches 8 --micro-batch 8 --json)
+# 3. eval reproduces the run's last validation loss (the same first 64 sequences)
+ev=$("$MODTRAIN" eval --ckpt a/ckpt --data data/val_000000.bin --seqs 64 --micro-batch 8 --json)
 echo "eval: $ev"
 evl=$(echo "$ev" | sed -e 's/.*"loss":\([^,]*\).*/\1/')
 awk -v a="$evl" -v b="$val" 'BEGIN { d = a - b; exit !(d < 1e-5 && d > -1e-5) }' &&

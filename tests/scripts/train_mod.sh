@@ -36,7 +36,7 @@ ratio=$(last_json a/metrics.jsonl flops_ratio_dense)
 check_ab "$ratio" 0.8 'a < b' && ok "realised FLOPs $ratio x dense" || fail "FLOPs ratio $ratio >= 0.8"
 
 for r in a p; do
-    "$MODTRAIN" eval --ckpt $r/ckpt --data data/val_000000.bin --batches 16 --json > $r.json
+    "$MODTRAIN" eval --ckpt $r/ckpt --data data/val_000000.bin --seqs 128 --json > $r.json
     cat $r.json
     loss=$(last_json $r.json loss)
     causal=$(last_json $r.json loss_causal)
