@@ -48,6 +48,11 @@ int plan_main(int argc, char **argv);   /* plan.c */
  * number, else the cores this process may use over the node's ranks. */
 int default_threads(int local_ranks);
 
+/* Warns, once from the lowest rank of each node, when the node's ranks of
+ * comm run more threads (each `threads`) than the cores their affinity
+ * masks allow together, saying what would fit. Collective over comm. */
+void warn_oversubscribed(int threads, MPI_Comm comm);
+
 /* Whether rc == 0 on every rank of comm (collective): when not, the lowest
  * failing rank prints its err, so the job reports one line and no rank is
  * left waiting. Returns 0 or -1. */

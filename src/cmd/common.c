@@ -6,6 +6,7 @@
 #include <limits.h>
 #include <math.h>
 #include <sched.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,43 @@ int default_threads(int local_ranks) {
     if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0 && CPU_COUNT(&set) < t)
         t = CPU_COUNT(&set);
     return t > 0 ? (int)t : 1;
+}
+
+void warn_oversubscribed(int threads, MPI_Comm comm) {
+    MPI_Comm node;
+    MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+    int ranks = 1, node_rank = 0, all_threads = threads;
+    MPI_CHECK(MPI_Comm_size(node, &ranks));
+    MPI_CHECK(MPI_Comm_rank(node, &node_rank));
+    /* the union of the node's ranks' affinity masks: the cores they may use */
+    enum { WORDS = CPU_SETSIZE / 64 };
+    uint64_t bits[WORDS] = {0};
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    const int have = sched_getaffinity(0, sizeof set, &set) == 0;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (have ? CPU_ISSET(c, &set) : c < sysconf(_SC_NPROCESSORS_ONLN))
+            bits[c / 64] |= (uint64_t)1 << (c % 64);
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, bits, WORDS, MPI_UINT64_T, MPI_BOR, node));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &all_threads, 1, MPI_INT, MPI_SUM, node));
+    MPI_CHECK(MPI_Comm_free(&node));
+    int cores = 0;
+    for (int w = 0; w < WORDS; w++) cores += __builtin_popcountll(bits[w]);
+    if (node_rank != 0 || all_threads <= cores || cores < 1) return;
+    char host[256] = "this node";
+    gethostname(host, sizeof host - 1);
+    char fix[256];
+    if (ranks <= cores)
+        snprintf(fix, sizeof fix, "set threads = %d, the cores over the ranks, or bind each rank "
+                 "to %d cores: mpirun --bind-to core --map-by ppr:%d:node:PE=%d", cores / ranks,
+                 threads, ranks, threads);
+    else
+        snprintf(fix, sizeof fix, "run at most %d ranks on this node, or give them more cores",
+                 cores);
+    errorf("warning: %d rank%s x %d thread%s on %s exceed the %d core%s %s bound to, so threads "
+           "wait on each other (%s)",
+           ranks, ranks == 1 ? "" : "s", threads, threads == 1 ? "" : "s", host, cores,
+           cores == 1 ? "" : "s", ranks == 1 ? "it is" : "they are", fix);
 }
 
 int cmd_agree(int rc, const Err *err, MPI_Comm comm) {

@@ -217,6 +217,7 @@ static int run_setup_layout(Run *r, int argc, char **argv) {
     else snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%s/ckpt", c->run_dir);
     r->threads = c->threads ? c->threads : default_threads(r->grid.local_ranks);
     kernels_init(r->threads, c->blis_arch);
+    warn_oversubscribed(r->threads, MPI_COMM_WORLD);
     r->T = c->seq_len;
     r->local_batch = c->batch_size / r->grid.dp;
     r->micro = c->micro_batch ? c->micro_batch : r->local_batch;
