@@ -120,6 +120,9 @@ static const KeySpec keys[] = {
      "threads per rank; 0 = cores / ranks per node"},
     {"peak_gflops", K_FLOAT, 0, OFF(peak_gflops), "0", 0, BIG, 0, NULL,
      "sgemm peak for MFU; 0 = measure at start"},
+    {"calibration", K_STR, 0, OFF(calibration), "", 0, 0, 0, NULL,
+     "a 'modtrain plan --calibrate' file: its gflops_per_core x threads is the sgemm peak "
+     "(when peak_gflops = 0); empty = measure"},
     {"blis_arch", K_STR, 0, OFF(blis_arch), "auto", 0, 0, 0, NULL,
      "BLIS kernels: auto (skx on AVX-512), or a BLIS arch name"},
     {"debug_checks", K_INT, 0, OFF(debug_checks), "0", 0, 1, 0, NULL,

@@ -64,6 +64,7 @@ typedef struct {
     /* machine */
     int threads;
     double peak_gflops;
+    char calibration[CONFIG_STR]; /* a cluster file whose gflops_per_core gives the peak */
     char blis_arch[CONFIG_ARCH];
     int debug_checks;
 } Config;

@@ -48,6 +48,11 @@ int plan_main(int argc, char **argv);   /* plan.c */
  * number, else the cores this process may use over the node's ranks. */
 int default_threads(int local_ranks);
 
+/* The sgemm peak of one rank running `threads` threads, for MFU: the
+ * config's peak_gflops, else its calibration file's gflops_per_core x
+ * threads, else measured now. Returns 0, or -1 with err set (the file). */
+int cmd_peak_gflops(const Config *c, int threads, double *peak, Err *err);
+
 /* Warns, once from the lowest rank of each node, when the node's ranks of
  * comm run more threads (each `threads`) than the cores their affinity
  * masks allow together, saying what would fit. Collective over comm. */

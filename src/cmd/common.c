@@ -16,7 +16,9 @@
 #include "mpi/pipeline.h"
 #include "mpi/sync.h"
 #include "src/base/fault.h"
+#include "src/cluster.h"
 #include "src/cmd/cmd.h"
+#include "src/kernels.h"
 
 /* OMP_NUM_THREADS, the hybrid MPI + OpenMP convention (mpirun -x
  * OMP_NUM_THREADS=N), is each process's count when it is a whole number (its
@@ -81,6 +83,24 @@ void warn_oversubscribed(int threads, MPI_Comm comm) {
            "wait on each other (%s)",
            ranks, ranks == 1 ? "" : "s", threads, threads == 1 ? "" : "s", host, cores,
            cores == 1 ? "" : "s", ranks == 1 ? "it is" : "they are", fix);
+}
+
+int cmd_peak_gflops(const Config *c, int threads, double *peak, Err *err) {
+    if (c->peak_gflops > 0) {
+        *peak = c->peak_gflops;
+        return 0;
+    }
+    if (!c->calibration[0]) {
+        *peak = kernels_measure_peak_gflops();
+        return 0;
+    }
+    Cluster cl;
+    cluster_defaults(&cl);
+    Err why;
+    if (cluster_load(&cl, c->calibration, &why) != 0)
+        return err_set(err, "config: calibration = '%s': %s", c->calibration, why.msg);
+    *peak = cl.gflops_per_core * threads;
+    return 0;
 }
 
 int cmd_agree(int rc, const Err *err, MPI_Comm comm) {

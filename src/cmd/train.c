@@ -447,11 +447,16 @@ static void run_banner(const Run *r) {
     log0("memory (rank 0): %s = parameters and gradients %s + AdamW moments %s + activations "
          "%s%s (%zu bytes)\n",
          tot, pg, mo, ac, sg, r->mem.total);
+    char how[CONFIG_STR + 64];
+    if (c->peak_gflops > 0) snprintf(how, sizeof how, " (given)");
+    else if (c->calibration[0])
+        snprintf(how, sizeof how, " (%s's gflops_per_core x %d threads)", c->calibration,
+                 r->threads);
+    else snprintf(how, sizeof how, " (measured on rank 0)");
     log0("layout dp=%d tp=%d pp=%d | %d thread%s a rank | BLIS %s kernels | "
          "sgemm peak %.1f GFLOP/s%s, %.1f over the job\n",
          r->grid.dp, r->grid.tp, r->grid.pp, r->threads, r->threads == 1 ? "" : "s",
-         kernels_blis_arch(), r->peak_gflops,
-         c->peak_gflops > 0 ? " (given)" : " (measured on rank 0)", r->job_peak_gflops);
+         kernels_blis_arch(), r->peak_gflops, how, r->job_peak_gflops);
 }
 
 /* Rank 0 alone writes the metrics. Returns 0 or -1 (printed). */
@@ -518,14 +523,15 @@ static void watchdog_start(Run *r) {
 static int run_setup(Run *r, int argc, char **argv) {
     if (run_setup_layout(r, argc, argv) != 0 || run_setup_data(r) != 0 || run_setup_model(r) != 0)
         return EXIT_USAGE;
-    r->peak_gflops = r->cfg.peak_gflops > 0 ? r->cfg.peak_gflops : kernels_measure_peak_gflops();
+    Err err;
+    const int rc = cmd_peak_gflops(&r->cfg, r->threads, &r->peak_gflops, &err);
+    if (cmd_agree(rc, &err, r->grid.world) != 0) return EXIT_USAGE;
     /* MFU is the job's model FLOPs over the job's peak: every rank's */
     MPI_CHECK(MPI_Allreduce(&r->peak_gflops, &r->job_peak_gflops, 1, MPI_DOUBLE, MPI_SUM,
                             r->grid.world));
     run_banner(r);
     if (run_open_metrics(r) != 0) return EXIT_USAGE;
     if (run_saves_async(&r->cfg)) {
-        Err err;
         r->async = ckpt_async_new(r->grid.world, 3 * r->m.nparams, r->threads, &err);
         if (!r->async && r->grid.world_rank == 0) err_print(&err);
     }
@@ -751,6 +757,8 @@ static void run_log(Run *r, int step, const StepResult *s) {
             "\"pp_bubble\":%.4f",
             s->lr, s->grad_norm, tps, s->dt * 1e3, mfu, s->fpt, s->fpt / r->dense_fpt, s->tp_bytes,
             s->dp_bytes, s->pp_bytes, s->live, s->bubble);
+    /* above 100%: the peak was measured too low (outside load), never clamped */
+    if (mfu > 1) mprintf(r->metrics, ",\"peak_mismeasured\":true");
     phases_json(&r->ph, r->grid.world, r->metrics);
     mprintf(r->metrics, "}\n");
     if (done % c->log_every != 0 && done != c->steps && step != r->start) return;
@@ -760,9 +768,9 @@ static void run_log(Run *r, int step, const StepResult *s) {
     if (r->n_routed)
         snprintf(mod, sizeof mod, " | aux %.4f acc %.1f%% | FLOPs %.2fx dense", aux, 100 * acc,
                  s->fpt / r->dense_fpt);
-    log0("step %*d/%d | loss %.4f%s | lr %.2e | %.0f tok/s | MFU %.1f%% | ETA %s\n",
+    log0("step %*d/%d | loss %.4f%s | lr %.2e | %.0f tok/s | MFU %.1f%%%s | ETA %s\n",
          (int)snprintf(NULL, 0, "%d", c->steps), done, c->steps, s->loss, mod, s->lr, tps,
-         100 * mfu, eta);
+         100 * mfu, mfu > 1 ? " (over 100%: the peak was mismeasured)" : "", eta);
 }
 
 /* The validation loss under `mode`: each dataset's first eval_batches
