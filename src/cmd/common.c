@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "mpi/check.h"
@@ -98,7 +99,8 @@ int cmd_peak_gflops(const Config *c, int threads, double *peak, Err *err) {
     cluster_defaults(&cl);
     Err why;
     if (cluster_load(&cl, c->calibration, &why) != 0)
-        return err_set(err, "config: calibration = '%s': %s", c->calibration, why.msg);
+        return err_set(err, "config: calibration = '%s': %s", c->calibration,
+                       why.msg + (strncmp(why.msg, "plan: ", 6) == 0 ? 6 : 0));
     *peak = cl.gflops_per_core * threads;
     return 0;
 }
@@ -215,4 +217,65 @@ int ds_open_shared(Dataset *ds, const char *spec, int T, uint64_t seed, MPI_Comm
     if (rank != 0) rc = ds_unpack(ds, buf, (size_t)len, T, seed, &err);
     free(buf);
     return cmd_agree(rc, &err, comm);
+}
+
+/* A SLURM time ("2026-12-01T18:13:00", the controller's local time) as
+ * seconds since the epoch; -1 when it is none ("Unknown", "N/A"). */
+static time_t slurm_time(const char *s) {
+    struct tm tm;
+    memset(&tm, 0, sizeof tm);
+    const char *end = strptime(s, "%Y-%m-%dT%H:%M:%S", &tm);
+    if (!end || (*end && *end != '\n' && *end != ' ')) return -1;
+    tm.tm_isdst = -1;
+    return mktime(&tm);
+}
+
+/* The first line a command prints, or "" when it fails. */
+static void first_line(const char *cmd, char *buf, size_t n) {
+    buf[0] = '\0';
+    FILE *p = popen(cmd, "r");
+    if (!p) return;
+    if (!fgets(buf, (int)n, p)) buf[0] = '\0';
+    while (fgetc(p) != EOF) { /* the rest, so the command ends */
+    }
+    if (pclose(p) != 0) buf[0] = '\0';
+    buf[strcspn(buf, "\n")] = '\0';
+}
+
+int cmd_slurm_end_time(time_t *end, char *why, size_t n) {
+    const char *job = getenv("SLURM_JOB_ID"), *env = getenv("SLURM_JOB_END_TIME");
+    long long id, t;
+    if (!job || !*job) {
+        snprintf(why, n, "not inside a SLURM job (SLURM_JOB_ID is not set)");
+        return 0;
+    }
+    if (parse_i64(job, 1, LLONG_MAX, &id) != 0) {
+        snprintf(why, n, "SLURM_JOB_ID = '%.40s' is not a job number", job);
+        return 0;
+    }
+    if (env && *env) {
+        if (parse_i64(env, 1, LLONG_MAX, &t) != 0) {
+            snprintf(why, n, "SLURM_JOB_END_TIME = '%.40s' is not seconds since 1970", env);
+            return 0;
+        }
+        *end = (time_t)t;
+        snprintf(why, n, "SLURM_JOB_END_TIME");
+        return 1;
+    }
+    char cmd[128], line[256];
+    snprintf(cmd, sizeof cmd, "squeue -h -j %lld -o %%e 2> /dev/null", id);
+    first_line(cmd, line, sizeof line);
+    if ((*end = slurm_time(line)) != -1) {
+        snprintf(why, n, "squeue");
+        return 1;
+    }
+    snprintf(cmd, sizeof cmd, "scontrol show job %lld 2> /dev/null | grep -o 'EndTime=[^ ]*'", id);
+    first_line(cmd, line, sizeof line);
+    if (strncmp(line, "EndTime=", 8) == 0 && (*end = slurm_time(line + 8)) != -1) {
+        snprintf(why, n, "scontrol show job");
+        return 1;
+    }
+    snprintf(why, n, "neither squeue nor scontrol gave job %lld an end time (no time limit, or "
+             "not reachable)", id);
+    return 0;
 }

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "checkpoint/ckpt.h"
@@ -486,6 +487,32 @@ static int run_probe_save(Run *r) {
     return rc;
 }
 
+/* time_limit = auto: the seconds from the process's start to the SLURM
+ * job's end, found by rank 0 and shared; outside a job, or when SLURM
+ * gives no end, no limit (logged). The stop's save is budgeted before it
+ * as for any time_limit. */
+static void run_time_limit_auto(Run *r) {
+    Config *c = &r->cfg;
+    if (c->time_limit != CONFIG_TIME_LIMIT_AUTO) return;
+    double limit = 0;
+    char why[256] = "", when[64] = "";
+    time_t end = 0;
+    if (r->grid.world_rank == 0 && cmd_slurm_end_time(&end, why, sizeof why)) {
+        const double left = difftime(end, time(NULL));
+        limit = (now_s() - cmd_start_s) + (left > 1 ? left : 1);
+        struct tm tm;
+        strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", localtime_r(&end, &tm));
+    }
+    MPI_CHECK(MPI_Bcast(&limit, 1, MPI_DOUBLE, 0, r->grid.world));
+    c->time_limit = limit;
+    char d[32];
+    format_duration(d, sizeof d, limit);
+    if (limit > 0)
+        log0("train: time_limit = auto: job %s ends at %s (%s): %.0f s from the start, %s\n",
+             getenv("SLURM_JOB_ID"), when, why, limit, d);
+    else log0("train: time_limit = auto: %s: no time limit\n", why);
+}
+
 /* The watchdog: a thread that ends the job when neither training nor a
  * save has made progress (fault_progress) for watchdog_s seconds, naming
  * the rank and the phase: a peer stuck in a collective, a file system that
@@ -535,6 +562,7 @@ static int run_setup(Run *r, int argc, char **argv) {
         r->async = ckpt_async_new(r->grid.world, 3 * r->m.nparams, r->threads, &err);
         if (!r->async && r->grid.world_rank == 0) err_print(&err);
     }
+    run_time_limit_auto(r);
     if (r->cfg.time_limit > 0 && run_probe_save(r) != 0) return EXIT_USAGE;
     if (r->cfg.watchdog_s > 0) watchdog_start(r);
     const char *trace = getenv("MODTRAIN_DATA_TRACE");
