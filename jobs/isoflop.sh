@@ -40,7 +40,8 @@
 #   --quick               a sweep of seconds (two tiny sizes, two budgets) for tests
 #   --report OUT          only the report, drawn again from OUT/results.csv
 #   -- KEY VALUE ...      any other train config keys, for every run
-# MODTRAIN names the binary (./modtrain, then modtrain on the PATH).
+# MODTRAIN names the binary (./modtrain, then the one of the tree this script
+# lives in, then modtrain on the PATH).
 set -euo pipefail
 export LC_ALL=C
 
@@ -218,7 +219,8 @@ int --pp "$pp"; num --capacity "$capacity" 1; num --lr "$lr"
 [ "$np" = 0 ] || int --np "$np"
 case $causal in aux_loss | predictor) ;; *) die "--causal_router '$causal' is not aux_loss or predictor" ;; esac
 
-MODTRAIN=${MODTRAIN:-$( [ -x ./modtrain ] && echo "$PWD/modtrain" || command -v modtrain || true)}
+tree=$(cd "$(dirname "$0")/.." && pwd)
+MODTRAIN=${MODTRAIN:-$( [ -x ./modtrain ] && echo "$PWD/modtrain" || { [ -x "$tree/modtrain" ] && echo "$tree/modtrain"; } || command -v modtrain || true)}
 [ -n "$MODTRAIN" ] && [ -x "$MODTRAIN" ] || die "no modtrain binary (build it, or set MODTRAIN)"
 # ---------------------------------------------------------------- the grid
 # model keys of one run: kind size

@@ -78,8 +78,8 @@ void warn_oversubscribed(int threads, MPI_Comm comm) {
                  "to %d cores: mpirun --bind-to core --map-by ppr:%d:node:PE=%d", cores / ranks,
                  threads, ranks, threads);
     else
-        snprintf(fix, sizeof fix, "run at most %d ranks on this node, or give them more cores",
-                 cores);
+        snprintf(fix, sizeof fix, "run at most %d rank%s on this node, or give them more cores",
+                 cores, cores == 1 ? "" : "s");
     errorf("warning: %d rank%s x %d thread%s on %s exceed the %d core%s %s bound to, so threads "
            "wait on each other (%s)",
            ranks, ranks == 1 ? "" : "s", threads, threads == 1 ? "" : "s", host, cores,
