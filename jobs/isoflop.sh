@@ -267,6 +267,13 @@ check_specs() {
 [ -z "$train" ] || check_specs
 if [ -z "$launcher" ] && [ "$np" != 0 ]; then
     launcher="mpirun -np $np ${MODTRAIN_MPIRUN_ARGS:-}"
+    # mpirun's own reason, before any run, when it cannot start N ranks here
+    # (as root without Open MPI's two variables, too few slots)
+    if ! why=$($launcher true 2>&1 > /dev/null); then
+        reason=$(printf '%s\n' "$why" | grep -v '^-*$' | head -n 1)
+        case $why in *OMPI_ALLOW_RUN_AS_ROOT*) reason="$reason (as root: export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)" ;; esac
+        die "--np $np: mpirun cannot start the ranks: $reason"
+    fi
 fi
 # eval: one process, unless the model is split (tp x pp ranks hold it)
 eval_launcher=""
