@@ -843,15 +843,24 @@ int ckpt_open_model(const char *ckpt_arg, Model *m, Config *cfg, int maxB, int *
     char dir[1024];
     if (ckpt_resolve(ckpt_arg, dir, sizeof dir, err) != 0) return -1;
     if (ckpt_read_config(dir, cfg, step, err) != 0 || config_validate(cfg, err) != 0) return -1;
-    if (tp && cfg->n_head % tp->size != 0)
-        return err_set(err, "ckpt: the model has n_head = %d, not divisible by tp = %d",
-                       cfg->n_head, tp->size);
+    if (tp && cfg->n_head % tp->size != 0) {
+        char alts[256] = "";
+        for (int k = 1; k <= cfg->n_head; k++)
+            if (cfg->n_head % k == 0)
+                snprintf(alts + strlen(alts), sizeof alts - strlen(alts), "%s%d",
+                         alts[0] ? ", " : "", k * pp);
+        return err_set(err,
+                       "ckpt: the model has n_head = %d, not divisible by tp = %d (the ranks "
+                       "over pp = %d stages; run %s ranks with pp = %d)",
+                       cfg->n_head, tp->size, pp, alts, pp);
+    }
     ModelDims d;
     model_dims_config(&d, cfg, tp ? tp->size : 1, tp ? tp->rank : 0);
     if (pp > d.L || model_dims_stage(&d, pp, pp_rank, NULL) != 0)
         return err_set(err,
-                       "ckpt: the model's n_layer = %d blocks cannot be split over pp = %d stages",
-                       d.L, pp);
+                       "ckpt: the model's n_layer = %d blocks cannot be split over pp = %d "
+                       "stages (choose pp <= %d)",
+                       d.L, pp, d.L);
     ModelMemory mm;
     model_memory(&d, maxB, 1, 0, &mm);
     if (model_memory_check(&mm, machine_memory() / (size_t)local_ranks, local_ranks, err) != 0) {

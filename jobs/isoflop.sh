@@ -41,7 +41,8 @@
 #   --quick               a sweep of seconds (two tiny sizes, two budgets) for tests
 #   --report OUT          only the report, drawn again from OUT/results.csv
 #   -- KEY VALUE ...      any other train config keys, for every run
-# MODTRAIN names the binary (./modtrain, then modtrain on the PATH).
+# MODTRAIN names the binary (./modtrain, then the one of the tree this script
+# lives in, then modtrain on the PATH).
 set -euo pipefail
 export LC_ALL=C
 
@@ -227,7 +228,8 @@ int --pp "$pp"; num --capacity "$capacity" 1; num --lr "$lr"
 [ "$np" = 0 ] || int --np "$np"
 case $causal in aux_loss | predictor) ;; *) die "--causal_router '$causal' is not aux_loss or predictor" ;; esac
 
-MODTRAIN=${MODTRAIN:-$( [ -x ./modtrain ] && echo "$PWD/modtrain" || command -v modtrain || true)}
+tree=$(cd "$(dirname "$0")/.." && pwd)
+MODTRAIN=${MODTRAIN:-$( [ -x ./modtrain ] && echo "$PWD/modtrain" || { [ -x "$tree/modtrain" ] && echo "$tree/modtrain"; } || command -v modtrain || true)}
 [ -n "$MODTRAIN" ] && [ -x "$MODTRAIN" ] || die "no modtrain binary (build it, or set MODTRAIN)"
 # ---------------------------------------------------------------- the grid
 # model keys of one run: kind size
@@ -274,6 +276,13 @@ check_specs() {
 [ -z "$train" ] || check_specs
 if [ -z "$launcher" ] && [ "$np" != 0 ]; then
     launcher="mpirun -np $np ${MODTRAIN_MPIRUN_ARGS:-}"
+    # mpirun's own reason, before any run, when it cannot start N ranks here
+    # (as root without Open MPI's two variables, too few slots)
+    if ! why=$($launcher true 2>&1 > /dev/null); then
+        reason=$(printf '%s\n' "$why" | grep -v '^-*$' | head -n 1)
+        case $why in *OMPI_ALLOW_RUN_AS_ROOT*) reason="$reason (as root: export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)" ;; esac
+        die "--np $np: mpirun cannot start the ranks: $reason"
+    fi
 fi
 # eval: one process, unless the model is split (tp x pp ranks hold it)
 eval_launcher=""

@@ -6,7 +6,10 @@
 # usage: jobs/prep_fortunes.sh [OUT_DIR] [MODTRAIN]
 set -eu
 out=${1:-data/fortunes}
-modtrain=${2:-${MODTRAIN:-./modtrain}}
+# the binary: MODTRAIN, else the tree's this script lives in (jobs/..), else the PATH's
+tree=$(cd "$(dirname "$0")/.." && pwd)
+[ -x "$tree/modtrain" ] && [ -f "$tree/modtrain" ] && dflt=$tree/modtrain || dflt=modtrain
+modtrain=${2:-${MODTRAIN:-$dflt}}
 src=${FORTUNES_DIR:-/usr/share/games/fortunes}
 if [ ! -d "$src" ]; then
     echo "prep_fortunes: $src not found (apt-get install fortunes)" >&2

@@ -109,7 +109,8 @@ static const KeySpec keys[] = {
     {"log_every", K_INT, 0, OFF(log_every), "10", 1, 1 << 30, 0, NULL,
      "progress line every n steps"},
     {"time_limit", K_FLOAT, 0, OFF(time_limit), "0", 0, BIG, 0, NULL,
-     "seconds: save and exit 75 before the run would pass them; 0 = none"},
+     "seconds: save and exit 75 before the run would pass them; 0 = none; auto = until the "
+     "SLURM job's end"},
     {"on_nonfinite", K_ENUM, 0, OFF(on_nonfinite), "stop", 0, 0, 0, "stop|rollback",
      "a NaN/Inf loss: stop (exit 65), or reload the last checkpoint and skip the batches since"},
     {"nonfinite_tries", K_INT, 0, OFF(nonfinite_tries), "3", 1, 1000, 0, NULL,
@@ -122,6 +123,9 @@ static const KeySpec keys[] = {
      "threads per rank; 0 = cores / ranks per node"},
     {"peak_gflops", K_FLOAT, 0, OFF(peak_gflops), "0", 0, BIG, 0, NULL,
      "sgemm peak for MFU; 0 = measure at start"},
+    {"calibration", K_STR, 0, OFF(calibration), "", 0, 0, 0, NULL,
+     "a 'modtrain plan --calibrate' file: its gflops_per_core x threads is the sgemm peak "
+     "(when peak_gflops = 0); empty = measure"},
     {"blis_arch", K_STR, 0, OFF(blis_arch), "auto", 0, 0, 0, NULL,
      "BLIS kernels: auto (skx on AVX-512), or a BLIS arch name"},
     {"debug_checks", K_INT, 0, OFF(debug_checks), "0", 0, 1, 0, NULL,
@@ -237,9 +241,14 @@ int config_set(Config *c, const char *rawkey, const char *value, const char *whe
     }
     case K_FLOAT: {
         double v;
+        const int is_tl = strcmp(key, "time_limit") == 0;
+        if (is_tl && strcmp(value, "auto") == 0) {
+            *(double *)field = CONFIG_TIME_LIMIT_AUTO;
+            return 0;
+        }
         if (parse_f64(value, &v) != 0)
-            return err_set(err, "%s: %s = '%.64s' is not a number (expected a number %s)", where,
-                           key, value, range);
+            return err_set(err, "%s: %s = '%.64s' is not a number (expected a number %s%s)", where,
+                           key, value, range, is_tl ? ", or auto" : "");
         if (v < k->min || v > k->max || (k->min_open && v == k->min)) {
             return err_set(err, "%s: %s = %g is out of range (expected a number %s)", where, key, v,
                            range);
@@ -498,7 +507,11 @@ int config_get(const Config *c, const char *key, char *buf, size_t n) {
     switch (k->type) {
     case K_INT: snprintf(buf, n, "%d", *(const int *)field); break;
     case K_I64: snprintf(buf, n, "%lld", *(const long long *)field); break;
-    case K_FLOAT: snprintf(buf, n, "%.17g", *(const double *)field); break;
+    case K_FLOAT:
+        if (strcmp(key, "time_limit") == 0 && *(const double *)field == CONFIG_TIME_LIMIT_AUTO)
+            snprintf(buf, n, "auto");
+        else snprintf(buf, n, "%.17g", *(const double *)field);
+        break;
     case K_STR: snprintf(buf, n, "%s", field); break;
     case K_ENUM: {
         int idx = *(const int *)field;

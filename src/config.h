@@ -14,6 +14,7 @@
 #define CONFIG_STR 512 /* longest string value + 1 (paths) */
 #define CONFIG_ARCH 64 /* longest blis_arch + 1 */
 #define CONFIG_MAX_STEP 99999999 /* checkpoint directories are step-NNNNNNNN */
+#define CONFIG_TIME_LIMIT_AUTO (-1.0) /* time_limit = auto */
 
 typedef enum { GATE_RAW = 0, GATE_SIGMOID = 1 } RouterGate;
 typedef enum { CAUSAL_AUX_LOSS = 0, CAUSAL_PREDICTOR = 1 } CausalRouter;
@@ -57,7 +58,8 @@ typedef struct {
     char init_from[CONFIG_STR]; /* "" or the weights a new run starts from */
     char run_dir[CONFIG_STR];
     int log_every;
-    double time_limit; /* seconds; save and stop before the run uses more; 0 = none */
+    double time_limit; /* seconds; save and stop before the run uses more; 0 = none;
+                          CONFIG_TIME_LIMIT_AUTO: the SLURM job's end */
     OnNonfinite on_nonfinite;
     int nonfinite_tries; /* rollbacks onto one checkpoint before giving up */
     double watchdog_s;   /* seconds without progress that end the job; 0 = off */
@@ -65,6 +67,7 @@ typedef struct {
     /* machine */
     int threads;
     double peak_gflops;
+    char calibration[CONFIG_STR]; /* a cluster file whose gflops_per_core gives the peak */
     char blis_arch[CONFIG_ARCH];
     int debug_checks;
 } Config;

@@ -28,7 +28,8 @@ const char *kernels_blis_arch(void);
 /* Its id: what BLIS_ARCH_TYPE gives another program on the same BLIS
  * (PyTorch, in the benchmarks) for the same kernels. */
 int kernels_blis_arch_id(void);
-/* Best-of-several sgemm rate in GFLOP/s at the current thread count. */
+/* Best-of-many sgemm rate in GFLOP/s at the current thread count: short
+ * products over at least 0.2 s, with naps between rounds. */
 double kernels_measure_peak_gflops(void);
 
 /* Row-major C(M,N) = alpha * op(A)(M,K) @ op(B)(K,N) + beta * C.

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 int util_rank = 0;
+int util_quiet = 0;
 
 int err_set(Err *e, const char *fmt, ...) {
     if (e) {
@@ -75,13 +76,20 @@ void log0(const char *fmt, ...) {
     fflush(stdout);
 }
 
+/* One write for the whole line: stderr is unbuffered, and ranks that print
+ * at once would otherwise interleave their prefixes and messages. */
 void errorf(const char *fmt, ...) {
+    if (util_quiet) return;
+    char line[2048];
     va_list ap;
     va_start(ap, fmt);
-    fputs("modtrain: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    int n = snprintf(line, sizeof line, "modtrain: ");
+    n += vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
     va_end(ap);
+    if (n > (int)sizeof line - 2) n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    line[n] = '\0';
+    fputs(line, stderr);
     fflush(stderr);
 }
 

@@ -28,6 +28,9 @@ int err_set(Err *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Set once by the program after MPI_Init; 0 before that and in unit tests. */
 extern int util_rank;
+/* When set, errorf prints nothing: the ranks above the lowest while every
+ * rank parses the same arguments alike, so that an error shows once. */
+extern int util_quiet;
 
 /* 64-byte aligned allocation (zeroed by xcalloc); out of memory ends the
  * process with a message naming the size. count * size is checked. */

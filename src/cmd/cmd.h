@@ -10,6 +10,7 @@
 #include <mpi.h>
 #include <stddef.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "checkpoint/ckpt.h"
 #include "src/base/util.h"
@@ -47,6 +48,22 @@ int plan_main(int argc, char **argv);   /* plan.c */
 /* Number of threads for "threads = 0": OMP_NUM_THREADS when it is set to a
  * number, else the cores this process may use over the node's ranks. */
 int default_threads(int local_ranks);
+
+/* The sgemm peak of one rank running `threads` threads, for MFU: the
+ * config's peak_gflops, else its calibration file's gflops_per_core x
+ * threads, else measured now. Returns 0, or -1 with err set (the file). */
+int cmd_peak_gflops(const Config *c, int threads, double *peak, Err *err);
+
+/* The end of this SLURM job (time_limit = auto): SLURM_JOB_END_TIME, else
+ * what squeue, else scontrol show job, says for SLURM_JOB_ID. Returns 1
+ * with *end set and why naming the source, or 0 with why saying what was
+ * missing (not in a job, no end time). */
+int cmd_slurm_end_time(time_t *end, char *why, size_t n);
+
+/* Warns, once from the lowest rank of each node, when the node's ranks of
+ * comm run more threads (each `threads`) than the cores their affinity
+ * masks allow together, saying what would fit. Collective over comm. */
+void warn_oversubscribed(int threads, MPI_Comm comm);
 
 /* Whether rc == 0 on every rank of comm (collective): when not, the lowest
  * failing rank prints its err, so the job reports one line and no rank is

@@ -6,16 +6,20 @@
 #include <limits.h>
 #include <math.h>
 #include <sched.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "mpi/check.h"
 #include "mpi/pipeline.h"
 #include "mpi/sync.h"
 #include "src/base/fault.h"
+#include "src/cluster.h"
 #include "src/cmd/cmd.h"
+#include "src/kernels.h"
 
 /* OMP_NUM_THREADS, the hybrid MPI + OpenMP convention (mpirun -x
  * OMP_NUM_THREADS=N), is each process's count when it is a whole number (its
@@ -43,6 +47,62 @@ int default_threads(int local_ranks) {
     if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0 && CPU_COUNT(&set) < t)
         t = CPU_COUNT(&set);
     return t > 0 ? (int)t : 1;
+}
+
+void warn_oversubscribed(int threads, MPI_Comm comm) {
+    MPI_Comm node;
+    MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+    int ranks = 1, node_rank = 0, all_threads = threads;
+    MPI_CHECK(MPI_Comm_size(node, &ranks));
+    MPI_CHECK(MPI_Comm_rank(node, &node_rank));
+    /* the union of the node's ranks' affinity masks: the cores they may use */
+    enum { WORDS = CPU_SETSIZE / 64 };
+    uint64_t bits[WORDS] = {0};
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    const int have = sched_getaffinity(0, sizeof set, &set) == 0;
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (have ? CPU_ISSET(c, &set) : c < sysconf(_SC_NPROCESSORS_ONLN))
+            bits[c / 64] |= (uint64_t)1 << (c % 64);
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, bits, WORDS, MPI_UINT64_T, MPI_BOR, node));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &all_threads, 1, MPI_INT, MPI_SUM, node));
+    MPI_CHECK(MPI_Comm_free(&node));
+    int cores = 0;
+    for (int w = 0; w < WORDS; w++) cores += __builtin_popcountll(bits[w]);
+    if (node_rank != 0 || all_threads <= cores || cores < 1) return;
+    char host[256] = "this node";
+    gethostname(host, sizeof host - 1);
+    char fix[256];
+    if (ranks <= cores)
+        snprintf(fix, sizeof fix, "set threads = %d, the cores over the ranks, or bind each rank "
+                 "to %d cores: mpirun --bind-to core --map-by ppr:%d:node:PE=%d", cores / ranks,
+                 threads, ranks, threads);
+    else
+        snprintf(fix, sizeof fix, "run at most %d rank%s on this node, or give them more cores",
+                 cores, cores == 1 ? "" : "s");
+    errorf("warning: %d rank%s x %d thread%s on %s exceed the %d core%s %s bound to, so threads "
+           "wait on each other (%s)",
+           ranks, ranks == 1 ? "" : "s", threads, threads == 1 ? "" : "s", host, cores,
+           cores == 1 ? "" : "s", ranks == 1 ? "it is" : "they are", fix);
+}
+
+int cmd_peak_gflops(const Config *c, int threads, double *peak, Err *err) {
+    if (c->peak_gflops > 0) {
+        *peak = c->peak_gflops;
+        return 0;
+    }
+    if (!c->calibration[0]) {
+        *peak = kernels_measure_peak_gflops();
+        return 0;
+    }
+    Cluster cl;
+    cluster_defaults(&cl);
+    Err why;
+    if (cluster_load(&cl, c->calibration, &why) != 0)
+        return err_set(err, "config: calibration = '%s': %s", c->calibration,
+                       why.msg + (strncmp(why.msg, "plan: ", 6) == 0 ? 6 : 0));
+    *peak = cl.gflops_per_core * threads;
+    return 0;
 }
 
 int cmd_agree(int rc, const Err *err, MPI_Comm comm) {
@@ -172,4 +232,65 @@ int ds_open_shared(Dataset *ds, const char *spec, int T, uint64_t seed, MPI_Comm
     if (rank != 0) rc = ds_unpack(ds, buf, (size_t)len, T, seed, &err);
     free(buf);
     return cmd_agree(rc, &err, comm);
+}
+
+/* A SLURM time ("2026-12-01T18:13:00", the controller's local time) as
+ * seconds since the epoch; -1 when it is none ("Unknown", "N/A"). */
+static time_t slurm_time(const char *s) {
+    struct tm tm;
+    memset(&tm, 0, sizeof tm);
+    const char *end = strptime(s, "%Y-%m-%dT%H:%M:%S", &tm);
+    if (!end || (*end && *end != '\n' && *end != ' ')) return -1;
+    tm.tm_isdst = -1;
+    return mktime(&tm);
+}
+
+/* The first line a command prints, or "" when it fails. */
+static void first_line(const char *cmd, char *buf, size_t n) {
+    buf[0] = '\0';
+    FILE *p = popen(cmd, "r");
+    if (!p) return;
+    if (!fgets(buf, (int)n, p)) buf[0] = '\0';
+    while (fgetc(p) != EOF) { /* the rest, so the command ends */
+    }
+    if (pclose(p) != 0) buf[0] = '\0';
+    buf[strcspn(buf, "\n")] = '\0';
+}
+
+int cmd_slurm_end_time(time_t *end, char *why, size_t n) {
+    const char *job = getenv("SLURM_JOB_ID"), *env = getenv("SLURM_JOB_END_TIME");
+    long long id, t;
+    if (!job || !*job) {
+        snprintf(why, n, "not inside a SLURM job (SLURM_JOB_ID is not set)");
+        return 0;
+    }
+    if (parse_i64(job, 1, LLONG_MAX, &id) != 0) {
+        snprintf(why, n, "SLURM_JOB_ID = '%.40s' is not a job number", job);
+        return 0;
+    }
+    if (env && *env) {
+        if (parse_i64(env, 1, LLONG_MAX, &t) != 0) {
+            snprintf(why, n, "SLURM_JOB_END_TIME = '%.40s' is not seconds since 1970", env);
+            return 0;
+        }
+        *end = (time_t)t;
+        snprintf(why, n, "SLURM_JOB_END_TIME");
+        return 1;
+    }
+    char cmd[128], line[256];
+    snprintf(cmd, sizeof cmd, "squeue -h -j %lld -o %%e 2> /dev/null", id);
+    first_line(cmd, line, sizeof line);
+    if ((*end = slurm_time(line)) != -1) {
+        snprintf(why, n, "squeue");
+        return 1;
+    }
+    snprintf(cmd, sizeof cmd, "scontrol show job %lld 2> /dev/null | grep -o 'EndTime=[^ ]*'", id);
+    first_line(cmd, line, sizeof line);
+    if (strncmp(line, "EndTime=", 8) == 0 && (*end = slurm_time(line + 8)) != -1) {
+        snprintf(why, n, "scontrol show job");
+        return 1;
+    }
+    snprintf(why, n, "neither squeue nor scontrol gave job %lld an end time (no time limit, or "
+             "not reachable)", id);
+    return 0;
 }

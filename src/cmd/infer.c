@@ -33,9 +33,15 @@ static int infer_open(Infer *in, const char *cmd, const char *ckpt, int pp, int 
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
     if (pp < 1 || world % pp != 0) {
+        char alts[256] = "";
+        for (int k = 1; k <= world && k <= 4096; k++)
+            if (world % k == 0)
+                snprintf(alts + strlen(alts), sizeof alts - strlen(alts), "%s%d",
+                         alts[0] ? ", " : "", k);
         if (rank == 0)
-            errorf("%s: --pp %d does not divide the %d ranks (run a multiple of pp ranks)", cmd, pp,
-                   world);
+            errorf("%s: --pp %d does not divide the %d ranks (run a multiple of %d ranks, or "
+                   "choose --pp in {%s})",
+                   cmd, pp, world, pp > 0 ? pp : 1, alts);
         return -1;
     }
     Err err;
@@ -44,16 +50,16 @@ static int infer_open(Infer *in, const char *cmd, const char *ckpt, int pp, int 
         return -1;
     }
     Grid *g = &in->grid;
-    if (g->world_rank != 0 && !freopen("/dev/null", "w", stdout)) {
-        grid_free(g);
-        return -1;
-    }
-    kernels_init(threads ? threads : default_threads(g->local_ranks), "auto");
+    const int nt = threads ? threads : default_threads(g->local_ranks);
+    kernels_init(nt, "auto");
+    warn_oversubscribed(nt, MPI_COMM_WORLD);
     TpGroup tpg = {g->tp_comm, g->tp, g->tp_rank};
     config_defaults(&in->cfg);
-    if (ckpt_open_model(ckpt, &in->m, &in->cfg, maxB, &in->step, &tpg, g->pp, g->pp_rank,
-                        g->local_ranks, &err) != 0) {
-        err_print(&err);
+    const int rc = ckpt_open_model(ckpt, &in->m, &in->cfg, maxB, &in->step, &tpg, g->pp,
+                                   g->pp_rank, g->local_ranks, &err);
+    /* every rank opens the same checkpoint: the lowest that failed says why */
+    if (cmd_agree(rc, &err, MPI_COMM_WORLD) != 0) {
+        if (rc == 0) model_free(&in->m);
         grid_free(g);
         return -1;
     }
@@ -247,8 +253,10 @@ static int eval_run(Infer *in, const EvalArgs *a, Dataset *ds, size_t total) {
     double loss = eval_blend(in, a, ds, total, ROUTE_TOPK, part, &seqs, &failed);
     if (failed) return EXIT_USAGE;
     const double tokens = (double)seqs * in->cfg.seq_len;
-    if (!isfinite(loss)) { /* finite weights whose products overflow */
-        errorf("eval: the loss on '%s' is %f (the model's activations overflow)", a->data, loss);
+    if (!isfinite(loss)) { /* finite weights whose products overflow: alike on every rank */
+        if (in->grid.world_rank == 0)
+            errorf("eval: the loss on '%s' is %f (the model's activations overflow)", a->data,
+                   loss);
         return EXIT_FAILURE;
     }
     double acc = m->stats.decisions ? (double)m->stats.agree / (double)m->stats.decisions : 1.0;
@@ -287,11 +295,8 @@ static int eval_run(Infer *in, const EvalArgs *a, Dataset *ds, size_t total) {
     if (a->json)
         printf(",\"tokens\":%.0f,\"sequences\":%zu,\"step\":%d}\n", tokens, seqs, in->step);
     Err err;
-    if (a->grads && ckpt_export_grads(a->grads, m, &in->cfg, &err) != 0) {
-        err_print(&err);
-        return EXIT_FAILURE;
-    }
-    return EXIT_OK;
+    const int rc = a->grads ? ckpt_export_grads(a->grads, m, &in->cfg, &err) : 0;
+    return cmd_agree(rc, &err, MPI_COMM_WORLD) == 0 ? EXIT_OK : EXIT_FAILURE;
 }
 
 /* Warns (ids below the model's vocabulary still evaluate) when the shards'
@@ -431,9 +436,18 @@ static int eval_routing(Infer *in, const EvalArgs *a, Dataset *ds, size_t n_seqs
     return cmd_agree(rc, &err, MPI_COMM_WORLD) == 0 ? EXIT_OK : EXIT_FAILURE;
 }
 
+/* Every rank parses the same arguments: rank 0 alone prints (help, errors). */
+static void quiet_above_rank0(int on) {
+    if (util_rank == 0) return;
+    util_quiet = on;
+    if (on && !freopen("/dev/null", "w", stdout)) util_quiet = 1;
+}
+
 int eval_main(int argc, char **argv) {
     EvalArgs a;
+    quiet_above_rank0(1);
     int rc = eval_args(&a, argc, argv);
+    quiet_above_rank0(0);
     if (rc != 1) return rc;
     Infer in;
     if (infer_open(&in, "eval", a.ckpt, a.pp, a.threads, a.micro) != 0) return EXIT_USAGE;
@@ -652,7 +666,9 @@ static void sample_prompt(Text *tx, const char *prompt) {
 
 int sample_main(int argc, char **argv) {
     SampleArgs a;
+    quiet_above_rank0(1);
     int rc = sample_args(&a, argc, argv);
+    quiet_above_rank0(0);
     if (rc != 1) return rc;
     Infer in;
     if (infer_open(&in, "sample", a.ckpt, a.pp, a.threads, 1) != 0) return EXIT_USAGE;

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "checkpoint/ckpt.h"
@@ -241,6 +242,7 @@ static int run_setup_layout(Run *r, int argc, char **argv) {
     else snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%s/ckpt", c->run_dir);
     r->threads = c->threads ? c->threads : default_threads(r->grid.local_ranks);
     kernels_init(r->threads, c->blis_arch);
+    warn_oversubscribed(r->threads, MPI_COMM_WORLD);
     r->T = c->seq_len;
     r->local_batch = c->batch_size / r->grid.dp;
     r->micro = c->micro_batch ? c->micro_batch : r->local_batch;
@@ -509,11 +511,16 @@ static void run_banner(const Run *r) {
     log0("memory (rank 0): %s = parameters and gradients %s + AdamW moments %s + activations "
          "%s%s (%zu bytes)\n",
          tot, pg, mo, ac, sg, r->mem.total);
+    char how[CONFIG_STR + 64];
+    if (c->peak_gflops > 0) snprintf(how, sizeof how, " (given)");
+    else if (c->calibration[0])
+        snprintf(how, sizeof how, " (%s's gflops_per_core x %d threads)", c->calibration,
+                 r->threads);
+    else snprintf(how, sizeof how, " (measured on rank 0)");
     log0("layout dp=%d tp=%d pp=%d | %d thread%s a rank | BLIS %s kernels | "
          "sgemm peak %.1f GFLOP/s%s, %.1f over the job\n",
          r->grid.dp, r->grid.tp, r->grid.pp, r->threads, r->threads == 1 ? "" : "s",
-         kernels_blis_arch(), r->peak_gflops,
-         c->peak_gflops > 0 ? " (given)" : " (measured on rank 0)", r->job_peak_gflops);
+         kernels_blis_arch(), r->peak_gflops, how, r->job_peak_gflops);
 }
 
 /* Rank 0 alone writes the metrics. Returns 0 or -1 (printed). */
@@ -541,6 +548,32 @@ static int run_probe_save(Run *r) {
     const int rc = ckpt_probe_save(r->ckpt_dir, all, r->grid.world, &r->save_estimate_s, &err);
     if (rc != 0 && r->grid.world_rank == 0) err_print(&err);
     return rc;
+}
+
+/* time_limit = auto: the seconds from the process's start to the SLURM
+ * job's end, found by rank 0 and shared; outside a job, or when SLURM
+ * gives no end, no limit (logged). The stop's save is budgeted before it
+ * as for any time_limit. */
+static void run_time_limit_auto(Run *r) {
+    Config *c = &r->cfg;
+    if (c->time_limit != CONFIG_TIME_LIMIT_AUTO) return;
+    double limit = 0;
+    char why[256] = "", when[64] = "";
+    time_t end = 0;
+    if (r->grid.world_rank == 0 && cmd_slurm_end_time(&end, why, sizeof why)) {
+        const double left = difftime(end, time(NULL));
+        limit = (now_s() - cmd_start_s) + (left > 1 ? left : 1);
+        struct tm tm;
+        strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", localtime_r(&end, &tm));
+    }
+    MPI_CHECK(MPI_Bcast(&limit, 1, MPI_DOUBLE, 0, r->grid.world));
+    c->time_limit = limit;
+    char d[32];
+    format_duration(d, sizeof d, limit);
+    if (limit > 0)
+        log0("train: time_limit = auto: job %s ends at %s (%s): %.0f s from the start, %s\n",
+             getenv("SLURM_JOB_ID"), when, why, limit, d);
+    else log0("train: time_limit = auto: %s: no time limit\n", why);
 }
 
 /* The watchdog: a thread that ends the job when neither training nor a
@@ -580,17 +613,19 @@ static void watchdog_start(Run *r) {
 static int run_setup(Run *r, int argc, char **argv) {
     if (run_setup_layout(r, argc, argv) != 0 || run_setup_data(r) != 0 || run_setup_model(r) != 0)
         return EXIT_USAGE;
-    r->peak_gflops = r->cfg.peak_gflops > 0 ? r->cfg.peak_gflops : kernels_measure_peak_gflops();
+    Err err;
+    const int rc = cmd_peak_gflops(&r->cfg, r->threads, &r->peak_gflops, &err);
+    if (cmd_agree(rc, &err, r->grid.world) != 0) return EXIT_USAGE;
     /* MFU is the job's model FLOPs over the job's peak: every rank's */
     MPI_CHECK(MPI_Allreduce(&r->peak_gflops, &r->job_peak_gflops, 1, MPI_DOUBLE, MPI_SUM,
                             r->grid.world));
     run_banner(r);
     if (run_open_metrics(r) != 0) return EXIT_USAGE;
     if (run_saves_async(&r->cfg)) {
-        Err err;
         r->async = ckpt_async_new(r->grid.world, 3 * r->m.nparams, r->threads, &err);
         if (!r->async && r->grid.world_rank == 0) err_print(&err);
     }
+    run_time_limit_auto(r);
     if (r->cfg.time_limit > 0 && run_probe_save(r) != 0) return EXIT_USAGE;
     if (r->cfg.watchdog_s > 0) watchdog_start(r);
     const char *trace = getenv("MODTRAIN_DATA_TRACE");
@@ -813,6 +848,8 @@ static void run_log(Run *r, int step, const StepResult *s) {
             "\"pp_bubble\":%.4f",
             s->lr, s->grad_norm, tps, s->dt * 1e3, mfu, s->fpt, s->fpt / r->dense_fpt, s->tp_bytes,
             s->dp_bytes, s->pp_bytes, s->live, s->bubble);
+    /* above 100%: the peak was measured too low (outside load), never clamped */
+    if (mfu > 1) mprintf(r->metrics, ",\"peak_mismeasured\":true");
     phases_json(&r->ph, r->grid.world, r->metrics);
     mprintf(r->metrics, "}\n");
     if (done % c->log_every != 0 && done != c->steps && step != r->start) return;
@@ -822,9 +859,9 @@ static void run_log(Run *r, int step, const StepResult *s) {
     if (r->n_routed)
         snprintf(mod, sizeof mod, " | aux %.4f acc %.1f%% | FLOPs %.2fx dense", aux, 100 * acc,
                  s->fpt / r->dense_fpt);
-    log0("step %*d/%d | loss %.4f%s | lr %.2e | %.0f tok/s | MFU %.1f%% | ETA %s\n",
+    log0("step %*d/%d | loss %.4f%s | lr %.2e | %.0f tok/s | MFU %.1f%%%s | ETA %s\n",
          (int)snprintf(NULL, 0, "%d", c->steps), done, c->steps, s->loss, mod, s->lr, tps,
-         100 * mfu, eta);
+         100 * mfu, mfu > 1 ? " (over 100%: the peak was mismeasured)" : "", eta);
 }
 
 /* The validation loss under `mode`: each dataset's share of the first

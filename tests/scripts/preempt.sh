@@ -68,4 +68,21 @@ step=$(sed -n 's/^stopping at step \([0-9]*\)\/.* on time_limit.*/\1/p' limited.
 run --run_dir limited > limited.2.log 2>&1 &&
     cmp -s ref/ckpt/step-00000120/data.bin limited/ckpt/step-00000120/data.bin &&
     ok "time_limit: the next run completed it, bitwise equal" || { cat limited.2.log; fail "after time_limit"; }
+
+# time_limit = auto: the job's end from SLURM_JOB_END_TIME (3 s from now,
+# so the limit is at most 3 s from the start); outside a job, no limit
+set +e
+end=$(($(date +%s) + 3))
+SLURM_JOB_ID=7 SLURM_JOB_END_TIME=$end run --run_dir auto --steps 100000 --time_limit auto > auto.log 2>&1
+rc=$?
+set -e
+t=$(sed -n 's/^train: time_limit = auto: job 7 ends at .* (SLURM_JOB_END_TIME): \([0-9]*\) s from the start.*/\1/p' auto.log)
+[ "$rc" -eq 75 ] && [ -n "$t" ] && [ "$t" -ge 1 ] && [ "$t" -le 4 ] && grep -q "^stopping at step .* on time_limit" auto.log &&
+    ok "time_limit = auto, SLURM_JOB_END_TIME 3 s ahead: a limit of $t s, stopped with exit 75" ||
+    { cat auto.log; fail "time_limit = auto under SLURM_JOB_END_TIME (exit $rc, limit '$t')"; }
+env -u SLURM_JOB_ID -u SLURM_JOB_END_TIME $MPIRUN -np 2 "$MODTRAIN" train $common --steps 3 --run_dir noslurm \
+    --time_limit auto > noslurm.log 2>&1 &&
+    grep -q "^train: time_limit = auto: not inside a SLURM job (SLURM_JOB_ID is not set): no time limit" noslurm.log &&
+    grep -q "^done: step 3" noslurm.log && ok "time_limit = auto outside SLURM: no limit, logged" ||
+    { cat noslurm.log; fail "time_limit = auto outside SLURM"; }
 finish

@@ -71,6 +71,40 @@ case_run stock none "$PATH" "launching with srun --kill-on-bad-exit=1 --mpi=pmix
 case_run pmix-default pmix "$PATH" "launching with srun --kill-on-bad-exit=1 (MpiDefault=pmix)"
 case_run no-pmix none "$TMP/nopmix:$PATH" "launching with mpirun -np 2 .*(srun --mpi=list offers no pmix plugin; MpiDefault=none)"
 
+# train.sbatch submitted from another folder (one holding a folder named
+# modtrain, which the old default took for the binary) with MODTRAIN unset:
+# it runs the binary of the tree it lives in, though SLURM runs a copy of
+# it from its spool; with none there, modtrain on the PATH; with neither,
+# one line and exit 2. The first job's time_limit = auto reads its end from
+# squeue: its --time of 10 minutes.
+set_mpi_default none
+mkdir -p tree/jobs elsewhere/modtrain bin
+cp "$srcdir/jobs/train.sbatch" tree/jobs/
+ln -s "$MODTRAIN" tree/modtrain
+ln -s "$MODTRAIN" bin/modtrain
+case_tree() { # NAME PATH EXPECTED-STATE EXPECTED-LINE [sbatch options]
+    name=$1 path=$2 want=$3 line=$4
+    shift 4
+    job=$(cd elsewhere && env -u MODTRAIN PATH=$path sbatch --parsable --ntasks=2 --cpus-per-task=1 \
+        --output="$TMP/$name.out" "$@" ../tree/jobs/train.sbatch "$TMP/run.conf" --run_dir "$TMP/$name" \
+        --time_limit auto)
+    wait_done "$job" || fail "$name: job $job never finished"
+    state=$(job_state "$job")
+    if [ "$state" = "$want" ] && grep -q -- "$line" "$TMP/$name.out"; then
+        ok "$name: job $state: $(grep -- "$line" "$TMP/$name.out" | head -n 1)"
+    else
+        cat "$TMP/$name.out"
+        fail "$name: job $job $state (expected $want), no line '$line'"
+    fi
+}
+case_tree tree "$PATH" COMPLETED "binary $TMP/tree/modtrain (the tree of " --time=10
+t=$(sed -n 's/^train: time_limit = auto: job [0-9]* ends at .* (squeue): \([0-9]*\) s from the start.*/\1/p' tree.out)
+[ -n "$t" ] && [ "$t" -gt 500 ] && [ "$t" -le 600 ] && ok "time_limit = auto under --time=10: $t s, from squeue" ||
+    fail "time_limit = auto under --time=10 gave '$t' s: $(grep time_limit tree.out)"
+rm tree/modtrain
+case_tree path "$TMP/bin:$PATH" COMPLETED "binary $TMP/bin/modtrain (the PATH)"
+case_tree none "$(dirname "$(command -v sbatch)"):/usr/bin:/bin" FAILED "^train.sbatch: no modtrain binary: MODTRAIN is not set, $TMP/tree/modtrain is not there"
+
 # an isoFLOP sweep as a batch job, its runs launched by srun on the job's
 # two tasks (dp 2): the same steps and FLOPs as the sweep in one process
 set_mpi_default none

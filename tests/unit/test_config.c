@@ -51,6 +51,17 @@ static void test_set_types_and_ranges(void) {
     char buf[64];
     CU_ASSERT_EQUAL(config_get(&c, "router_gate", buf, sizeof buf), 0);
     CU_ASSERT_STRING_EQUAL(buf, "sigmoid");
+    /* time_limit: seconds, or auto (the SLURM job's end), which reads back */
+    CU_ASSERT_EQUAL(config_set(&c, "time_limit", "auto", "t", &e), 0);
+    CU_ASSERT_DOUBLE_EQUAL(c.time_limit, CONFIG_TIME_LIMIT_AUTO, 0);
+    CU_ASSERT_EQUAL(config_get(&c, "time_limit", buf, sizeof buf), 0);
+    CU_ASSERT_STRING_EQUAL(buf, "auto");
+    CU_ASSERT_EQUAL(config_set(&c, "time_limit", "-1", "t", &e), -1); /* the sentinel by number */
+    CU_ASSERT_EQUAL(config_set(&c, "time_limit", "Auto", "t", &e), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "expected a number >= 0, or auto"));
+    CU_ASSERT_EQUAL(config_set(&c, "time_limit", "90", "t", &e), 0);
+    CU_ASSERT_EQUAL(config_get(&c, "time_limit", buf, sizeof buf), 0);
+    CU_ASSERT_STRING_EQUAL(buf, "90");
 }
 
 static void test_edit_distance(void) {
