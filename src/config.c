@@ -177,6 +177,11 @@ static void norm_key(char *dst, size_t n, const char *src) {
 }
 
 static int unknown_key(const char *key, const char *where, Err *err) {
+    if (strcmp(key, "dp") == 0)
+        return err_set(err,
+                       "%s: dp is not a key: it is what the world leaves after tp x pp (dp = "
+                       "ranks / (tp x pp)); set tp and pp, and the ranks with mpirun -np",
+                       where);
     const char *best = NULL;
     int bestd = 1 << 30;
     for (size_t i = 0; i < NKEYS; i++) {
@@ -513,5 +518,30 @@ int config_describe(int i, const char **name, const char **def, const char **hel
     *name = keys[i].name;
     *def = keys[i].def;
     *help = keys[i].help;
+    return 1;
+}
+
+/* The value's name in --help for the string keys that are not free text. */
+static const char *str_meta(const char *name) {
+    static const char *const metas[][2] = {
+        {"train_data", "SPEC"},     {"val_data", "SPEC"},    {"stage_layers", "N,N,..."},
+        {"ckpt_dir", "DIR"},        {"run_dir", "DIR"},      {"resume", "auto|never|PATH"},
+        {"blis_arch", "auto|ARCH"}, {"tokenizer_hash", "HEX"}, {"init_from", "CKPT"},
+    };
+    for (size_t i = 0; i < sizeof metas / sizeof metas[0]; i++)
+        if (strcmp(metas[i][0], name) == 0) return metas[i][1];
+    return "S";
+}
+
+int config_describe_value(int i, char *buf, size_t n) {
+    if (i < 0 || (size_t)i >= NKEYS) return 0;
+    const KeySpec *k = &keys[i];
+    switch (k->type) {
+    case K_INT:
+    case K_I64: snprintf(buf, n, "N"); break;
+    case K_FLOAT: snprintf(buf, n, "X"); break;
+    case K_STR: snprintf(buf, n, "%s", str_meta(k->name)); break;
+    case K_ENUM: snprintf(buf, n, "%s", k->choices); break;
+    }
     return 1;
 }

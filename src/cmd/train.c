@@ -1097,15 +1097,22 @@ static int run_steps(Run *r) {
     return EXIT_OK;
 }
 
-/* The config keys (name, default, help) for --help. */
+/* The config keys (name, value, default, help) for --help. */
 static void print_config_keys(void) {
-    printf("Config keys (--key value on the command line, key = value in a --config file):\n");
+    printf("Config keys: --key VALUE on the command line (or --key=VALUE; dashes or\n"
+           "underscores: --micro-batch is --micro_batch), key = VALUE in a --config file.\n"
+           "N is an integer, X a number, a|b one of the values listed; (the default).\n");
     const char *name, *def, *help;
     for (int i = 0; config_describe(i, &name, &def, &help); i++) {
-        char d[64];
+        char flag[96], meta[64], d[64];
+        config_describe_value(i, meta, sizeof meta);
+        snprintf(flag, sizeof flag, "--%s %s", name, meta);
         snprintf(d, sizeof d, "(%s)", def[0] ? def : "\"\"");
-        printf("  %-17s %-16s %s\n", name, d, help);
+        if (strlen(flag) > 30) printf("  %s\n  %-30s %-12s %s\n", flag, "", d, help);
+        else printf("  %-30s %-12s %s\n", flag, d, help);
     }
+    printf("dp is not a key: it is what the world leaves after tp x pp (dp = ranks / (tp x pp));\n"
+           "batch_size splits over the dp ranks, each in micro-batches of micro_batch.\n");
 }
 
 int train_main(int argc, char **argv) {
