@@ -27,6 +27,7 @@
 #include "src/base/fault.h"
 #include "src/base/rng.h"
 #include "src/cmd/cmd.h"
+#include "src/plan.h"
 #include "src/cmd/phases.h"
 #include "src/config.h"
 #include "src/dataset.h"
@@ -421,9 +422,15 @@ static int run_setup_model(Run *r) {
 static void run_banner(const Run *r) {
     const Config *c = &r->cfg;
     const ModelDims *d = &r->m.d;
-    log0("modtrain %s | %.2fM parameters | L=%d C=%d NH=%d T=%d V=%d | batch %d x %d tokens, "
+    /* the whole model's count, not the stage's this rank holds */
+    Config whole = *c;
+    whole.vocab_size = d->V;
+    char stage[64] = "";
+    if (r->grid.pp > 1)
+        snprintf(stage, sizeof stage, " (%.2fM on stage 0)", model_num_params(&r->m) / 1e6);
+    log0("modtrain %s | %.2fM parameters%s | L=%d C=%d NH=%d T=%d V=%d | batch %d x %d tokens, "
          "micro-batch %d\n",
-         PACKAGE_VERSION, model_num_params(&r->m) / 1e6, d->L, d->C, d->NH, r->T, d->V,
+         PACKAGE_VERSION, plan_num_params(&whole) / 1e6, stage, d->L, d->C, d->NH, r->T, d->V,
          c->batch_size, r->T, r->micro);
     if (r->n_routed)
         log0("Mixture-of-Depths: %d of %d blocks routed, capacity %g (k = %d of %d), gate %s, "
