@@ -194,7 +194,7 @@ declare -A typed=()
 while [ $# -gt 0 ]; do
     [ "$1" != -- ] || { shift; extra=("$@"); break; }
     case $1 in --*=*) set -- "${1%%=*}" "${1#*=}" "${@:2}" ;; esac
-    key=${1#--} && key=${key//-/_}
+    key=${1#--} && key=${key//-/_} && key=${key,,}
     [[ $1 == --* ]] && typed[$key]=$1 || key="?"
     case $key in
     report) need "$@"; report "$2"; exit 0 ;;

@@ -31,7 +31,7 @@ while [ $# -gt 0 ]; do
     case $1 in --*=*) set -- "${1%%=*}" "${1#*=}" "${@:2}" ;; esac
     [ $# -ge 2 ] || die "$1 needs a value"
     [[ $2 =~ ^[0-9]{1,9}$ ]] || die "$1 = '$2' is not a whole number"
-    key=${1#--} && key=${key//-/_}
+    key=${1#--} && key=${key//-/_} && key=${key,,}
     [[ $1 == --* ]] || key="?"
     case $key in
     seq) seq=$2 ;; positions) positions=$2 ;; min_count) min_count=$2 ;;

@@ -21,7 +21,8 @@ int cli_option_name(const char *a, char *name, size_t n, const char **value) {
     const char *eq = strchr(a, '=');
     size_t len = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
     if (len >= n) len = n - 1;
-    for (size_t k = 0; k < len; k++) name[k] = a[2 + k] == '-' ? '_' : a[2 + k];
+    for (size_t k = 0; k < len; k++)
+        name[k] = a[2 + k] == '-' ? '_' : (char)tolower((unsigned char)a[2 + k]);
     name[len] = '\0';
     if (value) *value = eq ? eq + 1 : NULL;
     return 1;

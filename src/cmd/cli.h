@@ -31,7 +31,7 @@ int cli_parse(const char *cmd, const char *usage, const char *about, const CliOp
               char **argv);
 
 /* Splits an argument "--name" or "--name=value" (dashes or underscores)
- * into name, with underscores and at most n - 1 characters, and *value
+ * into name, lower case with underscores and at most n - 1 characters, and *value
  * (what follows '=', or NULL). Returns 1 for such an option, 0 for
  * anything else (a file, "-", "--"). */
 int cli_option_name(const char *arg, char *name, size_t n, const char **value);
