@@ -136,15 +136,12 @@ static const CliOpt *cli_find(const char *cmd, const CliOpt *opts, const char *a
 int cli_parse(const char *cmd, const char *usage, const char *about, const CliOpt *opts, int argc,
               char **argv) {
     for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+        const char *a = argv[i], *val = NULL;
+        char name[64];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) { /* not a value: those are skipped */
             print_help(usage, about, opts);
             return 0;
         }
-    }
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i], *val = NULL;
-        char name[64];
         if (!cli_option_name(a, name, sizeof name, &val)) {
             errorf("%s: unexpected argument '%s' (see modtrain %s --help)", cmd, a, cmd);
             return -1;
