@@ -354,25 +354,39 @@ int config_load_file(Config *c, const char *path, Err *err) {
     return rc;
 }
 
+/* 1 when a is --config (any case), 2 when it is --config=FILE, else 0. */
+static int config_opt(const char *a) {
+    char key[16];
+    if (strncmp(a, "--", 2) != 0) return 0;
+    const size_t n = strcspn(a + 2, "=");
+    if (n != 6) return 0;
+    snprintf(key, sizeof key, "%.6s", a + 2);
+    norm_key(key, sizeof key, key);
+    if (strcmp(key, "config") != 0) return 0;
+    return a[8] == '=' ? 2 : 1;
+}
+
 int config_from_args(Config *c, int argc, char **argv, Err *err) {
     /* The file first, so that command-line keys override it wherever they are. */
     for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "--config") == 0) {
+        const int opt = config_opt(argv[i]);
+        if (opt == 1) {
             if (i + 1 >= argc) {
-                return err_set(err, "--config: missing file name");
+                return err_set(err, "%s: missing file name", argv[i]);
             }
             if (config_load_file(c, argv[i + 1], err) != 0) return -1;
-        } else if (strncmp(argv[i], "--config=", 9) == 0) {
+        } else if (opt == 2) {
             if (config_load_file(c, argv[i] + 9, err) != 0) return -1;
         }
     }
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
-        if (strcmp(a, "--config") == 0) {
+        const int opt = config_opt(a);
+        if (opt == 1) {
             i++;
             continue;
         }
-        if (strncmp(a, "--config=", 9) == 0) continue;
+        if (opt == 2) continue;
         if (strncmp(a, "--", 2) != 0 || !a[2]) {
             return err_set(err, "unexpected argument '%s' (expected --key value)", a);
         }
