@@ -71,8 +71,10 @@ static void typed_name(char *buf, size_t n, const char *arg, const char *name) {
 static void range_text(const CliOpt *o, char *buf, size_t n) {
     const char *what = o->type == CLI_FLOAT ? "a number" : "an integer";
     if (o->min == 0 && o->max == 0) snprintf(buf, n, "%s", what);
-    else if (o->max >= 1e18) snprintf(buf, n, "%s >= %g", what, o->min);
-    else snprintf(buf, n, "%s in [%.17g, %.17g]", what, o->min, o->max);
+    else if (o->max >= (o->type == CLI_FLOAT ? 1e18 : 9.2e18))
+        snprintf(buf, n, "%s >= %g", what, o->min);
+    else if (o->type == CLI_FLOAT) snprintf(buf, n, "%s in [%g, %g]", what, o->min, o->max);
+    else snprintf(buf, n, "%s in [%lld, %lld]", what, (long long)o->min, (long long)o->max);
 }
 
 /* Stores val, typed as `arg`, into o. Returns 0, or -1 (printed). */
@@ -104,7 +106,9 @@ static int cli_value(const char *cmd, const CliOpt *o, const char *arg, const ch
         errorf("%s: %s = '%.64s' is not an integer (expected %s)", cmd, who, val, range);
         return -1;
     }
-    if (ranged ? (double)v < o->min || (double)v > o->max : v > bound || v < -bound) {
+    /* in whole numbers: a double near 2^62 would round a value past the bound onto it */
+    const long long lo = (long long)o->min, hi = o->max >= 9.2e18 ? LLONG_MAX : (long long)o->max;
+    if (ranged ? v < lo || v > hi : v > bound || v < -bound) {
         if (ranged) errorf("%s: %s = %s is out of range (expected %s)", cmd, who, val, range);
         else
             errorf("%s: %s = %s is out of range (at most %lld in size)", cmd, who, val, bound);
