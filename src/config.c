@@ -538,8 +538,8 @@ int config_describe(int i, const char **name, const char **def, const char **hel
 /* The value's name in --help for the string keys that are not free text. */
 static const char *str_meta(const char *name) {
     static const char *const metas[][2] = {
-        {"train_data", "SPEC"},     {"val_data", "SPEC"},    {"stage_layers", "N,N,..."},
-        {"ckpt_dir", "DIR"},        {"run_dir", "DIR"},      {"resume", "auto|never|PATH"},
+        {"train_data", "SPEC"},     {"val_data", "SPEC"},      {"stage_layers", "N,N,..."},
+        {"ckpt_dir", "DIR"},        {"run_dir", "DIR"},        {"resume", "auto|never|PATH"},
         {"blis_arch", "auto|ARCH"}, {"tokenizer_hash", "HEX"}, {"init_from", "CKPT"},
     };
     for (size_t i = 0; i < sizeof metas / sizeof metas[0]; i++)

@@ -395,11 +395,11 @@ static int import_config(Config *cfg, const StFile *f, int n_head, int *step, Er
 static int import_main(int argc, char **argv) {
     const char *in = NULL, *ckpt = NULL;
     int n_head = 0;
-    CliOpt opts[] = {{"in", CLI_STR, &in, "safetensors file to import", "FILE"},
-                     {"ckpt", CLI_STR, &ckpt, "ckpt_dir to write the checkpoint into", "DIR"},
-                     {"n_head", CLI_INT, &n_head, "heads, when the file's metadata lacks n_head",
-                      NULL, 1, 4096},
-                     {NULL, 0, NULL, NULL}};
+    CliOpt opts[] = {
+        {"in", CLI_STR, &in, "safetensors file to import", "FILE"},
+        {"ckpt", CLI_STR, &ckpt, "ckpt_dir to write the checkpoint into", "DIR"},
+        {"n_head", CLI_INT, &n_head, "heads, when the file's metadata lacks n_head", NULL, 1, 4096},
+        {NULL, 0, NULL, NULL}};
     int h = cli_parse("ckpt import", "modtrain ckpt import --in FILE --ckpt DIR",
                       "Turns a GPT-2 safetensors file into a checkpoint modtrain can train or "
                       "evaluate.",

@@ -110,8 +110,7 @@ static int cli_value(const char *cmd, const CliOpt *o, const char *arg, const ch
     const long long lo = (long long)o->min, hi = o->max >= 9.2e18 ? LLONG_MAX : (long long)o->max;
     if (ranged ? v < lo || v > hi : v > bound || v < -bound) {
         if (ranged) errorf("%s: %s = %s is out of range (expected %s)", cmd, who, val, range);
-        else
-            errorf("%s: %s = %s is out of range (at most %lld in size)", cmd, who, val, bound);
+        else errorf("%s: %s = %s is out of range (at most %lld in size)", cmd, who, val, bound);
         return -1;
     }
     if (o->type == CLI_INT) *(int *)o->dst = (int)v;

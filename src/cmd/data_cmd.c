@@ -98,8 +98,8 @@ int data_main(int argc, char **argv) {
          9.2e18},
         {"batch_size", CLI_I64, &batch, "sequences a step (the config's default)", NULL, 1,
          1 << 30},
-        {"from", CLI_I64, &from, "print samples from this one (the g-th sequence a run reads)",
-         "G", 0, 0x1p62},
+        {"from", CLI_I64, &from, "print samples from this one (the g-th sequence a run reads)", "G",
+         0, 0x1p62},
         {"count", CLI_I64, &count, "samples --from prints (1)", NULL, 0, 0x1p40},
         {"tokens", CLI_FLAG, &tokens, "with --from: each sample's first 8 tokens too"},
         {NULL, 0, NULL, NULL}};

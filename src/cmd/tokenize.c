@@ -117,7 +117,9 @@ int tokenize_main(int argc, char **argv) {
                               strcmp(name, "hash") == 0;
             errorf("tokenize: %.*s %s (expected --vocab DIR, --decode, --hash)",
                    cli_typed_len(argv[i]), argv[i],
-                   !known ? "is not an option" : v ? "takes no value" : "needs a value");
+                   !known ? "is not an option"
+                   : v    ? "takes no value"
+                          : "needs a value");
             return EXIT_USAGE;
         }
     }
