@@ -8,6 +8,14 @@
 #            a node and npm already installed are used as they are (Debian's
 #            npm package conflicts with other Node.js builds)
 set -eu
+usage() {
+    echo "usage: jobs/deps.sh [--slurm] [--fuzz] [--node]   (as root)"
+    echo "Installs the Debian packages modtrain builds, tests and runs with (apt-get);"
+    echo "--slurm adds slurm-wlm and munge, --fuzz clang and libomp, --node Node.js and npm."
+}
+for opt in "$@"; do
+    case $opt in --help | -h) usage; exit 0 ;; esac
+done
 pkgs="build-essential autoconf automake libtool pkg-config libopenmpi-dev openmpi-bin
       libblis-dev libcunit1-dev zlib1g-dev libzstd-dev libjansson-dev libpcre2-dev fortunes python3 python3-torch gnuplot-nox"
 for opt in "$@"; do
@@ -19,7 +27,7 @@ for opt in "$@"; do
         command -v npm > /dev/null || pkgs="$pkgs npm"
         ;;
     *)
-        echo "deps: unknown option '$opt' (expected --slurm, --fuzz or --node)" >&2
+        echo "deps: unknown option '$opt' (expected --slurm, --fuzz or --node; see jobs/deps.sh --help)" >&2
         exit 2
         ;;
     esac

@@ -34,6 +34,10 @@ case $dir in -*) bad_usage ;; esac
 from=
 while [ $# -gt 0 ]; do
     case $1 in
+    --from=*)
+        from=${1#--from=}
+        shift
+        ;;
     --from)
         [ $# -ge 2 ] || bad_usage
         from=$2

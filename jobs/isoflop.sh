@@ -17,6 +17,7 @@
 # checkpoint (modtrain's own resume).
 #
 # usage: jobs/isoflop.sh [options]
+# (--key value or --key=value; dashes or underscores: --head-dim is --head_dim)
 #   --out DIR             sweep folder (isoflop)
 #   --budgets "B ..."     FLOP budgets (1e12 3e12 1e13)
 #   --sizes "CxL ..."     d_model x n_layer grid, heads = d_model / head_dim
@@ -189,25 +190,40 @@ GP
     echo "isoflop: wrote $out/summary.txt, $out/isoflop.png, $out/loss_vs_time.png"
 }
 
+# --help (before the rest, wherever it is): the usage line, then the comment
+for a in "$@"; do
+    [ "$a" != -- ] || break
+    case $a in --help | -h)
+        echo "usage: jobs/isoflop.sh [options]"
+        sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
+    esac
+done
+# Options are spelt with underscores or dashes (--head-dim is --head_dim),
+# --key value or --key=value; typed[key] keeps the spelling for the errors.
+declare -A typed=()
 while [ $# -gt 0 ]; do
-    case $1 in
-    --help | -h) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
-    --report) need "$@"; report "$2"; exit 0 ;;
-    --quick) budgets="2e10 5e10" sizes="32x2 64x2" seq_len=64 batch=8 min_steps=10 eval_seqs=32
+    [ "$1" != -- ] || { shift; extra=("$@"); break; }
+    case $1 in --*=*) set -- "${1%%=*}" "${1#*=}" "${@:2}" ;; esac
+    key=${1#--} && key=${key//-/_} && key=${key,,}
+    [[ $1 == --* ]] && typed[$key]=$1 || key="?"
+    case $key in
+    report) need "$@"; report "$2"; exit 0 ;;
+    quick) budgets="2e10 5e10" sizes="32x2 64x2" seq_len=64 batch=8 min_steps=10 eval_seqs=32
         shift; continue ;;
-    --) shift; extra=("$@"); break ;;
     esac
     need "$@"
-    case $1 in
-    --out) out=$2 ;; --budgets) budgets=$2 ;; --sizes) sizes=$2 ;; --head_dim) head_dim=$2 ;;
-    --capacity) capacity=$2 ;; --route_every) route_every=$2 ;; --causal_router) causal=$2 ;;
-    --seq_len) seq_len=$2 ;; --batch) batch=$2 ;; --lr) lr=$2 ;; --min_steps) min_steps=$2 ;;
-    --eval_seqs) eval_seqs=$2 ;; --train) train=$2 ;; --val) val=$2 ;; --np) np=$2 ;;
-    --launcher) launcher=$2 ;; --tp) tp=$2 ;; --pp) pp=$2 ;;
+    case $key in
+    out) out=$2 ;; budgets) budgets=$2 ;; sizes) sizes=$2 ;; head_dim) head_dim=$2 ;;
+    capacity) capacity=$2 ;; route_every) route_every=$2 ;; causal_router) causal=$2 ;;
+    seq_len) seq_len=$2 ;; batch) batch=$2 ;; lr) lr=$2 ;; min_steps) min_steps=$2 ;;
+    eval_seqs) eval_seqs=$2 ;; train) train=$2 ;; val) val=$2 ;; np) np=$2 ;;
+    launcher) launcher=$2 ;; tp) tp=$2 ;; pp) pp=$2 ;;
     *) die "unknown option '$1' (see jobs/isoflop.sh --help)" ;;
     esac
     shift 2
 done
+# how the user spelt option KEY, for an error about its value
+as() { echo "${typed[$1]:---$1}"; }
 int() { [[ $2 =~ ^[1-9][0-9]{0,6}$ ]] || die "$1 = '$2' is not a whole number >= 1"; }
 # a number > 0 and at most MAX (1e30: any FLOP budget), as digits, a point
 # and an exponent; its value in awk (x + 0: -v gives a string), so that
@@ -215,18 +231,18 @@ int() { [[ $2 =~ ^[1-9][0-9]{0,6}$ ]] || die "$1 = '$2' is not a whole number >=
 num() { [[ $2 =~ ^[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?$ ]] &&
     awk -v x="$2" -v max="${3:-1e30}" 'BEGIN { exit !(x + 0 > 0 && x + 0 <= max + 0) }' ||
     die "$1 = '$2' is not a number > 0 and <= ${3:-1e30}"; }
-int --head_dim "$head_dim"
+int "$(as head_dim)" "$head_dim"
 for b in $budgets; do num "budget" "$b"; done
 for s in $sizes; do
     [[ $s =~ ^[1-9][0-9]{0,5}x[1-9][0-9]{0,3}$ ]] || die "size '$s' is not D_MODELxN_LAYER (e.g. 128x4)"
-    (( ${s%x*} % head_dim == 0 )) || die "size '$s': d_model ${s%x*} is not a multiple of --head_dim $head_dim"
+    (( ${s%x*} % head_dim == 0 )) || die "size '$s': d_model ${s%x*} is not a multiple of $(as head_dim) $head_dim"
 done
 [ -n "$budgets" ] && [ -n "$sizes" ] || die "--budgets and --sizes need at least one value each"
-int --route_every "$route_every"; int --seq_len "$seq_len"
-int --batch "$batch"; int --min_steps "$min_steps"; int --eval_seqs "$eval_seqs"; int --tp "$tp"
-int --pp "$pp"; num --capacity "$capacity" 1; num --lr "$lr"
-[ "$np" = 0 ] || int --np "$np"
-case $causal in aux_loss | predictor) ;; *) die "--causal_router '$causal' is not aux_loss or predictor" ;; esac
+int "$(as route_every)" "$route_every"; int "$(as seq_len)" "$seq_len"
+int "$(as batch)" "$batch"; int "$(as min_steps)" "$min_steps"; int "$(as eval_seqs)" "$eval_seqs"
+int "$(as tp)" "$tp"; int "$(as pp)" "$pp"; num "$(as capacity)" "$capacity" 1; num "$(as lr)" "$lr"
+[ "$np" = 0 ] || int "$(as np)" "$np"
+case $causal in aux_loss | predictor) ;; *) die "$(as causal_router) '$causal' is not aux_loss or predictor" ;; esac
 
 tree=$(cd "$(dirname "$0")/.." && pwd)
 MODTRAIN=${MODTRAIN:-$( [ -x ./modtrain ] && echo "$PWD/modtrain" || { [ -x "$tree/modtrain" ] && echo "$tree/modtrain"; } || command -v modtrain || true)}

@@ -18,16 +18,26 @@
 set -euo pipefail
 export LC_ALL=C
 die() { echo "routing_plot: $*" >&2; exit 2; }
+for a in "$@"; do
+    case $a in --help | -h)
+        sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//' | sed -n '/^usage:/,$p'
+        sed -n '2,/^# usage:/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; exit 0 ;;
+    esac
+done
 [ $# -ge 2 ] || die "usage: jobs/routing_plot.sh ROUTING_FILE PREFIX [--seq N] [--positions N] [--min_count N]"
 in=$1 prefix=$2
 shift 2
 seq=0 positions="" min_count=8
+# --key value or --key=value; dashes or underscores (--min-count is --min_count)
 while [ $# -gt 0 ]; do
+    case $1 in --*=*) set -- "${1%%=*}" "${1#*=}" "${@:2}" ;; esac
     [ $# -ge 2 ] || die "$1 needs a value"
     [[ $2 =~ ^[0-9]{1,9}$ ]] || die "$1 = '$2' is not a whole number"
-    case $1 in
-    --seq) seq=$2 ;; --min_count) min_count=$2 ;;
-    --positions) [ "$2" -ge 1 ] || die "--positions = '$2' is not a whole number >= 1"; positions=$2 ;;
+    key=${1#--} && key=${key//-/_} && key=${key,,}
+    [[ $1 == --* ]] || key="?"
+    case $key in
+    seq) seq=$2 ;; min_count) min_count=$2 ;;
+    positions) [ "$2" -ge 1 ] || die "$1 = '$2' is not a whole number >= 1"; positions=$2 ;;
     *) die "unknown option '$1' (expected --seq, --positions or --min_count)" ;;
     esac
     shift 2

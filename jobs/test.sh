@@ -7,15 +7,24 @@
 # registry. More options go to jobs/deps.sh (--fuzz).
 # usage: jobs/test.sh [--no-deps] [--fuzz]
 set -eu
+usage() {
+    echo "usage: jobs/test.sh [--no_deps] [--fuzz]"
+    echo "Installs the test dependencies (as root: jobs/deps.sh --slurm --node; --no_deps"
+    echo "leaves the packages alone), builds with warnings as errors, runs make check and"
+    echo "fails when a test failed or was skipped. --fuzz also installs libFuzzer's packages."
+}
+for opt in "$@"; do
+    case $opt in --help | -h) usage; exit 0 ;; esac
+done
 cd "$(dirname "$0")/.."
 deps="--slurm --node"
 install=1
 for opt in "$@"; do
     case $opt in
-    --no-deps) install=0 ;;
+    --no-deps | --no_deps) install=0 ;;
     --fuzz) deps="$deps $opt" ;;
     *)
-        echo "test: unknown option '$opt' (expected --no-deps or --fuzz)" >&2
+        echo "test: unknown option '$opt' (expected --no_deps or --fuzz; see jobs/test.sh --help)" >&2
         exit 2
         ;;
     esac

@@ -120,19 +120,20 @@ int cluster_load(Cluster *c, const char *path, Err *err) {
     return rc;
 }
 
+int cluster_describe(const Cluster *c, int i, char *line, size_t n) {
+    if (i < 0 || (size_t)i >= NCKEYS) return 0;
+    const ClusterKey *k = &ckeys[i];
+    const char *f = (const char *)c + k->offset;
+    if (k->is_int) snprintf(line, n, "%-16s = %d  # %s", k->name, *(const int *)f, k->help);
+    else snprintf(line, n, "%-16s = %.6g  # %s", k->name, *(const double *)f, k->help);
+    return 1;
+}
+
 int cluster_write(const Cluster *c, const char *path, Err *err) {
-    char buf[4096];
+    char buf[4096], line[256];
     size_t n = (size_t)snprintf(buf, sizeof buf,
                                 "# modtrain plan --cluster: measured or stated; one key a line\n");
-    for (size_t i = 0; i < NCKEYS && n < sizeof buf; i++) {
-        const ClusterKey *k = &ckeys[i];
-        const char *f = (const char *)c + k->offset;
-        if (k->is_int)
-            n += (size_t)snprintf(buf + n, sizeof buf - n, "%-16s = %d  # %s\n", k->name,
-                                  *(const int *)f, k->help);
-        else
-            n += (size_t)snprintf(buf + n, sizeof buf - n, "%-16s = %.6g  # %s\n", k->name,
-                                  *(const double *)f, k->help);
-    }
+    for (int i = 0; cluster_describe(c, i, line, sizeof line) && n < sizeof buf; i++)
+        n += (size_t)snprintf(buf + n, sizeof buf - n, "%s\n", line);
     return write_file_atomic(path, buf, n < sizeof buf ? n : sizeof buf - 1, err);
 }

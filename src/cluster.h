@@ -34,5 +34,8 @@ int cluster_load(Cluster *c, const char *path, Err *err);
 int cluster_load_text(Cluster *c, char *text, size_t len, const char *name, Err *err);
 /* Writes c as a cluster file. Returns 0 or -1 with err set. */
 int cluster_write(const Cluster *c, const char *path, Err *err);
+/* Line i of a cluster file for c ("key = value  # what it is"), as
+ * cluster_write writes it: 1, or 0 past the last key. */
+int cluster_describe(const Cluster *c, int i, char *line, size_t n);
 
 #endif

@@ -188,6 +188,11 @@ static int unknown_key(const char *key, const char *where, Err *err) {
                        "%s: eval_batches was replaced by eval_seqs, which counts sequences, not "
                        "micro-batches (set eval_seqs = eval_batches x micro_batch for as many)",
                        where);
+    if (strcmp(key, "dp") == 0)
+        return err_set(err,
+                       "%s: dp is not a key: it is what the world leaves after tp x pp (dp = "
+                       "ranks / (tp x pp)); set tp and pp, and the ranks with mpirun -np",
+                       where);
     const char *best = NULL;
     int bestd = 1 << 30;
     for (size_t i = 0; i < NKEYS; i++) {
@@ -365,25 +370,39 @@ int config_load_file(Config *c, const char *path, Err *err) {
     return rc;
 }
 
+/* 1 when a is --config (any case), 2 when it is --config=FILE, else 0. */
+static int config_opt(const char *a) {
+    char key[16];
+    if (strncmp(a, "--", 2) != 0) return 0;
+    const size_t n = strcspn(a + 2, "=");
+    if (n != 6) return 0;
+    snprintf(key, sizeof key, "%.6s", a + 2);
+    norm_key(key, sizeof key, key);
+    if (strcmp(key, "config") != 0) return 0;
+    return a[8] == '=' ? 2 : 1;
+}
+
 int config_from_args(Config *c, int argc, char **argv, Err *err) {
     /* The file first, so that command-line keys override it wherever they are. */
     for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "--config") == 0) {
+        const int opt = config_opt(argv[i]);
+        if (opt == 1) {
             if (i + 1 >= argc) {
-                return err_set(err, "--config: missing file name");
+                return err_set(err, "%s: missing file name", argv[i]);
             }
             if (config_load_file(c, argv[i + 1], err) != 0) return -1;
-        } else if (strncmp(argv[i], "--config=", 9) == 0) {
+        } else if (opt == 2) {
             if (config_load_file(c, argv[i] + 9, err) != 0) return -1;
         }
     }
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
-        if (strcmp(a, "--config") == 0) {
+        const int opt = config_opt(a);
+        if (opt == 1) {
             i++;
             continue;
         }
-        if (strncmp(a, "--config=", 9) == 0) continue;
+        if (opt == 2) continue;
         if (strncmp(a, "--", 2) != 0 || !a[2]) {
             return err_set(err, "unexpected argument '%s' (expected --key value)", a);
         }
@@ -533,5 +552,30 @@ int config_describe(int i, const char **name, const char **def, const char **hel
     *name = keys[i].name;
     *def = keys[i].def;
     *help = keys[i].help;
+    return 1;
+}
+
+/* The value's name in --help for the string keys that are not free text. */
+static const char *str_meta(const char *name) {
+    static const char *const metas[][2] = {
+        {"train_data", "SPEC"},     {"val_data", "SPEC"},      {"stage_layers", "N,N,..."},
+        {"ckpt_dir", "DIR"},        {"run_dir", "DIR"},        {"resume", "auto|never|PATH"},
+        {"blis_arch", "auto|ARCH"}, {"tokenizer_hash", "HEX"}, {"init_from", "CKPT"},
+    };
+    for (size_t i = 0; i < sizeof metas / sizeof metas[0]; i++)
+        if (strcmp(metas[i][0], name) == 0) return metas[i][1];
+    return "S";
+}
+
+int config_describe_value(int i, char *buf, size_t n) {
+    if (i < 0 || (size_t)i >= NKEYS) return 0;
+    const KeySpec *k = &keys[i];
+    switch (k->type) {
+    case K_INT:
+    case K_I64: snprintf(buf, n, "N"); break;
+    case K_FLOAT: snprintf(buf, n, "X"); break;
+    case K_STR: snprintf(buf, n, "%s", str_meta(k->name)); break;
+    case K_ENUM: snprintf(buf, n, "%s", k->choices); break;
+    }
     return 1;
 }

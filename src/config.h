@@ -102,6 +102,9 @@ int config_get(const Config *c, const char *key, char *buf, size_t n);
 /* Row i of the key table, for --help: 1 with its name, default and help,
  * or 0 past the last. */
 int config_describe(int i, const char **name, const char **def, const char **help);
+/* What row i's value is, for --help: N, X, the choices of an enumeration
+ * (raw|sigmoid), or a name (SPEC, DIR). 1, or 0 past the last row. */
+int config_describe_value(int i, char *buf, size_t n);
 
 /* The i-th of the model keys (those that must match between a checkpoint
  * and a run: the shape, the routing, the tokenizer), or NULL past the last. */

@@ -3,7 +3,7 @@
  *
  * Each input is read through a Reader (plain bytes, gzip through inflate,
  * zstd through ZSTD_decompressStream) in 1 MiB chunks; the chunks are cut
- * into documents (a whole file, the pieces between --doc-sep lines, or a
+ * into documents (a whole file, the pieces between --doc_sep lines, or a
  * JSON Lines line) gathered into a block. A full block is sealed and handed
  * to the worker thread, which parses its JSON lines and encodes its
  * documents (on the OpenMP threads, gpt2 each with its Bpe clone) and
@@ -694,7 +694,7 @@ static int too_long(Prep *p, uint64_t line, const char *what, Err *err) {
                    "prep: '%s' line %llu: %s longer than %s, the cap under --mem (a sixteenth of "
                    "it; give a larger --mem%s)",
                    p->name, (unsigned long long)line, what, cap,
-                   p->o->jsonl_key || p->o->doc_sep ? "" : ", or cut files with --doc-sep LINE");
+                   p->o->jsonl_key || p->o->doc_sep ? "" : ", or cut files with --doc_sep LINE");
 }
 
 /* The name of input i for messages. */
@@ -906,7 +906,7 @@ static int doc_end(Prep *p, size_t end, Err *err) {
 static int feed_whole(Prep *p, const char *s, size_t n, Err *err) {
     block_append(p, s, n);
     if (p->len - p->doc_start > p->cap_doc)
-        return too_long(p, 1, "the document (the whole file, without --doc-sep) is", err);
+        return too_long(p, 1, "the document (the whole file, without --doc_sep) is", err);
     return 0;
 }
 
@@ -1079,21 +1079,21 @@ static int shard_meta(const PrepOptions *o, ShardMeta *meta, int *eot, Err *err)
  * no split of a single token. Returns 0 or -1 with err set. */
 static int check_result(const PrepOptions *o, const PrepStats *st, Err *err) {
     if (st->docs == 0)
-        return err_set(err, "prep: the inputs hold no document (every piece between --doc-sep "
+        return err_set(err, "prep: the inputs hold no document (every piece between --doc_sep "
                             "lines, or every JSON string, is empty; expected text to tokenise)");
     if (o->val_fraction > 0 && st->tokens[1] == 0)
         return err_set(
             err,
-            "prep: %llu document%s give%s none to val at --val-fraction %g (document d goes "
-            "there when floor((d+1)*f) > floor(d*f)); give more documents (--doc-sep LINE "
-            "cuts text files into documents) or --val-fraction 0",
+            "prep: %llu document%s give%s none to val at --val_fraction %g (document d goes "
+            "there when floor((d+1)*f) > floor(d*f)); give more documents (--doc_sep LINE "
+            "cuts text files into documents) or --val_fraction 0",
             (unsigned long long)st->docs, st->docs == 1 ? "" : "s", st->docs == 1 ? "s" : "",
             o->val_fraction);
     for (int s = 0; s < 2; s++)
         if (st->tokens[s] == 1)
             return err_set(err,
                            "prep: the %s split holds 1 token, and a shard needs at least 2 (give "
-                           "more text or change --val-fraction)",
+                           "more text or change --val_fraction)",
                            s ? "val" : "train");
     return 0;
 }

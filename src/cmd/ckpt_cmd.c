@@ -72,7 +72,7 @@ static int list_one(const char *dir, const char *name) {
 
 static int list_main(int argc, char **argv) {
     const char *ckpt = NULL;
-    CliOpt opts[] = {{"ckpt", CLI_STR, &ckpt, "ckpt_dir to list"}, {NULL, 0, NULL, NULL}};
+    CliOpt opts[] = {{"ckpt", CLI_STR, &ckpt, "ckpt_dir to list", "DIR"}, {NULL, 0, NULL, NULL}};
     int h = cli_parse("ckpt list", "modtrain ckpt list --ckpt DIR",
                       "Lists a ckpt_dir's checkpoints: step, time, size on disk, compression "
                       "ratio, format and codec mix, and whether every chunk verifies.",
@@ -120,7 +120,7 @@ static int list_main(int argc, char **argv) {
 
 static int verify_main(int argc, char **argv) {
     const char *ckpt = NULL;
-    CliOpt opts[] = {{"ckpt", CLI_STR, &ckpt, "checkpoint (ckpt_dir or step directory)"},
+    CliOpt opts[] = {{"ckpt", CLI_STR, &ckpt, "checkpoint (ckpt_dir or step directory)", "DIR"},
                      {NULL, 0, NULL, NULL}};
     int h = cli_parse("ckpt verify", "modtrain ckpt verify --ckpt DIR",
                       "Reads every chunk of a checkpoint and checks its CRC32.", opts, argc, argv);
@@ -150,7 +150,7 @@ static int verify_main(int argc, char **argv) {
 
 static int inspect_main(int argc, char **argv) {
     const char *ckpt = NULL;
-    CliOpt opts[] = {{"ckpt", CLI_STR, &ckpt, "checkpoint (ckpt_dir or step directory)"},
+    CliOpt opts[] = {{"ckpt", CLI_STR, &ckpt, "checkpoint (ckpt_dir or step directory)", "DIR"},
                      {NULL, 0, NULL, NULL}};
     int h = cli_parse("ckpt inspect", "modtrain ckpt inspect --ckpt DIR",
                       "Prints a checkpoint's config, training state, the layout it was written "
@@ -211,9 +211,10 @@ static float *read_tensor(const CkIndex *ix, const CkChunk *like, Err *err) {
 static int diff_main(int argc, char **argv) {
     const char *a = NULL, *b = NULL;
     double tol = 0;
-    CliOpt opts[] = {{"a", CLI_STR, &a, "first checkpoint"},
-                     {"b", CLI_STR, &b, "second checkpoint"},
-                     {"tol", CLI_FLOAT, &tol, "largest absolute difference accepted (0: bitwise)"},
+    CliOpt opts[] = {{"a", CLI_STR, &a, "first checkpoint", "DIR"},
+                     {"b", CLI_STR, &b, "second checkpoint", "DIR"},
+                     {"tol", CLI_FLOAT, &tol, "largest absolute difference accepted (0: bitwise)",
+                      NULL, 0, 1e18},
                      {NULL, 0, NULL, NULL}};
     int h = cli_parse("ckpt diff", "modtrain ckpt diff --a DIR --b DIR [--tol X]",
                       "Compares every tensor (weights and moments) of two checkpoints, whatever "
@@ -340,11 +341,12 @@ static int check_hf_out(const char *out) {
 
 static int export_main(int argc, char **argv) {
     const char *ckpt = NULL, *format = "safetensors", *out = NULL;
-    CliOpt opts[] = {{"ckpt", CLI_STR, &ckpt, "checkpoint (ckpt_dir or step directory)"},
+    CliOpt opts[] = {{"ckpt", CLI_STR, &ckpt, "checkpoint (ckpt_dir or step directory)", "DIR"},
                      {"format", CLI_STR, &format,
                       "safetensors (one file) or hf (a Hugging Face folder: model.safetensors "
-                      "and GPT-2's config.json)"},
-                     {"out", CLI_STR, &out, "output file (safetensors) or folder (hf)"},
+                      "and GPT-2's config.json)",
+                      "safetensors|hf"},
+                     {"out", CLI_STR, &out, "output file (safetensors) or folder (hf)", "PATH"},
                      {NULL, 0, NULL, NULL}};
     int h = cli_parse("ckpt export",
                       "modtrain ckpt export --ckpt DIR --format safetensors --out FILE\n"
@@ -459,10 +461,11 @@ static int import_config(Config *cfg, const StFile *f, int n_head, int *step, Er
 static int import_main(int argc, char **argv) {
     const char *in = NULL, *ckpt = NULL;
     int n_head = 0;
-    CliOpt opts[] = {{"in", CLI_STR, &in, "safetensors file to import"},
-                     {"ckpt", CLI_STR, &ckpt, "ckpt_dir to write the checkpoint into"},
-                     {"n_head", CLI_INT, &n_head, "heads, when the file's metadata lacks n_head"},
-                     {NULL, 0, NULL, NULL}};
+    CliOpt opts[] = {
+        {"in", CLI_STR, &in, "safetensors file to import", "FILE"},
+        {"ckpt", CLI_STR, &ckpt, "ckpt_dir to write the checkpoint into", "DIR"},
+        {"n_head", CLI_INT, &n_head, "heads, when the file's metadata lacks n_head", NULL, 1, 4096},
+        {NULL, 0, NULL, NULL}};
     int h = cli_parse("ckpt import", "modtrain ckpt import --in FILE --ckpt DIR",
                       "Turns a GPT-2 safetensors file into a checkpoint modtrain can train or "
                       "evaluate.",
@@ -528,7 +531,7 @@ int ckpt_main(int argc, char **argv) {
                "  diff    --a DIR --b DIR [--tol X]   compare two checkpoints tensor by tensor\n"
                "  export  --ckpt DIR --format safetensors --out FILE\n"
                "          --ckpt DIR --format hf --out FOLDER   (a Hugging Face folder)\n"
-               "  import  --in FILE --ckpt DIR [--n-head N]\n");
+               "  import  --in FILE --ckpt DIR [--n_head N]\n");
         return argc < 1 ? EXIT_USAGE : EXIT_OK;
     }
     const char *sub = argv[0];

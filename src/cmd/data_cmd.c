@@ -90,13 +90,17 @@ int data_main(int argc, char **argv) {
     long long from = -1, count = 1;
     int tokens = 0;
     CliOpt opts[] = {
-        {"data", CLI_STR, &spec, "a shard, a glob pattern, or a blend W:GLOB,W:GLOB"},
-        {"seq_len", CLI_I64, &seq_len, "tokens a sequence (the config's default)"},
-        {"seed", CLI_I64, &seed, "seed of the order (the config's default)"},
-        {"steps", CLI_I64, &steps, "with --batch_size: what a run of this length reads"},
-        {"batch_size", CLI_I64, &batch, "sequences a step (the config's default)"},
-        {"from", CLI_I64, &from, "print samples from this one (the g-th sequence a run reads)"},
-        {"count", CLI_I64, &count, "samples --from prints (1)"},
+        {"data", CLI_STR, &spec, "a shard, a glob pattern, or a blend W:GLOB,W:GLOB", "SPEC"},
+        {"seq_len", CLI_I64, &seq_len, "tokens a sequence (the config's default)", NULL, 1,
+         1 << 20},
+        {"seed", CLI_I64, &seed, "seed of the order (the config's default)", NULL, 0, 9.2e18},
+        {"steps", CLI_I64, &steps, "with --batch_size: what a run of this length reads", NULL, 0,
+         9.2e18},
+        {"batch_size", CLI_I64, &batch, "sequences a step (the config's default)", NULL, 1,
+         1 << 30},
+        {"from", CLI_I64, &from, "print samples from this one (the g-th sequence a run reads)", "G",
+         0, 0x1p62},
+        {"count", CLI_I64, &count, "samples --from prints (1)", NULL, 0, 0x1p40},
         {"tokens", CLI_FLAG, &tokens, "with --from: each sample's first 8 tokens too"},
         {NULL, 0, NULL, NULL}};
     int rc = cli_parse("data", "modtrain data --data SPEC [options]",
@@ -108,13 +112,6 @@ int data_main(int argc, char **argv) {
     if (rc <= 0) return rc == 0 ? EXIT_OK : EXIT_USAGE;
     if (!spec) {
         errorf("data: give --data SPEC (a shard, a glob pattern, or W:GLOB,W:GLOB)");
-        return EXIT_USAGE;
-    }
-    if (seq_len < 1 || seq_len > 1 << 20 || seed < 0 || steps < 0 || batch < 1 ||
-        batch > 1 << 30 || count < 0 || count > 1LL << 40 || (from < 0 && from != -1) ||
-        from > 1LL << 62) {
-        errorf("data: --seq_len must be in [1, 2^20], --seed >= 0, --steps >= 0, --batch_size in "
-               "[1, 2^30], --from in [0, 2^62], --count in [0, 2^40]");
         return EXIT_USAGE;
     }
     Dataset ds;

@@ -146,26 +146,36 @@ static int eval_args(EvalArgs *a, int argc, char **argv) {
                     .routing_seqs = 4,
                     .aux_weight = defaults.aux_weight};
     CliOpt opts[] = {
-        {"ckpt", CLI_STR, &a->ckpt, "checkpoint: a ckpt_dir (its newest) or a step directory"},
+        {"ckpt", CLI_STR, &a->ckpt, "checkpoint: a ckpt_dir (its newest) or a step directory",
+         "DIR"},
         {"data", CLI_STR, &a->data,
-         "shards to evaluate on: a shard, a glob, or a blend W:GLOB,W:GLOB"},
+         "shards to evaluate on: a shard, a glob, or a blend W:GLOB,W:GLOB (each dataset's "
+         "first sequences, in order)",
+         "SPEC"},
         {"json", CLI_FLAG, &a->json, "print one JSON object"},
         {"seqs", CLI_INT, &a->seqs,
          "sequences to evaluate: the first N of the data, a blend's in its own order (each "
-         "dataset's share from its first, in order); 0 = all of every dataset (256)"},
-        {"micro_batch", CLI_INT, &a->micro, "sequences per forward (8)"},
+         "dataset's share from its first, in order); 0 = all of every dataset (256)",
+         "N", 0, 1 << 30},
+        {"micro_batch", CLI_INT, &a->micro, "sequences per forward (8)", NULL, 1, 1 << 24},
         {"threads", CLI_INT, &a->threads,
-         "threads; 0 = OMP_NUM_THREADS, else the cores over the node's ranks (0)"},
-        {"grads", CLI_STR, &a->grads, "also write the loss gradients as safetensors to this file"},
-        {"grads_routing", CLI_STR, &a->grads_routing, "routing for --grads: topk or causal (topk)"},
+         "threads; 0 = OMP_NUM_THREADS, else the cores over the node's ranks (0)", NULL, 0, 4096},
+        {"grads", CLI_STR, &a->grads, "also write the loss gradients as safetensors to this file",
+         "FILE"},
+        {"grads_routing", CLI_STR, &a->grads_routing, "routing for --grads: topk or causal (topk)",
+         "topk|causal"},
         {"routing", CLI_STR, &a->routing,
          "also write each routed block's decision for every token of the first sequences to "
-         "this file"},
-        {"routing_seqs", CLI_INT, &a->routing_seqs, "sequences --routing covers (4)"},
+         "this file",
+         "FILE"},
+        {"routing_seqs", CLI_INT, &a->routing_seqs, "sequences --routing covers (4)", NULL, 1,
+         1 << 30},
         {"vocab", CLI_STR, &a->vocab,
-         "folder with encoder.json and vocab.bpe, to decode gpt2 tokens in --routing"},
-        {"aux_weight", CLI_FLOAT, &a->aux_weight, "weight of the router's BCE in --grads (0.1)"},
-        {"pp", CLI_INT, &a->pp, "pipeline stages over the ranks; the rest is tensor-parallel (1)"},
+         "folder with encoder.json and vocab.bpe, to decode gpt2 tokens in --routing", "DIR"},
+        {"aux_weight", CLI_FLOAT, &a->aux_weight, "weight of the router's BCE in --grads (0.1)",
+         NULL, 0, 1e18},
+        {"pp", CLI_INT, &a->pp, "pipeline stages over the ranks; the rest is tensor-parallel (1)",
+         NULL, 1, 4096},
         {NULL, 0, NULL, NULL}};
     for (int i = 0; i < argc; i++)
         if (strcmp(argv[i], "--batches") == 0 || strncmp(argv[i], "--batches=", 10) == 0) {
@@ -181,10 +191,6 @@ static int eval_args(EvalArgs *a, int argc, char **argv) {
     if (h != 1) return h == 0 ? EXIT_OK : EXIT_USAGE;
     if (!a->ckpt || !a->data) {
         errorf("eval: --ckpt and --data are required (see modtrain eval --help)");
-        return EXIT_USAGE;
-    }
-    if (a->micro < 1 || a->seqs < 0 || a->threads < 0 || a->routing_seqs < 1) {
-        errorf("eval: --micro_batch and --routing_seqs must be >= 1, --seqs and --threads >= 0");
         return EXIT_USAGE;
     }
     if (strcmp(a->grads_routing, "topk") != 0 && strcmp(a->grads_routing, "causal") != 0) {
@@ -534,19 +540,24 @@ typedef struct {
 static int sample_args(SampleArgs *a, int argc, char **argv) {
     *a = (SampleArgs){.prompt = "", .tokens = 256, .pp = 1, .temperature = 1.0, .seed = 42};
     CliOpt opts[] = {
-        {"ckpt", CLI_STR, &a->ckpt, "checkpoint: a ckpt_dir (its newest) or a step directory"},
-        {"prompt", CLI_STR, &a->prompt, "text to continue (\"\")"},
-        {"tokens", CLI_INT, &a->tokens, "tokens to generate (256)"},
-        {"temperature", CLI_FLOAT, &a->temperature, "softmax temperature; 0 = greedy (1.0)"},
-        {"top_k", CLI_INT, &a->top_k, "sample from the k likeliest tokens; 0 = all (0)"},
-        {"seed", CLI_I64, &a->seed, "sampling seed (42)"},
+        {"ckpt", CLI_STR, &a->ckpt, "checkpoint: a ckpt_dir (its newest) or a step directory",
+         "DIR"},
+        {"prompt", CLI_STR, &a->prompt, "text to continue (\"\")", "TEXT"},
+        {"tokens", CLI_INT, &a->tokens, "tokens to generate (256)", NULL, 0, 1 << 30},
+        {"temperature", CLI_FLOAT, &a->temperature, "softmax temperature; 0 = greedy (1.0)", "T", 0,
+         1e6},
+        {"top_k", CLI_INT, &a->top_k, "sample from the k likeliest tokens; 0 = all (0)", "K", 0,
+         1 << 30},
+        {"seed", CLI_I64, &a->seed, "sampling seed (42)", "S", 0, 9.2e18},
         {"vocab", CLI_STR, &a->vocab,
-         "folder with encoder.json and vocab.bpe, for a model trained on gpt2 tokens"},
-        {"ids", CLI_STR, &a->ids, "also write the generated token ids to this file, one a line"},
+         "folder with encoder.json and vocab.bpe, for a model trained on gpt2 tokens", "DIR"},
+        {"ids", CLI_STR, &a->ids, "also write the generated token ids to this file, one a line",
+         "FILE"},
         {"threads", CLI_INT, &a->threads,
-         "threads; 0 = OMP_NUM_THREADS, else the cores over the node's ranks (0)"},
+         "threads; 0 = OMP_NUM_THREADS, else the cores over the node's ranks (0)", NULL, 0, 4096},
         {"stats", CLI_FLAG, &a->stats, "print tokens/s to stderr at the end"},
-        {"pp", CLI_INT, &a->pp, "pipeline stages over the ranks; the rest is tensor-parallel (1)"},
+        {"pp", CLI_INT, &a->pp, "pipeline stages over the ranks; the rest is tensor-parallel (1)",
+         NULL, 1, 4096},
         {NULL, 0, NULL, NULL}};
     int h = cli_parse("sample", "modtrain sample --ckpt DIR [--prompt TEXT] [--tokens N]",
                       "Generates text from a checkpoint, with the tokenizer it was trained with "
@@ -555,10 +566,6 @@ static int sample_args(SampleArgs *a, int argc, char **argv) {
     if (h != 1) return h == 0 ? EXIT_OK : EXIT_USAGE;
     if (!a->ckpt) {
         errorf("sample: --ckpt is required (see modtrain sample --help)");
-        return EXIT_USAGE;
-    }
-    if (a->tokens < 0 || a->top_k < 0 || a->temperature < 0 || a->threads < 0) {
-        errorf("sample: --tokens, --top_k, --temperature and --threads must be >= 0");
         return EXIT_USAGE;
     }
     return 1;

@@ -13,6 +13,7 @@
 
 #include "mpi/check.h"
 #include "mpi/pipeline.h"
+#include "src/cmd/cli.h"
 #include "src/cmd/cmd.h"
 #include "src/dataset.h"
 #include "src/data.h"
@@ -24,51 +25,102 @@ typedef struct {
     int calibrate, flops, top, tp, pp, rpn;
 } PlanArgs;
 
+static void plan_help(void) {
+    printf("usage: modtrain plan --config FILE [--cluster FILE] [--layout "
+           "TP,PP,RANKS_PER_NODE]\n"
+           "                     [--top N] [--key value ...]\n"
+           "       modtrain plan --config FILE --flops [--key value ...]\n"
+           "       modtrain plan --calibrate --out FILE   (under mpirun -np 2 to measure "
+           "MPI)\n"
+           "Prints, for each layout of the config on the cluster: memory per rank, FLOPs\n"
+           "and bytes per step, the estimated step time and tokens/s, checkpoint size and\n"
+           "save time; the best first, layouts that do not fit marked. --flops prints\n"
+           "the model's parameters and training FLOPs per token and per step as JSON.\n"
+           "The model is --config FILE's, or the model keys given (--n_layer N, ...);\n"
+           "other --key value pairs override the file as for train (modtrain train --help).\n\n"
+           "options (dashes or underscores: --key-name is --key_name; --key=value too):\n"
+           "  --config FILE        the model and run, as train reads it\n"
+           "  --cluster FILE       the cluster (below); without it, the defaults below\n"
+           "  --layout TP,PP,RPN   only this layout, with its memory, bytes and time in parts\n"
+           "  --top N              layouts shown (20)\n"
+           "  --flops              the model's parameters and FLOPs as JSON\n"
+           "  --calibrate          measure this machine into --out FILE\n"
+           "  --out FILE           the cluster file --calibrate writes\n\n"
+           "cluster file: key = value lines, # comments; each key, with its default:\n");
+    Cluster cl;
+    cluster_defaults(&cl);
+    char line[160];
+    for (int i = 0; cluster_describe(&cl, i, line, sizeof line); i++) printf("  %s\n", line);
+}
+
+/* Value of option arg (typed as arg, or with `=value` in it), from argv[*i
+ * + 1] when it has none. Returns NULL after printing that it needs one. */
+static const char *plan_value(const char *arg, const char *eqv, int *i, int argc, char **argv) {
+    if (eqv) return eqv;
+    if (*i + 1 < argc) return argv[++*i];
+    errorf("plan: %.*s needs a value (see modtrain plan --help)", cli_typed_len(arg), arg);
+    return NULL;
+}
+
 /* Takes plan's own options out of argv (the rest are config keys, as for
  * train). Returns 1 to go on, 0 after --help, -1 after an error. */
 static int plan_args(PlanArgs *a, int *argc, char **argv) {
     *a = (PlanArgs){.top = 20};
     int n = 0;
-    for (int i = 0; i < *argc; i++) {
-        const char *s = argv[i];
-        const char *v = i + 1 < *argc ? argv[i + 1] : NULL;
-        long long x = 0;
-        if (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0) {
-            printf("usage: modtrain plan --config FILE [--cluster FILE] [--layout "
-                   "TP,PP,RANKS_PER_NODE]\n"
-                   "                     [--top N] [--key value ...]\n"
-                   "       modtrain plan --config FILE --flops [--key value ...]\n"
-                   "       modtrain plan --calibrate --out FILE   (under mpirun -np 2 to measure "
-                   "MPI)\n"
-                   "Prints, for each layout of the config on the cluster: memory per rank, FLOPs\n"
-                   "and bytes per step, the estimated step time and tokens/s, checkpoint size and\n"
-                   "save time; the best first, layouts that do not fit marked. --flops prints\n"
-                   "the model's parameters and training FLOPs per token and per step as JSON.\n");
+    for (int i = 0; i < *argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            plan_help();
             return 0;
         }
-        if (strcmp(s, "--calibrate") == 0) a->calibrate = 1;
-        else if (strcmp(s, "--flops") == 0) a->flops = 1;
-        else if ((strcmp(s, "--cluster") == 0 || strcmp(s, "--out") == 0) && v) {
-            *(s[2] == 'c' ? &a->cluster : &a->out) = v;
-            i++;
-        } else if (strcmp(s, "--top") == 0 && v && parse_i64(v, 1, 1 << 20, &x) == 0) {
-            a->top = (int)x;
-            i++;
-        } else if (strcmp(s, "--layout") == 0 && v) {
-            if (plan_parse_layout(v, &a->tp, &a->pp, &a->rpn) != 0) {
-                errorf("plan: --layout '%.40s' is not TP,PP,RANKS_PER_NODE (exactly three whole "
-                       "numbers >= 1 separated by commas, no empty field, e.g. 2,4,8)",
-                       v);
+    for (int i = 0; i < *argc; i++) {
+        const char *s = argv[i], *eqv = NULL, *v;
+        char name[32];
+        long long x = 0;
+        if (!cli_option_name(s, name, sizeof name, &eqv)) {
+            argv[n++] = argv[i];
+            continue;
+        }
+        const int len = cli_typed_len(s);
+        if (strcmp(name, "calibrate") == 0 && !eqv) a->calibrate = 1;
+        else if (strcmp(name, "flops") == 0 && !eqv) a->flops = 1;
+        else if (strcmp(name, "cluster") == 0 || strcmp(name, "out") == 0) {
+            if (!(v = plan_value(s, eqv, &i, *argc, argv))) return -1;
+            *(name[0] == 'c' ? &a->cluster : &a->out) = v;
+        } else if (strcmp(name, "top") == 0) {
+            if (!(v = plan_value(s, eqv, &i, *argc, argv))) return -1;
+            if (parse_i64(v, 1, 1 << 20, &x) != 0) {
+                errorf("plan: %.*s = '%.40s' is not a count in [1, 1048576]", len, s, v);
                 return -1;
             }
-            i++;
-        } else if (strcmp(s, "--top") == 0) {
-            errorf("plan: --top takes a count >= 1");
+            a->top = (int)x;
+        } else if (strcmp(name, "layout") == 0) {
+            if (!(v = plan_value(s, eqv, &i, *argc, argv))) return -1;
+            if (plan_parse_layout(v, &a->tp, &a->pp, &a->rpn) != 0) {
+                errorf("plan: %.*s '%.40s' is not TP,PP,RANKS_PER_NODE (exactly three whole "
+                       "numbers >= 1 separated by commas, no empty field, e.g. 2,4,8)",
+                       len, s, v);
+                return -1;
+            }
+        } else if (strcmp(name, "calibrate") == 0 || strcmp(name, "flops") == 0) {
+            errorf("plan: %.*s takes no value (give it alone)", len, s);
             return -1;
         } else argv[n++] = argv[i];
     }
     *argc = n;
     return 1;
+}
+
+/* Whether argv (config arguments) names a model: --config, or a model key.
+ * Without one plan would plan the default model, which nobody means. */
+static int plan_has_model(int argc, char **argv) {
+    for (int i = 0; i < argc; i++) {
+        char name[64];
+        if (!cli_option_name(argv[i], name, sizeof name, NULL)) continue;
+        if (strcmp(name, "config") == 0) return 1;
+        for (int k = 0; config_model_key(k); k++)
+            if (strcmp(name, config_model_key(k)) == 0) return 1;
+    }
+    return 0;
 }
 
 /* The vocabulary when the config leaves it to the data: the training
@@ -231,6 +283,12 @@ int plan_main(int argc, char **argv) {
     Cluster cl;
     cluster_defaults(&cl);
     Err err;
+    if (!plan_has_model(argc, argv)) {
+        if (rank == 0)
+            errorf("plan: no model to plan: give --config FILE (or model keys: --n_layer N "
+                   "--d_model N ...); without them plan would plan the default model");
+        return EXIT_USAGE;
+    }
     if (config_from_args(&c, argc, argv, &err) != 0 || config_validate(&c, &err) != 0 ||
         (a.cluster && cluster_load(&cl, a.cluster, &err) != 0)) {
         if (rank == 0) err_print(&err);
@@ -238,5 +296,12 @@ int plan_main(int argc, char **argv) {
     }
     plan_vocab(&c);
     if (rank != 0) return EXIT_OK;
+    if (!a.cluster && !a.flops)
+        fprintf(stderr,
+                "plan: no --cluster FILE: assuming %d node of %d cores, %.0f GiB, %.0f GFLOP/s a "
+                "core at %.0f%% (the defaults 'modtrain plan --help' lists; 'plan --calibrate' "
+                "measures this machine)\n",
+                cl.nodes, cl.cores_per_node, cl.mem_per_node_gib, cl.gflops_per_core,
+                100 * cl.efficiency);
     return a.flops ? plan_flops(&c) : plan_print(&c, &cl, &a);
 }

@@ -7,6 +7,7 @@
 #include <omp.h>
 #endif
 
+#include "src/cmd/cli.h"
 #include "src/cmd/cmd.h"
 #include "src/prep.h"
 
@@ -36,8 +37,8 @@ static void note(void *ctx, const char *line) {
 static void usage(void) {
     char cap[32];
     format_bytes(cap, sizeof cap, prep_doc_cap(PREP_MEM_DEFAULT));
-    printf("usage: modtrain prep --out DIR [--val-fraction F] [--tokenizer byte|gpt2 --vocab DIR]\n"
-           "                    [--doc-sep LINE | --jsonl KEY] [--threads N] [--mem SIZE]\n"
+    printf("usage: modtrain prep --out DIR [--val_fraction F] [--tokenizer byte|gpt2 --vocab DIR]\n"
+           "                    [--doc_sep LINE | --jsonl KEY] [--threads N] [--mem SIZE]\n"
            "                    [--shard_tokens N] [--force] FILE...\n"
            "Tokenises documents into llm.c shards DIR/train_000000.bin, ... and\n"
            "DIR/val_000000.bin, ..., streaming: the memory stays under --mem whatever the\n"
@@ -45,24 +46,24 @@ static void usage(void) {
            "inputs (FILE...):\n"
            "  text files; - for standard input (read as it comes: text, or JSON Lines);\n"
            "  FILE.gz (gzip) and FILE.zst (zstd) are decompressed as they are read. Each\n"
-           "  text file is one document, or with --doc-sep its pieces; with --jsonl each\n"
+           "  text file is one document, or with --doc_sep its pieces; with --jsonl each\n"
            "  line of each file is one. A document never spans two files.\n\n"
-           "options:\n"
+           "options (dashes or underscores: --doc-sep is --doc_sep; --key=value too):\n"
            "  --out DIR            the shard set's folder; written as DIR.prep-tmp.HOST.PID\n"
            "                       beside it and renamed to DIR when complete (a stale one of\n"
            "                       a killed prep on this host is removed). An existing DIR\n"
            "                       must be empty or hold a shard set (train*.bin, val*.bin)\n"
            "                       alone\n"
            "  --force              replace the shard set already in DIR, whole\n"
-           "  --val-fraction F     (or --val_fraction) the fraction of documents for val, in\n"
+           "  --val_fraction F     the fraction of documents for val, in\n"
            "                       [0, 1): document d (from 0, over all inputs) goes to val\n"
            "                       when floor((d+1)*F) > floor(d*F), every 1/F-th one, whole\n"
            "                       (0.1; 0: no val shards)\n"
            "  --tokenizer byte     byte-level tokens, vocab_size 256 (the default)\n"
            "  --tokenizer gpt2     GPT-2's byte-level BPE from --vocab DIR (encoder.json,\n"
            "                       vocab.bpe), <|endoftext|> before each document\n"
-           "  --doc-sep LINE       text: documents are the pieces between lines equal to LINE\n"
-           "                       (--doc-sep %% for fortune files); empty pieces are dropped\n"
+           "  --doc_sep LINE       text: documents are the pieces between lines equal to LINE\n"
+           "                       (--doc_sep %% for fortune files); empty pieces are dropped\n"
            "  --jsonl KEY          JSON Lines: each line an object whose string under KEY is a\n"
            "                       document (--jsonl text for FineWeb, OpenWebText)\n"
            "  --threads N          threads that tokenise (gpt2) and parse JSON Lines (0: all\n"
@@ -70,7 +71,7 @@ static void usage(void) {
            "  --mem SIZE           the memory bound, bytes or with K, M, G, T (512M); a\n"
            "                       document or JSON Lines line longer than a sixteenth of it\n"
            "                       (%s at 512M) is refused\n"
-           "  --shard_tokens N     (or --shard-tokens) tokens a shard, in [2, 2^31-2]\n"
+           "  --shard_tokens N     tokens a shard, in [2, 2^31-2]\n"
            "                       (100000000); the last of a split holds the rest, a rest of\n"
            "                       one token joining the shard before it\n"
            "Progress goes to stderr every 2 s; the summary line to stdout.\n",
@@ -83,44 +84,50 @@ typedef struct {
     long long threads, shard_tokens;
 } PrepArgs;
 
-/* Option a with value v. Returns 0, or -1 (printed). */
-static int prep_option(const char *a, const char *v, PrepOptions *o, PrepArgs *pa) {
-    if (strcmp(a, "--out") == 0) o->out = v;
-    else if (strcmp(a, "--tokenizer") == 0) pa->tokenizer = v;
-    else if (strcmp(a, "--vocab") == 0) pa->vocab = v;
-    else if (strcmp(a, "--doc-sep") == 0) o->doc_sep = *v ? v : NULL;
-    else if (strcmp(a, "--jsonl") == 0) {
+/* Option name (underscores), typed as a, with value v. Returns 0, or -1
+ * (printed, echoing the option as typed). */
+static int prep_option(const char *name, const char *a, const char *v, PrepOptions *o,
+                       PrepArgs *pa) {
+    const int n = cli_typed_len(a);
+    if (strcmp(name, "out") == 0) o->out = v;
+    else if (strcmp(name, "tokenizer") == 0) pa->tokenizer = v;
+    else if (strcmp(name, "vocab") == 0) pa->vocab = v;
+    else if (strcmp(name, "doc_sep") == 0) o->doc_sep = *v ? v : NULL;
+    else if (strcmp(name, "jsonl") == 0) {
         if (!*v) {
-            errorf("prep: --jsonl needs a key (the documents' key: --jsonl text)");
+            errorf("prep: %.*s needs a key (the documents' key: --jsonl text)", n, a);
             return -1;
         }
         o->jsonl_key = v;
-    } else if (strcmp(a, "--threads") == 0) {
+    } else if (strcmp(name, "threads") == 0) {
         if (parse_i64(v, 0, 1024, &pa->threads) != 0) {
-            errorf("prep: --threads = '%s' is not an integer in [0, 1024]", v);
+            errorf("prep: %.*s = '%s' is not an integer in [0, 1024]", n, a, v);
             return -1;
         }
-    } else if (strcmp(a, "--shard_tokens") == 0 || strcmp(a, "--shard-tokens") == 0) {
+    } else if (strcmp(name, "shard_tokens") == 0) {
         if (parse_i64(v, 2, INT32_MAX - 1, &pa->shard_tokens) != 0) {
-            errorf("prep: %s = '%s' is not an integer in [2, %d]", a, v, INT32_MAX - 1);
+            errorf("prep: %.*s = '%s' is not an integer in [2, %d]", n, a, v, INT32_MAX - 1);
             return -1;
         }
-    } else if (strcmp(a, "--mem") == 0) {
+    } else if (strcmp(name, "mem") == 0) {
         if (prep_parse_size(v, &o->mem) != 0 || o->mem < PREP_MEM_MIN) {
-            errorf("prep: --mem = '%s' is not a size of at least 16M (bytes, or a number "
+            errorf("prep: %.*s = '%s' is not a size of at least 16M (bytes, or a number "
                    "with K, M, G or T: 512M, 2G)",
-                   v);
+                   n, a, v);
             return -1;
         }
-    } else if (strcmp(a, "--val-fraction") == 0 || strcmp(a, "--val_fraction") == 0) {
+    } else if (strcmp(name, "val_fraction") == 0) {
         if (parse_f64(v, &o->val_fraction) != 0 || o->val_fraction < 0 || o->val_fraction >= 1) {
-            errorf("prep: --val-fraction = '%s' is not a number in [0, 1)", v);
+            errorf("prep: %.*s = '%s' is not a number in [0, 1)", n, a, v);
             return -1;
         }
+    } else if (strcmp(name, "force") == 0) {
+        errorf("prep: %.*s takes no value (give it alone)", n, a);
+        return -1;
     } else {
-        errorf("prep: unknown option '%s' (expected --out, --val-fraction, --tokenizer, "
-               "--vocab, --doc-sep, --jsonl, --threads, --mem, --shard_tokens, --force)",
-               a);
+        errorf("prep: unknown option '%.*s' (expected --out, --val_fraction, --tokenizer, "
+               "--vocab, --doc_sep, --jsonl, --threads, --mem, --shard_tokens, --force)",
+               n, a);
         return -1;
     }
     return 0;
@@ -139,7 +146,7 @@ static void print_stats(const PrepOptions *o, const PrepStats *st) {
                    s ? "val" : "train", last, (unsigned long long)st->tokens[s], st->shards[s],
                    st->shards[s] > 1 ? "s" : "");
         }
-    if (st->shards[1] == 0) printf("prep: no val shards (--val-fraction 0)\n");
+    if (st->shards[1] == 0) printf("prep: no val shards (--val_fraction 0)\n");
     const double secs = st->seconds > 0 ? st->seconds : 1e-9;
     printf("prep: %llu documents, %.1f MB tokenised in %.2f s (%.1f MB/s on %d thread%s): "
            "%llu train tokens in %zu shard%s, %llu val tokens in %zu shard%s\n",
@@ -162,16 +169,19 @@ int prep_main(int argc, char **argv) {
             rc = EXIT_OK;
             goto done;
         }
+        char name[64];
+        const char *v = NULL;
         if (!only_files && strcmp(a, "--") == 0) {
             only_files = 1;
-        } else if (!only_files && strcmp(a, "--force") == 0) {
+        } else if (!only_files && cli_option_name(a, name, sizeof name, &v) &&
+                   strcmp(name, "force") == 0 && !v) {
             o.force = 1;
-        } else if (!only_files && strncmp(a, "--", 2) == 0) {
-            if (i + 1 >= argc) {
+        } else if (!only_files && cli_option_name(a, name, sizeof name, &v)) {
+            if (!v && i + 1 >= argc) {
                 errorf("prep: %s needs a value", a);
                 goto done;
             }
-            if (prep_option(a, argv[++i], &o, &pa) != 0) goto done;
+            if (prep_option(name, a, v ? v : argv[++i], &o, &pa) != 0) goto done;
         } else {
             o.inputs[o.ninputs++] = argv[i];
         }
@@ -182,7 +192,7 @@ int prep_main(int argc, char **argv) {
         goto done;
     }
     if (o.doc_sep && o.jsonl_key) {
-        errorf("prep: --doc-sep cuts text files and --jsonl reads JSON Lines; give one of them");
+        errorf("prep: --doc_sep cuts text files and --jsonl reads JSON Lines; give one of them");
         goto done;
     }
     if (strcmp(pa.tokenizer, "gpt2") == 0) {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "src/bpe.h"
+#include "src/cmd/cli.h"
 #include "src/cmd/cmd.h"
 
 #define TOKENIZE_MAX ((size_t)1 << 32) /* 4 GiB: more than a prompt or a test */
@@ -105,14 +106,22 @@ int tokenize_main(int argc, char **argv) {
                    "tokenizer_hash)\n");
             return EXIT_OK;
         }
-        if (strcmp(argv[i], "--decode") == 0) decode = 1;
-        else if (strcmp(argv[i], "--hash") == 0) hash = 1;
-        else if (strcmp(argv[i], "--vocab") == 0 && i + 1 < argc) vocab = argv[++i];
-        else if (strncmp(argv[i], "--", 2) == 0) {
-            errorf("tokenize: unknown option '%s' (expected --vocab DIR, --decode, --hash)",
-                   argv[i]);
+        char name[32];
+        const char *v = NULL;
+        if (!cli_option_name(argv[i], name, sizeof name, &v)) path = argv[i];
+        else if (!v && strcmp(name, "decode") == 0) decode = 1;
+        else if (!v && strcmp(name, "hash") == 0) hash = 1;
+        else if (strcmp(name, "vocab") == 0 && (v || i + 1 < argc)) vocab = v ? v : argv[++i];
+        else {
+            const int known = strcmp(name, "vocab") == 0 || strcmp(name, "decode") == 0 ||
+                              strcmp(name, "hash") == 0;
+            errorf("tokenize: %.*s %s (expected --vocab DIR, --decode, --hash)",
+                   cli_typed_len(argv[i]), argv[i],
+                   !known ? "is not an option"
+                   : v    ? "takes no value"
+                          : "needs a value");
             return EXIT_USAGE;
-        } else path = argv[i];
+        }
     }
     if (!vocab) {
         errorf("tokenize: --vocab DIR is required (a folder with encoder.json and vocab.bpe)");

@@ -28,6 +28,7 @@
 #include "src/base/fault.h"
 #include "src/base/rng.h"
 #include "src/cmd/cmd.h"
+#include "src/plan.h"
 #include "src/cmd/phases.h"
 #include "src/config.h"
 #include "src/dataset.h"
@@ -486,9 +487,15 @@ static int run_setup_model(Run *r) {
 static void run_banner(const Run *r) {
     const Config *c = &r->cfg;
     const ModelDims *d = &r->m.d;
-    log0("modtrain %s | %.2fM parameters | L=%d C=%d NH=%d T=%d V=%d | batch %d x %d tokens, "
+    /* the whole model's count, not the stage's this rank holds */
+    Config whole = *c;
+    whole.vocab_size = d->V;
+    char stage[64] = "";
+    if (r->grid.pp > 1)
+        snprintf(stage, sizeof stage, " (%.2fM on stage 0)", model_num_params(&r->m) / 1e6);
+    log0("modtrain %s | %.2fM parameters%s | L=%d C=%d NH=%d T=%d V=%d | batch %d x %d tokens, "
          "micro-batch %d\n",
-         PACKAGE_VERSION, model_num_params(&r->m) / 1e6, d->L, d->C, d->NH, r->T, d->V,
+         PACKAGE_VERSION, plan_num_params(&whole) / 1e6, stage, d->L, d->C, d->NH, r->T, d->V,
          c->batch_size, r->T, r->micro);
     if (r->n_routed)
         log0("Mixture-of-Depths: %d of %d blocks routed, capacity %g (k = %d of %d), gate %s, "
@@ -1205,15 +1212,22 @@ static int run_steps(Run *r) {
     return EXIT_OK;
 }
 
-/* The config keys (name, default, help) for --help. */
+/* The config keys (name, value, default, help) for --help. */
 static void print_config_keys(void) {
-    printf("Config keys (--key value on the command line, key = value in a --config file):\n");
+    printf("Config keys: --key VALUE on the command line (or --key=VALUE; dashes or\n"
+           "underscores: --micro-batch is --micro_batch), key = VALUE in a --config file.\n"
+           "N is an integer, X a number, a|b one of the values listed; (the default).\n");
     const char *name, *def, *help;
     for (int i = 0; config_describe(i, &name, &def, &help); i++) {
-        char d[64];
+        char flag[96], meta[64], d[64];
+        config_describe_value(i, meta, sizeof meta);
+        snprintf(flag, sizeof flag, "--%s %s", name, meta);
         snprintf(d, sizeof d, "(%s)", def[0] ? def : "\"\"");
-        printf("  %-17s %-16s %s\n", name, d, help);
+        if (strlen(flag) > 30) printf("  %s\n  %-30s %-12s %s\n", flag, "", d, help);
+        else printf("  %-30s %-12s %s\n", flag, d, help);
     }
+    printf("dp is not a key: it is what the world leaves after tp x pp (dp = ranks / (tp x pp));\n"
+           "batch_size splits over the dp ranks, each in micro-batches of micro_batch.\n");
 }
 
 int train_main(int argc, char **argv) {

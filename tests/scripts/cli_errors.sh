@@ -105,7 +105,7 @@ expect_error "neither a checkpoint directory" "$MODTRAIN" ckpt inspect --ckpt no
 expect_error "neither a checkpoint directory" "$MODTRAIN" ckpt export --ckpt nowhere --out x.st
 expect_error "neither a checkpoint directory" "$MODTRAIN" ckpt diff --a nowhere --b nowhere
 expect_error "unknown option '--dta' (did you mean '--data'?)" "$MODTRAIN" eval --ckpt nowhere --dta x
-expect_error "eval: --micro_batch and --routing_seqs must be >= 1" "$MODTRAIN" eval --ckpt nowhere --data x --routing r.tsv --routing_seqs 0
+expect_error "eval: --routing_seqs = 0 is out of range (expected an integer in \[1, " "$MODTRAIN" eval --ckpt nowhere --data x --routing r.tsv --routing_seqs 0
 expect_error "eval: --routing needs the whole model on each rank (--pp 1)" "$MODTRAIN" eval --ckpt nowhere --data x --routing r.tsv --pp 2
 expect_error "eval: --vocab decodes the tokens of --routing FILE" "$MODTRAIN" eval --ckpt nowhere --data x --vocab v
 expect_error "eval: --grads_routing 'sideways' is not one of topk/causal" "$MODTRAIN" eval --ckpt nowhere --data x --grads_routing sideways

@@ -289,7 +289,7 @@ hostile "'long.jsonl' line 1: the line is longer than 2.00 MiB" --mem 32M --json
 hostile "cannot open 'missing.txt'" corpus.txt missing.txt
 : > empty.txt
 hostile "'empty.txt' is empty" corpus.txt empty.txt
-hostile "1 document gives none to val at --val-fraction 0.1" corpus.txt
+hostile "1 document gives none to val at --val_fraction 0.1" corpus.txt
 printf '%%\n%%\n' > seps.txt
 hostile "the inputs hold no document" --val-fraction 0 --doc-sep % seps.txt
 ln -s set link
@@ -298,7 +298,7 @@ hostile "'link' is a symbolic link" --out link --force --doc-sep % corpus.txt
     ok "--val-fraction 0: $(tail -n 1 out.txt)" || fail "--val-fraction 0 on one document: $(ls one)"
 
 "$MODTRAIN" prep --help > help.txt
-for o in --out --force --val-fraction --tokenizer --vocab --doc-sep --jsonl --threads --mem --shard_tokens; do
+for o in --out --force --val_fraction --tokenizer --vocab --doc_sep --jsonl --threads --mem --shard_tokens; do
     grep -q -- "$o" help.txt || fail "prep --help does not document $o"
 done
 ok "prep --help documents every option"
