@@ -1,4 +1,6 @@
 #!/bin/bash
+# usage: jobs/plot_run.sh RUN_DIR [--out FILE]
+#
 # One picture of a training run, from the RUN_DIR/metrics.jsonl that
 # `modtrain train` writes (gnuplot, four panels):
 #   loss (and val_loss, val_loss_causal where the run evaluated) by step,
@@ -8,7 +10,6 @@
 # a step counts, and each resume is a dashed line. A last line cut short (a
 # run still writing, or killed) is left out, with a note.
 #
-# usage: jobs/plot_run.sh RUN_DIR [--out FILE]
 #   RUN_DIR     a run's run_dir (runs/small for jobs/small.conf)
 #   --out FILE  the PNG (RUN_DIR/metrics.png)
 # PYTHON names the Python 3 that reads the metrics (python3).

@@ -109,7 +109,7 @@ check_folder dense.hf dense/ckpt > check.log 2>&1 && ok "dense config.json: $(ca
 "$MODTRAIN" ckpt diff --a dense.back --b dense/ckpt > diff.log 2>&1 &&
     ok "dense folder imported back: $(tail -n 1 diff.log)" || fail "dense folder imported back: $(cat diff.log)"
 if [ "$have_torch" = 1 ]; then
-    "$MODTRAIN" eval --ckpt dense/ckpt --data data/val_000000.bin --batches 2 --micro_batch 4 --json > dense.json
+    "$MODTRAIN" eval --ckpt dense/ckpt --data data/val_000000.bin --seqs 8 --micro_batch 4 --json > dense.json
     torch_loss dense.hf dense.json > torch.log 2>&1 && ok "dense folder in PyTorch: $(tr '\n' ' ' < torch.log)" ||
         fail "dense folder in PyTorch: $(cat torch.log)"
 fi
@@ -125,7 +125,7 @@ check_folder mod.hf mod/ckpt > check.log 2>&1 && ok "MoD config.json: $(cat chec
 "$MODTRAIN" ckpt diff --a mod.back --b mod/ckpt > diff.log 2>&1 &&
     ok "MoD folder: the checkpoint's dense part, $(tail -n 1 diff.log)" || fail "MoD folder imported back: $(cat diff.log)"
 if [ "$have_torch" = 1 ]; then
-    "$MODTRAIN" eval --ckpt mod.back --data data/val_000000.bin --batches 2 --micro_batch 4 --json > modback.json
+    "$MODTRAIN" eval --ckpt mod.back --data data/val_000000.bin --seqs 8 --micro_batch 4 --json > modback.json
     torch_loss mod.hf modback.json > torch.log 2>&1 && ok "MoD folder in PyTorch, as a dense GPT-2: $(tr '\n' ' ' < torch.log)" ||
         fail "MoD folder in PyTorch: $(cat torch.log)"
 fi

@@ -166,7 +166,7 @@ for bad in "--routing r2.tsv --vocab nowhere" "--routing nowhere/r.tsv"; do
         ok "eval $bad: refused before evaluating: $(cat bad.err)" || fail "eval $bad: exit $rc, '$(cat bad.err)'"
 done
 rc=0
-"$MODTRAIN" eval --ckpt s/runs/b5e10_64x2_dense/ckpt --data data/val_000000.bin --batches 1 \
+"$MODTRAIN" eval --ckpt s/runs/b5e10_64x2_dense/ckpt --data data/val_000000.bin --seqs 8 \
     --routing r2.tsv > bad.out 2> bad.err || rc=$?
 [ "$rc" = 2 ] && [ "$(wc -l < bad.err)" = 1 ] && grep -q "is a dense model (route_every = 0)" bad.err &&
     [ ! -s bad.out ] && [ ! -e r2.tsv ] && ok "eval --routing on a dense model: $(cat bad.err)" ||

@@ -19,7 +19,7 @@ K="--batch_size 4 --steps 1 --eval_every 0 --ckpt_every 0 --train_data data/trai
 banner() {
     $MPIRUN -np "$1" "$MODTRAIN" train $M $K --pp "$1" --run_dir "r$1" > "r$1.log" 2>&1 ||
         fail "pp $1: $(tail -n 2 "r$1.log")"
-    head -n 1 "r$1.log"
+    grep -m 1 '^modtrain [0-9]' "r$1.log" # the banner (a thread warning may come first)
 }
 b1=$(banner 1) b2=$(banner 2) b4=$(banner 4)
 count() { echo "$1" | sed -n 's/^modtrain [^|]*| \([0-9.]*\)M parameters.*/\1/p'; }
