@@ -18,6 +18,10 @@ if [ $# -gt 0 ]; then
     exit 2
 fi
 cd "$(dirname "$0")/.."
+[ -f configure.ac ] || {
+    echo "quickstart: $(pwd) is not a modtrain source tree (an installed copy?): run it from a checkout" >&2
+    exit 2
+}
 if [ "$(id -u)" -eq 0 ]; then jobs/deps.sh; fi
 [ -x configure ] || ./autogen.sh
 [ -f Makefile ] || ./configure

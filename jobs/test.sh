@@ -17,6 +17,10 @@ for opt in "$@"; do
     case $opt in --help | -h) usage; exit 0 ;; esac
 done
 cd "$(dirname "$0")/.."
+[ -f configure.ac ] || {
+    echo "test.sh: $(pwd) is not a modtrain source tree (an installed copy?): run it from a checkout" >&2
+    exit 2
+}
 deps="--slurm --node"
 install=1
 for opt in "$@"; do

@@ -178,7 +178,8 @@ int config_model_key_optional(const char *key) {
 /* Normalises "--Eval-Every" style names to "eval_every". */
 static void norm_key(char *dst, size_t n, const char *src) {
     size_t i = 0;
-    for (; *src && i + 1 < n; src++, i++) dst[i] = *src == '-' ? '_' : (char)tolower(*src);
+    for (; *src && i + 1 < n; src++, i++)
+        dst[i] = *src == '-' ? '_' : (char)tolower((unsigned char)*src);
     dst[i] = '\0';
 }
 

@@ -523,7 +523,7 @@ static int import_main(int argc, char **argv) {
 }
 
 int ckpt_main(int argc, char **argv) {
-    if (argc < 1 || strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0) {
+    if (argc < 1 || cli_is_help(argv[0])) {
         printf("usage: modtrain ckpt list|verify|inspect|diff|export|import [options]\n"
                "  list    --ckpt DIR       checkpoints of a ckpt_dir, verified\n"
                "  verify  --ckpt DIR       every chunk's CRC32\n"

@@ -28,6 +28,13 @@ int cli_option_name(const char *a, char *name, size_t n, const char **value) {
     return 1;
 }
 
+int cli_is_help(const char *a) {
+    char name[8];
+    const char *value;
+    return strcmp(a, "-h") == 0 ||
+           (cli_option_name(a, name, sizeof name, &value) && !value && strcmp(name, "help") == 0);
+}
+
 int cli_typed_len(const char *a) {
     const size_t n = strcspn(a, "=");
     return n > 200 ? 200 : (int)n;
@@ -58,9 +65,7 @@ static void print_help(const char *usage, const char *about, const CliOpt *opts)
     }
 }
 
-/* The option as typed, and its own name beside it when they differ:
- * "--top-k (top_k)". */
-static void typed_name(char *buf, size_t n, const char *arg, const char *name) {
+void cli_typed_name(char *buf, size_t n, const char *arg, const char *name) {
     const int len = cli_typed_len(arg);
     if ((size_t)len == strlen(name) + 2 && strncmp(arg + 2, name, (size_t)len - 2) == 0)
         snprintf(buf, n, "%.*s", len, arg);
@@ -80,7 +85,7 @@ static void range_text(const CliOpt *o, char *buf, size_t n) {
 /* Stores val, typed as `arg`, into o. Returns 0, or -1 (printed). */
 static int cli_value(const char *cmd, const CliOpt *o, const char *arg, const char *val) {
     char who[160], range[96];
-    typed_name(who, sizeof who, arg, o->name);
+    cli_typed_name(who, sizeof who, arg, o->name);
     range_text(o, range, sizeof range);
     const int ranged = o->min != 0 || o->max != 0;
     if (o->type == CLI_STR) {
@@ -141,7 +146,7 @@ int cli_parse(const char *cmd, const char *usage, const char *about, const CliOp
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *val = NULL;
         char name[64];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) { /* not a value: those are skipped */
+        if (cli_is_help(a)) { /* not a value: those are skipped */
             print_help(usage, about, opts);
             return 0;
         }

@@ -36,6 +36,13 @@ int cli_parse(const char *cmd, const char *usage, const char *about, const CliOp
  * anything else (a file, "-", "--"). */
 int cli_option_name(const char *arg, char *name, size_t n, const char **value);
 
+/* The option as typed (arg up to '='), and its own name beside it when
+ * they differ: "--top-k (top_k)", "--top_k". */
+void cli_typed_name(char *buf, size_t n, const char *arg, const char *name);
+
+/* Whether arg asks for help: -h, or --help in any spelling (--HELP). */
+int cli_is_help(const char *arg);
+
 /* How many characters of arg the user typed as the option's name (up to
  * '='), for errors that echo it: printf("%.*s", cli_typed_len(a), a). */
 int cli_typed_len(const char *arg);

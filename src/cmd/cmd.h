@@ -119,7 +119,8 @@ int resume_run(const Config *cfg, const char *ckpt_dir, Model *m, AdamW *opt, in
  * Collective; 0 or -1. */
 int init_from_check(const Config *cfg, const char *ckpt_dir, MPI_Comm comm);
 /* init_from, after resume_run (resumed: its result, start: the step it
- * loaded): a resumed run logs that init_from is ignored; a new one loads
+ * loaded; -1: a rollback before the first save, which loads the weights
+ * again): a resumed run logs that init_from is ignored; a new one loads
  * only the weights of init_from (a checkpoint or ckpt_dir under any
  * layout, or a GPT-2 safetensors file), whose model must be cfg's, and
  * leaves the moments as they are. Collective; 0, or -1 (printed once). */

@@ -177,12 +177,14 @@ static int eval_args(EvalArgs *a, int argc, char **argv) {
         {"pp", CLI_INT, &a->pp, "pipeline stages over the ranks; the rest is tensor-parallel (1)",
          NULL, 1, 4096},
         {NULL, 0, NULL, NULL}};
-    for (int i = 0; i < argc; i++)
-        if (strcmp(argv[i], "--batches") == 0 || strncmp(argv[i], "--batches=", 10) == 0) {
+    for (int i = 0; i < argc; i++) {
+        char name[16];
+        if (cli_option_name(argv[i], name, sizeof name, NULL) && strcmp(name, "batches") == 0) {
             errorf("eval: --batches was replaced by --seqs N, which counts sequences, not "
                    "micro-batches (--seqs = batches x micro_batch reads as many)");
             return EXIT_USAGE;
         }
+    }
     int h = cli_parse("eval", "modtrain eval --ckpt DIR --data FILE [--seqs N] [--json]",
                       "Mean next-token loss of a checkpoint over the first --seqs sequences "
                       "(256) of token shards, the same under every layout and micro-batch; for "
@@ -444,9 +446,10 @@ static int eval_routing(Infer *in, const EvalArgs *a, Dataset *ds, size_t n_seqs
 
 /* Every rank parses the same arguments: rank 0 alone prints (help, errors). */
 static void quiet_above_rank0(int on) {
+    static int lost; /* stdout could not be pointed at /dev/null: stay quiet */
     if (util_rank == 0) return;
-    util_quiet = on;
-    if (on && !freopen("/dev/null", "w", stdout)) util_quiet = 1;
+    if (on && !freopen("/dev/null", "w", stdout)) lost = 1;
+    util_quiet = on || lost;
 }
 
 int eval_main(int argc, char **argv) {

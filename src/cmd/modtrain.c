@@ -9,6 +9,7 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "src/cmd/cli.h"
 #include "src/cmd/cmd.h"
 #include "src/kernels.h"
 
@@ -28,7 +29,7 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
     cmd_start_s = now_s();
-    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+    if (argc < 2 || cli_is_help(argv[1])) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? EXIT_USAGE : EXIT_OK;
     }

@@ -68,7 +68,7 @@ static int plan_args(PlanArgs *a, int *argc, char **argv) {
     *a = (PlanArgs){.top = 20};
     int n = 0;
     for (int i = 0; i < *argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+        if (cli_is_help(argv[i])) {
             plan_help();
             return 0;
         }
@@ -80,7 +80,8 @@ static int plan_args(PlanArgs *a, int *argc, char **argv) {
             argv[n++] = argv[i];
             continue;
         }
-        const int len = cli_typed_len(s);
+        char who[96];
+        cli_typed_name(who, sizeof who, s, name);
         if (strcmp(name, "calibrate") == 0 && !eqv) a->calibrate = 1;
         else if (strcmp(name, "flops") == 0 && !eqv) a->flops = 1;
         else if (strcmp(name, "cluster") == 0 || strcmp(name, "out") == 0) {
@@ -89,20 +90,20 @@ static int plan_args(PlanArgs *a, int *argc, char **argv) {
         } else if (strcmp(name, "top") == 0) {
             if (!(v = plan_value(s, eqv, &i, *argc, argv))) return -1;
             if (parse_i64(v, 1, 1 << 20, &x) != 0) {
-                errorf("plan: %.*s = '%.40s' is not a count in [1, 1048576]", len, s, v);
+                errorf("plan: %s = '%.40s' is not a count in [1, 1048576]", who, v);
                 return -1;
             }
             a->top = (int)x;
         } else if (strcmp(name, "layout") == 0) {
             if (!(v = plan_value(s, eqv, &i, *argc, argv))) return -1;
             if (plan_parse_layout(v, &a->tp, &a->pp, &a->rpn) != 0) {
-                errorf("plan: %.*s '%.40s' is not TP,PP,RANKS_PER_NODE (exactly three whole "
+                errorf("plan: %s '%.40s' is not TP,PP,RANKS_PER_NODE (exactly three whole "
                        "numbers >= 1 separated by commas, no empty field, e.g. 2,4,8)",
-                       len, s, v);
+                       who, v);
                 return -1;
             }
         } else if (strcmp(name, "calibrate") == 0 || strcmp(name, "flops") == 0) {
-            errorf("plan: %.*s takes no value (give it alone)", len, s);
+            errorf("plan: %s takes no value (give it alone)", who);
             return -1;
         } else argv[n++] = argv[i];
     }

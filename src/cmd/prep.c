@@ -89,40 +89,42 @@ typedef struct {
 static int prep_option(const char *name, const char *a, const char *v, PrepOptions *o,
                        PrepArgs *pa) {
     const int n = cli_typed_len(a);
+    char who[160];
+    cli_typed_name(who, sizeof who, a, name);
     if (strcmp(name, "out") == 0) o->out = v;
     else if (strcmp(name, "tokenizer") == 0) pa->tokenizer = v;
     else if (strcmp(name, "vocab") == 0) pa->vocab = v;
     else if (strcmp(name, "doc_sep") == 0) o->doc_sep = *v ? v : NULL;
     else if (strcmp(name, "jsonl") == 0) {
         if (!*v) {
-            errorf("prep: %.*s needs a key (the documents' key: --jsonl text)", n, a);
+            errorf("prep: %s needs a key (the documents' key: --jsonl text)", who);
             return -1;
         }
         o->jsonl_key = v;
     } else if (strcmp(name, "threads") == 0) {
         if (parse_i64(v, 0, 1024, &pa->threads) != 0) {
-            errorf("prep: %.*s = '%s' is not an integer in [0, 1024]", n, a, v);
+            errorf("prep: %s = '%s' is not an integer in [0, 1024]", who, v);
             return -1;
         }
     } else if (strcmp(name, "shard_tokens") == 0) {
         if (parse_i64(v, 2, INT32_MAX - 1, &pa->shard_tokens) != 0) {
-            errorf("prep: %.*s = '%s' is not an integer in [2, %d]", n, a, v, INT32_MAX - 1);
+            errorf("prep: %s = '%s' is not an integer in [2, %d]", who, v, INT32_MAX - 1);
             return -1;
         }
     } else if (strcmp(name, "mem") == 0) {
         if (prep_parse_size(v, &o->mem) != 0 || o->mem < PREP_MEM_MIN) {
-            errorf("prep: %.*s = '%s' is not a size of at least 16M (bytes, or a number "
+            errorf("prep: %s = '%s' is not a size of at least 16M (bytes, or a number "
                    "with K, M, G or T: 512M, 2G)",
-                   n, a, v);
+                   who, v);
             return -1;
         }
     } else if (strcmp(name, "val_fraction") == 0) {
         if (parse_f64(v, &o->val_fraction) != 0 || o->val_fraction < 0 || o->val_fraction >= 1) {
-            errorf("prep: %.*s = '%s' is not a number in [0, 1)", n, a, v);
+            errorf("prep: %s = '%s' is not a number in [0, 1)", who, v);
             return -1;
         }
     } else if (strcmp(name, "force") == 0) {
-        errorf("prep: %.*s takes no value (give it alone)", n, a);
+        errorf("prep: %s takes no value (give it alone)", who);
         return -1;
     } else {
         errorf("prep: unknown option '%.*s' (expected --out, --val_fraction, --tokenizer, "
@@ -164,7 +166,7 @@ int prep_main(int argc, char **argv) {
     Bpe *bpe = NULL;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
-        if (!only_files && (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)) {
+        if (!only_files && cli_is_help(a)) {
             usage();
             rc = EXIT_OK;
             goto done;

@@ -231,7 +231,7 @@ static int init_load(const Config *cfg, Model *m, char *dir, size_t n, int *step
 int init_from_load(const Config *cfg, const char *ckpt_dir, Model *m, int resumed, int start,
                    MPI_Comm comm) {
     if (!cfg->init_from[0]) return 0;
-    if (resumed) {
+    if (resumed > 0) {
         log0("init_from: ckpt_dir '%s' holds this run's own checkpoints: resumed at step %d; "
              "init_from '%s' is ignored\n",
              ckpt_dir, start, cfg->init_from);
@@ -242,8 +242,10 @@ int init_from_load(const Config *cfg, const char *ckpt_dir, Model *m, int resume
     Err err;
     int rc = init_load(cfg, m, dir, sizeof dir, &step, &err);
     if (cmd_agree(rc, &err, comm) != 0) return -1;
-    log0("init_from: the weights of %s (step %d of its run) start a new run at step 0: fresh "
-         "AdamW moments, the lr schedule from its start, train_data from sample 0\n",
-         dir, step);
+    if (resumed < 0) log0("init_from: rolled back to the weights of %s\n", dir);
+    else
+        log0("init_from: the weights of %s (step %d of its run) start a new run at step 0: "
+             "fresh AdamW moments, the lr schedule from its start, train_data from sample 0\n",
+             dir, step);
     return 0;
 }

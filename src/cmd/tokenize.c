@@ -93,7 +93,7 @@ int tokenize_main(int argc, char **argv) {
     const char *vocab = NULL, *path = "-";
     int decode = 0, hash = 0;
     for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+        if (cli_is_help(argv[i])) {
             printf("usage: modtrain tokenize --vocab DIR [--decode | --hash] [FILE]\n"
                    "Prints the GPT-2 BPE token ids of FILE (or standard input), one a line;\n"
                    "with --decode, reads ids (one a line, or any whitespace between) and\n"

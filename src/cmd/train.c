@@ -27,6 +27,7 @@
 #include "mpi/sync.h"
 #include "src/base/fault.h"
 #include "src/base/rng.h"
+#include "src/cmd/cli.h"
 #include "src/cmd/cmd.h"
 #include "src/plan.h"
 #include "src/cmd/phases.h"
@@ -1145,7 +1146,7 @@ static int run_nonfinite(Run *r, int *step, const StepResult *s) {
     if (got < 0) return EXIT_FAILURE;
     if (got == 0) { /* no checkpoint yet: back to the seed's init, or init_from's weights */
         if (!c->init_from[0]) model_init_weights(&r->m, (uint64_t)c->seed);
-        else if (init_from_load(c, r->ckpt_dir, &r->m, 0, 0, r->grid.world) != 0)
+        else if (init_from_load(c, r->ckpt_dir, &r->m, -1, 0, r->grid.world) != 0)
             return EXIT_FAILURE;
         adamw_reset(&r->opt);
     }
@@ -1232,7 +1233,7 @@ static void print_config_keys(void) {
 
 int train_main(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+        if (cli_is_help(argv[i])) {
             if (util_rank == 0) {
                 printf("usage: modtrain train [--config FILE] [--key value ...]\n"
                        "Trains a model; run alone or under mpirun/srun.\n\n");

@@ -64,9 +64,9 @@ tok4=$("$PYTHON" -c 'import struct,sys; print(struct.unpack("<5i", open(sys.argv
 [ "$tok4" = 1 ] && ok "byte prep records tokenizer 1 in header slot 4" || fail "byte prep's header slot 4 is $tok4"
 : > empty.txt
 expect_error "'empty.txt' is empty" "$MODTRAIN" prep --out data2 empty.txt
-expect_error "val-fraction = '2' is not a number in \[0, 1)" "$MODTRAIN" prep --out data2 --val-fraction 2 text.txt
-expect_error "val-fraction = 'nan' is not a number in \[0, 1)" "$MODTRAIN" prep --out data2 --val-fraction nan text.txt
-expect_error "val-fraction = ' 0.5' is not a number in \[0, 1)" "$MODTRAIN" prep --out data2 --val-fraction ' 0.5' text.txt
+expect_error "val_fraction = '2' is not a number in \[0, 1)" "$MODTRAIN" prep --out data2 --val_fraction 2 text.txt
+expect_error "val_fraction = 'nan' is not a number in \[0, 1)" "$MODTRAIN" prep --out data2 --val_fraction nan text.txt
+expect_error "val_fraction = ' 0.5' is not a number in \[0, 1)" "$MODTRAIN" prep --out data2 --val_fraction ' 0.5' text.txt
 expect_error "needs --vocab DIR" "$MODTRAIN" prep --out data2 --tokenizer gpt2 text.txt
 expect_error "'wordpiece' is not available (expected byte or gpt2)" "$MODTRAIN" prep --out data2 --tokenizer wordpiece text.txt
 expect_error "threads = 'x' is not an integer" "$MODTRAIN" prep --out data2 --tokenizer gpt2 --threads x text.txt

@@ -34,7 +34,7 @@ printf 'the quick brown fox jumps over the lazy dog %s\n%%\n' $(seq 1 300) > tex
 [ "$(ls p1 | wc -l)" -gt 2 ] && ok "prep wrote $(ls p1 | wc -l) shards" || fail "prep wrote $(ls p1)"
 same "prep: --doc_sep / --doc-sep give the same shards" p1 p2
 same "prep: --key=value gives the same shards" p1 p3
-says "prep echoes --val-fraction" "prep: --val-fraction = '2' is not a number" \
+says "prep echoes --val-fraction" "prep: --val-fraction (val_fraction) = '2' is not a number" \
     "$MODTRAIN" prep --out p4 --val-fraction 2 text.txt
 says "prep echoes --shard_tokens=" "prep: --shard_tokens = '1' is not an integer" \
     "$MODTRAIN" prep --out p4 --shard_tokens=1 text.txt
@@ -105,7 +105,7 @@ says "sample echoes --top-k" "sample: --top-k (top_k) = -1 is out of range (expe
 "$MODTRAIN" plan --config "$srcdir/jobs/tiny.conf" --micro_batch 2 --layout 1,1,1 --top 3 > pl3.txt 2>&1
 same "plan: --micro-batch=, --layout=, --top=" pl1.txt pl2.txt
 cmp -s pl1.txt pl3.txt && fail "plan: --micro_batch changes nothing" || ok "plan: micro_batch 2 differs from 4"
-says "plan echoes --Layout" "plan: --Layout '1,2' is not TP,PP,RANKS_PER_NODE" \
+says "plan echoes --Layout" "plan: --Layout (layout) '1,2' is not TP,PP,RANKS_PER_NODE" \
     "$MODTRAIN" plan --config "$srcdir/jobs/tiny.conf" --Layout 1,2
 
 # tokenize and ckpt
