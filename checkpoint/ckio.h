@@ -37,7 +37,7 @@
 #define CK_MAX_CHUNKS 4096          /* chunks of one tensor */
 #define CK_ROUND_BYTES (16u << 20)  /* raw state a rank packs per collective write */
 #define CK_PROBE_BYTES (64 << 10)   /* sample of a plane that decides its codec */
-#define CK_GROUPS 4                 /* kinds of holder groups (CkSlice.group) */
+#define CK_GROUPS 6                 /* kinds of holder groups (CkSlice.group) */
 
 /* A rectangle of a global (rows x cols) tensor held in local memory. */
 typedef struct {

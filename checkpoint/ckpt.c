@@ -45,10 +45,18 @@ typedef struct {
 /* The holders of registry row p's data on this rank (see CkSlice): the dp
  * replicas of its slice (group 0); for a tensor replicated across tp, also
  * every tp rank (group 1); for the tied embedding, also the other stage's
- * copy (group 2). */
+ * copy (group 2). An expert's replicas are the dp / ep ranks holding it
+ * (groups 4 and 5, so that their tallies stay apart from the tensors every
+ * dp rank holds). */
 static void share_of(const Model *m, const ParamInfo *p, const Replicas *r, CkSlice *s) {
     const ModelDims *d = &m->d;
-    if (p->tied) {
+    if (p->expert >= 0) {
+        const int dp = r->dp / d->ep, dp_rank = r->dp_rank / d->ep;
+        const int tp = p->split_dim < 0 ? d->tp : 1;
+        s->group = p->split_dim < 0 ? 5 : 4;
+        s->holders = dp * tp;
+        s->holder = dp_rank * tp + (tp > 1 ? d->tp_rank : 0);
+    } else if (p->tied) {
         const int copies = d->pp > 1 ? 2 : 1;
         s->group = 2;
         s->holders = r->dp * copies;

@@ -9,15 +9,22 @@
 #include "mpi/check.h"
 #include "mpi/dp.h"
 
-void grads_sync(float *grads, size_t n, float *tied, size_t tied_n, const Grid *g) {
+void grads_sync(float *grads, size_t n, size_t expert_n, float *tied, size_t tied_n,
+                const Grid *g) {
     if (g->emb_comm != MPI_COMM_NULL && tied) dp_allreduce_sum(tied, tied_n, g->emb_comm);
-    dp_allreduce_sum(grads, n, g->dp_comm);
+    if (g->ep == 1) expert_n = 0; /* the experts' replicas are the dp group */
+    dp_allreduce_sum(grads, n - expert_n, g->dp_comm);
+    if (expert_n) dp_allreduce_sum(grads + (n - expert_n), expert_n, g->edp_comm);
 }
 
-double grads_norm(double sumsq_split, double sumsq_replicated, const Grid *g) {
-    if (g->tp > 1)
-        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &sumsq_split, 1, MPI_DOUBLE, MPI_SUM, g->tp_comm));
-    double total = sumsq_replicated + sumsq_split;
+double grads_norm(const double split[2], const double replicated[2], const Grid *g) {
+    double s[2] = {split[0], split[1]};
+    if (g->tp > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, s, 2, MPI_DOUBLE, MPI_SUM, g->tp_comm));
+    /* each rank of an ep group holds other experts: their sums add up */
+    double experts = s[1] + replicated[1];
+    if (g->ep > 1)
+        MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &experts, 1, MPI_DOUBLE, MPI_SUM, g->ep_comm));
+    double total = replicated[0] + s[0] + experts;
     if (g->pp > 1)
         MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &total, 1, MPI_DOUBLE, MPI_SUM, g->pp_comm));
     return sqrt(total);

@@ -18,15 +18,16 @@
  * (first and last pipeline stage; tied may be NULL on other stages) are
  * summed over the embedding group, then every gradient over the
  * data-parallel group (each dp rank holds the gradient of its share of the
- * step's mean), in buckets. */
-void grads_sync(float *grads, size_t n, float *tied, size_t tied_n, const Grid *g);
-
+ * step's mean), in buckets; the last expert_n floats, the experts', only
+ * over the ranks that hold the same experts (edp_comm) when ep > 1. */
+void grads_sync(float *grads, size_t n, size_t expert_n, float *tied, size_t tied_n,
+                const Grid *g);
 /* The L2 norm of the whole model's gradients from this rank's sums of
- * squares: those of tensors split across tp are summed over the tp group,
- * replicated ones count once; the stages' totals are summed over the
- * pipeline. Collective over tp and pp. */
-double grads_norm(double sumsq_split, double sumsq_replicated, const Grid *g);
-
+ * squares ([0] of the shared tensors, [1] of this rank's experts): those of
+ * tensors split across tp are summed over the tp group, replicated ones
+ * count once, the experts' are summed over the ep group; the stages' totals
+ * are summed over the pipeline. Collective over tp, ep and pp. */
+double grads_norm(const double split[2], const double replicated[2], const Grid *g);
 /* Sums v[0..n) over comm in place; a no-op for MPI_COMM_NULL or a group of
  * one. */
 void stats_reduce(double *v, int n, MPI_Comm comm);

@@ -57,6 +57,21 @@ static const KeySpec keys[] = {
      "weight of the router BCE loss"},
     {"predictor_hidden", K_INT, 1, OFF(predictor_hidden), "64", 1, 1 << 16, 0, NULL,
      "hidden width of the causal predictor"},
+    {"n_expert", K_INT, 2, OFF(n_expert), "0", 0, 4096, 0, NULL,
+     "experts of an MoE block's MLP (E); 0 = a dense MLP"},
+    {"n_noop_expert", K_INT, 2, OFF(n_noop_expert), "0", 0, 4096, 0, NULL,
+     "no-op experts beside them (integrated MoDE): a token routed to one skips the MLP"},
+    {"expert_top_k", K_INT, 2, OFF(expert_top_k), "1", 1, 2, 0, NULL,
+     "experts each token chooses (1 as Switch, 2 as GShard)"},
+    {"expert_d_ff", K_INT, 2, OFF(expert_d_ff), "0", 0, 1 << 20, 0, NULL,
+     "hidden width of an expert MLP; 0 = 4 x d_model"},
+    {"capacity_factor", K_FLOAT, 2, OFF(capacity_factor), "1.25", 0, 1e6, 1, NULL,
+     "an expert takes at most capacity_factor x rows x expert_top_k / n_expert rows of a "
+     "micro-batch; the rest are dropped (they keep their residual stream)"},
+    {"moe_every", K_INT, 2, OFF(moe_every), "1", 1, 4096, 0, NULL,
+     "every n-th block is an MoE block (when n_expert > 0)"},
+    {"moe_aux_weight", K_FLOAT, 0, OFF(moe_aux_weight), "0.01", 0, BIG, 0, NULL,
+     "weight of the experts' load-balancing loss"},
     {"tokenizer", K_ENUM, 2, OFF(tokenizer), "auto", 0, 0, 0, "auto|byte|gpt2|none",
      "how ids map to text; auto = as the training shard's header says"},
     {"tokenizer_hash", K_STR, 2, OFF(tokenizer_hash), "", 0, 0, 0, NULL,
@@ -89,6 +104,8 @@ static const KeySpec keys[] = {
      "sequences per validation: the first n of val_data (a blend's in its order)"},
     {"tp", K_INT, 0, OFF(tp), "1", 1, 4096, 0, NULL, "tensor-parallel ranks"},
     {"pp", K_INT, 0, OFF(pp), "1", 1, 4096, 0, NULL, "pipeline stages"},
+    {"ep", K_INT, 0, OFF(ep), "1", 1, 4096, 0, NULL,
+     "expert-parallel ranks: each MoE block's experts spread over ep data-parallel ranks"},
     {"schedule", K_ENUM, 0, OFF(schedule), "1f1b", 0, 0, 0, "1f1b|gpipe", "pipeline schedule"},
     {"stage_layers", K_STR, 0, OFF(stage_layers), "", 0, 0, 0, NULL,
      "blocks per pipeline stage, e.g. 3,5; empty = balanced"},
@@ -426,6 +443,42 @@ int config_from_args(Config *c, int argc, char **argv, Err *err) {
     return 0;
 }
 
+/* The experts' keys against each other and the layout's tp and ep. */
+static int validate_moe(const Config *c, Err *err) {
+    const int E = c->n_expert;
+    if (E == 0 && (c->n_noop_expert > 0 || c->ep > 1))
+        return err_set(err,
+                       "config: %s = %d needs experts, and n_expert = 0 (set n_expert > 0, or "
+                       "%s = %d)",
+                       c->ep > 1 ? "ep" : "n_noop_expert", c->ep > 1 ? c->ep : c->n_noop_expert,
+                       c->ep > 1 ? "ep" : "n_noop_expert", c->ep > 1 ? 1 : 0);
+    if (E == 0) return 0;
+    if (c->expert_top_k > E)
+        return err_set(err,
+                       "config: expert_top_k = %d is more than the n_expert = %d experts a token "
+                       "can choose (choose expert_top_k <= %d)",
+                       c->expert_top_k, E, E);
+    if (!(c->capacity_factor > 0) || !isfinite(c->capacity_factor))
+        return err_set(err, "config: capacity_factor = %g is not a positive number", c->capacity_factor);
+    if (c->moe_every > c->n_layer)
+        return err_set(err,
+                       "config: moe_every = %d makes no block of n_layer = %d an MoE block "
+                       "(choose moe_every in [1, %d])",
+                       c->moe_every, c->n_layer, c->n_layer);
+    if (E % c->ep != 0)
+        return err_set(err,
+                       "config: n_expert = %d experts do not split over ep = %d ranks (choose ep "
+                       "dividing n_expert)",
+                       E, c->ep);
+    const int ff = c->expert_d_ff ? c->expert_d_ff : 4 * c->d_model;
+    if (ff % c->tp != 0)
+        return err_set(err,
+                       "config: the experts' width %d (expert_d_ff) is not divisible by tp = %d "
+                       "(choose expert_d_ff a multiple of tp)",
+                       ff, c->tp);
+    return 0;
+}
+
 int config_validate(const Config *c, Err *err) {
     if (c->d_model % c->n_head != 0) {
         return err_set(
@@ -452,6 +505,7 @@ int config_validate(const Config *c, Err *err) {
             "[1, %d], or 0 for the dense model)",
             c->route_every, c->n_layer, c->n_layer);
     }
+    if (validate_moe(c, err) != 0) return -1;
     int *layers = xcalloc((size_t)c->pp, sizeof(int));
     int split = config_stage_layers(c, layers, err);
     free(layers);

@@ -36,6 +36,9 @@ typedef struct {
     CausalRouter causal_router;
     double aux_weight;
     int predictor_hidden;
+    /* Mixture-of-Experts (and, with routing, Mixture-of-Depths-and-Experts) */
+    int n_expert, n_noop_expert, expert_top_k, expert_d_ff, moe_every;
+    double capacity_factor, moe_aux_weight;
     Tokenizer tokenizer;
     char tokenizer_hash[CONFIG_STR]; /* "" or CONFIG_HASH_HEX lowercase hex digits */
     /* optimisation */
@@ -48,7 +51,7 @@ typedef struct {
     char train_data[CONFIG_STR], val_data[CONFIG_STR];
     int eval_every, eval_seqs;
     /* parallel layout */
-    int tp, pp;
+    int tp, pp, ep;
     Schedule schedule;
     char stage_layers[CONFIG_STR]; /* "3,5": blocks per pipeline stage; "" balanced */
     /* checkpoints and output */

@@ -1,6 +1,8 @@
 /*
- * model: registry, initialisation, forward and backward of the GPT with
- * Mixture-of-Depths blocks, and incremental decoding.
+ * model: dims, the parameter registry, activations, initialisation, and
+ * forward and backward of the GPT over a micro-batch. Its routing (MoD and
+ * the experts' router) is in routing.c, the MLP branch (dense or experts)
+ * in mlp.c, decoding in decode.c.
  *
  * The tensor-parallel collectives sit exactly where Megatron puts them: an
  * all-reduce after each row-parallel product, one on the input gradient of
@@ -8,7 +10,7 @@
  * Routing reads only the replicated residual stream, so every tp rank
  * chooses the same tokens without talking to the others.
  */
-#include "src/model.h"
+#include "src/model_impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -18,7 +20,6 @@
 #include <assert.h>
 
 #include "mpi/check.h"
-#include "mpi/pipeline.h"
 #include "src/config.h"
 #include "src/kernels.h"
 #include "src/base/rng.h"
@@ -41,6 +42,10 @@ void model_dims(ModelDims *d, int V, int maxT, int L, int NH, int C, int tp, int
     d->Vl = d->Vp / tp;
     d->v0 = tp_rank * d->Vl;
     d->capacity = 1.0;
+    d->ek = 1;
+    d->moe_every = 1;
+    d->cf = 1.0;
+    d->ep = 1;
     d->pp = 1;
     d->l0 = 0;
     d->l1 = L;
@@ -72,11 +77,38 @@ void model_dims_mod(ModelDims *d, int route_every, double capacity, RouterGate g
     d->H = H;
 }
 
+void model_dims_moe(ModelDims *d, int n_expert, int n_noop, int top_k, int expert_d_ff,
+                    double capacity_factor, int moe_every) {
+    d->E = n_expert;
+    d->Nn = n_expert > 0 ? n_noop : 0;
+    d->ek = top_k;
+    d->Fe = n_expert > 0 ? (expert_d_ff > 0 ? expert_d_ff : 4 * d->C) : 0;
+    d->Fel = d->Fe / d->tp;
+    d->cf = capacity_factor;
+    d->moe_every = moe_every > 0 ? moe_every : 1;
+    model_dims_ep(d, d->ep, d->ep_rank);
+}
+
+void model_dims_ep(ModelDims *d, int ep, int ep_rank) {
+    d->ep = ep;
+    d->ep_rank = ep_rank;
+    d->El = d->E / ep;
+    d->e0 = ep_rank * d->El;
+}
+
 void model_dims_config(ModelDims *d, const Config *c, int tp, int tp_rank) {
     model_dims(d, c->vocab_size, c->seq_len, c->n_layer, c->n_head, c->d_model, tp, tp_rank);
     model_dims_mod(d, c->route_every, c->capacity, c->router_gate,
                    c->causal_router == CAUSAL_PREDICTOR, c->predictor_hidden);
+    model_dims_moe(d, c->n_expert, c->n_noop_expert, c->expert_top_k, c->expert_d_ff,
+                   c->capacity_factor, c->moe_every);
 }
+
+int model_is_moe(const ModelDims *d, int l) {
+    return d->E > 0 && l % d->moe_every == d->moe_every - 1;
+}
+
+int model_moe_blocks(const ModelDims *d) { return d->E > 0 ? d->L / d->moe_every : 0; }
 
 int model_is_routed(const ModelDims *d, int l) {
     return d->route_every > 0 && l % d->route_every == d->route_every - 1;
@@ -124,6 +156,7 @@ static ParamInfo *reg_add(RegBuilder *rb, int layer, size_t slot, const char *su
     p->split_dim = split_dim;
     p->split_blocks = blocks;
     p->layer = layer;
+    p->expert = -1;
     p->stage = m->d.pp_rank;
     p->init = init;
     p->decay = ndim == 2;
@@ -137,6 +170,32 @@ static ParamInfo *reg_add(RegBuilder *rb, int layer, size_t slot, const char *su
     /* 16-float alignment keeps every tensor on a cache line. */
     m->nparams += (p->numel + 15) & ~(size_t)15;
     return p;
+}
+
+/* This rank's experts of the stage's MoE blocks, after every other row, so
+ * that their gradients (reduced over the experts' replicas, not over dp)
+ * are one range at the end of the buffer. */
+static void expert_rows(RegBuilder *rb) {
+    const ModelDims *d = &rb->m->d;
+    const int C = d->C, F = d->Fe;
+    char n[48];
+#define EXP(f) offsetof(ExpertParams, f)
+    for (int l = d->l0; l < d->l1; l++) {
+        if (!model_is_moe(d, l)) continue;
+        for (int e = d->e0; e < d->e0 + d->El; e++) {
+            ParamInfo *p[4];
+            snprintf(n, sizeof n, "mlp.experts.%d.c_fc.weight", e);
+            p[0] = reg_add(rb, l, EXP(fcw), n, 2, C, F, 1, 1, INIT_NORMAL);
+            snprintf(n, sizeof n, "mlp.experts.%d.c_fc.bias", e);
+            p[1] = reg_add(rb, l, EXP(fcb), n, 1, F, 0, 0, 1, INIT_ZERO);
+            snprintf(n, sizeof n, "mlp.experts.%d.c_proj.weight", e);
+            p[2] = reg_add(rb, l, EXP(projw), n, 2, F, C, 0, 1, INIT_RESID);
+            snprintf(n, sizeof n, "mlp.experts.%d.c_proj.bias", e);
+            p[3] = reg_add(rb, l, EXP(projb), n, 1, C, 0, -1, 1, INIT_ZERO);
+            for (int i = 0; i < 4; i++) p[i]->expert = e;
+        }
+    }
+#undef EXP
 }
 
 /* The registry of m->d's stage into m->reg (measure: only m->nparams). */
@@ -163,10 +222,14 @@ static void build_registry(Model *m, int measure) {
         reg_add(&rb, l, BLK(attprojb), "attn.c_proj.bias", 1, C, 0, -1, 1, INIT_ZERO);
         reg_add(&rb, l, BLK(ln2w), "ln_2.weight", 1, C, 0, -1, 1, INIT_ONE);
         reg_add(&rb, l, BLK(ln2b), "ln_2.bias", 1, C, 0, -1, 1, INIT_ZERO);
-        reg_add(&rb, l, BLK(fcw), "mlp.c_fc.weight", 2, C, 4 * C, 1, 1, INIT_NORMAL);
-        reg_add(&rb, l, BLK(fcb), "mlp.c_fc.bias", 1, 4 * C, 0, 0, 1, INIT_ZERO);
-        reg_add(&rb, l, BLK(fcprojw), "mlp.c_proj.weight", 2, 4 * C, C, 0, 1, INIT_RESID);
-        reg_add(&rb, l, BLK(fcprojb), "mlp.c_proj.bias", 1, C, 0, -1, 1, INIT_ZERO);
+        if (model_is_moe(d, l)) { /* the experts come last (expert_rows) */
+            reg_add(&rb, l, BLK(mrw), "mlp.router.weight", 2, C, d->E + d->Nn, -1, 1, INIT_NORMAL);
+        } else {
+            reg_add(&rb, l, BLK(fcw), "mlp.c_fc.weight", 2, C, 4 * C, 1, 1, INIT_NORMAL);
+            reg_add(&rb, l, BLK(fcb), "mlp.c_fc.bias", 1, 4 * C, 0, 0, 1, INIT_ZERO);
+            reg_add(&rb, l, BLK(fcprojw), "mlp.c_proj.weight", 2, 4 * C, C, 0, 1, INIT_RESID);
+            reg_add(&rb, l, BLK(fcprojb), "mlp.c_proj.bias", 1, C, 0, -1, 1, INIT_ZERO);
+        }
         if (!model_is_routed(d, l)) continue;
         /* router and predictor are replicated across tp: routing is local */
         reg_add(&rb, l, BLK(rw), "router.weight", 1, C, 0, -1, 1, INIT_NORMAL);
@@ -181,6 +244,9 @@ static void build_registry(Model *m, int measure) {
         reg_add(&rb, -1, TOP(lnfw), "ln_f.weight", 1, C, 0, -1, 1, INIT_ONE);
         reg_add(&rb, -1, TOP(lnfb), "ln_f.bias", 1, C, 0, -1, 1, INIT_ZERO);
     }
+    const size_t shared = m->nparams;
+    expert_rows(&rb);
+    m->expert_floats = m->nparams - shared;
 #undef TOP
 #undef BLK
 }
@@ -188,7 +254,9 @@ static void build_registry(Model *m, int measure) {
 void model_point(const Model *m, ParamPtrs *pp, float *base) {
     for (int i = 0; i < m->nreg; i++) {
         const ParamInfo *p = &m->reg[i];
-        char *owner = p->layer < 0 ? (char *)pp : (char *)&pp->h[p->layer];
+        char *owner = p->layer < 0     ? (char *)pp
+                      : p->expert >= 0 ? (char *)&pp->h[p->layer].ex[p->expert - m->d.e0]
+                                       : (char *)&pp->h[p->layer];
         *(float **)(owner + p->slot) = base + p->offset;
     }
 }
@@ -234,9 +302,25 @@ typedef enum {
     SZ_OFF,  /* B+1: sequence offsets */
     SZ_NVL,  /* B*T*Vl: this rank's logits */
     SZ_3N,   /* 3*B*T: per-row max, sum and target logit of the loss */
-    SZ_2NH   /* 2*B*T*H: the predictor's hidden gradients (one H when no predictor) */
+    SZ_2NH,  /* 2*B*T*H: the predictor's hidden gradients (one H when no predictor) */
+    SZ_NET,  /* B*T*(E+Nn): the experts' router probabilities */
+    SZ_NK,   /* B*T*k: expert slots */
+    SZ_NKC,  /* B*T*k*C: rows sent to experts */
+    SZ_RC,   /* R*C: rows received by this rank's experts, R = B*T*k*ep */
+    SZ_RFL,  /* R*Fel: their hidden rows */
+    SZ_MCNT  /* 2E + El + 1: the all-to-all's counts */
 } SizeKind;
-typedef enum { IN_ANY, IN_ROUTED, IN_PREDICTOR, IN_LAST_STAGE } Where;
+typedef enum {
+    IN_ANY,
+    IN_ROUTED,
+    IN_PREDICTOR,
+    IN_LAST_STAGE,
+    IN_DENSE_MLP, /* a block with the dense MLP */
+    IN_MOE,       /* an MoE block */
+    IN_MOE_EP,    /* an MoE block under ep > 1 */
+    IN_ANY_MOE,   /* the model has MoE blocks (scratch) */
+    IN_ANY_MOE_EP /* ... under ep > 1 */
+} Where;
 typedef struct {
     size_t field; /* offset of the pointer in its struct */
     size_t elem;  /* bytes per element */
@@ -257,8 +341,8 @@ static const ActRow block_rows[] = {
     {BA(ln2), F, SZ_NC, IN_ANY},
     {BA(ln2_mean), F, SZ_N, IN_ANY},
     {BA(ln2_rstd), F, SZ_N, IN_ANY},
-    {BA(fch), F, SZ_NFL, IN_ANY},
-    {BA(fch_gelu), F, SZ_NFL, IN_ANY},
+    {BA(fch), F, SZ_NFL, IN_DENSE_MLP},
+    {BA(fch_gelu), F, SZ_NFL, IN_DENSE_MLP},
     {BA(res3), F, SZ_NC, IN_ANY},
     {BA(r), F, SZ_N, IN_ROUTED},
     {BA(topk), 1, SZ_N, IN_ROUTED},
@@ -271,6 +355,16 @@ static const ActRow block_rows[] = {
     {BA(plogit), F, SZ_N, IN_PREDICTOR},
     {BA(ph), F, SZ_NH, IN_PREDICTOR},
     {BA(phg), F, SZ_NH, IN_PREDICTOR},
+    {BA(mp), F, SZ_NET, IN_MOE},
+    {BA(mch), sizeof(int), SZ_NK, IN_MOE},
+    {BA(mslot), sizeof(int), SZ_NK, IN_MOE},
+    {BA(mcnt), sizeof(int), SZ_MCNT, IN_MOE},
+    {BA(mxs), F, SZ_NKC, IN_MOE},
+    {BA(mys), F, SZ_NKC, IN_MOE},
+    {BA(mxr), F, SZ_RC, IN_MOE_EP},
+    {BA(myr), F, SZ_RC, IN_MOE_EP},
+    {BA(mh), F, SZ_RFL, IN_MOE},
+    {BA(mhg), F, SZ_RFL, IN_MOE},
 };
 #define AS(f) offsetof(ActSet, f)
 static const ActRow set_rows[] = {
@@ -291,6 +385,9 @@ static const ActRow scratch_rows[] = {
     {SC(dfch), F, SZ_NFL, IN_ANY},   {SC(dfchg), F, SZ_NFL, IN_ANY},
     {SC(rowbuf), F, SZ_3N, IN_ANY},  {SC(dr), F, SZ_N, IN_ANY},
     {SC(dph), F, SZ_2NH, IN_ANY},    {SC(off_dense), sizeof(int), SZ_OFF, IN_ANY},
+    {SC(mdys), F, SZ_NKC, IN_ANY_MOE}, {SC(mdyr), F, SZ_RC, IN_ANY_MOE_EP},
+    {SC(mdxr), F, SZ_RC, IN_ANY_MOE},  {SC(mdh), F, SZ_RFL, IN_ANY_MOE},
+    {SC(mdhg), F, SZ_RFL, IN_ANY_MOE}, {SC(mdp), F, SZ_NET, IN_ANY_MOE},
 };
 #undef F
 #undef BA
@@ -317,6 +414,12 @@ static size_t size_of(const Model *m, SizeKind k) {
     case SZ_3N: return sat_mul(3, N);
     case SZ_2NH:
         return sat_mul(2 * N, (size_t)(d->predictor ? d->H : 1)); /* dL/d(hidden), dL/d(gelu) */
+    case SZ_NET: return sat_mul(N, (size_t)(d->E + d->Nn));
+    case SZ_NK: return sat_mul(N, (size_t)d->ek);
+    case SZ_NKC: return sat_mul(sat_mul(N, (size_t)d->ek), C);
+    case SZ_RC: return sat_mul(sat_mul(sat_mul(N, (size_t)d->ek), (size_t)d->ep), C);
+    case SZ_RFL: return sat_mul(sat_mul(sat_mul(N, (size_t)d->ek), (size_t)d->ep), (size_t)d->Fel);
+    case SZ_MCNT: return 2 * (size_t)d->E + (size_t)d->El + 1;
     }
     return 0;
 }
@@ -327,6 +430,11 @@ static int row_exists(const Model *m, Where w, int l) {
     case IN_ROUTED: return model_is_routed(&m->d, l);
     case IN_PREDICTOR: return model_is_routed(&m->d, l) && m->d.predictor;
     case IN_LAST_STAGE: return model_last_stage(&m->d);
+    case IN_DENSE_MLP: return !model_is_moe(&m->d, l);
+    case IN_MOE: return model_is_moe(&m->d, l);
+    case IN_MOE_EP: return model_is_moe(&m->d, l) && m->d.ep > 1;
+    case IN_ANY_MOE: return m->d.E > 0;
+    case IN_ANY_MOE_EP: return m->d.E > 0 && m->d.ep > 1;
     }
     return 0;
 }
@@ -383,20 +491,23 @@ static size_t stage_floats(const ModelDims *d, int first, int last, int l0, int 
     return m.nparams;
 }
 
+static int block_kind(const ModelDims *d, int l) {
+    return model_is_routed(d, l) + 2 * model_is_moe(d, l);
+}
+
 void model_units(const ModelDims *d, int maxB, ModelUnits *u) {
     memset(u, 0, sizeof *u);
     for (int first = 0; first < 2; first++)
         for (int last = 0; last < 2; last++)
             u->top_floats[first][last] = stage_floats(d, first, last, 0, 0);
-    /* block 0 is dense unless every block is routed; block route_every - 1 is routed */
-    const int dense = model_is_routed(d, 0) ? -1 : 0, routed = d->route_every - 1;
     Model m;
     memset(&m, 0, sizeof m);
     m.d = *d;
     m.maxB = maxB;
-    for (int k = 0; k < 2; k++) {
-        const int l = k ? routed : dense;
-        if (l < 0) continue;
+    for (int k = 0; k < 4; k++) { /* the first block of each kind */
+        int l = 0;
+        while (l < d->L && block_kind(d, l) != k) l++;
+        if (l == d->L) continue;
         u->block_floats[k] = stage_floats(d, 0, 0, l, l + 1);
         u->block_acts[k] = lay_out(&m, block_rows, NROWS(block_rows), l, NULL, NULL, 0);
     }
@@ -411,14 +522,20 @@ void model_units(const ModelDims *d, int maxB, ModelUnits *u) {
 
 void model_memory_units(const ModelUnits *u, const ModelDims *d, int slots, int optimizer,
                         ModelMemory *mm) {
-    const size_t n = (size_t)(d->l1 - d->l0);
-    const size_t routed = (size_t)model_stage_routed(d);
-    const size_t nparams = u->top_floats[model_first_stage(d)][model_last_stage(d)] +
-                           (n - routed) * u->block_floats[0] + routed * u->block_floats[1];
+    size_t kinds[4] = {0, 0, 0, 0};
+    if (d->E == 0) { /* in a few operations: the planner measures thousands of stages */
+        kinds[1] = (size_t)model_stage_routed(d);
+        kinds[0] = (size_t)(d->l1 - d->l0) - kinds[1];
+    } else {
+        for (int l = d->l0; l < d->l1; l++) kinds[block_kind(d, l)]++;
+    }
+    size_t nparams = u->top_floats[model_first_stage(d)][model_last_stage(d)];
+    size_t set = u->set_bytes[model_last_stage(d)];
+    for (int k = 0; k < 4; k++) {
+        nparams = sat_add(nparams, sat_mul(kinds[k], u->block_floats[k]));
+        set = sat_add(set, sat_mul(kinds[k], u->block_acts[k]));
+    }
     const size_t param_bytes = sat_mul(nparams, sizeof(float));
-    const size_t set =
-        sat_add(u->set_bytes[model_last_stage(d)],
-                sat_add(sat_mul(n - routed, u->block_acts[0]), sat_mul(routed, u->block_acts[1])));
     memset(mm, 0, sizeof *mm);
     mm->params = param_bytes;
     mm->grads = param_bytes;
@@ -487,10 +604,18 @@ void model_init(Model *m, const ModelDims *d, int maxB, const TpGroup *tp) {
     m->grads = xcalloc(m->nparams, sizeof(float));
     m->P.h = xcalloc((size_t)d->L, sizeof(BlockParams));
     m->G.h = xcalloc((size_t)d->L, sizeof(BlockParams));
+    for (int l = d->l0; l < d->l1; l++)
+        if (model_is_moe(d, l)) {
+            m->P.h[l].ex = xcalloc((size_t)d->El, sizeof(ExpertParams));
+            m->G.h[l].ex = xcalloc((size_t)d->El, sizeof(ExpertParams));
+        }
     model_point(m, &m->P, m->params);
     model_point(m, &m->G, m->grads);
     m->predictor_on = 1;
     m->stats.processed = xcalloc((size_t)d->L, sizeof(long long));
+    m->stats.moe = xcalloc((size_t)d->L * (d->E + d->Nn + 2), sizeof(long long));
+    m->stats.expert_rows = xcalloc((size_t)d->L * d->El + 1, sizeof(long long));
+    m->ep = (EpGroup){MPI_COMM_NULL, 1, 0};
     m->maxB = maxB;
     m->pp_comm = MPI_COMM_NULL;
     model_set_slots(m, 1);
@@ -500,8 +625,12 @@ void model_init(Model *m, const ModelDims *d, int maxB, const TpGroup *tp) {
 
 void model_free(Model *m) {
     for (int k = 0; k < m->nslots; k++) free(m->slots[k].mem);
-    void *bufs[] = {m->params, m->grads, m->s.mem, m->slots,
-                    m->P.h,    m->G.h,   m->reg,   m->stats.processed};
+    for (int l = 0; m->P.h && l < m->d.L; l++) {
+        free(m->P.h[l].ex);
+        free(m->G.h[l].ex);
+    }
+    void *bufs[] = {m->params, m->grads,  m->s.mem,           m->slots,        m->P.h,
+                    m->G.h,    m->reg,    m->stats.processed, m->stats.moe,    m->stats.expert_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     memset(m, 0, sizeof *m);
 }
@@ -531,38 +660,55 @@ void model_init_weights(Model *m, uint64_t seed) {
 void model_zero_grad(Model *m) { memset(m->grads, 0, m->nparams * sizeof(float)); }
 
 void model_stats_reset(Model *m) {
-    long long *p = m->stats.processed;
-    memset(p, 0, (size_t)m->d.L * sizeof(long long));
+    const ModelDims *d = &m->d;
+    RouteStats keep = m->stats;
+    memset(keep.processed, 0, (size_t)d->L * sizeof(long long));
+    memset(keep.moe, 0, (size_t)d->L * (d->E + d->Nn + 2) * sizeof(long long));
+    memset(keep.expert_rows, 0, ((size_t)d->L * d->El + 1) * sizeof(long long));
     memset(&m->stats, 0, sizeof m->stats);
-    m->stats.processed = p;
+    m->stats.processed = keep.processed;
+    m->stats.moe = keep.moe;
+    m->stats.expert_rows = keep.expert_rows;
 }
 
-void route_stats_to_vec(const RouteStats *st, int L, double *v) {
+int route_stats_len(const ModelDims *d) {
+    return ROUTE_STATS_FIXED + d->L + d->L * (d->E > 0 ? d->E + d->Nn + 2 : 0);
+}
+
+void route_stats_to_vec(const RouteStats *st, const ModelDims *d, double *v) {
     v[0] = st->aux_sum, v[1] = st->pred_sum, v[2] = (double)st->decisions;
     v[3] = (double)st->agree, v[4] = (double)st->tokens;
-    for (int l = 0; l < L; l++) v[ROUTE_STATS_FIXED + l] = (double)st->processed[l];
+    v[5] = st->moe_aux_sum, v[6] = (double)st->moe_forwards;
+    for (int l = 0; l < d->L; l++) v[ROUTE_STATS_FIXED + l] = (double)st->processed[l];
+    const int n = d->E > 0 ? d->L * (d->E + d->Nn + 2) : 0;
+    for (int i = 0; i < n; i++) v[ROUTE_STATS_FIXED + d->L + i] = (double)st->moe[i];
 }
 
-void route_stats_from_vec(RouteStats *st, int L, const double *v) {
+void route_stats_from_vec(RouteStats *st, const ModelDims *d, const double *v) {
     st->aux_sum = v[0], st->pred_sum = v[1], st->decisions = (long long)v[2];
     st->agree = (long long)v[3], st->tokens = (long long)v[4];
-    for (int l = 0; l < L; l++) st->processed[l] = (long long)v[ROUTE_STATS_FIXED + l];
+    st->moe_aux_sum = v[5], st->moe_forwards = (long long)v[6];
+    for (int l = 0; l < d->L; l++) st->processed[l] = (long long)v[ROUTE_STATS_FIXED + l];
+    const int n = d->E > 0 ? d->L * (d->E + d->Nn + 2) : 0;
+    for (int i = 0; i < n; i++) st->moe[i] = (long long)v[ROUTE_STATS_FIXED + d->L + i];
 }
 
-void model_grad_sumsq(const Model *m, double *split, double *replicated) {
+void model_grad_sumsq(const Model *m, double split[2], double replicated[2]) {
     /* the last stage's copy of the tied wte is counted on the first */
     const int tied_elsewhere = m->d.pp > 1 && !model_first_stage(&m->d);
-    double s[2] = {0, 0}; /* replicated, split: a fixed order of sums */
+    double s[2][2] = {{0, 0}, {0, 0}}; /* [expert][split]: a fixed order of sums */
     for (int i = 0; i < m->nreg; i++) {
         const ParamInfo *p = &m->reg[i];
         if (tied_elsewhere && p->tied) continue;
         const float *g = m->grads + p->offset;
         double t = 0;
         for (size_t j = 0; j < p->numel; j++) t += (double)g[j] * g[j];
-        s[p->split_dim >= 0] += t;
+        s[p->expert >= 0][p->split_dim >= 0] += t;
     }
-    *replicated = s[0];
-    *split = s[1];
+    for (int e = 0; e < 2; e++) {
+        replicated[e] = s[e][0];
+        split[e] = s[e][1];
+    }
 }
 
 size_t model_num_params(const Model *m) {
@@ -575,145 +721,29 @@ size_t model_num_params(const Model *m) {
 }
 
 double model_flops_per_token(const ModelDims *d, int T, const double *frac) {
+    return model_flops_per_token_moe(d, T, frac, NULL);
+}
+
+double model_flops_per_token_moe(const ModelDims *d, int T, const double *frac,
+                                 const double *slots) {
     /* 6 FLOPs per matmul weight per token (forward 2, backward 4), plus the
      * attention products (q@k^T and p@v, 4TC forward, 8TC backward, over the
      * whole causal square as is customary). A routed block does that work
      * for the fraction of tokens it processes, over a sequence of as many;
-     * its router (and predictor) run on every token. */
+     * its router (and predictor) run on every token. An MoE block's MLP
+     * costs one expert (2 C Fe weights) per slot kept, and its router
+     * C (E + Nn) on every token it processes. */
     double C = d->C, flops = 6.0 * d->V * C;
     for (int l = 0; l < d->L; l++) {
         double f = frac ? frac[l] : 1.0;
-        flops += f * (6.0 * 12.0 * C * C + 12.0 * (f * T) * C);
+        double mlp = 8.0 * C * C;
+        if (model_is_moe(d, l))
+            mlp = (slots ? slots[l] : d->ek) * 2.0 * C * d->Fe + C * (d->E + d->Nn);
+        flops += f * (6.0 * (4.0 * C * C + mlp) + 12.0 * (f * T) * C);
         if (frac && model_is_routed(d, l))
             flops += 6.0 * C + (d->predictor ? 6.0 * (C * d->H + d->H) : 0.0);
     }
     return flops;
-}
-
-/* ---------------------------------------------------------------- routing */
-
-static float gate_value(RouterGate gate, float r) {
-    return gate == GATE_SIGMOID ? 1.f / (1.f + expf(-r)) : r;
-}
-static float gate_grad(RouterGate gate, float r) {
-    if (gate != GATE_SIGMOID) return 1.f;
-    float s = 1.f / (1.f + expf(-r));
-    return s * (1.f - s);
-}
-
-/* The causal decision of a token: the predictor's logit, or the router's
- * own, above zero. */
-static int causal_decision(const ModelDims *d, float r, float plogit) {
-    return d->predictor ? plogit > 0.f : r > 0.f;
-}
-
-float model_gate(const ModelDims *d, float r) { return gate_value(d->gate, r); }
-
-int model_causal(const ModelDims *d, float r, float plogit) {
-    return causal_decision(d, r, plogit);
-}
-
-/* BCE of a logit z against a 0/1 target, in a form that never overflows. */
-static double bce_logit(float z, int target) {
-    return (z > 0 ? z : 0) - (double)z * target + log1p(exp(-fabs((double)z)));
-}
-
-typedef struct {
-    float r;
-    int t;
-} Score;
-
-/* Larger score first; ties to the lower position. */
-static int score_cmp(const void *a, const void *b) {
-    const Score *x = a, *y = b;
-    if (x->r != y->r) return x->r > y->r ? -1 : 1;
-    return x->t - y->t;
-}
-
-static void topk_mark(unsigned char *member, const float *r, int T, int k, Score *buf) {
-    for (int t = 0; t < T; t++) buf[t] = (Score){r[t], t};
-    qsort(buf, (size_t)T, sizeof(Score), score_cmp);
-    memset(member, 0, (size_t)T);
-    for (int i = 0; i < k && i < T; i++) member[buf[i].t] = 1;
-}
-
-void model_topk(unsigned char *member, const float *r, int T, int k) {
-    Score *buf = xmalloc((size_t)T * sizeof(Score));
-    topk_mark(member, r, T, k, buf);
-    free(buf);
-}
-
-/* Router logits r (and the predictor's) of block l for N rows of x, into
- * the block's activations. The predictor reads x but never sends gradient
- * into it. */
-static void router_forward(Model *m, int l, const float *x, int N) {
-    const ModelDims *d = &m->d;
-    const BlockParams *p = &m->P.h[l];
-    BlockActs *A = &m->cur->acts[l];
-    const int C = d->C;
-    mm(0, 0, N, 1, C, 1.f, x, C, p->rw, 1, 0.f, A->r, 1);
-    for (int i = 0; i < N; i++) A->r[i] += p->rb[0];
-    if (!d->predictor) return;
-    linear_forward(A->ph, x, p->pw1, p->pb1, N, C, d->H);
-    gelu_forward(A->phg, A->ph, (size_t)N * d->H);
-    mm(0, 0, N, 1, d->H, 1.f, A->phg, d->H, p->pw2, 1, 0.f, A->plogit, 1);
-    for (int i = 0; i < N; i++) A->plogit[i] += p->pb2[0];
-}
-
-/* With debug checks: every tp rank routes from the same replicated stream,
- * so the chosen positions must agree bit for bit. Returns 0, or -1 with the
- * model faulted (on every rank of the tp group alike). */
-static int routing_agrees(Model *m, int l, const BlockActs *a, int K) {
-    uint64_t h = 1469598103934665603ULL;
-    for (int i = 0; i < K; i++) h = (h ^ (uint64_t)a->sel[i]) * 1099511628211ULL;
-    h = (h ^ (uint64_t)K) * 1099511628211ULL;
-    if (tp_agree_u64(h, &m->tp)) return 0;
-    m->faulted = 1;
-    return err_set(&m->fault,
-                   "routing: tensor-parallel ranks chose different tokens in block %d (rank %d of "
-                   "its tp group)",
-                   l, m->tp.rank);
-}
-
-/* Chooses the tokens routed block l processes, fills sel/off/gate, and
- * accumulates the BCE losses and the agreement of the causal decision with
- * top-k membership. Returns 0, or -1 when the debug check faulted. */
-static int route_select(Model *m, int l, int B, int T) {
-    const ModelDims *d = &m->d;
-    BlockActs *a = &m->cur->acts[l];
-    const int k = model_capacity_k(d, T);
-    Score *buf = xmalloc((size_t)T * sizeof(Score));
-    double aux = 0, pred = 0;
-    long long agree = 0;
-    int K = 0;
-    a->off[0] = 0;
-    for (int b = 0; b < B; b++) {
-        const float *r = a->r + (size_t)b * T;
-        const float *z = d->predictor ? a->plogit + (size_t)b * T : NULL;
-        unsigned char *tk = a->topk + (size_t)b * T;
-        topk_mark(tk, r, T, k, buf);
-        for (int t = 0; t < T; t++) {
-            int causal = causal_decision(d, r[t], z ? z[t] : 0.f);
-            agree += causal == tk[t];
-            aux += bce_logit(r[t], tk[t]);
-            if (z) pred += bce_logit(z[t], tk[t]);
-            if (m->route == ROUTE_TOPK ? tk[t] : causal) {
-                a->sel[K] = b * T + t;
-                a->gate[K] = gate_value(d->gate, r[t]);
-                K++;
-            }
-        }
-        a->off[b + 1] = K;
-    }
-    free(buf);
-    if (m->check_routing && routing_agrees(m, l, a, K) != 0) return -1;
-    m->stats.aux_sum += aux;
-    m->stats.pred_sum += pred;
-    m->stats.agree += agree;
-    m->stats.decisions += (long long)B * T;
-    m->cur->aux_loss += (float)aux;
-    m->cur->pred_loss += (float)pred;
-    return 0;
 }
 
 /* ---------------------------------------------------------- forward/backward */
@@ -763,21 +793,13 @@ static float crossentropy_forward(Model *m, int N) {
     return (float)(total / N);
 }
 
-/* Decoding's view of a block's attention: one new token against the
- * block's KV cache instead of whole sequences. */
-typedef struct {
-    float *k, *v; /* (maxT, Cl) keys and values of the tokens cached */
-    int *len;     /* tokens cached; the new one is appended */
-    float *p;     /* (maxT) scratch */
-} KvCache;
-
 /* Block l's two branches on N rows x (B sequences, rows off[b]..off[b+1];
  * or, with kv, one token attending to its cache): a = attention branch
  * (projected, all-reduced, biased), mo = MLP branch, with res2 = x + a
  * inside. Internals stay in the current set's acts[l] for backward. The one
  * block implementation: training, evaluation and decoding all run it. */
-static void block_branches_forward(Model *m, int l, const float *x, int N, int B, const int *off,
-                                   const KvCache *kv, float *a, float *mo) {
+void block_branches_forward(Model *m, int l, const float *x, int N, int B, const int *off,
+                            const KvCache *kv, float *a, float *mo) {
     const ModelDims *d = &m->d;
     const BlockParams *p = &m->P.h[l];
     BlockActs *A = &m->cur->acts[l];
@@ -797,40 +819,21 @@ static void block_branches_forward(Model *m, int l, const float *x, int N, int B
     bias_add(a, p->attprojb, N, C);
     residual_forward(A->res2, x, a, (size_t)N * C);
     layernorm_forward(A->ln2, A->ln2_mean, A->ln2_rstd, A->res2, p->ln2w, p->ln2b, N, C);
-    linear_forward(A->fch, A->ln2, p->fcw, p->fcb, N, C, d->Fl);
-    gelu_forward(A->fch_gelu, A->fch, (size_t)N * d->Fl);
-    linear_forward(mo, A->fch_gelu, p->fcprojw, NULL, N, d->Fl, C);
-    tp_allreduce_sum(mo, (size_t)N * C, &m->tp);
-    bias_add(mo, p->fcprojb, N, C);
-}
-
-/* A routed block's output row: y += g*a + g*mo, computed as (y + g*a) + g*mo
- * so that capacity 1 with g = 1 reproduces a dense block bit for bit. */
-static inline void gated_add(float *y, const float *a, const float *mo, float g, int C) {
-    for (int c = 0; c < C; c++) {
-        float h = y[c] + g * a[c];
-        y[c] = h + g * mo[c];
-    }
+    mlp_forward(m, l, A->ln2, N, mo, kv == NULL);
 }
 
 /* Backward of the branches: dres holds dL/d(res2 + mo) on entry (the
  * gradient reaching the MLP branch and the residual) and dL/dx on exit. */
-static void block_branches_backward(Model *m, int l, const float *x, int N, int B, const int *off,
-                                    float *dres) {
+void block_branches_backward(Model *m, int l, const float *x, int N, int B, const int *off,
+                             float *dres) {
     const ModelDims *d = &m->d;
     const BlockParams *p = &m->P.h[l];
     BlockParams *g = &m->G.h[l];
     BlockActs *A = &m->cur->acts[l];
     Scratch *S = &m->s;
     const int C = d->C;
-    const size_t NC = (size_t)N * C, NF = (size_t)N * d->Fl;
-    memset(S->dfchg, 0, NF * sizeof(float));
-    linear_backward(S->dfchg, g->fcprojw, g->fcprojb, dres, A->fch_gelu, p->fcprojw, N, d->Fl, C);
-    memset(S->dfch, 0, NF * sizeof(float));
-    gelu_backward(S->dfch, A->fch, S->dfchg, NF);
-    memset(S->dln, 0, NC * sizeof(float));
-    linear_backward(S->dln, g->fcw, g->fcb, S->dfch, A->ln2, p->fcw, N, C, d->Fl);
-    tp_allreduce_sum(S->dln, NC, &m->tp);
+    const size_t NC = (size_t)N * C;
+    mlp_backward(m, l, A->ln2, N, dres, S->dln, m->moe_scale);
     layernorm_backward(dres, g->ln2w, g->ln2b, S->dln, A->res2, p->ln2w, A->ln2_mean, A->ln2_rstd,
                        N, C);
     memset(S->datty, 0, (size_t)N * d->Cl * sizeof(float));
@@ -842,100 +845,6 @@ static void block_branches_backward(Model *m, int l, const float *x, int N, int 
     layernorm_backward(dres, g->ln1w, g->ln1b, S->dln, x, p->ln1w, A->ln1_mean, A->ln1_rstd, N, C);
 }
 
-/* Routed block l on x(B,T,C): router (and predictor) on every token, the
- * branches on the chosen K tokens only, y = x + g(r) * (a + mo) on those and
- * y = x elsewhere. Returns 0, or -1 when the debug routing check faulted. */
-static int routed_forward(Model *m, int l, const float *x, float *y, int B, int T) {
-    BlockActs *A = &m->cur->acts[l];
-    const int N = B * T, C = m->d.C;
-    router_forward(m, l, x, N);
-    if (route_select(m, l, B, T) != 0) return -1;
-    const int K = A->off[B];
-    m->stats.processed[l] += K;
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < K; i++)
-        memcpy(A->xs + (size_t)i * C, x + (size_t)A->sel[i] * C, (size_t)C * sizeof(float));
-    if (K > 0) block_branches_forward(m, l, A->xs, K, B, A->off, NULL, A->a, A->mo);
-    memcpy(y, x, (size_t)N * C * sizeof(float));
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < K; i++)
-        gated_add(y + (size_t)A->sel[i] * C, A->a + (size_t)i * C, A->mo + (size_t)i * C,
-                  A->gate[i], C);
-    return 0;
-}
-
-/* The gradients of the router's BCE (aux_loss) and the predictor's own BCE
- * for routed block l; m->s.dr holds the gate's gradient on entry and is
- * spent on exit. dres gets the router's share of dL/dx. */
-static void router_backward(Model *m, int l, const float *x, float *dres, int N, float aux_scale,
-                            float pred_scale) {
-    const ModelDims *d = &m->d;
-    const BlockParams *p = &m->P.h[l];
-    BlockParams *g = &m->G.h[l];
-    const BlockActs *A = &m->cur->acts[l];
-    Scratch *S = &m->s;
-    const int C = d->C;
-    /* the router's BCE toward top-k membership (causal_router = aux_loss) */
-    if (!d->predictor && aux_scale != 0.f)
-        for (int t = 0; t < N; t++)
-            S->dr[t] += aux_scale * (1.f / (1.f + expf(-A->r[t])) - (float)A->topk[t]);
-    /* router: r = x . w + b */
-    mm(1, 0, C, 1, N, 1.f, x, C, S->dr, 1, 1.f, g->rw, 1);
-    double db = 0;
-    for (int t = 0; t < N; t++) db += S->dr[t];
-    g->rb[0] += (float)db;
-    mm(0, 0, N, C, 1, 1.f, S->dr, 1, p->rw, C, 1.f, dres, C);
-    if (!d->predictor || !m->predictor_on) return;
-    /* predictor: its own BCE, into its own weights only */
-    float *dl = S->dr; /* reused: the router's gradient is spent */
-    for (int t = 0; t < N; t++)
-        dl[t] = pred_scale * (1.f / (1.f + expf(-A->plogit[t])) - (float)A->topk[t]);
-    mm(1, 0, d->H, 1, N, 1.f, A->phg, d->H, dl, 1, 1.f, g->pw2, 1);
-    double db2 = 0;
-    for (int t = 0; t < N; t++) db2 += dl[t];
-    g->pb2[0] += (float)db2;
-    memset(S->dph, 0, (size_t)N * d->H * sizeof(float));
-    float *dphg = S->dph + (size_t)N * d->H;
-    mm(0, 0, N, d->H, 1, 1.f, dl, 1, p->pw2, 1, 0.f, dphg, d->H);
-    gelu_backward(S->dph, A->ph, dphg, (size_t)N * d->H);
-    linear_backward(NULL, g->pw1, g->pb1, S->dph, x, p->pw1, N, C, d->H);
-}
-
-/* Backward of routed_forward: dres holds dL/dy on entry, dL/dx on exit. */
-static void routed_backward(Model *m, int l, const float *x, float *dres, int B, int T,
-                            float aux_scale, float pred_scale) {
-    const ModelDims *d = &m->d;
-    const BlockActs *A = &m->cur->acts[l];
-    Scratch *S = &m->s;
-    const int N = B * T, C = d->C, K = A->off[B];
-    float *ds = S->scratch; /* (K,C) gradient of the gathered rows */
-    /* gate: dL/dr = g'(r) * <dy, a + mo>; the branches see g * dy */
-    memset(S->dr, 0, (size_t)N * sizeof(float));
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < K; i++) {
-        int t = A->sel[i];
-        const float *dy = dres + (size_t)t * C;
-        const float *ar = A->a + (size_t)i * C, *mr = A->mo + (size_t)i * C;
-        float *dsr = ds + (size_t)i * C, dot = 0.f, gi = A->gate[i];
-        for (int c = 0; c < C; c++) {
-            dot += dy[c] * (ar[c] + mr[c]);
-            dsr[c] = gi * dy[c];
-        }
-        S->dr[t] = dot * gate_grad(d->gate, A->r[t]);
-    }
-    if (K > 0) {
-        block_branches_backward(m, l, A->xs, K, B, A->off, ds);
-        /* ds now includes the residual's g * dy; the gathered rows' own
-         * gradient is the rest */
-#pragma omp parallel for schedule(static)
-        for (int i = 0; i < K; i++) {
-            float *dy = dres + (size_t)A->sel[i] * C;
-            const float *dsr = ds + (size_t)i * C, gi = A->gate[i];
-            for (int c = 0; c < C; c++) dy[c] += dsr[c] - gi * dy[c];
-        }
-    }
-    router_backward(m, l, x, dres, N, aux_scale, pred_scale);
-}
 
 /* The first stage's input: token and position embeddings of the set's
  * inputs, into its enc. */
@@ -950,7 +859,7 @@ static void embed_stage_input(Model *m, int B, int T) {
 
 /* The last stage's head on the residual stream x: ln_f, then the tied head
  * logits(N,Vl) = lnf(N,C) @ wte(Vl,C)^T. */
-static void head_forward(Model *m, const float *x, int N) {
+void head_forward(Model *m, const float *x, int N) {
     const ModelDims *d = &m->d;
     ActSet *S = m->cur;
     layernorm_forward(S->lnf, S->lnf_mean, S->lnf_rstd, x, m->P.lnfw, m->P.lnfb, N, d->C);
@@ -965,7 +874,7 @@ float model_forward(Model *m, const int *inputs, const int *targets, int B, int 
     const int N = B * T, C = d->C;
     S->B = B;
     S->T = T;
-    S->aux_loss = S->pred_loss = 0.f;
+    S->aux_loss = S->pred_loss = S->moe_aux = 0.f;
     memcpy(S->inputs, inputs, (size_t)N * sizeof(int));
     if (targets) memcpy(S->targets, targets, (size_t)N * sizeof(int));
     for (int b = 0; b <= B; b++) m->s.off_dense[b] = b * T;
@@ -1028,6 +937,10 @@ void model_backward(Model *m, float dloss, float aux_weight) {
     for (int l = 0; l < d->L; l++) routed += model_is_routed(d, l);
     const float aux_scale = routed ? aux_weight * dloss / routed : 0.f;
     const float pred_scale = routed ? dloss / routed : 0.f;
+    /* each MoE block's load-balancing loss, weighted by the micro-batch's
+     * tokens (as the LM loss is) and averaged over the MoE blocks */
+    const int moe = model_moe_blocks(d);
+    m->moe_scale = moe ? m->moe_aux_weight * dloss * (float)N / moe : 0.f;
 
     /* earlier stages: the caller put the next stage's input gradient in dres */
     if (model_last_stage(d)) head_backward(m, dloss, N);
@@ -1047,67 +960,3 @@ float *model_stage_output(const Model *m) {
     return m->d.l1 > m->d.l0 ? m->cur->acts[m->d.l1 - 1].res3 : m->cur->enc;
 }
 
-/* --------------------------------------------------------------- decoding */
-
-void decode_init(DecodeState *s, const Model *m) {
-    const ModelDims *d = &m->d;
-    memset(s, 0, sizeof *s);
-    s->k = xcalloc((size_t)d->L, sizeof(float *));
-    s->v = xcalloc((size_t)d->L, sizeof(float *));
-    for (int l = 0; l < d->L; l++) {
-        s->k[l] = xcalloc((size_t)d->maxT * d->Cl, sizeof(float));
-        s->v[l] = xcalloc((size_t)d->maxT * d->Cl, sizeof(float));
-    }
-    s->len = xcalloc((size_t)d->L, sizeof(int));
-    s->processed = xcalloc((size_t)d->L, sizeof(long long));
-    s->x = xcalloc((size_t)d->C, sizeof(float));
-    s->att = xcalloc((size_t)d->maxT, sizeof(float));
-}
-
-void decode_free(DecodeState *s, const Model *m) {
-    for (int l = 0; l < m->d.L; l++) {
-        free(s->k[l]);
-        free(s->v[l]);
-    }
-    void *bufs[] = {s->k, s->v, s->len, s->processed, s->x, s->att};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
-    memset(s, 0, sizeof *s);
-}
-
-void decode_reset(DecodeState *s, const Model *m) {
-    memset(s->len, 0, (size_t)m->d.L * sizeof(int));
-}
-
-const float *decode_step(Model *m, DecodeState *s, int tok, int pos) {
-    const ModelDims *d = &m->d;
-    const int C = d->C;
-    float *x = s->x, *a = m->s.scratch, *mo = m->s.scratch2;
-    if (model_first_stage(d)) {
-        embed_forward(x, &tok, m->P.wte, d->v0, d->Vl, 1, C);
-        tp_allreduce_sum(x, (size_t)C, &m->tp);
-        for (int c = 0; c < C; c++) x[c] += m->P.wpe[(size_t)pos * C + c];
-    } else { /* a pipeline: the token's residual stream from the previous stage */
-        pp_recv_prev(x, (size_t)C, PP_TAG_DECODE, m->pp_comm);
-    }
-    s->steps++;
-    for (int l = d->l0; l < d->l1; l++) {
-        const BlockActs *A = &m->cur->acts[l];
-        const int routed = model_is_routed(d, l);
-        if (routed) {
-            router_forward(m, l, x, 1);
-            /* skipped: costs nothing more, and leaves nothing in the cache */
-            if (!causal_decision(d, A->r[0], d->predictor ? A->plogit[0] : 0.f)) continue;
-        }
-        s->processed[l]++;
-        const KvCache kv = {s->k[l], s->v[l], &s->len[l], s->att};
-        block_branches_forward(m, l, x, 1, 1, NULL, &kv, a, mo);
-        if (routed) gated_add(x, a, mo, gate_value(d->gate, A->r[0]), C);
-        else residual_forward(x, A->res2, mo, (size_t)C);
-    }
-    if (!model_last_stage(d)) {
-        pp_send_next(x, (size_t)C, PP_TAG_DECODE, m->pp_comm);
-        return NULL;
-    }
-    head_forward(m, x, 1);
-    return m->cur->logits;
-}

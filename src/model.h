@@ -5,6 +5,9 @@
  *   B sequences   T positions   C channels   V vocabulary   L blocks
  *   NH heads      hs = C/NH     F = 4C (MLP width)
  *   K tokens a routed block processes (Mixture-of-Depths)   H predictor width
+ *   E experts of an MoE block, Nn no-op experts beside them, k experts a
+ *   token chooses, Fe an expert's width (Fel = Fe/tp local), El = E/ep the
+ *   experts this rank holds (e0 the first)
  *
  * The model is shard-aware: a rank holds its tensor-parallel slice (NHl =
  * NH/tp heads, Fl = F/tp MLP columns, Vl = Vp/tp vocabulary rows starting at
@@ -16,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "mpi/ep.h"
 #include "mpi/tp.h"
 #include "src/base/util.h"
 #include "src/config.h"
@@ -38,6 +42,13 @@ typedef struct {
     /* pipeline stage: this rank holds blocks [l0, l1); the first stage also
      * wte and wpe, the last ln_f and the head (wte again, tied) */
     int pp, pp_rank, l0, l1;
+    /* Mixture-of-Experts: block l's MLP is E experts when E > 0 and
+     * l % moe_every == moe_every - 1 */
+    int E, Nn, ek, Fe, Fel, moe_every;
+    double cf; /* capacity_factor */
+    /* expert parallelism: this rank holds experts [e0, e0 + El) of every
+     * MoE block, its position ep_rank in a group of ep data-parallel ranks */
+    int ep, ep_rank, El, e0;
 } ModelDims;
 
 /* Fills dims from the global shape and this rank's tp position; the model is
@@ -45,13 +56,25 @@ typedef struct {
 void model_dims(ModelDims *d, int V, int maxT, int L, int NH, int C, int tp, int tp_rank);
 void model_dims_mod(ModelDims *d, int route_every, double capacity, RouterGate gate, int predictor,
                     int H);
+/* Adds experts to d (n_expert 0: none). expert_d_ff 0 = 4C. */
+void model_dims_moe(ModelDims *d, int n_expert, int n_noop, int top_k, int expert_d_ff,
+                    double capacity_factor, int moe_every);
+/* Makes d this rank's share of ep expert-parallel ranks (E % ep == 0). */
+void model_dims_ep(ModelDims *d, int ep, int ep_rank);
+/* Whether block l's MLP is a Mixture-of-Experts; how many of the whole
+ * model's blocks are. */
+int model_is_moe(const ModelDims *d, int l);
+int model_moe_blocks(const ModelDims *d);
+/* Rows an expert takes of N in a micro-batch: max(1, floor(cf * N * k / E)). */
+int model_expert_capacity(const ModelDims *d, int N);
 /* Makes d the pipeline stage pp_rank of pp: blocks split as layers[] says
  * (counts per stage, NULL: balanced, the first stages one more when L % pp).
  * Returns 0, or -1 when a stage would hold no block. */
 int model_dims_stage(ModelDims *d, int pp, int pp_rank, const int *layers);
 static inline int model_first_stage(const ModelDims *d) { return d->pp_rank == 0; }
 static inline int model_last_stage(const ModelDims *d) { return d->pp_rank == d->pp - 1; }
-/* Both of the above from a config (its vocab_size must be resolved). */
+/* All of the above but the stage and ep from a config (its vocab_size
+ * must be resolved). */
 void model_dims_config(ModelDims *d, const Config *cfg, int tp, int tp_rank);
 /* Whether block l is routed. */
 int model_is_routed(const ModelDims *d, int l);
@@ -79,6 +102,7 @@ typedef struct {
     int split_dim;  /* dimension split across tp, -1 = replicated */
     int split_blocks; /* c_attn: q, k, v are split separately (3) */
     int layer;      /* block index, -1 outside the blocks */
+    int expert;     /* the expert it belongs to (global index), -1 for none */
     int stage;      /* pipeline stage that owns it */
     InitKind init;
     int decay;      /* AdamW weight decay applies (matrices) */
@@ -91,6 +115,12 @@ typedef struct {
     size_t slot;    /* byte offset of its pointer in ParamPtrs / BlockParams */
 } ParamInfo;
 
+/* One expert's MLP: the dense MLP's shape with Fel columns. */
+typedef struct {
+    float *fcw, *fcb;     /* (C, Fel), (Fel) */
+    float *projw, *projb; /* (Fel, C), (C) */
+} ExpertParams;
+
 typedef struct {
     float *ln1w, *ln1b;         /* (C) */
     float *qkvw, *qkvb;         /* (C, 3Cl), (3Cl) */
@@ -102,6 +132,9 @@ typedef struct {
     float *rw, *rb;             /* router (C), (1) */
     float *pw1, *pb1;           /* predictor (C, H), (H) */
     float *pw2, *pb2;           /* predictor (H, 1), (1) */
+    /* MoE blocks only (no fcw .. fcprojb) */
+    float *mrw;                 /* expert router (C, E + Nn) */
+    ExpertParams *ex;           /* (El) this rank's experts */
 } BlockParams;
 
 typedef struct {
@@ -131,7 +164,22 @@ typedef struct {
     int *off;            /* (B+1) sequence b's tokens are sel[off[b] .. off[b+1]) */
     float *gate;         /* (K) g(r) of the processed tokens */
     float *xs, *a, *mo;  /* (K,C) gathered input, attention and MLP branches */
+    /* MoE blocks only: over the block's rows n (B*T, or K when routed) */
+    float *mp;           /* (n, E+Nn) router probabilities */
+    int *mch;            /* (n, k) chosen experts, best first */
+    int *mslot;          /* (n, k) the choice's row among the rows sent, or
+                          * MOE_DROPPED / MOE_NOOP */
+    int *mcnt;           /* (E) rows sent to each expert, (ep, El) rows
+                          * received from each rank for each local expert,
+                          * (El + 1) offsets of the local experts' rows */
+    float *mxs, *mys;    /* (n*k, C) rows sent to the experts, their outputs */
+    float *mxr, *myr;    /* (R, C) rows received and their outputs (ep > 1;
+                          * the same buffers as mxs and mys at ep 1) */
+    float *mh, *mhg;     /* (R, Fel) the experts' hidden rows before and after GELU */
+    int nrecv;           /* R: rows this rank's experts took */
 } BlockActs;
+
+enum { MOE_DROPPED = -1, MOE_NOOP = -2 };
 
 typedef enum { ROUTE_TOPK = 0, ROUTE_CAUSAL = 1 } RouteMode;
 
@@ -143,6 +191,12 @@ typedef struct {
     long long agree;     /* causal decision == top-k membership */
     long long *processed; /* (L) tokens each block processed */
     long long tokens;     /* tokens each block saw */
+    /* MoE blocks: (L, E + Nn + 2) slots kept per expert (no-ops too), then
+     * dropped, then all slots (rows x k); in forwards on this rank */
+    long long *moe;
+    long long *expert_rows; /* (L, El) rows this rank's experts' GEMMs took */
+    double moe_aux_sum;     /* sum of the load-balancing loss over MoE blocks and forwards */
+    long long moe_forwards; /* MoE blocks x forwards */
 } RouteStats;
 
 /* Everything one micro-batch's forward leaves for its backward. A pipeline
@@ -159,6 +213,7 @@ typedef struct {
     int *inputs, *targets;            /* (B,T) */
     int B, T;                         /* the shape of the last forward */
     float aux_loss, pred_loss;        /* mean BCEs of the last forward */
+    float moe_aux;                    /* mean load-balancing loss over MoE blocks */
 } ActSet;
 
 /* Scratch that backward and decoding share across activation sets. */
@@ -173,15 +228,23 @@ typedef struct {
     float *dr;                    /* (B,T) router gradient */
     float *dph;                   /* (2,B,T,H) predictor hidden gradients */
     int *off_dense;               /* (B+1) sequence offsets of a dense block */
+    /* MoE blocks */
+    float *mdys, *mdyr;           /* (n*k, C), (R, C) gradients of the experts' outputs */
+    float *mdxr;                  /* (R, C) gradients of the experts' input rows */
+    float *mdh, *mdhg;            /* (R, Fel) */
+    float *mdp;                   /* (n, E+Nn) gradient of the router probabilities */
 } Scratch;
 
 typedef struct {
     ModelDims d;
     TpGroup tp;
+    EpGroup ep;       /* the expert-parallel group: size 1 after model_init; the
+                       * caller sets it when d.ep > 1 */
     MPI_Comm pp_comm; /* the pipeline, for decoding; MPI_COMM_NULL alone */
     ParamInfo *reg;
     int nreg;
     size_t nparams;        /* local floats */
+    size_t expert_floats;  /* the last of them: the experts', reduced over their replicas */
     float *params, *grads; /* (nparams) each, laid out by reg */
     ParamPtrs P, G;
     /* activations for up to maxB sequences of maxT tokens */
@@ -194,6 +257,8 @@ typedef struct {
     RouteMode route;   /* how routed blocks choose tokens in forward */
     int predictor_on;  /* train the predictor (tests switch it off) */
     int check_routing; /* all-reduce a hash of every routing decision over tp */
+    float moe_aux_weight; /* weight of the experts' load-balancing loss in backward */
+    float moe_scale;      /* backward's weight of each MoE block's load-balancing loss */
     RouteStats stats;
     /* set when a forward found something the caller must act on (the tp
      * ranks routed differently): the forward stopped early, on every rank
@@ -227,9 +292,11 @@ void model_memory(const ModelDims *d, int maxB, int slots, int optimizer, ModelM
  * planner measures thousands of stages). [first][last]: of the stage. */
 typedef struct {
     size_t top_floats[2][2];           /* the rows outside the blocks: wte, wpe, ln_f */
-    size_t block_floats[2];            /* a dense [0] and a routed [1] block's */
+    /* a block's, by kind: routed + 2 * MoE (0 dense, 1 routed, 2 MoE,
+     * 3 routed MoE); 0 for a kind the model has not */
+    size_t block_floats[4];
     size_t set_bytes[2];               /* an activation set's own rows, [last] */
-    size_t block_acts[2];              /* a dense and a routed block's activations */
+    size_t block_acts[4];
     size_t scratch;
 } ModelUnits;
 void model_units(const ModelDims *d, int maxB, ModelUnits *u);
@@ -270,13 +337,15 @@ void model_backward(Model *m, float dloss, float aux_weight);
 void model_zero_grad(Model *m);
 void model_stats_reset(Model *m);
 /* RouteStats as ROUTE_STATS_FIXED + L doubles and back (for reductions). */
-enum { ROUTE_STATS_FIXED = 5 };
-void route_stats_to_vec(const RouteStats *st, int L, double *v);
-void route_stats_from_vec(RouteStats *st, int L, const double *v);
+enum { ROUTE_STATS_FIXED = 7 };
+/* Doubles route_stats_to_vec writes for d's model. */
+int route_stats_len(const ModelDims *d);
+void route_stats_to_vec(const RouteStats *st, const ModelDims *d, double *v);
+void route_stats_from_vec(RouteStats *st, const ModelDims *d, const double *v);
 /* This rank's sums of squares of the gradients, of tensors split across tp
- * and of replicated ones; a later stage's copy of the tied embedding is
- * left to the first stage. */
-void model_grad_sumsq(const Model *m, double *split, double *replicated);
+ * and of replicated ones, [1] of the experts' (this rank's share of them);
+ * a later stage's copy of the tied embedding is left to the first stage. */
+void model_grad_sumsq(const Model *m, double split[2], double replicated[2]);
 /* n activation sets (micro-batches in flight); all are freed with the model.
  * model_use_slot makes set k the one forward and backward use (m->cur). */
 void model_set_slots(Model *m, int n);
@@ -293,6 +362,10 @@ size_t model_num_params(const Model *m);
  * when block l processes a fraction frac[l] of the tokens (NULL: all, and
  * no routers: the dense model of the same size). */
 double model_flops_per_token(const ModelDims *d, int T, const double *frac);
+/* The same, where an MoE block l's expert slots kept per token it processes
+ * are slots[l] (NULL: expert_top_k each, none dropped or sent to a no-op). */
+double model_flops_per_token_moe(const ModelDims *d, int T, const double *frac,
+                                 const double *slots);
 
 /* Incremental decoding with a KV cache per block that holds only the tokens
  * that went through that block; routed blocks decide causally per token. */

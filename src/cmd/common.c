@@ -116,12 +116,12 @@ int cmd_agree(int rc, const Err *err, MPI_Comm comm) {
 }
 
 double reduce_step_stats(Model *m, double loss_sum, MPI_Comm comm) {
-    const int L = m->d.L;
-    double *v = xcalloc((size_t)L + 1 + ROUTE_STATS_FIXED, sizeof(double));
+    const int n = route_stats_len(&m->d);
+    double *v = xcalloc((size_t)n + 1, sizeof(double));
     v[0] = loss_sum;
-    route_stats_to_vec(&m->stats, L, v + 1);
-    stats_reduce(v, L + 1 + ROUTE_STATS_FIXED, comm);
-    route_stats_from_vec(&m->stats, L, v + 1);
+    route_stats_to_vec(&m->stats, &m->d, v + 1);
+    stats_reduce(v, n + 1, comm);
+    route_stats_from_vec(&m->stats, &m->d, v + 1);
     double loss = v[0];
     free(v);
     return loss;

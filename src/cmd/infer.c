@@ -131,7 +131,7 @@ static int infer_tokenizer(const Infer *in, const char *cmd, const char *vocab, 
 typedef struct {
     const char *ckpt, *data, *grads, *grads_routing, *routing, *vocab;
     int json, seqs, micro, threads, pp, routing_seqs;
-    double aux_weight;
+    double aux_weight, moe_aux_weight;
     RouteMode grad_mode;
 } EvalArgs;
 
@@ -144,7 +144,8 @@ static int eval_args(EvalArgs *a, int argc, char **argv) {
                     .seqs = 256,
                     .pp = 1,
                     .routing_seqs = 4,
-                    .aux_weight = defaults.aux_weight};
+                    .aux_weight = defaults.aux_weight,
+                    .moe_aux_weight = defaults.moe_aux_weight};
     CliOpt opts[] = {
         {"ckpt", CLI_STR, &a->ckpt, "checkpoint: a ckpt_dir (its newest) or a step directory",
          "DIR"},
@@ -174,6 +175,8 @@ static int eval_args(EvalArgs *a, int argc, char **argv) {
          "folder with encoder.json and vocab.bpe, to decode gpt2 tokens in --routing", "DIR"},
         {"aux_weight", CLI_FLOAT, &a->aux_weight, "weight of the router's BCE in --grads (0.1)",
          NULL, 0, 1e18},
+        {"moe_aux_weight", CLI_FLOAT, &a->moe_aux_weight,
+         "weight of the experts' load-balancing loss in --grads (0.01)", NULL, 0, 1e18},
         {"pp", CLI_INT, &a->pp, "pipeline stages over the ranks; the rest is tensor-parallel (1)",
          NULL, 1, 4096},
         {NULL, 0, NULL, NULL}};
@@ -224,6 +227,22 @@ static void print_fractions(const Model *m) {
     printf("]");
 }
 
+/* An MoE model's mean load-balancing loss (over MoE blocks and
+ * micro-batches) and the share of its expert slots dropped. */
+static void print_expert_load(const Model *m) {
+    const ModelDims *d = &m->d;
+    if (d->E == 0) return;
+    const int w = d->E + d->Nn + 2;
+    long long dropped = 0, slots = 0;
+    for (int l = 0; l < d->L; l++) {
+        dropped += m->stats.moe[(size_t)l * w + w - 2];
+        slots += m->stats.moe[(size_t)l * w + w - 1];
+    }
+    printf(",\"moe_aux\":%.6f,\"expert_drop\":%.6f",
+           m->stats.moe_forwards ? m->stats.moe_aux_sum / (double)m->stats.moe_forwards : 0.0,
+           slots ? (double)dropped / (double)slots : 0.0);
+}
+
 /* The loss under `mode` of each dataset's share of the first `total`
  * sequences (val_seqs; 0 = all) into part[], *seqs the sequences read;
  * returns their blend by weight, or NAN with *failed set (printed). */
@@ -258,6 +277,7 @@ static int eval_run(Infer *in, const EvalArgs *a, Dataset *ds, size_t total) {
     size_t seqs;
     int failed = 0;
     if (a->grads) model_zero_grad(m);
+    m->moe_aux_weight = (float)a->moe_aux_weight;
     double loss = eval_blend(in, a, ds, total, ROUTE_TOPK, part, &seqs, &failed);
     if (failed) return EXIT_USAGE;
     const double tokens = (double)seqs * in->cfg.seq_len;
@@ -275,6 +295,7 @@ static int eval_run(Infer *in, const EvalArgs *a, Dataset *ds, size_t total) {
             printf(",\"processed_topk\":");
             print_fractions(m);
         }
+        print_expert_load(m);
     } else {
         for (int d = 0; np > 1 && d < np; d++)
             printf("eval: dataset %d ('%s', weight %.4g): loss %.4f\n", d, ds->parts[d].pattern,

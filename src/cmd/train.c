@@ -238,6 +238,7 @@ static int run_setup_layout(Run *r, int argc, char **argv) {
     rc = grid_init(&r->grid, r->cfg.tp, r->cfg.pp, &err);
     r->grid_ready = rc == 0;
     if (rc == 0) rc = layout_check(&r->cfg, &r->grid, &err);
+    if (rc == 0) rc = grid_init_ep(&r->grid, r->cfg.ep, &err);
     if (cmd_agree(rc, &err, MPI_COMM_WORLD) != 0) return -1;
     const Config *c = &r->cfg;
     if (c->ckpt_dir[0]) snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%s", c->ckpt_dir);
@@ -438,6 +439,7 @@ static int run_setup_model(Run *r) {
     const Grid *g = &r->grid;
     ModelDims d;
     model_dims_config(&d, c, g->tp, g->tp_rank);
+    model_dims_ep(&d, g->ep, g->ep_rank);
     int *layers = xcalloc((size_t)g->pp, sizeof(int));
     int rc = config_stage_layers(c, layers, NULL); /* validated with the config */
     if (rc == 0) rc = model_dims_stage(&d, g->pp, g->pp_rank, layers);
@@ -463,6 +465,8 @@ static int run_setup_model(Run *r) {
     if (cmd_agree(rc, &err, MPI_COMM_WORLD) != 0) return -1;
     TpGroup tpg = {g->tp_comm, g->tp, g->tp_rank};
     model_init(&r->m, &d, r->micro, &tpg);
+    r->m.ep = (EpGroup){g->ep_comm, g->ep, g->ep_rank};
+    r->m.moe_aux_weight = (float)c->moe_aux_weight;
     r->m.pp_comm = g->pp > 1 ? g->pp_comm : MPI_COMM_NULL;
     model_set_slots(&r->m, slots);
     r->m.check_routing = c->debug_checks;
@@ -775,8 +779,8 @@ static void run_step(Run *r, int step, StepResult *out) {
     fault_phase("gradient all-reduce");
     double t1 = now_s(), tp1 = tp_time_s;
     const ParamInfo *tied = model_tied_param(m);
-    grads_sync(m->grads, m->nparams, tied ? m->grads + tied->offset : NULL, tied ? tied->numel : 0,
-               g);
+    grads_sync(m->grads, m->nparams, m->expert_floats, tied ? m->grads + tied->offset : NULL,
+               tied ? tied->numel : 0, g);
     double loss = reduce_step_stats(m, sc.loss_sum, g->dp_comm);
     if (g->pp > 1) {
         loss = reduce_step_stats(m, loss, g->pp_comm);
@@ -787,8 +791,8 @@ static void run_step(Run *r, int step, StepResult *out) {
     phases_add(&r->ph, PH_DP, now_s() - t1 - (tp_time_s - tp1));
     t1 = now_s(), tp1 = tp_time_s;
     /* clip */
-    double split, replicated;
-    model_grad_sumsq(m, &split, &replicated);
+    double split[2], replicated[2];
+    model_grad_sumsq(m, split, replicated);
     out->grad_norm = grads_norm(split, replicated, g);
     const Config *c = &r->cfg;
     /* a non-finite loss or gradient: no update, so the weights stay those

@@ -1,0 +1,85 @@
+/*
+ * model_impl: what the model's own files share and nothing else includes.
+ *
+ *   model.c    dims, the parameter registry, activations, forward/backward
+ *   routing.c  Mixture-of-Depths (router, top-k, causal decision, routed
+ *              blocks) and the experts' router (choices, capacity, the
+ *              load-balancing loss)
+ *   mlp.c      the MLP branch: the dense MLP and the Mixture-of-Experts one
+ *   decode.c   incremental decoding with a KV cache
+ */
+#ifndef MODTRAIN_MODEL_IMPL_H
+#define MODTRAIN_MODEL_IMPL_H
+
+#include "src/model.h"
+
+/* Decoding's view of a block's attention: one new token against the
+ * block's KV cache instead of whole sequences. */
+typedef struct {
+    float *k, *v; /* (maxT, Cl) keys and values of the tokens cached */
+    int *len;     /* tokens cached; the new one is appended */
+    float *p;     /* (maxT) scratch */
+} KvCache;
+
+/* A routed block's output row: y += g*a + g*mo, computed as (y + g*a) + g*mo
+ * so that capacity 1 with g = 1 reproduces a dense block bit for bit. */
+static inline void gated_add(float *y, const float *a, const float *mo, float g, int C) {
+    for (int c = 0; c < C; c++) {
+        float h = y[c] + g * a[c];
+        y[c] = h + g * mo[c];
+    }
+}
+
+/* model.c */
+/* Block l's two branches on N rows x (B sequences, rows off[b]..off[b+1];
+ * or, with kv, one token attending to its cache): a = attention branch
+ * (projected, all-reduced, biased), mo = MLP branch, with res2 = x + a
+ * inside. Internals stay in the current set's acts[l] for backward. The one
+ * block implementation: training, evaluation and decoding all run it. */
+void block_branches_forward(Model *m, int l, const float *x, int N, int B, const int *off,
+                            const KvCache *kv, float *a, float *mo);
+/* Backward of the branches: dres holds dL/d(res2 + mo) on entry (the
+ * gradient reaching the MLP branch and the residual) and dL/dx on exit. */
+void block_branches_backward(Model *m, int l, const float *x, int N, int B, const int *off,
+                             float *dres);
+/* The last stage's head on the residual stream x: ln_f, then the tied head
+ * logits(N,Vl) = lnf(N,C) @ wte(Vl,C)^T. */
+void head_forward(Model *m, const float *x, int N);
+
+/* routing.c: Mixture-of-Depths */
+float mod_gate(RouterGate gate, float r);
+int mod_causal(const ModelDims *d, float r, float plogit);
+/* Router logits r (and the predictor's) of block l for N rows of x, into
+ * the block's activations. */
+void mod_router_forward(Model *m, int l, const float *x, int N);
+/* Routed block l on x(B,T,C) into y. Returns 0, or -1 when the debug
+ * routing check faulted. */
+int routed_forward(Model *m, int l, const float *x, float *y, int B, int T);
+/* Its backward: dres holds dL/dy on entry, dL/dx on exit. */
+void routed_backward(Model *m, int l, const float *x, float *dres, int B, int T, float aux_scale,
+                     float pred_scale);
+
+/* routing.c: the experts' router */
+/* Routes block l's N rows u (the MLP's input) to experts: probabilities,
+ * choices, and (capped: by capacity; else every choice of a real expert is
+ * kept) each slot's row among the rows sent, grouped by expert; the rows
+ * sent are gathered into acts[l].mxs and their counts into mcnt[0 .. E).
+ * Adds the block's load-balancing loss to the set's moe_aux and counts the
+ * slots. */
+void moe_route(Model *m, int l, const float *u, int N, int capped);
+/* Backward of the router: m->s.mdp holds dL/d(probabilities) from the
+ * combine on entry; adds the load-balancing loss's gradient (scaled by
+ * m's moe_aux scale), then dL/du into du and dL/dW into the router. */
+void moe_route_backward(Model *m, int l, const float *u, int N, float *du, float aux_scale);
+
+/* mlp.c */
+/* The MLP branch of block l on its N rows u = ln_2(res2): out(N,C),
+ * all-reduced over tp and biased. capped: apply the experts' capacity
+ * (training and evaluation; decoding does not). */
+void mlp_forward(Model *m, int l, const float *u, int N, float *out, int capped);
+/* Its backward: dout (N,C) in, du (N,C) = dL/du out (overwritten, complete
+ * over tp). aux_scale weighs the experts' load-balancing loss. */
+void mlp_backward(Model *m, int l, const float *u, int N, const float *dout, float *du,
+                  float aux_scale);
+
+#endif
