@@ -897,6 +897,12 @@ float model_forward(Model *m, const int *inputs, const int *targets, int B, int 
         x = a->res3;
     }
     if (model_first_stage(d)) m->stats.tokens += N; /* counted once per pipeline */
+    /* the load-balancing loss, as the objective weighs it: per micro-batch
+     * by its tokens */
+    int moe = 0;
+    for (int l = d->l0; l < d->l1; l++) moe += model_is_moe(d, l);
+    m->stats.moe_aux_sum += (double)S->moe_aux * N;
+    m->stats.moe_forwards += (long long)moe * N;
     if (routed) {
         S->aux_loss /= (float)N * routed;
         S->pred_loss /= (float)N * routed;

@@ -195,8 +195,11 @@ typedef struct {
      * dropped, then all slots (rows x k); in forwards on this rank */
     long long *moe;
     long long *expert_rows; /* (L, El) rows this rank's experts' GEMMs took */
-    double moe_aux_sum;     /* sum of the load-balancing loss over MoE blocks and forwards */
-    long long moe_forwards; /* MoE blocks x forwards */
+    /* the load-balancing loss summed over MoE blocks and forwards, each
+     * weighted by its micro-batch's tokens; and those weights' sum (MoE
+     * blocks x tokens): their ratio is the mean the objective weighs */
+    double moe_aux_sum;
+    long long moe_forwards;
 } RouteStats;
 
 /* Everything one micro-batch's forward leaves for its backward. A pipeline

@@ -330,9 +330,7 @@ void moe_route(Model *m, int l, const float *u, int N, int capped) {
             memcpy(A->mxs + (size_t)A->mslot[s] * C, u + s / k * C, (size_t)C * sizeof(float));
     double f[4096 * 2 + 1];
     const double aux = balance_loss(d, A->mp, A->mch, N, f);
-    m->cur->moe_aux += (float)aux;
-    m->stats.moe_aux_sum += aux;
-    m->stats.moe_forwards++;
+    m->cur->moe_aux += (float)aux; /* model_forward counts it into the stats */
 }
 
 void moe_route_backward(Model *m, int l, const float *u, int N, float *du, float aux_scale) {
