@@ -182,6 +182,10 @@ class GPT(torch.nn.Module):
         f = torch.bincount(choice.reshape(-1), minlength=Et).to(p.dtype) / (N * k)
         aux = Et * (f * p.mean(dim=0)).sum()
         real = choice < E
+        if Et > k:  # the closest call among the choices: a float32 near-tie would show here
+            srt = p.detach().sort(dim=1, descending=True).values
+            gap = (srt[:, :k] - srt[:, 1:k + 1]).min().item()
+            stats["moe_gap"] = min(stats.get("moe_gap", math.inf), gap)
         stats["moe_slots"] += N * k
         stats["moe_noop"] += int((~real).sum())
         stats["moe_dropped"] += int((real & ~kept).sum())
@@ -264,7 +268,9 @@ class GPT(torch.nn.Module):
         capacity is per micro-batch. stats (if given) collects, a block each,
         the routing BCEs ("aux", "pred") and the MoE load-balancing losses
         ("moe"), each averaged over the micro-batches weighted by their tokens,
-        and the MoE slot counts ("moe_slots", "moe_noop", "moe_dropped")."""
+        the MoE slot counts ("moe_slots", "moe_noop", "moe_dropped") and the
+        smallest gap between a row's sorted router probabilities up to its
+        k-th choice ("moe_gap")."""
         B, T = idx.shape
         mb = micro_batch if micro_batch and micro_batch > 0 else B
         stats = stats if stats is not None else {}
@@ -287,6 +293,8 @@ class GPT(torch.nn.Module):
                         acc[key][j] = acc[key][j] + share * v
             for key in ("moe_slots", "moe_noop", "moe_dropped"):
                 stats[key] += st[key]
+            if "moe_gap" in st:
+                stats["moe_gap"] = min(stats.get("moe_gap", math.inf), st["moe_gap"])
         for key in keys:
             stats[key] = acc[key]
         return total / (B * T)

@@ -50,6 +50,8 @@ if moe_aux is not None:
           "(%.4f of the real-expert slots); load-balancing loss %.6f, weight %g"
           % (len(stats["moe"]), slots, noop, dropped, dropped / max(slots - noop, 1), moe_aux.item(),
              moe_weight))
+    print("moe: the closest call between a row's router probabilities up to its k-th choice: %.3e"
+          % stats.get("moe_gap", float("nan")))
     # modtrain's own figures, where eval prints them under these names
     key = "moe_aux_causal" if routing == "causal" and "moe_aux_causal" in ev else "moe_aux"
     if key in ev and (routing == "topk" or key == "moe_aux_causal"):
