@@ -59,9 +59,12 @@ if moe_aux is not None:
         print("%s: torch %.6f modtrain %.6f (relative difference %.2e)" % (key, moe_aux.item(), ev[key], rel))
         if rel > 1e-5:
             bad += 1
-    for k in sorted(ev):
-        if "drop" in k:
-            print("modtrain's %s: %s" % (k, json.dumps(ev[k])))
+    # eval's expert_drop: the dropped share of all N*k slots (no-op ones too), top-k pass
+    if "expert_drop" in ev and routing == "topk":
+        share = dropped / max(slots, 1)
+        print("expert_drop: torch %.6f modtrain %.6f" % (share, ev["expert_drop"]))
+        if abs(share - ev["expert_drop"]) > 1e-6:
+            bad += 1
 worst = 0.0
 for name, g in grads.items():
     t = model.w(name).grad
