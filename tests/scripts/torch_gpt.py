@@ -44,13 +44,45 @@ def capacity_k(capacity, T):
     return max(1, min(T, int(math.floor(capacity * T + 0.5))))
 
 
+def expert_capacity(cf, N, k, E):
+    """Slots per real expert for N rows: max(1, floor(cf * N * k / E)) in double."""
+    return max(1, int(math.floor(float(cf) * N * k / E)))
+
+
+def moe_choices(p, k):
+    """Top-k columns of each row of p, largest first, ties to the lower column:
+    a stable sort of -p. Returns a (N, k) int64 tensor."""
+    return torch.sort(-p.detach(), dim=1, stable=True).indices[:, :k]
+
+
+def moe_assign(choice, E, cap):
+    """Priority order: every row's first choice before any second choice, rows
+    in order. Returns kept (N, k) bool: the slot's expert is real and had room."""
+    N, k = choice.shape
+    used = [0] * E
+    kept = torch.zeros(N, k, dtype=torch.bool)
+    ch = choice.tolist()
+    for j in range(k):
+        for i in range(N):
+            e = ch[i][j]
+            if e < E and used[e] < cap:
+                used[e] += 1
+                kept[i, j] = True
+    return kept
+
+
 class GPT(torch.nn.Module):
     def __init__(self, V, T, L, NH, C, route_every=0, capacity=0.125, gate="raw",
-                 predictor=False, H=64):
+                 predictor=False, H=64, n_expert=0, n_noop_expert=0, expert_top_k=1,
+                 expert_d_ff=0, capacity_factor=1.25, moe_every=1):
         super().__init__()
         self.V, self.T, self.L, self.NH, self.C = V, T, L, NH, C
         self.route_every, self.capacity, self.gate = route_every, capacity, gate
         self.predictor, self.H = predictor, H
+        self.E, self.Nn, self.k = n_expert, n_noop_expert, expert_top_k
+        self.Fe = expert_d_ff if expert_d_ff > 0 else 4 * C
+        self.cf, self.moe_every = capacity_factor, moe_every
+        assert self.E == 0 or self.k in (1, 2)
         p = {}
         p["wte.weight"] = torch.randn(V, C) * 0.02
         p["wpe.weight"] = torch.randn(T, C) * 0.02
@@ -62,10 +94,19 @@ class GPT(torch.nn.Module):
             p[h + "attn.c_proj.weight"] = torch.randn(C, C) * 0.02 / math.sqrt(2 * L)
             p[h + "attn.c_proj.bias"] = torch.zeros(C)
             p[h + "ln_2.weight"], p[h + "ln_2.bias"] = torch.ones(C), torch.zeros(C)
-            p[h + "mlp.c_fc.weight"] = torch.randn(C, 4 * C) * 0.02
-            p[h + "mlp.c_fc.bias"] = torch.zeros(4 * C)
-            p[h + "mlp.c_proj.weight"] = torch.randn(4 * C, C) * 0.02 / math.sqrt(2 * L)
-            p[h + "mlp.c_proj.bias"] = torch.zeros(C)
+            if self.moe(i):
+                p[h + "mlp.router.weight"] = torch.randn(C, self.E + self.Nn) * 0.02
+                for e in range(self.E):
+                    x = f"{h}mlp.experts.{e}."
+                    p[x + "c_fc.weight"] = torch.randn(C, self.Fe) * 0.02
+                    p[x + "c_fc.bias"] = torch.zeros(self.Fe)
+                    p[x + "c_proj.weight"] = torch.randn(self.Fe, C) * 0.02 / math.sqrt(2 * L)
+                    p[x + "c_proj.bias"] = torch.zeros(C)
+            else:
+                p[h + "mlp.c_fc.weight"] = torch.randn(C, 4 * C) * 0.02
+                p[h + "mlp.c_fc.bias"] = torch.zeros(4 * C)
+                p[h + "mlp.c_proj.weight"] = torch.randn(4 * C, C) * 0.02 / math.sqrt(2 * L)
+                p[h + "mlp.c_proj.bias"] = torch.zeros(C)
             if self.routed(i):
                 p[h + "router.weight"], p[h + "router.bias"] = torch.randn(C) * 0.02, torch.zeros(1)
                 if predictor:
@@ -76,8 +117,24 @@ class GPT(torch.nn.Module):
         p["ln_f.weight"], p["ln_f.bias"] = torch.ones(C), torch.zeros(C)
         self.p = torch.nn.ParameterDict({k.replace(".", "/"): torch.nn.Parameter(v) for k, v in p.items()})
 
+    @classmethod
+    def from_meta(cls, meta):
+        """A model shaped as a modtrain safetensors export's metadata says."""
+        g = lambda key, default: meta.get(key, default)
+        return cls(int(meta["vocab_size"]), int(meta["seq_len"]), int(meta["n_layer"]),
+                   int(meta["n_head"]), int(meta["d_model"]),
+                   route_every=int(g("route_every", 0)), capacity=float(g("capacity", 0.125)),
+                   gate=g("router_gate", "raw"), predictor=g("causal_router", "") == "predictor",
+                   H=int(g("predictor_hidden", 64)), n_expert=int(g("n_expert", 0)),
+                   n_noop_expert=int(g("n_noop_expert", 0)), expert_top_k=int(g("expert_top_k", 1)),
+                   expert_d_ff=int(g("expert_d_ff", 0)), capacity_factor=float(g("capacity_factor", 1.25)),
+                   moe_every=int(g("moe_every", 1)))
+
     def routed(self, i):
         return self.route_every > 0 and i % self.route_every == self.route_every - 1
+
+    def moe(self, i):
+        return self.E > 0 and i % self.moe_every == self.moe_every - 1
 
     def w(self, name):
         return self.p[name.replace(".", "/")]
@@ -87,8 +144,8 @@ class GPT(torch.nn.Module):
             for k, v in tensors.items():
                 self.w(k).copy_(v)
 
-    def branches(self, h, x):
-        """Attention and MLP branches of block h on x (B, T, C): (a, m)."""
+    def attn(self, h, x):
+        """Attention branch of block h on x (B, T, C), causal within each row of x."""
         B, T, C = x.shape
         NH = self.NH
         a = F.layer_norm(x, (C,), self.w(h + "ln_1.weight"), self.w(h + "ln_1.bias"), 1e-5)
@@ -99,20 +156,67 @@ class GPT(torch.nn.Module):
         mask = torch.ones(T, T, dtype=torch.bool).tril()
         att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
         y = (att @ v).transpose(1, 2).reshape(B, T, C)
-        a = y @ self.w(h + "attn.c_proj.weight") + self.w(h + "attn.c_proj.bias")
-        u = F.layer_norm(x + a, (C,), self.w(h + "ln_2.weight"), self.w(h + "ln_2.bias"), 1e-5)
-        u = F.gelu(u @ self.w(h + "mlp.c_fc.weight") + self.w(h + "mlp.c_fc.bias"), approximate="tanh")
-        m = u @ self.w(h + "mlp.c_proj.weight") + self.w(h + "mlp.c_proj.bias")
-        return a, m
+        return y @ self.w(h + "attn.c_proj.weight") + self.w(h + "attn.c_proj.bias")
 
-    def routed_block(self, h, x, routing, stats):
-        """Mixture-of-Depths: the block on the chosen tokens only, gated."""
+    def ffn(self, prefix, u):
+        u = F.gelu(u @ self.w(prefix + "c_fc.weight") + self.w(prefix + "c_fc.bias"), approximate="tanh")
+        return u @ self.w(prefix + "c_proj.weight") + self.w(prefix + "c_proj.bias")
+
+    def moe_rows(self, h, u, stats):
+        """Mixture-of-Experts on the rows u (N, C) of block h: (m (N, C), aux)."""
+        N = u.shape[0]
+        E, Et, k = self.E, self.E + self.Nn, self.k
+        if N == 0:
+            return u * 0, u.sum() * 0
+        p = (u @ self.w(h + "mlp.router.weight")).softmax(dim=-1)
+        choice = moe_choices(p, k)
+        cap = expert_capacity(self.cf, N, k, E)
+        kept = moe_assign(choice, E, cap)
+        m = torch.zeros_like(u)
+        for e in range(E):
+            rows, slots = ((choice == e) & kept).nonzero(as_tuple=True)
+            if rows.numel() == 0:
+                continue
+            out = self.ffn(f"{h}mlp.experts.{e}.", u[rows])
+            m = m.index_add(0, rows, p[rows, e].unsqueeze(-1) * out)
+        f = torch.bincount(choice.reshape(-1), minlength=Et).to(p.dtype) / (N * k)
+        aux = Et * (f * p.mean(dim=0)).sum()
+        real = choice < E
+        if Et > k:  # the closest call among the choices: a float32 near-tie would show here
+            srt = p.detach().sort(dim=1, descending=True).values
+            gap = (srt[:, :k] - srt[:, 1:k + 1]).min().item()
+            stats["moe_gap"] = min(stats.get("moe_gap", math.inf), gap)
+        stats["moe_slots"] += N * k
+        stats["moe_noop"] += int((~real).sum())
+        stats["moe_dropped"] += int((real & ~kept).sum())
+        return m, aux
+
+    def mlp(self, i, h, u, stats):
+        """The MLP branch of block i on rows u (N, C): dense, or MoE (its aux goes to stats)."""
+        if not self.moe(i):
+            return self.ffn(h + "mlp.", u)
+        m, aux = self.moe_rows(h, u, stats)
+        stats["moe"].append(aux)
+        return m
+
+    def ln2(self, h, x):
+        return F.layer_norm(x, (self.C,), self.w(h + "ln_2.weight"), self.w(h + "ln_2.bias"), 1e-5)
+
+    def dense_block(self, i, h, x, stats):
+        B, T, C = x.shape
+        a = self.attn(h, x)
+        m = self.mlp(i, h, self.ln2(h, x + a).reshape(B * T, C), stats).view(B, T, C)
+        return x + a + m
+
+    def routed_block(self, i, h, x, routing, stats):
+        """Mixture-of-Depths: the block on the chosen tokens only, gated. An MoE
+        MLP sees all the chosen rows of the micro-batch at once, b*T+t ascending."""
         B, T, C = x.shape
         r = x @ self.w(h + "router.weight") + self.w(h + "router.bias")
         k = capacity_k(self.capacity, T)
         # top-k, ties to the lower position: a stable sort of -r
         order = torch.sort(-r.detach(), dim=1, stable=True).indices[:, :k]
-        topk = torch.zeros(B, T).scatter(1, order, 1.0)
+        topk = torch.zeros(B, T, dtype=x.dtype).scatter(1, order, 1.0)
         stats["aux"].append(F.binary_cross_entropy_with_logits(r, topk))
         if self.predictor:
             u = F.gelu(x.detach() @ self.w(h + "predictor.c_fc.weight")
@@ -124,29 +228,204 @@ class GPT(torch.nn.Module):
             causal = r > 0
         chosen = topk.bool() if routing == "topk" else causal
         g = torch.sigmoid(r) if self.gate == "sigmoid" else r
-        y = x.clone()
+        picks, attns = [], []
         for b in range(B):
             idx = chosen[b].nonzero().squeeze(-1)  # ascending positions
             if idx.numel() == 0:
                 continue
-            a, m = self.branches(h, x[b, idx].unsqueeze(0))
+            picks.append((b, idx))
+            attns.append(self.attn(h, x[b, idx].unsqueeze(0))[0])
+        rows = [x[b, idx] + a for (b, idx), a in zip(picks, attns)]
+        u = self.ln2(h, torch.cat(rows) if rows else x.new_zeros(0, C))
+        m = self.mlp(i, h, u, stats)
+        y = x.clone()
+        at = 0
+        for (b, idx), a in zip(picks, attns):
+            n = idx.numel()
             gb = g[b, idx].unsqueeze(-1)
-            y[b, idx] = x[b, idx] + gb * a[0] + gb * m[0]
+            y[b, idx] = x[b, idx] + gb * a + gb * m[at:at + n]
+            at += n
         return y
 
-    def forward(self, idx, targets, routing="topk", stats=None):
-        """Mean cross-entropy; stats (if given) collects the routing BCEs."""
+    def forward_sum(self, idx, targets, routing, stats):
+        """Summed cross-entropy of one micro-batch; stats gets one entry a block."""
         B, T = idx.shape
         C = self.C
-        stats = stats if stats is not None else {"aux": [], "pred": []}
         x = self.w("wte.weight")[idx] + self.w("wpe.weight")[:T]
         for i in range(self.L):
             h = f"h.{i}."
             if self.routed(i):
-                x = self.routed_block(h, x, routing, stats)
+                x = self.routed_block(i, h, x, routing, stats)
             else:
-                a, m = self.branches(h, x)
-                x = x + a + m
+                x = self.dense_block(i, h, x, stats)
         x = F.layer_norm(x, (C,), self.w("ln_f.weight"), self.w("ln_f.bias"), 1e-5)
         logits = x @ self.w("wte.weight").t()
-        return F.cross_entropy(logits.reshape(-1, self.V), targets.reshape(-1))
+        return F.cross_entropy(logits.reshape(-1, self.V), targets.reshape(-1), reduction="sum")
+
+    def forward(self, idx, targets, routing="topk", stats=None, micro_batch=0):
+        """Mean cross-entropy over all tokens. The batch is split into micro-batches
+        of micro_batch consecutive sequences (0: one), as modtrain does: MoE
+        capacity is per micro-batch. stats (if given) collects, a block each,
+        the routing BCEs ("aux", "pred") and the MoE load-balancing losses
+        ("moe"), each averaged over the micro-batches weighted by their tokens,
+        the MoE slot counts ("moe_slots", "moe_noop", "moe_dropped") and the
+        smallest gap between a row's sorted router probabilities up to its
+        k-th choice ("moe_gap")."""
+        B, T = idx.shape
+        mb = micro_batch if micro_batch and micro_batch > 0 else B
+        stats = stats if stats is not None else {}
+        keys = ("aux", "pred", "moe")
+        acc = {key: [] for key in keys}
+        for key in ("moe_slots", "moe_noop", "moe_dropped"):
+            stats[key] = 0
+        total = 0
+        for s in range(0, B, mb):
+            st = {key: [] for key in keys}
+            for key in ("moe_slots", "moe_noop", "moe_dropped"):
+                st[key] = 0
+            total = total + self.forward_sum(idx[s:s + mb], targets[s:s + mb], routing, st)
+            share = idx[s:s + mb].shape[0] / B
+            for key in keys:
+                for j, v in enumerate(st[key]):
+                    if j == len(acc[key]):
+                        acc[key].append(share * v)
+                    else:
+                        acc[key][j] = acc[key][j] + share * v
+            for key in ("moe_slots", "moe_noop", "moe_dropped"):
+                stats[key] += st[key]
+            if "moe_gap" in st:
+                stats["moe_gap"] = min(stats.get("moe_gap", math.inf), st["moe_gap"])
+        for key in keys:
+            stats[key] = acc[key]
+        return total / (B * T)
+
+
+# ---- self-test: python3 torch_gpt.py (float64, no modtrain needed) ----
+
+def _slow_moe(u, wr, experts, E, Nn, k, cf):
+    """The MoE of one block written as a plain loop over tokens and slots."""
+    N = len(u)
+    Et = E + Nn
+    ps, choices = [], []
+    for i in range(N):
+        z = [sum(u[i][c] * wr[c][e] for c in range(len(u[i]))) for e in range(Et)]
+        mx = max(z)
+        ex = [math.exp(v - mx) for v in z]
+        p = [v / sum(ex) for v in ex]
+        ps.append(p)
+        choices.append(sorted(range(Et), key=lambda e: (-p[e], e))[:k])
+    cap = max(1, int(math.floor(cf * N * k / E)))
+    used = [0] * E
+    kept = [[False] * k for _ in range(N)]
+    for j in range(k):
+        for i in range(N):
+            e = choices[i][j]
+            if e < E and used[e] < cap:
+                used[e] += 1
+                kept[i][j] = True
+    m = []
+    for i in range(N):
+        out = [0.0] * len(u[i])
+        for j in range(k):
+            if not kept[i][j]:
+                continue
+            e = choices[i][j]
+            w1, b1, w2, b2 = experts[e]
+            hid = []
+            for f in range(len(b1)):
+                a = b1[f] + sum(u[i][c] * w1[c][f] for c in range(len(u[i])))
+                hid.append(0.5 * a * (1 + math.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a ** 3))))
+            for c in range(len(out)):
+                out[c] += ps[i][e] * (b2[c] + sum(hid[f] * w2[f][c] for f in range(len(hid))))
+        m.append(out)
+    aux = 0.0
+    for e in range(Et):
+        f = sum(1 for i in range(N) for j in range(k) if choices[i][j] == e) / (N * k)
+        P = sum(ps[i][e] for i in range(N)) / N
+        aux += Et * f * P
+    dropped = sum(1 for i in range(N) for j in range(k) if choices[i][j] < E and not kept[i][j])
+    return m, aux, dropped
+
+
+def _selftest():
+    torch.set_default_dtype(torch.float64)
+    torch.manual_seed(0)
+    bad = 0
+    # 1. one MoE block's forward against the per-token loop
+    for E, Nn, k, cf, N in [(4, 0, 1, 1.0, 24), (4, 0, 2, 1.25, 24), (4, 4, 2, 1.0, 24),
+                            (3, 2, 1, 0.5, 17), (4, 0, 2, 4.0, 9), (2, 1, 2, 0.1, 5), (4, 0, 1, 1.0, 1)]:
+        model = GPT(16, 8, 1, 2, 8, n_expert=E, n_noop_expert=Nn, expert_top_k=k,
+                    capacity_factor=cf, expert_d_ff=12)
+        with torch.no_grad():
+            for v in model.p.values():
+                v.copy_(torch.randn_like(v) * 0.5)
+        u = torch.randn(N, 8)
+        st = {"moe_slots": 0, "moe_noop": 0, "moe_dropped": 0}
+        with torch.no_grad():
+            m, aux = model.moe_rows("h.0.", u, st)
+        ex = [[model.w(f"h.0.mlp.experts.{e}.{n}").tolist() for n in
+               ("c_fc.weight", "c_fc.bias", "c_proj.weight", "c_proj.bias")] for e in range(E)]
+        sm, saux, sdrop = _slow_moe(u.tolist(), model.w("h.0.mlp.router.weight").tolist(), ex, E, Nn, k, cf)
+        err = max((m - torch.tensor(sm)).abs().max().item(), abs(aux.item() - saux))
+        ok = err < 1e-12 and sdrop == st["moe_dropped"]
+        bad += not ok
+        print("moe forward E=%d Nn=%d k=%d cf=%g N=%d: %d dropped, %d no-op; error %.1e %s"
+              % (E, Nn, k, cf, N, sdrop, st["moe_noop"], err, "ok" if ok else "FAIL"))
+    # 2. whole-model gradients by central differences, one direction a tensor
+    cases = [
+        ("moe top-1 drops", dict(n_expert=4, expert_top_k=1, capacity_factor=1.0), "topk"),
+        ("moe top-2 every 2", dict(n_expert=4, expert_top_k=2, capacity_factor=1.25, moe_every=2), "topk"),
+        ("integrated MoDE", dict(n_expert=4, n_noop_expert=4, expert_top_k=2, capacity_factor=1.0), "topk"),
+        ("staged MoDE topk", dict(route_every=2, capacity=0.5, n_expert=4, expert_top_k=1, moe_every=2), "topk"),
+        ("staged MoDE causal", dict(route_every=2, capacity=0.5, n_expert=4, expert_top_k=1, moe_every=2), "causal"),
+        ("staged MoDE predictor", dict(route_every=2, capacity=0.5, n_expert=4, expert_top_k=2, moe_every=2,
+                                       predictor=True, gate="sigmoid", H=8), "causal"),
+    ]
+    for name, kw, routing in cases:
+        torch.manual_seed(1)
+        model = GPT(16, 8, 4, 2, 8, expert_d_ff=12, **kw)
+        with torch.no_grad():
+            for v in model.p.values():
+                v.copy_(v + torch.randn_like(v) * 0.3)
+        x = torch.randint(0, 16, (5, 8))
+        y = torch.randint(0, 16, (5, 8))
+
+        def objective():
+            st = {}
+            lm = model(x, y, routing=routing, stats=st, micro_batch=2)
+            tot = lm + 0.3 * sum(st["moe"]) / len(st["moe"])
+            # (the predictor's BCE is left out: it sees x through a detach, so
+            # finite differences would differ from its gradient by design)
+            if st["aux"] and not st["pred"]:
+                tot = tot + 0.5 * sum(st["aux"]) / len(st["aux"])
+            return tot, st
+
+        model.zero_grad()
+        tot, st = objective()
+        tot.backward()
+        worst = 0.0
+        for pname, v in model.p.items():
+            d = torch.randn_like(v)
+            with torch.no_grad():
+                v.add_(1e-6 * d)
+                fp = objective()[0].item()
+                v.sub_(2e-6 * d)
+                fm = objective()[0].item()
+                v.add_(1e-6 * d)
+            fd = (fp - fm) / 2e-6
+            an = (v.grad * d).sum().item() if v.grad is not None else 0.0
+            err = abs(fd - an) / max(abs(fd), 1e-3)
+            if err > 1e-5:
+                print("  %s: d/d%s analytic %.8e, finite differences %.8e" % (name, pname, an, fd))
+            worst = max(worst, err)
+        ok = worst < 1e-5 and st["moe_slots"] > 0
+        bad += not ok
+        print("gradients, %s (%s): %d slots, %d no-op, %d dropped; worst relative error %.1e %s"
+              % (name, routing, st["moe_slots"], st["moe_noop"], st["moe_dropped"], worst,
+                 "ok" if ok else "FAIL"))
+    return bad
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(1 if _selftest() else 0)

@@ -5,8 +5,16 @@
 #   loss:      |a - b| <= 1e-5 * |b|
 #   gradients: max |a - b| <= 1e-4 * max |b| per tensor (fp32, different
 #              summation orders; a wrong gradient is off by O(1))
-# for the dense model, and for Mixture-of-Depths models (raw gate with the
-# router's BCE; sigmoid gate with the predictor) under top-k and causal routing.
+# for the dense model, for Mixture-of-Depths models (raw gate with the
+# router's BCE; sigmoid gate with the predictor) under top-k and causal
+# routing, and for Mixture-of-Experts models with their load-balancing loss
+# (weight 0.3): top-1 with tokens dropped at capacity, top-2 in every other
+# block, staged MoDE (MoE in the MoD-routed block, top-k and causal routing)
+# and integrated MoDE (no-op experts). Capacity is per micro-batch: eval and
+# torch_parity.py both split the 6 sequences into micro-batches of 3. For
+# MoE, eval's moe_aux (1e-5 relative) and expert_drop (the dropped share of
+# all slots) must match too. Measured: loss within 1.5e-7, moe_aux within
+# 4.2e-7, gradients within 2.2e-6; a moe aux weight off by 3% gives 5e-2.
 . "$(dirname "$0")/lib.sh"
 if ! "$PYTHON" -c "import torch" 2> /dev/null; then
     echo "SKIP: $PYTHON cannot import torch (apt-get install python3-torch)"
@@ -14,7 +22,8 @@ if ! "$PYTHON" -c "import torch" 2> /dev/null; then
 fi
 prep_fortunes
 cd "$TMP"
-check() { # NAME ROUTING [--key value ...]
+MOE_AUX=0.3
+check() { # NAME ROUTING [--key value ...]; a NAME that starts with moe has experts
     name=$1
     routing=$2
     shift 2
@@ -25,8 +34,14 @@ check() { # NAME ROUTING [--key value ...]
             "$@" > "$name.log" 2>&1 || { cat "$name.log"; fail "$name: training failed"; return; }
         "$MODTRAIN" ckpt export --ckpt "$name/ckpt" --format safetensors --out "$name.safetensors" > /dev/null
     fi
+    case $name in
+    moe*) moe=$MOE_AUX ;;
+    *) moe= ;;
+    esac
     "$MODTRAIN" eval --ckpt "$name/ckpt" --data data/val_000000.bin --seqs 6 --micro-batch 3 \
-        --grads "$name-$routing.grads" --grads_routing "$routing" --aux-weight 0.5 --json > "$name-$routing.json"
+        --grads "$name-$routing.grads" --grads_routing "$routing" --aux-weight 0.5 \
+        ${moe:+--moe-aux-weight "$moe"} --json > "$name-$routing.json" ||
+        { fail "$name, $routing routing: eval --grads failed"; return; }
     cat "$name-$routing.json"
     if [ "$routing" = causal ]; then
         # a causal test needs tokens that go through the routed block and tokens that skip it
@@ -35,12 +50,17 @@ check() { # NAME ROUTING [--key value ...]
             fail "$name: causal routing processed a fraction $frac of the tokens, not a mix"
     fi
     if PYTHONPATH="$srcdir/tests/scripts" "$PYTHON" "$srcdir/tests/scripts/torch_parity.py" \
-        "$name.safetensors" "$name-$routing.grads" data/val_000000.bin "$name-$routing.json" "$routing" 0.5; then
+        "$name.safetensors" "$name-$routing.grads" data/val_000000.bin "$name-$routing.json" "$routing" 0.5 \
+        ${moe:+"$moe"} > "$name-$routing.out"; then
+        cat "$name-$routing.out"
         ok "$name, $routing routing: loss and all gradients match PyTorch"
     else
+        cat "$name-$routing.out"
         fail "$name, $routing routing: modtrain and PyTorch disagree"
     fi
 }
+# dropped: the expert slots PyTorch's assignment dropped at capacity, from its report
+dropped() { sed -n -e 's/.* \([0-9][0-9]*\) dropped .*/\1/p' "$1" 2> /dev/null || true; }
 check dense topk --route_every 0
 check mod topk --route_every 2 --capacity 0.5 --aux_weight 1 --steps 60
 check mod causal
@@ -49,4 +69,14 @@ check mod causal
 check modpred topk --route_every 2 --capacity 0.5 --aux_weight 1 --steps 200 --router_gate sigmoid --causal_router predictor \
     --predictor_hidden 16
 check modpred causal
+# top-1 at capacity factor 1: the test is only worth something if some tokens are dropped
+check moe_top1 topk --route_every 0 --n_expert 4 --expert_top_k 1 --capacity_factor 1
+d=$(dropped moe_top1-topk.out)
+check_ab "${d:-0}" 0 'a > 0' || fail "moe_top1: no expert slot was dropped at capacity factor 1 (${d:-none})"
+check moe_top2 topk --route_every 0 --n_expert 4 --expert_top_k 2 --capacity_factor 1.25 --moe_every 2
+# staged MoDE: block 1 is MoD-routed and its MLP is the MoE over the chosen tokens
+check moe_staged topk --route_every 2 --capacity 0.5 --aux_weight 1 --steps 60 --n_expert 4 --expert_top_k 1 --moe_every 2
+check moe_staged causal
+# integrated MoDE: no-op experts in every block, dense attention
+check moe_noop topk --route_every 0 --n_expert 4 --n_noop_expert 4 --expert_top_k 2 --capacity_factor 1
 finish
