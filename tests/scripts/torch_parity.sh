@@ -38,7 +38,7 @@ check() { # NAME ROUTING [--key value ...]; a NAME that starts with moe has expe
     moe*) moe=$MOE_AUX ;;
     *) moe= ;;
     esac
-    "$MODTRAIN" eval --ckpt "$name/ckpt" --data data/val_000000.bin --seqs 6 --micro-batch 3 \
+    "$MODTRAIN" eval --ckpt "$name/ckpt" --data data/val_000000.bin --seqs 7 --micro-batch 3 \
         --grads "$name-$routing.grads" --grads_routing "$routing" --aux-weight 0.5 \
         ${moe:+--moe-aux-weight "$moe"} --json > "$name-$routing.json" ||
         { fail "$name, $routing routing: eval --grads failed"; return; }
