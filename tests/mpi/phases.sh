@@ -66,8 +66,8 @@ for name in one tp2 pp2 dp2; do
     if got=$(check "$name" 2>&1); then ok "$name: ms per step: $got"; else fail "$name: $got"; fi
     share=$(sed -n '/^where the time went/,/^  other/p' "$name.log" | awk 'NR > 2 { s += $3 } END { print s }')
     rows=$(sed -n '/^where the time went/,/^  other/p' "$name.log" | wc -l)
-    [ "$rows" -eq 12 ] && check_ab "$share" 100 'a > b - 0.6 && a < b + 0.6' &&
-        ok "$name: the end-of-run table has the 10 phases, shares adding to $share%" ||
+    [ "$rows" -eq 13 ] && check_ab "$share" 100 'a > b - 0.6 && a < b + 0.6' &&
+        ok "$name: the end-of-run table has the 11 phases, shares adding to $share%" ||
         fail "$name: the table: $(sed -n '/^where the time went/,/^  other/p' "$name.log")"
 done
 finish
