@@ -1,5 +1,6 @@
 #!/bin/bash
-# Pictures of a Mixture-of-Depths model's routing, from the file that
+# Pictures of a Mixture-of-Depths model's routing (an MoE model's experts
+# too, as a table), from the file that
 # `modtrain eval --routing FILE` writes:
 #   PREFIX.png   a heatmap of one sequence: positions across, routed blocks
 #                up, coloured by the router weight g(r); the tokens top-k
@@ -9,7 +10,9 @@
 #   PREFIX.txt   per routed block, the tokens it chooses most and least
 #                often over every sequence of the file (tokens seen at least
 #                --min_count times), and how often its causal decision
-#                agrees with top-k
+#                agrees with top-k; per MoE block (a file with the experts
+#                column), the share of its slots each expert and no-op kept
+#                and the share dropped
 # usage: jobs/routing_plot.sh ROUTING_FILE PREFIX [--seq N] [--positions N] [--min_count N]
 #   --seq N         the sequence the heatmap shows (0)
 #   --positions N   its first N positions (the model's seq_len, from the
@@ -45,8 +48,14 @@ done
 [ -f "$in" ] || die "'$in' does not exist (write it with modtrain eval --routing FILE)"
 head -n 1 "$in" | grep -q '^# modtrain routing:' ||
     die "'$in' is not a routing file (its first line should start '# modtrain routing:')"
-sed -n 2p "$in" | grep -q "^seq	pos	block	token	text	topk	router	weight	causal$" ||
-    die "'$in' has other columns than modtrain eval --routing writes"
+# an MoE model's file has a tenth column, each choice's expert (see eval --routing)
+cols=9
+if sed -n 2p "$in" | grep -q "^seq	pos	block	token	text	topk	router	weight	causal	experts$"; then
+    cols=10
+else
+    sed -n 2p "$in" | grep -q "^seq	pos	block	token	text	topk	router	weight	causal$" ||
+        die "'$in' has other columns than modtrain eval --routing writes"
+fi
 # the whole sequence unless told: seq_len as eval --routing records it
 if [ -z "$positions" ]; then
     positions=$(head -n 1 "$in" | sed -n 's/.*[:,] seq_len \([0-9]\{1,9\}\),.*/\1/p')
@@ -55,28 +64,32 @@ fi
 
 # every row, strictly: its numbers are numbers, its flags 0 or 1 (the text
 # is only ever data, never part of a gnuplot command)
-bad=$(awk -F'\t' '
+# (an MoE block that is not routed has "-" in topk .. causal; experts holds
+# marks E, dE, nJ joined by commas, or skip, or -)
+bad=$(awk -F'\t' -v cols="$cols" '
 function num(x) { return x ~ /^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$/ || x ~ /^[-+]?(nan|inf)$/ }
 NR <= 2 { next }
 {
-    split("seq pos block token text topk router weight causal", name, " ")
-    if (NF != 9) { printf "line %d has %d columns, not 9", NR, NF; exit }
+    split("seq pos block token text topk router weight causal experts", name, " ")
+    if (NF != cols) { printf "line %d has %d columns, not %d", NR, NF, cols; exit }
     c = 0
     for (i = 1; i <= 4; i++) if ($i !~ /^[0-9]+$/ || length($i) > 9) { c = i; break }
-    if (!c && $6 !~ /^[01]$/) c = 6
-    if (!c && $9 !~ /^[01]$/) c = 9
-    if (!c && !num($7)) c = 7
-    if (!c && !num($8)) c = 8
+    if (!c && cols == 10 && $10 !~ /^(-|skip|(d?[0-9]+|n[0-9]+)(,(d?[0-9]+|n[0-9]+))*)$/) c = 10
+    moe = cols == 10 && $10 != "-" && $6 == "-" && $7 == "-" && $8 == "-" && $9 == "-"
+    if (!c && !moe && $6 !~ /^[01]$/) c = 6
+    if (!c && !moe && $9 !~ /^[01]$/) c = 9
+    if (!c && !moe && !num($7)) c = 7
+    if (!c && !moe && !num($8)) c = 8
     if (c) { v = substr($c, 1, 24); gsub(/[^ -~]/, "?", v)
              printf "line %d: %s = \047%s\047 is not %s", NR, name[c], v,
-                 c <= 4 ? "a whole number" : c == 6 || c == 9 ? "0 or 1" : "a number"; exit }
+                 c <= 4 ? "a whole number" : c == 6 || c == 9 ? "0 or 1" : c == 10 ? "expert marks" : "a number"; exit }
 }' "$in")
 [ -z "$bad" ] || die "'$in': $bad"
 
 # ------------------------------------------------------------ the table
 # columns: 1 seq 2 pos 3 block 4 token 5 text 6 topk 7 router 8 weight 9 causal
 awk -F'\t' -v min="$min_count" -v head="$(head -n 1 "$in")" '
-NR <= 2 { next }
+NR <= 2 || $6 == "-" { next }
 {
     b = $3; t = ($5 == "" ? "#" $4 : $5)
     if (!(b in seen)) { seen[b] = 1; blocks[++nb] = b }
@@ -105,6 +118,36 @@ function rate(k) { return chosen[k] / n[k] }
 function worse(a, c) { return rate(a) < rate(c) || (rate(a) == rate(c) && n[a] < n[c]) }
 function show(k,   t) { t = tok[k]; gsub(/"/, "\\\"", t); printf " \"%s\" %.0f%% (%d)", t, 100 * rate(k), n[k] }
 ' "$in" > "$prefix.txt"
+# an MoE model's experts: per MoE block, the share of its slots each expert
+# kept, the no-ops' and the dropped share
+[ "$cols" = 10 ] && awk -F'\t' -v head="$(head -n 1 "$in")" '
+BEGIN {
+    E = head ~ /, n_expert [0-9]+,/ ? head : ""; sub(/.*, n_expert /, "", E); E += 0
+    Nn = head ~ /, n_noop_expert [0-9]+,/ ? head : ""; sub(/.*, n_noop_expert /, "", Nn); Nn += 0
+}
+NR <= 2 || $10 == "-" { next }
+{
+    b = $3; if (!(b in seen)) { seen[b] = 1; blocks[++nb] = b }
+    if ($10 == "skip") { skip[b]++; next }
+    n = split($10, ch, ",")
+    for (i = 1; i <= n; i++) {
+        all[b]++; m = ch[i]
+        if (m ~ /^d/) drop[b]++
+        else cnt[b, m]++
+        if (m ~ /^n/ && substr(m, 2) + 1 > Nn) Nn = substr(m, 2) + 1
+        if (m !~ /^n/ && (m ~ /^d/ ? substr(m, 2) : m) + 1 > E) E = (m ~ /^d/ ? substr(m, 2) : m) + 1
+    }
+}
+END {
+    for (i = 1; i <= nb; i++) {
+        b = blocks[i]
+        printf "\nblock %d experts: %d slots, %.1f%% dropped%s; kept by", b, all[b],
+            all[b] ? 100 * drop[b] / all[b] : 0, skip[b] ? sprintf(", %d tokens not routed to it", skip[b]) : ""
+        for (e = 0; e < E; e++) printf " expert %d %.1f%%", e, all[b] ? 100 * cnt[b, e ""] / all[b] : 0
+        for (e = 0; e < Nn; e++) printf " no-op %d %.1f%%", e, all[b] ? 100 * cnt[b, "n" e] / all[b] : 0
+        printf "\n"
+    }
+}' "$in" >> "$prefix.txt"
 cat "$prefix.txt"
 
 # ---------------------------------------------------------- the heatmap
@@ -117,7 +160,7 @@ dat=$prefix.heat.dat xlab=$prefix.heat.x ylab=$prefix.heat.y
 # (the file names from the environment: -v would read their backslashes as escapes)
 RP_DAT=$dat RP_X=$xlab RP_Y=$ylab awk -F'\t' -v s="$seq" -v P="$positions" '
 BEGIN { dat = ENVIRON["RP_DAT"]; xlab = ENVIRON["RP_X"]; ylab = ENVIRON["RP_Y"] }
-NR > 2 && $1 == s && $2 < P {
+NR > 2 && $1 == s && $2 < P && $6 != "-" {
     if (!($3 in row)) { row[$3] = nr++; printf "%d\tblock %d\n", row[$3], $3 > ylab }
     if (!($2 in seen)) {
         seen[$2] = 1; t = ($5 == "" ? "#" $4 : $5); gsub(/"/, "\047\047", t)
@@ -127,6 +170,9 @@ NR > 2 && $1 == s && $2 < P {
     printf "%d\t%d\t%s\t%d\t%d\n", $2, row[$3], $8, $6, $9 > dat
 }' "$in"
 touch "$dat" "$xlab" "$ylab"
+if [ ! -s "$dat" ] && [ "$cols" = 10 ] && ! awk -F'\t' 'NR > 2 && $6 != "-" { f = 1; exit } END { exit !f }' "$in"; then
+    rm -f "$dat" "$xlab" "$ylab"; echo "routing_plot: no routed blocks (experts only): no heatmap"; exit 0
+fi
 [ -s "$dat" ] || { rm -f "$dat" "$xlab" "$ylab"; die "'$in' has no sequence $seq"; }
 nrow=$(awk -F'\t' '!s[$2]++ { n++ } END { print n }' "$dat")
 # no wider than the sequence is long (a --positions beyond it draws no more)

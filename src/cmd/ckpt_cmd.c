@@ -384,6 +384,14 @@ static int export_main(int argc, char **argv) {
         model_free(&m);
         return EXIT_USAGE;
     }
+    if (hf && m.d.E > 0) { /* one line, before anything is written */
+        errorf("ckpt export: '%s' is a Mixture-of-Experts model (%d experts in %d of %d blocks): "
+               "Hugging Face's GPT-2 architecture has no experts; use --format safetensors, which "
+               "keeps every tensor",
+               ckpt, m.d.E, model_moe_blocks(&m.d), m.d.L);
+        model_free(&m);
+        return EXIT_USAGE;
+    }
     int rc = EXIT_OK, left_out = 0;
     if (hf ? ckpt_export_hf(out, &m, &cfg, step, &left_out, &err) != 0
            : ckpt_export_safetensors(out, &m, &cfg, step, &err) != 0) {

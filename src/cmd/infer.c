@@ -129,7 +129,7 @@ static int infer_tokenizer(const Infer *in, const char *cmd, const char *vocab, 
 /* ------------------------------------------------------------------ eval */
 
 typedef struct {
-    const char *ckpt, *data, *grads, *grads_routing, *routing, *vocab;
+    const char *ckpt, *data, *grads, *grads_routing, *routing, *vocab, *logits;
     int json, seqs, micro, threads, pp, routing_seqs;
     double aux_weight, moe_aux_weight;
     RouteMode grad_mode;
@@ -169,6 +169,10 @@ static int eval_args(EvalArgs *a, int argc, char **argv) {
          "also write each routed block's decision for every token of the first sequences to "
          "this file",
          "FILE"},
+        {"logits", CLI_STR, &a->logits,
+         "also write the logits of the first sequence's last token, one a line, from a forward "
+         "that routes as sampling decodes (causal routing) to this file",
+         "FILE"},
         {"routing_seqs", CLI_INT, &a->routing_seqs, "sequences --routing covers (4)", NULL, 1,
          1 << 30},
         {"vocab", CLI_STR, &a->vocab,
@@ -202,9 +206,9 @@ static int eval_args(EvalArgs *a, int argc, char **argv) {
         errorf("eval: --grads_routing '%s' is not one of topk/causal", a->grads_routing);
         return EXIT_USAGE;
     }
-    if ((a->grads || a->routing) && a->pp > 1) {
+    if ((a->grads || a->routing || a->logits) && a->pp > 1) {
         errorf("eval: --%s needs the whole model on each rank (--pp 1)",
-               a->grads ? "grads" : "routing");
+               a->grads ? "grads" : a->routing ? "routing" : "logits");
         return EXIT_USAGE;
     }
     if (a->vocab && !a->routing) {
@@ -365,15 +369,44 @@ static void put_text(FILE *f, const uint8_t *p, size_t n) {
     }
 }
 
-/* One micro-batch's decisions: every routed block of every sequence, one
- * line per token. */
+/* Block l's MoE choices for row j of its rows, as the routing file's
+ * experts column: per choice, best first, "E" for expert E, "dE" for
+ * expert E over its capacity (dropped), "nJ" for no-op J. */
+static void put_experts(FILE *f, const ModelDims *d, const BlockActs *A, int j) {
+    for (int c = 0; c < d->ek; c++) {
+        const int e = A->mch[(size_t)j * d->ek + c], s = A->mslot[(size_t)j * d->ek + c];
+        if (c) fputc(',', f);
+        if (s == MOE_NOOP) fprintf(f, "n%d", e - d->E);
+        else if (s == MOE_DROPPED) fprintf(f, "d%d", e);
+        else fprintf(f, "%d", e);
+    }
+}
+
+/* One token's MoD columns (topk, router, weight, causal) of block l: "-"
+ * for a block that is not routed (an MoE block's row). */
+static void put_mod(FILE *f, const ModelDims *d, const BlockActs *A, int l, size_t i) {
+    if (!model_is_routed(d, l)) {
+        fputs("\t-\t-\t-\t-", f);
+        return;
+    }
+    const float z = d->predictor ? A->plogit[i] : 0.f;
+    fprintf(f, "\t%d\t%.9g\t%.9g\t%d", A->topk[i], A->r[i], model_gate(d, A->r[i]),
+            model_causal(d, A->r[i], z));
+}
+
+/* One micro-batch's decisions: every routed or MoE block of every
+ * sequence, one line per token; an MoE model's lines end in the experts
+ * column (put_experts; "skip" for a token a routed MoE block left out, "-"
+ * in a block without experts). */
 static void routing_rows(FILE *f, const Model *m, const int *inputs, int B, int T, size_t seq0,
                          const Bpe *bpe) {
     const ModelDims *d = &m->d;
     for (int b = 0; b < B; b++)
         for (int l = 0; l < d->L; l++) {
-            if (!model_is_routed(d, l)) continue;
+            const int routed = model_is_routed(d, l), moe = model_is_moe(d, l);
+            if (!routed && !moe) continue;
             const BlockActs *A = &m->cur->acts[l];
+            int j = routed ? A->off[b] : 0; /* the next of the block's rows in sequence b */
             for (int t = 0; t < T; t++) {
                 const size_t i = (size_t)b * T + t;
                 const int tok = inputs[i];
@@ -381,11 +414,39 @@ static void routing_rows(FILE *f, const Model *m, const int *inputs, int B, int 
                 size_t n = 1;
                 const uint8_t byte = (uint8_t)tok, *text = bpe ? bpe_token(bpe, tok, &n) : &byte;
                 if (bpe || d->V == 256) put_text(f, text, text ? n : 0);
-                const float z = d->predictor ? A->plogit[i] : 0.f;
-                fprintf(f, "\t%d\t%.9g\t%.9g\t%d\n", A->topk[i], A->r[i], model_gate(d, A->r[i]),
-                        model_causal(d, A->r[i], z));
+                put_mod(f, d, A, l, i);
+                if (d->E > 0) fputc('\t', f);
+                if (d->E > 0 && !moe) fputc('-', f);
+                else if (d->E > 0 && !routed) put_experts(f, d, A, (int)i);
+                else if (d->E > 0 && j < A->off[b + 1] && (size_t)A->sel[j] == i) put_experts(f, d, A, j++);
+                else if (d->E > 0) fputs("skip", f);
+                fputc('\n', f);
             }
         }
+}
+
+/* The routing file's first two lines: what the model and the file are (an
+ * MoE model's experts too), then the columns. */
+static void eval_routing_header(FILE *f, const Infer *in, const Bpe *bpe, size_t n) {
+    const ModelDims *d = &in->m.d;
+    const int T = in->cfg.seq_len;
+    fprintf(f,
+            "# modtrain routing: checkpoint step %d, seq_len %d, k %d, capacity %g, route_every "
+            "%d, causal_router %s, tokenizer %s%s, %zu sequences",
+            in->step, T, model_capacity_k(d, T), in->cfg.capacity, in->cfg.route_every,
+            in->cfg.causal_router == CAUSAL_PREDICTOR ? "predictor" : "aux_loss",
+            in->cfg.tokenizer == TOK_BYTE   ? "byte"
+            : in->cfg.tokenizer == TOK_GPT2 ? "gpt2"
+                                            : "none",
+            in->cfg.tokenizer == TOK_GPT2 && !bpe ? " (no --vocab: text left empty)" : "", n);
+    if (d->E > 0)
+        fprintf(f,
+                ", n_expert %d, n_noop_expert %d, expert_top_k %d, capacity_factor %g, moe_every "
+                "%d (experts: E expert E, dE dropped over its capacity, nJ no-op J, skip not "
+                "routed to the block, - no experts)",
+                d->E, d->Nn, d->ek, d->cf, d->moe_every);
+    fprintf(f, "\nseq\tpos\tblock\ttoken\ttext\ttopk\trouter\tweight\tcausal%s\n",
+            d->E > 0 ? "\texperts" : "");
 }
 
 /* --routing: the top-k forward of the first --routing_seqs sequences, and
@@ -412,18 +473,7 @@ static int eval_routing(Infer *in, const EvalArgs *a, Dataset *ds, size_t n_seqs
         return EXIT_USAGE;
     }
     const size_t n = (size_t)a->routing_seqs < n_seqs ? (size_t)a->routing_seqs : n_seqs;
-    if (f)
-        fprintf(
-            f,
-            "# modtrain routing: checkpoint step %d, seq_len %d, k %d, capacity %g, route_every "
-            "%d, causal_router %s, tokenizer %s%s, %zu sequences\n"
-            "seq\tpos\tblock\ttoken\ttext\ttopk\trouter\tweight\tcausal\n",
-            in->step, T, model_capacity_k(&m->d, T), in->cfg.capacity, in->cfg.route_every,
-            in->cfg.causal_router == CAUSAL_PREDICTOR ? "predictor" : "aux_loss",
-            in->cfg.tokenizer == TOK_BYTE   ? "byte"
-            : in->cfg.tokenizer == TOK_GPT2 ? "gpt2"
-                                            : "none",
-            in->cfg.tokenizer == TOK_GPT2 && !bpe ? " (no --vocab: text left empty)" : "", n);
+    if (f) eval_routing_header(f, in, bpe, n);
     int *inputs = xmalloc((size_t)a->micro * T * sizeof(int));
     int *targets = xmalloc((size_t)a->micro * T * sizeof(int));
     const RouteMode saved = m->route;
@@ -465,6 +515,47 @@ static int eval_routing(Infer *in, const EvalArgs *a, Dataset *ds, size_t n_seqs
     return cmd_agree(rc, &err, MPI_COMM_WORLD) == 0 ? EXIT_OK : EXIT_FAILURE;
 }
 
+/* Writes V logits, one a line, gathered over tp from this rank's Vl (rank 0
+ * of the tp group writes). Returns 0, or -1 with err set. */
+static int write_logits(const char *path, const Model *m, const float *logits, Err *err) {
+    float *all = xmalloc((size_t)m->d.Vp * sizeof(float));
+    tp_allgather(all, logits, (size_t)m->d.Vl, &m->tp);
+    int rc = 0;
+    FILE *f = m->tp.rank == 0 ? fopen(path, "w") : NULL;
+    if (m->tp.rank == 0 && !f) rc = err_set(err, "cannot write '%s': %s", path, strerror(errno));
+    for (int v = 0; f && v < m->d.V; v++) fprintf(f, "%.9g\n", all[v]);
+    if (f && (ferror(f) | fclose(f)) != 0)
+        rc = err_set(err, "cannot write '%s': %s", path, strerror(errno));
+    free(all);
+    return rc;
+}
+
+/* --logits: a forward of the first sequence without targets, routed
+ * causally as decoding is, and its last token's logits into the file.
+ * Returns the exit code. */
+static int eval_logits(Infer *in, const EvalArgs *a, Dataset *ds) {
+    Model *m = &in->m;
+    const int T = in->cfg.seq_len;
+    int *inputs = xmalloc((size_t)T * sizeof(int)), *targets = xmalloc((size_t)T * sizeof(int));
+    Err err = {0};
+    DsSample s;
+    ds_locate_seq(ds, 0, 0, &s);
+    int rc = ds_read(ds, &s, m->d.V, inputs, targets, &err);
+    if (cmd_agree(rc, &err, MPI_COMM_WORLD) == 0) {
+        const RouteMode saved = m->route;
+        m->route = ROUTE_CAUSAL;
+        model_use_slot(m, 0);
+        model_forward(m, inputs, NULL, 1, T);
+        check_model_fault(m);
+        m->route = saved;
+        rc = write_logits(a->logits, m, m->cur->logits + (size_t)(T - 1) * m->d.Vl, &err);
+        rc = cmd_agree(rc, &err, MPI_COMM_WORLD) == 0 ? EXIT_OK : EXIT_FAILURE;
+    } else rc = EXIT_USAGE;
+    free(inputs);
+    free(targets);
+    return rc;
+}
+
 /* Every rank parses the same arguments: rank 0 alone prints (help, errors). */
 static void quiet_above_rank0(int on) {
     static int lost; /* stdout could not be pointed at /dev/null: stay quiet */
@@ -481,10 +572,11 @@ int eval_main(int argc, char **argv) {
     if (rc != 1) return rc;
     Infer in;
     if (infer_open(&in, "eval", a.ckpt, a.pp, a.threads, a.micro) != 0) return EXIT_USAGE;
-    if (a.routing && in.cfg.route_every == 0) { /* the config: alike on every rank */
+    if (a.routing && in.cfg.route_every == 0 && in.m.d.E == 0) { /* alike on every rank */
         if (in.grid.world_rank == 0)
-            errorf("eval: --routing needs routed blocks, and '%s' is a dense model (route_every "
-                   "= 0): leave --routing out, or give a Mixture-of-Depths checkpoint",
+            errorf("eval: --routing needs routed blocks or experts, and '%s' is a dense model "
+                   "(route_every = 0, n_expert = 0): leave --routing out, or give a "
+                   "Mixture-of-Depths or Mixture-of-Experts checkpoint",
                    a.ckpt);
         infer_close(&in);
         return EXIT_USAGE;
@@ -505,6 +597,7 @@ int eval_main(int argc, char **argv) {
     const size_t total = (size_t)a.seqs;
     /* the routing file first: its refusals (tokenizer, path) come before the work */
     rc = a.routing ? eval_routing(&in, &a, &ds, (size_t)ds.parts[0].n_seqs) : EXIT_OK;
+    if (rc == EXIT_OK && a.logits) rc = eval_logits(&in, &a, &ds);
     if (rc == EXIT_OK) rc = eval_run(&in, &a, &ds, total);
     ds_free(&ds);
     infer_close(&in);
@@ -554,7 +647,7 @@ static int draw(float *logits, int V, double temperature, int top_k, Rng *rng) {
 }
 
 typedef struct {
-    const char *ckpt, *prompt, *vocab, *ids;
+    const char *ckpt, *prompt, *vocab, *ids, *logits;
     int tokens, top_k, threads, stats, pp;
     double temperature;
     long long seed;
@@ -579,6 +672,10 @@ static int sample_args(SampleArgs *a, int argc, char **argv) {
          "FILE"},
         {"threads", CLI_INT, &a->threads,
          "threads; 0 = OMP_NUM_THREADS, else the cores over the node's ranks (0)", NULL, 0, 4096},
+        {"logits", CLI_STR, &a->logits,
+         "also write the logits the first token is drawn from (the prompt's last token's), one "
+         "a line, to this file",
+         "FILE"},
         {"stats", CLI_FLAG, &a->stats, "print tokens/s to stderr at the end"},
         {"pp", CLI_INT, &a->pp, "pipeline stages over the ranks; the rest is tensor-parallel (1)",
          NULL, 1, 4096},
@@ -653,6 +750,9 @@ static double generate(Infer *in, const SampleArgs *a, DecodeState *ds, Text *tx
     for (size_t i = tx->n > (size_t)T ? tx->n - T : 0; i < tx->n; i++)
         logits = decode_step(m, ds, tx->seq[i], tx->pos++);
     float *probs = xmalloc((size_t)m->d.Vp * sizeof(float));
+    Err err = {0};
+    if (a->logits && model_last_stage(&m->d) && write_logits(a->logits, m, logits, &err) != 0)
+        errorf("sample: --logits: %s", err.msg);
     Rng rng;
     rng_seed(&rng, (uint64_t)a->seed);
     double t0 = now_s();

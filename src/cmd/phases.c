@@ -8,12 +8,13 @@
 #include "mpi/check.h"
 #include "src/base/util.h"
 
-static const char *const names[PH_N] = {"forward",   "backward",   "tp_comm", "dp_comm", "pp_wait",
-                                        "optimizer", "ckpt_stall", "eval",    "data",    "other"};
+static const char *const names[PH_N] = {"forward", "backward",   "tp_comm", "ep_comm",
+                                        "dp_comm", "pp_wait",    "optimizer", "ckpt_stall",
+                                        "eval",    "data",       "other"};
 
 /* Phases that are waits on other ranks: their spread over ranks is shown. */
 static int is_wait(int ph) {
-    return ph == PH_TP || ph == PH_DP || ph == PH_PP_WAIT || ph == PH_CKPT;
+    return ph == PH_TP || ph == PH_EP || ph == PH_DP || ph == PH_PP_WAIT || ph == PH_CKPT;
 }
 
 void phases_start(Phases *p) {

@@ -18,6 +18,7 @@ typedef enum {
     PH_FORWARD,   /* forward compute, tp collectives excluded */
     PH_BACKWARD,  /* backward compute, tp collectives excluded */
     PH_TP,        /* tensor-parallel collectives in the forward and backward */
+    PH_EP,        /* expert-parallel all-to-alls in the forward and backward */
     PH_DP,        /* gradient and statistics all-reduces after the schedule */
     PH_PP_WAIT,   /* waiting for a neighbouring stage's activations or gradients */
     PH_OPTIMIZER, /* gradient norm, clipping and AdamW */
@@ -45,7 +46,9 @@ void phases_add(Phases *p, Phase ph, double s);
 void phases_end_step(Phases *p);
 /* Collective over comm: appends the last interval's phases to a metrics
  * line on rank 0 (mean over ranks in ms, and min and max of the waits):
- * ,"interval_ms":X,"phase_ms":{...},"wait_ms":{"tp_comm":[min,max],...} */
+ * ,"interval_ms":X,"phase_ms":{...},"wait_ms":{"tp_comm":[min,max],...}
+ * (phases: forward, backward, tp_comm, ep_comm, dp_comm, pp_wait, optimizer,
+ * ckpt_stall, eval, data, other) */
 void phases_json(const Phases *p, MPI_Comm comm, FILE *f);
 /* Collective over comm: the run's table, printed by rank 0. */
 void phases_summary(const Phases *p, MPI_Comm comm);

@@ -77,7 +77,7 @@ typedef struct {
 /* What one step measured. */
 typedef struct {
     double loss, grad_norm, lr, dt, bubble, fpt;
-    unsigned long long tp_bytes, dp_bytes, pp_bytes;
+    unsigned long long tp_bytes, dp_bytes, pp_bytes, ep_bytes;
     int live;
     int nonfinite;  /* the loss or gradient was not finite: no update made */
     int data_error; /* a read failed (printed): no step made */
@@ -489,19 +489,60 @@ static int run_setup_model(Run *r) {
     return 0;
 }
 
+/* The parameters of this rank's stage, every expert counted: the registry
+ * holds this rank's El of each MoE block's E experts (ep ranks hold the
+ * rest, each as many of the same shape). */
+static size_t stage_params(const Model *m) {
+    size_t n = 0;
+    for (int i = 0; i < m->nreg; i++) {
+        const ParamInfo *p = &m->reg[i];
+        n += (size_t)p->vocab_rows * p->shape[1] * (p->expert >= 0 ? (size_t)m->d.ep : 1);
+    }
+    return n;
+}
+
+/* The banner's line on the model's kind: dense, Mixture-of-Depths,
+ * Mixture-of-Experts, staged MoDE (routed blocks beside MoE blocks) or
+ * integrated MoDE (no-op experts: an MoE block's depth routing). */
+static void run_banner_kind(const Run *r, size_t total) {
+    const ModelDims *d = &r->m.d;
+    const int moe = model_moe_blocks(d);
+    if (moe == 0) {
+        log0("model: %s\n", r->n_routed ? "Mixture-of-Depths" : "dense");
+        return;
+    }
+    const char *kind = r->n_routed && d->Nn ? "staged and integrated MoDE"
+                       : r->n_routed        ? "staged MoDE (routed blocks beside MoE blocks)"
+                       : d->Nn              ? "integrated MoDE (no-op experts)"
+                                            : "Mixture-of-Experts";
+    /* one expert's MLP, global: c_fc (C, Fe) + (Fe), c_proj (Fe, C) + (C) */
+    const double one = 2.0 * d->C * d->Fe + d->Fe + d->C;
+    const double experts = one * d->E * moe, active = one * d->ek * moe;
+    char noop[64] = "";
+    if (d->Nn) snprintf(noop, sizeof noop, " + %d no-op", d->Nn);
+    log0("model: %s | %d of %d blocks MoE: %d experts%s, top-%d, width %d, capacity factor %g "
+         "(%d rows an expert of a %d-row micro-batch), ep %d | experts %.2fM of the %.2fM "
+         "parameters, %.2fM active a token\n",
+         kind, moe, d->L, d->E, noop, d->ek, d->Fe, d->cf,
+         model_expert_capacity(d, r->micro * r->T), r->micro * r->T, d->ep, experts / 1e6,
+         total / 1e6, ((double)total - experts + active) / 1e6);
+}
+
 static void run_banner(const Run *r) {
     const Config *c = &r->cfg;
     const ModelDims *d = &r->m.d;
-    /* the whole model's count, not the stage's this rank holds */
+    /* the whole model's count, not the stage's this rank holds; every
+     * expert of it, whatever ep (plan_num_params builds the registry at ep 1) */
     Config whole = *c;
     whole.vocab_size = d->V;
     char stage[64] = "";
     if (r->grid.pp > 1)
-        snprintf(stage, sizeof stage, " (%.2fM on stage 0)", model_num_params(&r->m) / 1e6);
+        snprintf(stage, sizeof stage, " (%.2fM on stage 0)", stage_params(&r->m) / 1e6);
     log0("modtrain %s | %.2fM parameters%s | L=%d C=%d NH=%d T=%d V=%d | batch %d x %d tokens, "
          "micro-batch %d\n",
          PACKAGE_VERSION, plan_num_params(&whole) / 1e6, stage, d->L, d->C, d->NH, r->T, d->V,
          c->batch_size, r->T, r->micro);
+    run_banner_kind(r, plan_num_params(&whole));
     if (r->n_routed)
         log0("Mixture-of-Depths: %d of %d blocks routed, capacity %g (k = %d of %d), gate %s, "
              "causal routing by %s\n",
@@ -680,24 +721,24 @@ static void step_forward(void *p, int mb, int slot) {
     StepCtx *c = p;
     Run *r = c->r;
     const int T = r->T;
-    const double t0 = now_s(), tp0 = tp_time_s;
+    const double t0 = now_s(), tp0 = tp_time_s + ep_time_s;
     const size_t at = (size_t)mb * r->micro * T;
     model_use_slot(&r->m, slot);
     fault_phase("forward");
     c->loss_sum +=
         model_forward(&r->m, r->inputs + at, r->targets + at, r->micro, T) * (double)r->micro * T;
     check_model_fault(&r->m);
-    phases_add(&r->ph, PH_FORWARD, now_s() - t0 - (tp_time_s - tp0));
+    phases_add(&r->ph, PH_FORWARD, now_s() - t0 - (tp_time_s + ep_time_s - tp0));
 }
 
 static void step_backward(void *p, int mb, int slot) {
     StepCtx *c = p;
     (void)mb;
-    const double t0 = now_s(), tp0 = tp_time_s;
+    const double t0 = now_s(), tp0 = tp_time_s + ep_time_s;
     model_use_slot(&c->r->m, slot);
     fault_phase("backward");
     model_backward(&c->r->m, (float)(1.0 / c->r->step_tokens), (float)c->r->cfg.aux_weight);
-    phases_add(&c->r->ph, PH_BACKWARD, now_s() - t0 - (tp_time_s - tp0));
+    phases_add(&c->r->ph, PH_BACKWARD, now_s() - t0 - (tp_time_s + ep_time_s - tp0));
 }
 
 static float *step_input(void *p, int slot) { return ((StepCtx *)p)->r->m.slots[slot].enc; }
@@ -751,12 +792,33 @@ static int run_read_batch(Run *r, uint64_t *hash) {
     return 0;
 }
 
+/* The step's FLOPs per token, from what its blocks computed (r->frac and
+ * the reduced stats): an MoE block costs the real experts' slots it kept
+ * per token it processed, not expert_top_k. */
+static double run_step_flops(Run *r) {
+    const Model *m = &r->m;
+    const ModelDims *d = &m->d;
+    if (d->E == 0) return model_flops_per_token(d, r->T, r->n_routed ? r->frac : NULL);
+    const int w = d->E + d->Nn + 2;
+    double *slots = xcalloc((size_t)d->L, sizeof(double));
+    for (int l = 0; l < d->L; l++) {
+        const long long *st = m->stats.moe + (size_t)l * w, all = st[w - 1];
+        long long kept = 0;
+        for (int e = 0; e < d->E; e++) kept += st[e];
+        /* tokens the block processed = its slots / k */
+        slots[l] = all > 0 ? (double)kept * d->ek / (double)all : 0.0;
+    }
+    const double fpt = model_flops_per_token_moe(d, r->T, r->n_routed ? r->frac : NULL, slots);
+    free(slots);
+    return fpt;
+}
+
 /* One optimizer step: schedule -> sync -> clip -> optimizer. */
 static void run_step(Run *r, int step, StepResult *out) {
     Model *m = &r->m;
     const Grid *g = &r->grid;
-    const double t0 = now_s(), wait0 = pp_wait_s, tp_s0 = tp_time_s;
-    const unsigned long long tp0 = tp_bytes, dp0 = dp_bytes, pp0 = pp_bytes;
+    const double t0 = now_s(), wait0 = pp_wait_s, tp_s0 = tp_time_s, ep_s0 = ep_time_s;
+    const unsigned long long tp0 = tp_bytes, dp0 = dp_bytes, pp0 = pp_bytes, ep0 = ep_bytes;
     if (run_read_batch(r, &out->data_hash) != 0) {
         out->data_error = 1;
         return;
@@ -809,11 +871,13 @@ static void run_step(Run *r, int step, StepResult *out) {
                scale);
     phases_add(&r->ph, PH_OPTIMIZER, now_s() - t1 - (tp_time_s - tp1));
     phases_add(&r->ph, PH_TP, tp_time_s - tp_s0);
+    phases_add(&r->ph, PH_EP, ep_time_s - ep_s0);
     phases_add(&r->ph, PH_PP_WAIT, pp_wait_s - wait0);
     out->dt = now_s() - t0;
     out->tp_bytes = tp_bytes - tp0;
     out->dp_bytes = dp_bytes - dp0;
     out->pp_bytes = pp_bytes - pp0;
+    out->ep_bytes = ep_bytes - ep0;
     /* the pipeline bubble: the share of the step each stage spent waiting on
      * its neighbours, averaged over the stages */
     out->bubble = (pp_wait_s - wait0) / out->dt;
@@ -822,12 +886,44 @@ static void run_step(Run *r, int step, StepResult *out) {
         out->bubble /= g->pp;
     }
     for (int l = 0; l < m->d.L; l++) r->frac[l] = (double)m->stats.processed[l] / m->stats.tokens;
-    out->fpt = model_flops_per_token(&m->d, r->T, r->n_routed ? r->frac : NULL);
+    out->fpt = run_step_flops(r);
     if (step > r->start) {
         r->steps_timed++;
         r->time_timed += out->dt;
     }
     phases_end_step(&r->ph);
+}
+
+/* An MoE model's expert load on the step's metrics line: per MoE block the
+ * share of its slots each expert kept (real ones, then no-ops) and the share
+ * dropped, and the mean load-balancing loss. Returns the drop rate over
+ * every MoE block (0 without experts). */
+static double run_log_moe(const Run *r) {
+    const ModelDims *d = &r->m.d;
+    const RouteStats *st = &r->m.stats;
+    if (d->E == 0) return 0;
+    const int w = d->E + d->Nn + 2;
+    long long dropped = 0, all = 0;
+    mprintf(r->metrics, ",\"expert_load\":[");
+    for (int l = 0, k = 0; l < d->L; l++) {
+        if (!model_is_moe(d, l)) continue;
+        const long long *v = st->moe + (size_t)l * w;
+        const double n = v[w - 1] > 0 ? (double)v[w - 1] : 1.0;
+        mprintf(r->metrics, "%s[", k++ ? "," : "");
+        for (int e = 0; e < d->E + d->Nn; e++) mprintf(r->metrics, "%s%.6f", e ? "," : "", v[e] / n);
+        mprintf(r->metrics, "]");
+        dropped += v[w - 2], all += v[w - 1];
+    }
+    mprintf(r->metrics, "],\"expert_drop\":[");
+    for (int l = 0, k = 0; l < d->L; l++) {
+        if (!model_is_moe(d, l)) continue;
+        const long long *v = st->moe + (size_t)l * w;
+        mprintf(r->metrics, "%s%.6f", k++ ? "," : "",
+                v[w - 1] > 0 ? (double)v[w - 2] / (double)v[w - 1] : 0.0);
+    }
+    mprintf(r->metrics, "],\"moe_aux\":%.6f",
+            st->moe_forwards ? st->moe_aux_sum / (double)st->moe_forwards : 0.0);
+    return all > 0 ? (double)dropped / (double)all : 0.0;
 }
 
 /* The step's metrics line, and the progress line every log_every steps. */
@@ -853,24 +949,27 @@ static void run_log(Run *r, int step, const StepResult *s) {
         acc = (double)st->agree / (double)st->decisions;
         mprintf(r->metrics, ",\"aux_loss\":%.6f,\"predictor_accuracy\":%.6f", aux, acc);
     }
+    const double drop = run_log_moe(r);
     mprintf(r->metrics,
             ",\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"step_time_ms\":%.3f,"
             "\"mfu\":%.4f,\"flops_per_token\":%.0f,\"flops_ratio_dense\":%.4f,"
-            "\"tp_bytes\":%llu,\"dp_bytes\":%llu,\"pp_bytes\":%llu,\"pp_live\":%d,"
-            "\"pp_bubble\":%.4f",
+            "\"tp_bytes\":%llu,\"dp_bytes\":%llu,\"pp_bytes\":%llu,\"ep_bytes\":%llu,"
+            "\"pp_live\":%d,\"pp_bubble\":%.4f",
             s->lr, s->grad_norm, tps, s->dt * 1e3, mfu, s->fpt, s->fpt / r->dense_fpt, s->tp_bytes,
-            s->dp_bytes, s->pp_bytes, s->live, s->bubble);
+            s->dp_bytes, s->pp_bytes, s->ep_bytes, s->live, s->bubble);
     /* above 100%: the peak was measured too low (outside load), never clamped */
     if (mfu > 1) mprintf(r->metrics, ",\"peak_mismeasured\":true");
     phases_json(&r->ph, r->grid.world, r->metrics);
     mprintf(r->metrics, "}\n");
     if (done % c->log_every != 0 && done != c->steps && step != r->start) return;
-    char eta[32], mod[96] = "";
+    char eta[32], mod[160] = "";
     double per = r->steps_timed ? r->time_timed / r->steps_timed : s->dt;
     format_duration(eta, sizeof eta, per * (c->steps - done));
     if (r->n_routed)
         snprintf(mod, sizeof mod, " | aux %.4f acc %.1f%% | FLOPs %.2fx dense", aux, 100 * acc,
                  s->fpt / r->dense_fpt);
+    if (r->m.d.E > 0)
+        snprintf(mod + strlen(mod), sizeof mod - strlen(mod), " | experts drop %.1f%%", 100 * drop);
     log0("step %*d/%d | loss %.4f%s | lr %.2e | %.0f tok/s | MFU %.1f%%%s | ETA %s\n",
          (int)snprintf(NULL, 0, "%d", c->steps), done, c->steps, s->loss, mod, s->lr, tps,
          100 * mfu, mfu > 1 ? " (over 100%: the peak was mismeasured)" : "", eta);

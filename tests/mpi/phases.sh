@@ -1,7 +1,7 @@
 #!/bin/sh
 # Per-phase step timers on real ranks: a single rank (with validation and
 # synchronous saves), tp 2, pp 2 and dp 2. Every step's metrics line splits
-# its interval into forward, backward, tp_comm, dp_comm, pp_wait, optimizer,
+# its interval into forward, backward, tp_comm, ep_comm, dp_comm, pp_wait, optimizer,
 # ckpt_stall, eval, data and other; the phases sum to the interval, no measured
 # phase is negative, and together they never claim more than the interval
 # (other >= -2% of it: no time counted twice). A phase a layout cannot have
@@ -32,7 +32,7 @@ check() { # NAME: the checks above; prints what it found
     "$PYTHON" - "$1" <<'PY'
 import json, sys
 name = sys.argv[1]
-names = ["forward", "backward", "tp_comm", "dp_comm", "pp_wait", "optimizer", "ckpt_stall", "eval", "data", "other"]
+names = ["forward", "backward", "tp_comm", "ep_comm", "dp_comm", "pp_wait", "optimizer", "ckpt_stall", "eval", "data", "other"]
 steps = [json.loads(l) for l in open(name + "/metrics.jsonl") if '"loss"' in l]
 assert len(steps) == 8, len(steps)
 for s in steps:
@@ -51,6 +51,7 @@ assert after("ckpt_stall") == [4, 7], after("ckpt_stall")
 assert all(s["phase_ms"]["data"] > 0 for s in steps), [s["phase_ms"]["data"] for s in steps]
 if name == "one":
     assert tot["tp_comm"] == 0 and tot["pp_wait"] == 0, tot
+assert tot["ep_comm"] == 0, tot  # a dense model: no expert all-to-all
 if name == "tp2":
     assert tot["tp_comm"] > 0 and tot["pp_wait"] == 0, tot
 if name == "pp2":
@@ -65,8 +66,8 @@ for name in one tp2 pp2 dp2; do
     if got=$(check "$name" 2>&1); then ok "$name: ms per step: $got"; else fail "$name: $got"; fi
     share=$(sed -n '/^where the time went/,/^  other/p' "$name.log" | awk 'NR > 2 { s += $3 } END { print s }')
     rows=$(sed -n '/^where the time went/,/^  other/p' "$name.log" | wc -l)
-    [ "$rows" -eq 12 ] && check_ab "$share" 100 'a > b - 0.6 && a < b + 0.6' &&
-        ok "$name: the end-of-run table has the 10 phases, shares adding to $share%" ||
+    [ "$rows" -eq 13 ] && check_ab "$share" 100 'a > b - 0.6 && a < b + 0.6' &&
+        ok "$name: the end-of-run table has the 11 phases, shares adding to $share%" ||
         fail "$name: the table: $(sed -n '/^where the time went/,/^  other/p' "$name.log")"
 done
 finish
