@@ -119,6 +119,22 @@ int model_stage_routed(const ModelDims *d) {
     return d->route_every > 0 ? d->l1 / d->route_every - d->l0 / d->route_every : 0;
 }
 
+int model_stage_moe(const ModelDims *d, int *routed) {
+    *routed = 0;
+    if (d->E == 0) return 0;
+    const long m = d->moe_every;
+    if (d->route_every > 0) { /* both: l + 1 a multiple of lcm(route_every, moe_every) */
+        long a = d->route_every, b = m;
+        while (b) {
+            const long t = a % b;
+            a = b, b = t;
+        }
+        const long g = d->route_every / a * m;
+        *routed = (int)(d->l1 / g - d->l0 / g);
+    }
+    return (int)(d->l1 / m - d->l0 / m);
+}
+
 int model_capacity_k(const ModelDims *d, int T) {
     long k = lround(d->capacity * T);
     return k < 1 ? 1 : (k > T ? T : (int)k);
@@ -182,7 +198,11 @@ static void expert_rows(RegBuilder *rb) {
 #define EXP(f) offsetof(ExpertParams, f)
     for (int l = d->l0; l < d->l1; l++) {
         if (!model_is_moe(d, l)) continue;
-        for (int e = d->e0; e < d->e0 + d->El; e++) {
+        /* measured: one expert's rows stand for all El (the planner measures
+         * thousands of stages, and n_expert goes to 4096) */
+        const int n_ex = rb->measure && d->El > 0 ? 1 : d->El;
+        const size_t before = rb->m->nparams;
+        for (int e = d->e0; e < d->e0 + n_ex; e++) {
             ParamInfo *p[4];
             snprintf(n, sizeof n, "mlp.experts.%d.c_fc.weight", e);
             p[0] = reg_add(rb, l, EXP(fcw), n, 2, C, F, 1, 1, INIT_NORMAL);
@@ -194,6 +214,7 @@ static void expert_rows(RegBuilder *rb) {
             p[3] = reg_add(rb, l, EXP(projb), n, 1, C, 0, -1, 1, INIT_ZERO);
             for (int i = 0; i < 4; i++) p[i]->expert = e;
         }
+        if (n_ex < d->El) rb->m->nparams += (size_t)(d->El - 1) * (rb->m->nparams - before);
     }
 #undef EXP
 }
@@ -504,12 +525,19 @@ void model_units(const ModelDims *d, int maxB, ModelUnits *u) {
     memset(&m, 0, sizeof m);
     m.d = *d;
     m.maxB = maxB;
-    for (int k = 0; k < 4; k++) { /* the first block of each kind */
-        int l = 0;
-        while (l < d->L && block_kind(d, l) != k) l++;
-        if (l == d->L) continue;
+    /* the first block of each kind the model has (counted in a few
+     * operations, so that the scan stops at the last kind's first) */
+    ModelDims whole = *d;
+    whole.l0 = 0, whole.l1 = d->L;
+    int both;
+    const int moe = model_stage_moe(&whole, &both), routed = model_stage_routed(&whole);
+    int left = (d->L - routed - moe + both > 0) + (routed > both) + (moe > both) + (both > 0);
+    for (int l = 0; l < d->L && left > 0; l++) {
+        const int k = block_kind(d, l);
+        if (u->block_floats[k]) continue;
         u->block_floats[k] = stage_floats(d, 0, 0, l, l + 1);
         u->block_acts[k] = lay_out(&m, block_rows, NROWS(block_rows), l, NULL, NULL, 0);
+        left--;
     }
     for (int last = 0; last < 2; last++) {
         m.d.pp = last ? 1 : 2, m.d.pp_rank = 0; /* the set's rows depend on the last stage only */
@@ -522,13 +550,14 @@ void model_units(const ModelDims *d, int maxB, ModelUnits *u) {
 
 void model_memory_units(const ModelUnits *u, const ModelDims *d, int slots, int optimizer,
                         ModelMemory *mm) {
+    /* in a few operations: the planner measures thousands of stages */
     size_t kinds[4] = {0, 0, 0, 0};
-    if (d->E == 0) { /* in a few operations: the planner measures thousands of stages */
-        kinds[1] = (size_t)model_stage_routed(d);
-        kinds[0] = (size_t)(d->l1 - d->l0) - kinds[1];
-    } else {
-        for (int l = d->l0; l < d->l1; l++) kinds[block_kind(d, l)]++;
-    }
+    int both;
+    const int moe = model_stage_moe(d, &both), routed = model_stage_routed(d);
+    kinds[3] = (size_t)both;
+    kinds[2] = (size_t)(moe - both);
+    kinds[1] = (size_t)(routed - both);
+    kinds[0] = (size_t)(d->l1 - d->l0 - routed - moe + both);
     size_t nparams = u->top_floats[model_first_stage(d)][model_last_stage(d)];
     size_t set = u->set_bytes[model_last_stage(d)];
     for (int k = 0; k < 4; k++) {

@@ -80,6 +80,9 @@ void model_dims_config(ModelDims *d, const Config *cfg, int tp, int tp_rank);
 int model_is_routed(const ModelDims *d, int l);
 /* How many of the stage's blocks [l0, l1) are routed. */
 int model_stage_routed(const ModelDims *d);
+/* How many of the stage's blocks are MoE blocks, and *routed of them also
+ * routed (in a few operations). */
+int model_stage_moe(const ModelDims *d, int *routed);
 /* Tokens top-k routing keeps in a sequence of T: max(1, round(capacity * T)). */
 int model_capacity_k(const ModelDims *d, int T);
 /* member[t] = 1 for the k positions with the largest r (ties to the lower

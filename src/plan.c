@@ -22,21 +22,49 @@ static double allreduce_s(double n, int p, double alpha, double beta) {
 typedef struct {
     double flops, tp_bytes;
     int tp_calls;
+    double ep_rows; /* expert slots (rows of C floats) the MoE blocks send out */
+    int moe;        /* the stage's MoE blocks */
 } StageCost;
+
+/* The stage's MoE blocks (d->E > 0): each on its rows n (N, or B K when
+ * routed), the attention and one expert a slot on them, split over tp, the
+ * router on them on every tp rank; tp all-reduces of the attention forward
+ * and backward (n C each), of the experts' outputs (n k C, every slot kept)
+ * and of the rows' input gradient (n C). Returns the dense and routed
+ * blocks among them. */
+static void moe_cost(const ModelDims *d, int B, int T, StageCost *s, int *dense, int *routed) {
+    const double C = d->C, tp = d->tp, k = d->ek;
+    const double K = model_capacity_k(d, T), f = K / T;
+    int both;
+    const int moe = model_stage_moe(d, &both), count[2] = {moe - both, both};
+    for (int r = 0; r < 2; r++) { /* the unrouted MoE blocks, then the routed ones */
+        const double n = r ? (double)B * K : (double)B * T, t = r ? f * T : T, m = count[r];
+        s->flops += m * (n * (6.0 * (4.0 * C * C + k * 2.0 * C * d->Fe) + 12.0 * t * C) / tp +
+                         n * 6.0 * C * (d->E + d->Nn));
+        if (r) /* the MoD router (and predictor) on every token */
+            s->flops +=
+                m * ((double)B * T * (6.0 * C + (d->predictor ? 6.0 * (C * d->H + d->H) : 0)));
+        s->tp_bytes += m * (3 * n + n * k) * C;
+        s->ep_rows += m * n * k;
+    }
+    s->moe = moe;
+    *dense -= count[0], *routed -= count[1];
+}
 
 static StageCost stage_cost(const ModelDims *d, int B, int T) {
     const double C = d->C, N = (double)B * T, tp = d->tp;
     const double K = model_capacity_k(d, T), f = K / T;
-    const int routed = model_stage_routed(d), dense = d->l1 - d->l0 - routed;
-    StageCost s = {0, 0, 0};
+    int routed = model_stage_routed(d), dense = d->l1 - d->l0 - routed;
+    StageCost s = {0, 0, 0, 0, 0};
     if (model_first_stage(d)) s.tp_bytes += N * C, s.tp_calls++; /* the embedding */
+    if (d->E > 0) moe_cost(d, B, T, &s, &dense, &routed);
     /* this stage's blocks: a routed one on its K tokens of a sequence, and
      * its router (and predictor) on every token */
     s.flops += dense * (N * (6.0 * 12.0 * C * C + 12.0 * T * C) / tp);
     s.flops += routed * (N * f * (6.0 * 12.0 * C * C + 12.0 * (f * T) * C) / tp +
                          N * (6.0 * C + (d->predictor ? 6.0 * (C * d->H + d->H) : 0)));
     s.tp_bytes += 4 * (dense * N + routed * (double)B * K) * C; /* 2 forward, 2 backward */
-    s.tp_calls += 4 * (dense + routed);
+    s.tp_calls += 4 * (dense + routed + s.moe);
     if (model_last_stage(d)) {
         s.flops += N * 6.0 * d->V * C / tp;
         s.tp_bytes += 3 * N + N * C, s.tp_calls += 4; /* the loss's max and sums, the head */
@@ -58,11 +86,72 @@ static int pp_spans(const Cluster *cl, const PlanRow *r) {
            r->tp * r->pp * r->dp > r->ranks_per_node;
 }
 
-/* A micro-batch's time on the slowest stage (compute, tp, pp sends), and
- * the sum over all stages of theirs. */
+/* Whether an ep group (tp x ep consecutive ranks) spans nodes, as dp's
+ * tp x dp do. */
+static int ep_spans(const Cluster *cl, const PlanRow *r) {
+    return cl->nodes > 1 && r->tp * r->ep > r->ranks_per_node;
+}
+
+/* An all-to-all over p ranks sending n bytes to the others: p - 1 messages. */
+static double alltoall_s(double n, int p, double alpha, double beta) {
+    return p <= 1 ? 0 : (p - 1) * alpha + n / beta;
+}
+
+/* Floats of one expert's four tensors on a rank (each on 16 floats, as the
+ * registry lays them out). */
+static double expert_floats(const ModelDims *d) {
+    const size_t C = (size_t)d->C, F = (size_t)d->Fel;
+#define PAD16(x) (((x) + 15) & ~(size_t)15)
+    return (double)(PAD16(C * F) + PAD16(F) + PAD16(F * C) + PAD16(C));
+#undef PAD16
+}
+
+/* A micro-batch's time on the slowest stage (compute, tp, pp sends, the
+ * all-to-alls), and the sum over all stages of theirs. */
 typedef struct {
-    double compute, tp, pp, all;
+    double compute, tp, pp, ep, all;
 } MicroTime;
+
+/* A stage's micro-batch: its time, and the busiest rank's bytes into r. */
+static MicroTime stage_time(const Cluster *cl, PlanRow *r, const ModelDims *d, int T, int s,
+                            double act) {
+    double ta, tb, pa, pb, ea, eb;
+    link(cl, r->tp > r->ranks_per_node, &ta, &tb);
+    link(cl, pp_spans(cl, r), &pa, &pb);
+    const StageCost sc = stage_cost(d, r->micro, T);
+    const double rate = r->threads * cl->gflops_per_core * 1e9 * cl->efficiency;
+    MicroTime t = {sc.flops / rate, 0, 0, 0, 0};
+    if (r->tp > 1) {
+        t.tp = sc.tp_calls * 2.0 * (r->tp - 1) * ta + 2.0 * (r->tp - 1) / r->tp * sc.tp_bytes / tb;
+        if (sc.tp_bytes * r->n_micro > r->tp_bytes) r->tp_bytes = sc.tp_bytes * r->n_micro;
+    }
+    const double sends = (s > 0) + (s < r->pp - 1); /* activations one way, gradients back */
+    t.pp = sends * (pa + act / pb);
+    if (r->pp > 1 && sends * act * r->n_micro > r->pp_bytes) r->pp_bytes = sends * act * r->n_micro;
+    if (r->ep > 1 && sc.moe > 0) {
+        /* 4 all-to-alls of rows a block, (ep - 1) / ep of them to others,
+         * and the forward's of the counts (E ints) */
+        link(cl, ep_spans(cl, r), &ea, &eb);
+        const double part = (r->ep - 1.0) / r->ep;
+        const double rows = 4.0 * part * sc.ep_rows * d->C * sizeof(float);
+        t.ep = 4.0 * sc.moe * alltoall_s(0, r->ep, ea, eb) + rows / eb +
+               sc.moe * alltoall_s(part * d->E * sizeof(int), r->ep, ea, eb);
+        if (rows * r->n_micro > r->ep_bytes) r->ep_bytes = rows * r->n_micro;
+    }
+    return t;
+}
+
+/* dp: every gradient float (the experts' over their dp / ep replicas only),
+ * and the tied embedding between the end stages; the busiest rank's. */
+static void stage_dp(PlanRow *r, const ModelDims *d, const ModelMemory *mm, int s) {
+    int both;
+    const double experts =
+        r->ep > 1 ? model_stage_moe(d, &both) * (d->El * expert_floats(d) * sizeof(float)) : 0;
+    const double ex = r->dp / r->ep > 1 ? experts : 0;
+    double dpb = r->dp > 1 ? (double)mm->params - experts + ex : 0;
+    if (r->pp > 1 && (s == 0 || s == r->pp - 1)) dpb += (double)d->Vl * d->C * sizeof(float);
+    if (dpb > r->dp_bytes) r->dp_bytes = dpb, r->dp_expert_bytes = ex;
+}
 
 /* Per stage: memory, the micro-batch's time, and the busiest rank's bytes.
  * Returns 0 or -1 (a stage split config_validate would refuse). */
@@ -74,16 +163,14 @@ static int plan_stages(const Config *cfg, const Cluster *cl, PlanRow *r, MicroTi
     Config c = *cfg;
     c.pp = r->pp;
     int rc = config_stage_layers(&c, layers, NULL);
-    double ta, tb, pa, pb;
-    link(cl, r->tp > r->ranks_per_node, &ta, &tb);
-    link(cl, pp_spans(cl, r), &pa, &pb);
     const double act = (double)r->micro * T * cfg->d_model * sizeof(float);
-    *slow = (MicroTime){0, 0, 0, 0};
+    *slow = (MicroTime){0, 0, 0, 0, 0};
     double all = 0;
     /* every stage measured from the same parts: no registry of its own */
     ModelDims d;
     ModelUnits u;
     model_dims_config(&d, cfg, r->tp, 0);
+    model_dims_ep(&d, r->ep, 0); /* every ep rank holds as many experts */
     if (rc == 0) model_units(&d, r->micro, &u);
     d.pp = r->pp;
     /* the data path's memory is every stage's alike: the spec parsed once */
@@ -109,24 +196,11 @@ static int plan_stages(const Config *cfg, const Cluster *cl, PlanRow *r, MicroTi
                 sat_add(sat_add(mm.total, comm), (size_t)(cl->baseline_mib * 1048576.0));
         if (sat_add(mm.total, comm) > sat_add(r->mem.total, r->comm_bytes))
             r->mem = mm, r->comm_bytes = comm;
-        const StageCost sc = stage_cost(&d, r->micro, T);
-        const double rate = r->threads * cl->gflops_per_core * 1e9 * cl->efficiency;
-        MicroTime t = {sc.flops / rate, 0, 0, 0};
-        if (r->tp > 1) {
-            t.tp =
-                sc.tp_calls * 2.0 * (r->tp - 1) * ta + 2.0 * (r->tp - 1) / r->tp * sc.tp_bytes / tb;
-            if (sc.tp_bytes * r->n_micro > r->tp_bytes) r->tp_bytes = sc.tp_bytes * r->n_micro;
-        }
-        const double sends = (s > 0) + (s < r->pp - 1); /* activations one way, gradients back */
-        t.pp = sends * (pa + act / pb);
-        if (r->pp > 1 && sends * act * r->n_micro > r->pp_bytes)
-            r->pp_bytes = sends * act * r->n_micro;
-        all += t.compute + t.tp + t.pp;
-        if (t.compute + t.tp + t.pp > slow->compute + slow->tp + slow->pp) *slow = t;
-        /* dp: every gradient float, and the tied embedding between the end stages */
-        double dpb = r->dp > 1 ? (double)mm.params : 0;
-        if (r->pp > 1 && (s == 0 || s == r->pp - 1)) dpb += (double)d.Vl * d.C * sizeof(float);
-        if (dpb > r->dp_bytes) r->dp_bytes = dpb;
+        const MicroTime t = stage_time(cl, r, &d, T, s, act);
+        all += t.compute + t.tp + t.pp + t.ep;
+        if (t.compute + t.tp + t.pp + t.ep > slow->compute + slow->tp + slow->pp + slow->ep)
+            *slow = t;
+        stage_dp(r, &d, &mm, s);
     }
     slow->all = all;
     free(layers);
@@ -156,6 +230,13 @@ size_t plan_num_params(const Config *cfg) {
     return total;
 }
 
+size_t plan_expert_params(const Config *cfg) {
+    ModelDims full;
+    model_dims_config(&full, cfg, 1, 0);
+    const size_t C = (size_t)full.C, F = (size_t)full.Fe;
+    return (size_t)model_moe_blocks(&full) * (size_t)full.E * (2 * C * F + F + C);
+}
+
 /* What every layout of a config shares: the whole model's FLOPs per token
  * and its weights and moments in bytes (computed once per plan). */
 typedef struct {
@@ -170,8 +251,16 @@ static Whole plan_whole(const Config *cfg) {
     return (Whole){plan_flops_per_token(cfg), (double)wm.params + (double)wm.moments};
 }
 
+/* The dp all-reduce of n bytes over p ranks in DP_BUCKET-float buckets. */
+static double dp_time(double n, int p, double alpha, double beta) {
+    if (n <= 0) return 0;
+    const double buckets = n / ((double)DP_BUCKET * sizeof(float));
+    return allreduce_s(n, p, alpha, beta) +
+           (p > 1 ? (buckets > 1 ? buckets - 1 : 0) * 2.0 * (p - 1) * alpha : 0);
+}
+
 static int layout_row(const Config *cfg, const Cluster *cl, const Whole *w, int tp, int pp,
-                      int ranks_per_node, PlanRow *row, size_t *stage_bytes, Err *err) {
+                      int ep, int ranks_per_node, PlanRow *row, size_t *stage_bytes, Err *err) {
     memset(row, 0, sizeof *row);
     const long long world = (long long)cl->nodes * ranks_per_node;
     if (world > 1 << 24)
@@ -187,6 +276,11 @@ static int layout_row(const Config *cfg, const Cluster *cl, const Whole *w, int 
                        cfg->n_head, cfg->n_layer);
     if (cfg->batch_size % dp != 0)
         return err_set(err, "plan: batch_size %d does not split over dp %d", cfg->batch_size, dp);
+    if (cfg->n_expert > 0 && (dp % ep != 0 || cfg->n_expert % ep != 0))
+        return err_set(err, "plan: ep %d does not divide dp %d and n_expert %d", ep, dp,
+                       cfg->n_expert);
+    if (cfg->n_expert > 0 && (cfg->expert_d_ff ? cfg->expert_d_ff : 4 * cfg->d_model) % tp != 0)
+        return err_set(err, "plan: tp %d does not split the experts' width", tp);
     const int local = cfg->batch_size / dp, micro = cfg->micro_batch ? cfg->micro_batch : local;
     if (local % micro != 0)
         return err_set(err, "plan: dp %d leaves %d sequences, not a multiple of micro_batch %d", dp,
@@ -194,6 +288,7 @@ static int layout_row(const Config *cfg, const Cluster *cl, const Whole *w, int 
     *row = (PlanRow){.tp = tp,
                      .pp = pp,
                      .dp = dp,
+                     .ep = cfg->n_expert > 0 ? ep : 1,
                      .ranks_per_node = ranks_per_node,
                      .threads = cl->cores_per_node / ranks_per_node,
                      .micro = micro,
@@ -209,12 +304,13 @@ static int layout_row(const Config *cfg, const Cluster *cl, const Whole *w, int 
     link(cl, cl->nodes > 1 && tp * dp > ranks_per_node, &a, &b);
     const int m = row->n_micro;
     row->t_compute = mt.compute * m, row->t_tp = mt.tp * m, row->t_pp = mt.pp * m;
+    row->t_ep = mt.ep * m;
     /* the other stages' micro-batches fill and drain the pipeline once */
-    row->t_bubble = mt.all - (mt.compute + mt.tp + mt.pp);
-    /* the gradients go in DP_BUCKET-float all-reduces: one latency term each */
-    const double buckets = row->dp_bytes / ((double)DP_BUCKET * sizeof(float));
-    row->t_dp = allreduce_s(row->dp_bytes, dp, a, b) +
-                (dp > 1 ? (buckets > 1 ? buckets - 1 : 0) * 2.0 * (dp - 1) * a : 0);
+    row->t_bubble = mt.all - (mt.compute + mt.tp + mt.pp + mt.ep);
+    /* the gradients go in DP_BUCKET-float all-reduces: one latency term
+     * each; the experts' over their dp / ep replicas (as spread as dp's) */
+    row->t_dp = dp_time(row->dp_bytes - row->dp_expert_bytes, dp, a, b) +
+                dp_time(row->dp_expert_bytes, dp / row->ep, a, b);
     if (pp > 1) { /* the tied embedding's gradient, between the first and last stage */
         ModelDims d;
         model_dims_config(&d, cfg, tp, 0);
@@ -223,8 +319,8 @@ static int layout_row(const Config *cfg, const Cluster *cl, const Whole *w, int 
     }
     const double nparams = (double)row->mem.params / sizeof(float);
     row->t_optimizer = nparams * 28.0 / (cl->mem_bw_gbs * 1e9 / ranks_per_node);
-    row->t_step =
-        row->t_compute + row->t_tp + row->t_pp + row->t_bubble + row->t_dp + row->t_optimizer;
+    row->t_step = row->t_compute + row->t_tp + row->t_pp + row->t_bubble + row->t_dp +
+                  row->t_optimizer + row->t_ep;
     row->tokens_per_s = (double)cfg->batch_size * cfg->seq_len / row->t_step;
     /* the checkpoint: the whole model's weights and both moments at the
      * measured ratio 1.2, packed by every rank at once, then written */
@@ -237,7 +333,7 @@ static int layout_row(const Config *cfg, const Cluster *cl, const Whole *w, int 
 int plan_layout(const Config *cfg, const Cluster *cl, int tp, int pp, int ranks_per_node,
                 PlanRow *row, size_t *stage_bytes, Err *err) {
     const Whole w = plan_whole(cfg);
-    return layout_row(cfg, cl, &w, tp, pp, ranks_per_node, row, stage_bytes, err);
+    return layout_row(cfg, cl, &w, tp, pp, cfg->ep, ranks_per_node, row, stage_bytes, err);
 }
 
 int plan_parse_layout(const char *v, int *tp, int *pp, int *rpn) {
@@ -265,6 +361,7 @@ static int row_order(const void *pa, const void *pb) {
     if (a->tokens_per_s != b->tokens_per_s) return a->tokens_per_s < b->tokens_per_s ? 1 : -1;
     if (a->tp != b->tp) return a->tp - b->tp;
     if (a->pp != b->pp) return a->pp - b->pp;
+    if (a->ep != b->ep) return a->ep - b->ep;
     return a->ranks_per_node - b->ranks_per_node;
 }
 
@@ -286,6 +383,7 @@ int plan_candidates(const Config *cfg, const Cluster *cl, PlanRow **rows, Err *e
     *rows = xmalloc((size_t)cap * sizeof **rows);
     const Whole w = plan_whole(cfg);
     int *pps = xmalloc((size_t)cfg->n_layer * sizeof *pps);
+    int *eps = xmalloc(((size_t)cfg->n_expert + 1) * sizeof *eps);
     for (int rpn = 1; rpn <= cl->cores_per_node; rpn++) {
         if (cl->cores_per_node % rpn != 0 || (long long)cl->nodes * rpn > 1 << 24) continue;
         for (int tp = 1; tp <= rpn && tp <= cfg->n_head; tp++) {
@@ -294,14 +392,25 @@ int plan_candidates(const Config *cfg, const Cluster *cl, PlanRow **rows, Err *e
             const int npp = divisors((long long)cl->nodes * rpn / tp, cfg->n_layer, pps);
             for (int i = 0; i < npp; i++) {
                 const int pp = pps[i];
-                PlanRow r;
-                if (layout_row(cfg, cl, &w, tp, pp, rpn, &r, NULL, NULL) != 0) continue;
-                if (n == cap) *rows = xrealloc(*rows, (size_t)(cap *= 2) * sizeof **rows);
-                (*rows)[n++] = r;
+                /* an MoE config: every ep that divides dp and n_expert, or the config's */
+                const long long dp = (long long)cl->nodes * rpn / tp / pp;
+                const int nep = cfg->n_expert == 0 ? 1
+                                : cfg->ep > 1      ? (eps[0] = cfg->ep, dp % cfg->ep == 0)
+                                                   : divisors(cfg->n_expert, cfg->n_expert, eps);
+                for (int j = 0; j < nep; j++) {
+                    const int ep = cfg->n_expert == 0 ? 1 : eps[j];
+                    PlanRow r;
+                    if (dp % ep != 0 ||
+                        layout_row(cfg, cl, &w, tp, pp, ep, rpn, &r, NULL, NULL) != 0)
+                        continue;
+                    if (n == cap) *rows = xrealloc(*rows, (size_t)(cap *= 2) * sizeof **rows);
+                    (*rows)[n++] = r;
+                }
             }
         }
     }
     free(pps);
+    free(eps);
     if (n == 0) {
         free(*rows);
         *rows = NULL;

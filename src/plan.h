@@ -15,6 +15,16 @@
  * every other stage's (the fill and drain: the bubble, (pp - 1) / (m + pp
  * - 1) of the step when the stages are balanced); AdamW streams 28 bytes per
  * parameter through memory.
+ *
+ * Mixture-of-Experts: an MoE block costs one expert per slot (expert_top_k
+ * a token, none dropped) and its router C (E + Nn) a token; under ep each
+ * rank holds E / ep experts of each MoE block, and each MoE block's
+ * micro-batch makes 4 all-to-alls of its n x k rows of C floats ((ep - 1)
+ * / ep of them to other ranks: n the rows the block sees, k expert_top_k)
+ * and one of the counts; an all-to-all over ep ranks costs (ep - 1) alpha +
+ * (bytes sent) / beta, on one node's shared memory when tp x ep ranks fit
+ * on one. The experts' gradients are all-reduced over their dp / ep
+ * replicas, the rest over dp.
  */
 #ifndef MODTRAIN_PLAN_H
 #define MODTRAIN_PLAN_H
@@ -27,6 +37,7 @@
 
 typedef struct {
     int tp, pp, dp, ranks_per_node, threads;
+    int ep;                              /* expert-parallel ranks (1 without experts) */
     int micro, n_micro;                  /* per dp rank and step */
     ModelMemory mem;                     /* the largest stage's model (staging included) */
     size_t comm_bytes;                   /* pipeline receive buffers */
@@ -34,7 +45,10 @@ typedef struct {
     int fits;                            /* rank_bytes x ranks_per_node within the node */
     double flops_step;                   /* the job's model FLOPs per step */
     double tp_bytes, dp_bytes, pp_bytes; /* per step, by the busiest rank of each */
+    double ep_bytes;        /* the experts' all-to-alls' rows a rank sends to others per step */
+    double dp_expert_bytes; /* the part of dp_bytes reduced over the experts' dp / ep replicas */
     double t_compute, t_tp, t_pp, t_bubble, t_dp, t_optimizer, t_step; /* seconds */
+    double t_ep; /* the all-to-alls (in t_step after the optimizer) */
     double tokens_per_s;
     double ckpt_bytes, ckpt_s; /* stored size (at the measured ratio 1.2) and save time */
 } PlanRow;
@@ -44,9 +58,13 @@ typedef struct {
 double plan_flops_per_token(const Config *cfg);
 /* Parameters of the model (the tied embedding once, V rows). */
 size_t plan_num_params(const Config *cfg);
+/* Of them, the experts' (every MoE block's n_expert experts, 2 C Fe + Fe +
+ * C each). */
+size_t plan_expert_params(const Config *cfg);
 
 /* The plan of one layout: tp x pp x dp ranks, ranks_per_node of them on a
- * node. cfg's vocab_size must be set. With stage_bytes (pp entries), each
+ * node, and cfg's ep (an MoE config's; ep must divide dp). cfg's
+ * vocab_size must be set. With stage_bytes (pp entries), each
  * stage's rank_bytes too. Returns 0, or -1 with err saying why the layout
  * cannot run (n_head % tp, the batch split, ...). */
 int plan_layout(const Config *cfg, const Cluster *cl, int tp, int pp, int ranks_per_node,
@@ -55,8 +73,9 @@ int plan_layout(const Config *cfg, const Cluster *cl, int tp, int pp, int ranks_
  * fields, each a whole number in [1, 2^20] parsed strictly (an empty field
  * is refused, not skipped). Returns 0, or -1 with the outputs unspecified. */
 int plan_parse_layout(const char *v, int *tp, int *pp, int *rpn);
-/* Every layout that can run on the cluster's nodes (tp within a node),
- * fitting ones first, each group by tokens/s, best first. Returns the count
+/* Every layout that can run on the cluster's nodes (tp within a node; an
+ * MoE config's ep each divisor of dp that divides n_expert, or only cfg's
+ * ep when it is above 1), fitting ones first, each group by tokens/s, best first. Returns the count
  * (*rows malloc'd) or -1 with err set. */
 int plan_candidates(const Config *cfg, const Cluster *cl, PlanRow **rows, Err *err);
 

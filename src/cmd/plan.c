@@ -135,14 +135,43 @@ static void plan_vocab(Config *c) {
     ds_free(&ds);
 }
 
-static void print_row(const PlanRow *r) {
-    char mem[32];
+/* moe: the layout's ep after dp, and its all-to-all MB after pp MB. */
+static void print_row(const PlanRow *r, int moe) {
+    char mem[32], ep[16] = "", epmb[16] = "";
     format_bytes(mem, sizeof mem, r->rank_bytes);
-    printf(
-        "%3d %3d %4d %4d %4d %11s %-4s %9.1f %9.1f %9.1f %9.1f %9.3f %6.1f%% %11.0f %8.2f %7.1f\n",
-        r->tp, r->pp, r->dp, r->ranks_per_node, r->threads, mem, r->fits ? "yes" : "NO",
-        r->flops_step / 1e12, r->tp_bytes / 1e6, r->dp_bytes / 1e6, r->pp_bytes / 1e6, r->t_step,
-        100 * r->t_bubble / r->t_step, r->tokens_per_s, r->ckpt_bytes / 1e9, r->ckpt_s);
+    if (moe) {
+        snprintf(ep, sizeof ep, " %3d", r->ep);
+        snprintf(epmb, sizeof epmb, " %9.1f", r->ep_bytes / 1e6);
+    }
+    printf("%3d %3d %4d%s %4d %4d %11s %-4s %9.1f %9.1f %9.1f %9.1f%s %9.3f %6.1f%% %11.0f %8.2f "
+           "%7.1f\n",
+           r->tp, r->pp, r->dp, ep, r->ranks_per_node, r->threads, mem, r->fits ? "yes" : "NO",
+           r->flops_step / 1e12, r->tp_bytes / 1e6, r->dp_bytes / 1e6, r->pp_bytes / 1e6, epmb,
+           r->t_step, 100 * r->t_bubble / r->t_step, r->tokens_per_s, r->ckpt_bytes / 1e9,
+           r->ckpt_s);
+}
+
+/* The one layout's exact figures (the tests compare them). */
+static void print_parts(const PlanRow *one, const size_t *stage, int pp, int moe) {
+    const ModelMemory *mm = &one->mem;
+    char b[9][32];
+    const size_t parts[9] = {
+        mm->params,  mm->grads, mm->moments, mm->acts, mm->scratch, one->comm_bytes,
+        mm->staging, mm->data,  one->rank_bytes - mm->total - one->comm_bytes};
+    for (int i = 0; i < 9; i++) format_bytes(b[i], sizeof b[i], parts[i]);
+    printf("memory of the largest stage's rank: parameters %s, gradients %s, AdamW moments %s, "
+           "activations %s, scratch %s, pipeline buffers %s, checkpoint staging %s, data path "
+           "%s, baseline %s\n",
+           b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8]);
+    printf("bytes per step of the busiest rank: tp %.0f, dp %.0f, pp %.0f", one->tp_bytes,
+           one->dp_bytes, one->pp_bytes);
+    if (moe) printf(", ep %.0f (dp of the experts %.0f)", one->ep_bytes, one->dp_expert_bytes);
+    printf("\nstep %.6f s: compute %.6f, tp %.6f, pp %.6f, bubble %.6f, dp %.6f, optimizer %.6f",
+           one->t_step, one->t_compute, one->t_tp, one->t_pp, one->t_bubble, one->t_dp,
+           one->t_optimizer);
+    if (moe) printf(", all-to-all %.6f", one->t_ep);
+    printf("\n");
+    for (int s = 0; s < pp; s++) printf("stage %d: %zu bytes per rank\n", s, stage[s]);
 }
 
 static int plan_print(const Config *c, const Cluster *cl, const PlanArgs *a) {
@@ -159,35 +188,22 @@ static int plan_print(const Config *c, const Cluster *cl, const PlanArgs *a) {
         free(stage);
         return EXIT_USAGE;
     }
-    printf("plan: L=%d C=%d NH=%d T=%d V=%d, batch %d; %d node%s x %d cores, %.0f GiB, %.1f "
+    const int moe = c->n_expert > 0;
+    char experts[96] = "";
+    if (moe)
+        snprintf(experts, sizeof experts, " E=%d+%d k=%d every %d", c->n_expert,
+                 c->n_noop_expert, c->expert_top_k, c->moe_every);
+    printf("plan: L=%d C=%d NH=%d T=%d V=%d%s, batch %d; %d node%s x %d cores, %.0f GiB, %.1f "
            "GFLOP/s a core at %.0f%%\n",
-           c->n_layer, c->d_model, c->n_head, c->seq_len, c->vocab_size, c->batch_size, cl->nodes,
-           cl->nodes == 1 ? "" : "s", cl->cores_per_node, cl->mem_per_node_gib, cl->gflops_per_core,
-           100 * cl->efficiency);
-    printf("%3s %3s %4s %4s %4s %11s %-4s %9s %9s %9s %9s %9s %7s %11s %8s %7s\n", "tp", "pp", "dp",
-           "rpn", "thr", "mem/rank", "fits", "TFLOP", "tp MB", "dp MB", "pp MB", "step s", "bubble",
-           "tokens/s", "ckpt GB", "save s");
-    for (int i = 0; i < n && i < a->top; i++) print_row(&rows[i]);
+           c->n_layer, c->d_model, c->n_head, c->seq_len, c->vocab_size, experts, c->batch_size,
+           cl->nodes, cl->nodes == 1 ? "" : "s", cl->cores_per_node, cl->mem_per_node_gib,
+           cl->gflops_per_core, 100 * cl->efficiency);
+    printf("%3s %3s %4s%s %4s %4s %11s %-4s %9s %9s %9s %9s%s %9s %7s %11s %8s %7s\n", "tp", "pp",
+           "dp", moe ? "  ep" : "", "rpn", "thr", "mem/rank", "fits", "TFLOP", "tp MB", "dp MB",
+           "pp MB", moe ? "     ep MB" : "", "step s", "bubble", "tokens/s", "ckpt GB", "save s");
+    for (int i = 0; i < n && i < a->top; i++) print_row(&rows[i], moe);
     if (n > a->top) printf("(%d more; --top N shows more)\n", n - a->top);
-    if (stage) { /* exact figures of the one layout (the tests compare them) */
-        const ModelMemory *mm = &one.mem;
-        char b[9][32];
-        const size_t parts[9] = {
-            mm->params,  mm->grads,      mm->moments, mm->acts, mm->scratch, one.comm_bytes,
-            mm->staging, mm->data,       one.rank_bytes - mm->total - one.comm_bytes};
-        for (int i = 0; i < 9; i++) format_bytes(b[i], sizeof b[i], parts[i]);
-        printf(
-            "memory of the largest stage's rank: parameters %s, gradients %s, AdamW moments %s, "
-            "activations %s, scratch %s, pipeline buffers %s, checkpoint staging %s, data path "
-            "%s, baseline %s\n",
-            b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8]);
-        printf("bytes per step of the busiest rank: tp %.0f, dp %.0f, pp %.0f\n", one.tp_bytes,
-               one.dp_bytes, one.pp_bytes);
-        printf("step %.6f s: compute %.6f, tp %.6f, pp %.6f, bubble %.6f, dp %.6f, optimizer %.6f\n",
-               one.t_step, one.t_compute, one.t_tp, one.t_pp, one.t_bubble, one.t_dp,
-               one.t_optimizer);
-        for (int s = 0; s < a->pp; s++) printf("stage %d: %zu bytes per rank\n", s, stage[s]);
-    }
+    if (stage) print_parts(&one, stage, a->pp, moe);
     free(stage);
     if (rows != &one) free(rows);
     return EXIT_OK;
@@ -200,10 +216,16 @@ static int plan_flops(const Config *c) {
     model_dims_config(&d, c, 1, 0);
     const double fpt = plan_flops_per_token(c), tokens = (double)c->batch_size * c->seq_len;
     printf("{\"params\":%zu,\"flops_per_token\":%.0f,\"dense_flops_per_token\":%.0f,"
-           "\"tokens_per_step\":%.0f,\"flops_per_step\":%.0f,\"k\":%d,\"seq_len\":%d}\n",
+           "\"tokens_per_step\":%.0f,\"flops_per_step\":%.0f,\"k\":%d,\"seq_len\":%d",
            plan_num_params(c), fpt, model_flops_per_token(&d, c->seq_len, NULL), tokens,
            fpt * tokens, c->route_every ? model_capacity_k(&d, c->seq_len) : c->seq_len,
            c->seq_len);
+    if (c->n_expert > 0) /* the experts' share, and what a token's k of them leave active */
+        printf(",\"n_expert\":%d,\"expert_top_k\":%d,\"moe_blocks\":%d,\"expert_params\":%zu,"
+               "\"active_params\":%zu",
+               c->n_expert, c->expert_top_k, model_moe_blocks(&d), plan_expert_params(c),
+               plan_num_params(c) - plan_expert_params(c) / c->n_expert * (c->n_expert - c->expert_top_k));
+    printf("}\n");
     return EXIT_OK;
 }
 

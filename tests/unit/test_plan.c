@@ -5,7 +5,9 @@
  * model follow the count of its all-reduces (routed blocks on their k
  * tokens); layouts that do not fit a node's memory are listed after those
  * that do; cluster files are read strictly, naming the line. A stage's
- * memory measured from a block's parts equals its registry's; and the
+ * memory measured from a block's parts equals its registry's (MoE blocks
+ * and ep too); an MoE model's memory, FLOPs, all-to-all bytes and time and
+ * ep layouts (test_moe_*) are counted by hand; and the
  * planner's work does not grow with the layers per layout (a node of 55440
  * cores and 4096 blocks: 16247 layouts, planned without building a
  * registry for each stage).
@@ -134,16 +136,20 @@ static void test_cluster_file(void) {
 /* model_memory from the parts (model_units) against the registry built
  * row by row, stage by stage, dense, routed and with a predictor. */
 static void test_units_match_registry(void) {
-    const int routing[][2] = {{0, 0}, {1, 0}, {2, 0}, {3, 1}, {5, 1}};
+    /* route_every, predictor, n_expert (moe_every 2), ep */
+    const int routing[][4] = {{0, 0, 0, 1}, {1, 0, 0, 1}, {2, 0, 0, 1}, {3, 1, 0, 1},
+                              {5, 1, 0, 1}, {0, 0, 4, 1}, {0, 0, 4, 2}, {3, 0, 4, 4}};
     for (size_t k = 0; k < sizeof routing / sizeof routing[0]; k++) {
         Config c = small();
         c.n_layer = 7, c.route_every = routing[k][0];
         c.causal_router = routing[k][1] ? CAUSAL_PREDICTOR : CAUSAL_AUX_LOSS;
+        c.n_expert = routing[k][2], c.moe_every = 2, c.expert_top_k = 2;
         for (int tp = 1; tp <= 2; tp++)
             for (int pp = 1; pp <= 7; pp++)
                 for (int s = 0; s < pp; s++) {
                     ModelDims d;
                     model_dims_config(&d, &c, tp, 0);
+                    model_dims_ep(&d, routing[k][3], routing[k][3] - 1);
                     CU_ASSERT_EQUAL_FATAL(model_dims_stage(&d, pp, s, NULL), 0);
                     ParamInfo *reg = NULL;
                     const int n = model_registry(&d, &reg);
@@ -180,6 +186,138 @@ static void test_plan_work_bounded(void) {
     free(rows);
 }
 
+/* An MoE model (4 blocks, 4 experts of width 4C, top 2) on 2 ranks, ep 2:
+ * the plan's memory is model_memory's of the dims with ep 2 and what
+ * model_init allocates; the experts' floats are a hand count of their
+ * tensors; the experts' gradients leave dp (dp / ep = 1); FLOPs per token
+ * are model_flops_per_token_moe's and a hand count; the all-to-all bytes
+ * and time follow 4 all-to-alls of (ep - 1) / ep of micro x T x k rows a
+ * block. */
+static Config moe_config(void) {
+    Config c = small();
+    c.route_every = 0, c.micro_batch = 0;
+    c.n_expert = 4, c.expert_top_k = 2, c.ep = 2;
+    return c;
+}
+
+static void test_moe_memory(void) {
+    Config c = moe_config();
+    Cluster cl;
+    cluster_defaults(&cl);
+    cl.cores_per_node = 2;
+    PlanRow r;
+    size_t stage[1];
+    CU_ASSERT_EQUAL_FATAL(plan_layout(&c, &cl, 1, 1, 2, &r, stage, NULL), 0);
+    CU_ASSERT(r.dp == 2 && r.ep == 2 && r.micro == 2);
+    ModelDims d;
+    model_dims_config(&d, &c, 1, 0);
+    model_dims_ep(&d, 2, 1);
+    ModelMemory mm;
+    model_memory(&d, 2, 1, 1, &mm);
+    CU_ASSERT_EQUAL(r.mem.params, mm.params);
+    CU_ASSERT_EQUAL(r.mem.acts, mm.acts);
+    CU_ASSERT_EQUAL(r.mem.scratch, mm.scratch);
+    CU_ASSERT_EQUAL(r.mem.total, mm.total + r.mem.data);
+    Model m;
+    model_init(&m, &d, 2, NULL);
+    CU_ASSERT_EQUAL(m.nparams * sizeof(float), r.mem.params);
+    /* 4 blocks x 2 experts of c_fc (64 x 256, 256) and c_proj (256 x 64, 64) */
+    const size_t ex = 4 * 2 * (64 * 256 + 256 + 256 * 64 + 64);
+    CU_ASSERT_EQUAL(m.expert_floats, ex);
+    CU_ASSERT_EQUAL(plan_expert_params(&c), 2 * ex);
+    CU_ASSERT_DOUBLE_EQUAL(r.dp_bytes, (double)(m.nparams - ex) * sizeof(float), 0.5);
+    CU_ASSERT(r.dp_expert_bytes == 0);
+    model_free(&m);
+    /* ep 1: every expert on each rank, every gradient over dp */
+    c.ep = 1;
+    PlanRow one;
+    CU_ASSERT_EQUAL_FATAL(plan_layout(&c, &cl, 1, 1, 2, &one, NULL, NULL), 0);
+    model_dims_ep(&d, 1, 0);
+    model_memory(&d, 2, 1, 1, &mm);
+    CU_ASSERT_EQUAL(one.mem.params, mm.params);
+    CU_ASSERT_EQUAL(one.mem.params - r.mem.params, ex * sizeof(float));
+    CU_ASSERT_DOUBLE_EQUAL(one.dp_bytes, (double)mm.params, 0.5);
+    CU_ASSERT(one.ep == 1 && one.ep_bytes == 0 && one.t_ep == 0);
+}
+
+static void test_moe_flops(void) {
+    Config c = moe_config();
+    c.ep = 1;
+    Cluster cl;
+    cluster_defaults(&cl);
+    cl.cores_per_node = 1;
+    ModelDims d;
+    model_dims_config(&d, &c, 1, 0);
+    const double C = 64, T = 32, Fe = 256, E = 4;
+    /* the head, and 4 blocks: attention, 2 experts a token, the router */
+    const double hand = 6 * 1000 * C + 4 * (6 * (4 * C * C + 2 * 2 * C * Fe + C * E) + 12 * T * C);
+    const double fpt = plan_flops_per_token(&c);
+    CU_ASSERT_DOUBLE_EQUAL(fpt, model_flops_per_token_moe(&d, 32, NULL, NULL), 1e-9 * fpt);
+    CU_ASSERT_DOUBLE_EQUAL(fpt, hand, 1e-9 * hand);
+    PlanRow r;
+    CU_ASSERT_EQUAL_FATAL(plan_layout(&c, &cl, 1, 1, 1, &r, NULL, NULL), 0);
+    CU_ASSERT_DOUBLE_EQUAL(r.flops_step, fpt * 4 * 32, 1e-9 * r.flops_step);
+    /* one rank: the step's compute is the model's FLOPs at its rate */
+    const double rate = cl.gflops_per_core * 1e9 * cl.efficiency;
+    CU_ASSERT_DOUBLE_EQUAL(r.t_compute * rate, r.flops_step, 1e-9 * r.flops_step);
+}
+
+static void test_moe_alltoall(void) {
+    Config c = moe_config();
+    Cluster cl;
+    cluster_defaults(&cl);
+    cl.cores_per_node = 2;
+    PlanRow r;
+    CU_ASSERT_EQUAL_FATAL(plan_layout(&c, &cl, 1, 1, 2, &r, NULL, NULL), 0);
+    /* 4 blocks x 4 all-to-alls x 1/2 of 2 x 32 x 2 rows of 64 floats */
+    CU_ASSERT_DOUBLE_EQUAL(r.ep_bytes, 4 * 4 * 0.5 * (2 * 32 * 2) * 64 * 4, 0.5);
+    const double a = cl.shm_latency_us * 1e-6, b = cl.shm_bw_gbs * 1e9;
+    const double t = 4 * (4 * a + 4 * 0.5 * 128 * 64 * 4 / b) + 4 * (a + 0.5 * 4 * 4 / b);
+    CU_ASSERT_DOUBLE_EQUAL(r.t_ep, t, 1e-9 * t);
+    CU_ASSERT(r.t_step > r.t_compute + r.t_ep);
+    /* MoDE: blocks 1 and 3 routed at 8 of 32 tokens send their k x 8 rows */
+    c.route_every = 2, c.capacity = 0.25;
+    CU_ASSERT_EQUAL_FATAL(plan_layout(&c, &cl, 1, 1, 2, &r, NULL, NULL), 0);
+    CU_ASSERT_DOUBLE_EQUAL(r.ep_bytes, 4 * 0.5 * (2 * 128 + 2 * 32) * 64 * 4, 0.5);
+    /* across nodes (tp x ep = 2 ranks over 1 a node): the network's */
+    c.route_every = 0;
+    cl.nodes = 2, cl.cores_per_node = 1;
+    CU_ASSERT_EQUAL_FATAL(plan_layout(&c, &cl, 1, 1, 1, &r, NULL, NULL), 0);
+    const double na = cl.net_latency_us * 1e-6, nb = cl.net_bw_gbs * 1e9;
+    const double tn = 4 * (4 * na + 4 * 0.5 * 128 * 64 * 4 / nb) + 4 * (na + 0.5 * 4 * 4 / nb);
+    CU_ASSERT_DOUBLE_EQUAL(r.t_ep, tn, 1e-9 * tn);
+}
+
+/* The candidates of an MoE config: ep over the divisors of dp that divide
+ * n_expert (1 always); the config's ep above 1 keeps its own. */
+static void test_moe_candidates(void) {
+    Config c = moe_config();
+    c.ep = 1, c.batch_size = 8;
+    Cluster cl;
+    cluster_defaults(&cl);
+    cl.cores_per_node = 4;
+    PlanRow *rows;
+    int n = plan_candidates(&c, &cl, &rows, NULL);
+    CU_ASSERT_FATAL(n > 0);
+    int seen[5] = {0, 0, 0, 0, 0};
+    for (int i = 0; i < n; i++) {
+        CU_ASSERT(rows[i].dp % rows[i].ep == 0 && 4 % rows[i].ep == 0);
+        if (rows[i].dp == 4) seen[rows[i].ep]++;
+    }
+    CU_ASSERT(seen[1] == 1 && seen[2] == 1 && seen[4] == 1);
+    free(rows);
+    c.ep = 2;
+    n = plan_candidates(&c, &cl, &rows, NULL);
+    CU_ASSERT_FATAL(n > 0);
+    for (int i = 0; i < n; i++) CU_ASSERT(rows[i].ep == 2);
+    free(rows);
+    /* a dense config: ep 1 everywhere, as before */
+    c = small();
+    n = plan_candidates(&c, &cl, &rows, NULL);
+    for (int i = 0; i < n; i++) CU_ASSERT(rows[i].ep == 1 && rows[i].ep_bytes == 0);
+    free(rows);
+}
+
 static void test_parse_layout(void) {
     int tp = 0, pp = 0, rpn = 0;
     CU_ASSERT(plan_parse_layout("2,4,8", &tp, &pp, &rpn) == 0 && tp == 2 && pp == 4 && rpn == 8);
@@ -209,6 +347,10 @@ int main(void) {
         {"stage memory from its parts is the registry's", test_units_match_registry},
         {"the planner's work does not grow with the layers", test_plan_work_bounded},
         {"--layout: exactly three whole numbers", test_parse_layout},
+        {"MoE under ep 2: memory is model_memory's and model_init's", test_moe_memory},
+        {"MoE FLOPs: one expert a slot and the router", test_moe_flops},
+        {"MoE all-to-all bytes and time by hand", test_moe_alltoall},
+        {"MoE candidates search ep", test_moe_candidates},
         CU_TEST_INFO_NULL};
     return run_suite("plan", tests);
 }
