@@ -203,16 +203,16 @@ static void expert_rows(RegBuilder *rb) {
         const int n_ex = rb->measure && d->El > 0 ? 1 : d->El;
         const size_t before = rb->m->nparams;
         for (int e = d->e0; e < d->e0 + n_ex; e++) {
-            ParamInfo *p[4];
+            /* each row's expert is set before the next reg_add, which may
+             * move the registry (xrealloc) */
             snprintf(n, sizeof n, "mlp.experts.%d.c_fc.weight", e);
-            p[0] = reg_add(rb, l, EXP(fcw), n, 2, C, F, 1, 1, INIT_NORMAL);
+            reg_add(rb, l, EXP(fcw), n, 2, C, F, 1, 1, INIT_NORMAL)->expert = e;
             snprintf(n, sizeof n, "mlp.experts.%d.c_fc.bias", e);
-            p[1] = reg_add(rb, l, EXP(fcb), n, 1, F, 0, 0, 1, INIT_ZERO);
+            reg_add(rb, l, EXP(fcb), n, 1, F, 0, 0, 1, INIT_ZERO)->expert = e;
             snprintf(n, sizeof n, "mlp.experts.%d.c_proj.weight", e);
-            p[2] = reg_add(rb, l, EXP(projw), n, 2, F, C, 0, 1, INIT_RESID);
+            reg_add(rb, l, EXP(projw), n, 2, F, C, 0, 1, INIT_RESID)->expert = e;
             snprintf(n, sizeof n, "mlp.experts.%d.c_proj.bias", e);
-            p[3] = reg_add(rb, l, EXP(projb), n, 1, C, 0, -1, 1, INIT_ZERO);
-            for (int i = 0; i < 4; i++) p[i]->expert = e;
+            reg_add(rb, l, EXP(projb), n, 1, C, 0, -1, 1, INIT_ZERO)->expert = e;
         }
         if (n_ex < d->El) rb->m->nparams += (size_t)(d->El - 1) * (rb->m->nparams - before);
     }
@@ -936,6 +936,9 @@ float model_forward(Model *m, const int *inputs, const int *targets, int B, int 
         S->aux_loss /= (float)N * routed;
         S->pred_loss /= (float)N * routed;
     }
+    /* the mean over the model's MoE blocks (a stage's share of it), as
+     * model_backward weighs each block's load-balancing loss */
+    if (model_moe_blocks(d) > 0) S->moe_aux /= (float)model_moe_blocks(d);
     if (!model_last_stage(d)) return 0.f; /* the output is model_stage_output() */
     head_forward(m, x, N);
     if (!targets) return 0.f;
