@@ -44,17 +44,19 @@ int grid_init(Grid *g, int tp, int pp, Err *err) {
     return 0;
 }
 
-int grid_init_ep(Grid *g, int ep, Err *err) {
+int grid_init_ep(Grid *g, int ep, int n_expert, Err *err) {
     if (g->dp % ep != 0) {
+        /* the alternatives must also split the experts (config_validate) */
         char alts[256] = "";
         for (int k = 1; k <= g->dp && strlen(alts) < sizeof alts - 16; k++)
-            if (g->dp % k == 0)
+            if (g->dp % k == 0 && (n_expert == 0 || n_expert % k == 0))
                 snprintf(alts + strlen(alts), sizeof alts - strlen(alts), "%s%d",
                          alts[0] ? ", " : "", k);
         return err_set(err,
                        "layout: ep = %d does not divide dp = %d (the experts spread over ep of "
-                       "the data-parallel ranks: choose ep in {%s}, or run ep x tp x pp ranks)",
-                       ep, g->dp, alts);
+                       "the data-parallel ranks: choose ep in {%s}, or run a multiple of ep x tp "
+                       "x pp = %d ranks)",
+                       ep, g->dp, alts, ep * g->tp * g->pp);
     }
     g->ep = ep;
     g->ep_rank = g->dp_rank % ep;

@@ -31,8 +31,9 @@ typedef struct {
  * rank; nothing is left to free). */
 int grid_init(Grid *g, int tp, int pp, Err *err);
 /* Adds the expert-parallel groups of ep ranks (after grid_init). Returns 0,
- * or -1 with err when ep does not divide dp (the same on every rank). */
-int grid_init_ep(Grid *g, int ep, Err *err);
+ * or -1 with err when ep does not divide dp (the same on every rank; the
+ * ep it suggests also divide n_expert). */
+int grid_init_ep(Grid *g, int ep, int n_expert, Err *err);
 void grid_free(Grid *g);
 
 #endif

@@ -238,7 +238,7 @@ static int run_setup_layout(Run *r, int argc, char **argv) {
     rc = grid_init(&r->grid, r->cfg.tp, r->cfg.pp, &err);
     r->grid_ready = rc == 0;
     if (rc == 0) rc = layout_check(&r->cfg, &r->grid, &err);
-    if (rc == 0) rc = grid_init_ep(&r->grid, r->cfg.ep, &err);
+    if (rc == 0) rc = grid_init_ep(&r->grid, r->cfg.ep, r->cfg.n_expert, &err);
     if (cmd_agree(rc, &err, MPI_COMM_WORLD) != 0) return -1;
     const Config *c = &r->cfg;
     if (c->ckpt_dir[0]) snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%s", c->ckpt_dir);

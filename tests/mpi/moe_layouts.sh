@@ -1,0 +1,145 @@
+#!/bin/sh
+# Expert parallelism on real ranks (Open MPI, oversubscribed, a tiny model
+# with 4 experts a block, top-2, capacity_factor 1 so that tokens drop; also
+# staged MoDE, route_every 2 + moe_every 2, and integrated MoDE, 2 no-op
+# experts): at dp 4 and micro_batch 4, ep 2 and ep 4 train what ep 1 trains;
+# ep 2 with pp 2, ep 2 with tp 2 (4 ranks, dp 2) and ep 2 x tp 2 x pp 2
+# (8 ranks) train what ep 1 at dp 2 trains (capacity is per rank's
+# micro-batch, so every layout with the same micro_batch routes alike); a
+# checkpoint saved under ep 2 loads exactly under ep 1 and ep 4 (and one
+# saved under ep 2 x tp 2 and ep 2 x pp 2, a stage without experts, under
+# ep 4 and on one rank) and training goes on matching the uninterrupted run;
+# a run killed under ep 2 (a rank dies mid-step, or all die in a save) and
+# resumed ends bitwise equal to the uninterrupted one; the same ep 2 layout
+# twice is bitwise identical.
+#   loss per step: |a - b| <= 2e-5 * |b|;  weights and moments: max |a - b| <= 2e-5
+#   (the tp tolerance of layouts.sh; measured: at most 4.8e-6)
+. "$(dirname "$0")/../scripts/lib.sh"
+prep_fortunes
+MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
+cd "$TMP"
+common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
+    --micro_batch 4 --steps 20 --ckpt_every 10 --ckpt_keep 5 --eval_every 10 --log_every 1000 \
+    --threads 1 --debug_checks 1 --peak_gflops 50 --resume never"
+moe="--n_expert 4 --expert_top_k 2 --capacity_factor 1"
+mode="$moe --route_every 2 --capacity 0.25 --moe_every 2"
+imode="$moe --n_noop_expert 2"
+train() { # NAME NP [--key value ...]
+    name=$1 np=$2
+    shift 2
+    timeout 300 $MPIRUN -np "$np" "$MODTRAIN" train $common --run_dir "$name" "$@" > "$name.log" 2>&1 ||
+        { cat "$name.log"; fail "$name: training on $np ranks ($*) failed"; }
+}
+losses() { grep '"loss"' "$1/metrics.jsonl" | sed -e 's/.*"loss":\([^,]*\).*/\1/'; }
+matches() { # A B: every step's loss within 2e-5 relative, state within 2e-5
+    losses "$1" > a.txt
+    losses "$2" > b.txt
+    worst=$(paste a.txt b.txt | awk '{ d = ($1 - $2) / $2; if (d < 0) d = -d; if (d > m) m = d } END { printf "%.2g", m }')
+    [ "$(wc -l < a.txt)" -eq 20 ] && [ "$(wc -l < b.txt)" -eq 20 ] && check_ab "$worst" 2e-5 'a <= b' &&
+        "$MODTRAIN" ckpt diff --a "$1/ckpt" --b "$2/ckpt" --tol 2e-5 > diff.txt
+}
+compare() { # REF NAME WHAT
+    if matches "$1" "$2"; then
+        ok "$3 = $1: losses differ by at most $worst relative (as logged), $(tail -n 1 diff.txt | sed 's/ckpt diff: //')"
+    else
+        paste a.txt b.txt
+        cat diff.txt
+        fail "$3 differs from $1"
+    fi
+}
+
+# 1. ep 1, 2, 4 at dp 4 (4 ranks)
+for model in moe mode imode; do
+    eval "opts=\$$model"
+    for ep in 1 2 4; do
+        train "$model-ep$ep" 4 --ep $ep $opts
+    done
+    for ep in 2 4; do
+        compare "$model-ep1" "$model-ep$ep" "$model (ep $ep, dp 4)"
+    done
+done
+# the capacity drops tokens, so the comparison covers dropped rows too
+drop=$("$MODTRAIN" eval --ckpt moe-ep1/ckpt --data data/val_000000.bin --seqs 8 --json | tail -n 1)
+check_ab "$(echo "$drop" | sed 's/.*"expert_drop":\([^,}]*\).*/\1/')" 0 'a > 0' &&
+    ok "capacity_factor 1 drops tokens: $drop" || fail "no token dropped: $drop"
+
+# ep 2 with pp 2 and with tp 2 (4 ranks, dp 2), and with both (8 ranks), against ep 1 at dp 2
+for model in moe mode; do
+    eval "opts=\$$model"
+    train "$model-dp2" 2 $opts
+    train "$model-ep2-pp2" 4 --ep 2 --pp 2 $opts
+    train "$model-ep2-tp2" 4 --ep 2 --tp 2 $opts
+    compare "$model-dp2" "$model-ep2-pp2" "$model (ep 2, pp 2, dp 2)"
+    compare "$model-dp2" "$model-ep2-tp2" "$model (ep 2, tp 2, dp 2)"
+done
+# all four at once: 8 ranks, ep 2 x tp 2 x pp 2, dp 2
+train moe-ep2-tp2-pp2 8 --ep 2 --tp 2 --pp 2 $moe
+compare moe-dp2 moe-ep2-tp2-pp2 "moe (ep 2, tp 2, pp 2, dp 2)"
+
+# 2. resharding: step 10 of the ep 2 run loaded under ep 1 and ep 4
+for ep in 1 4; do
+    name="reshard-ep$ep"
+    # --steps 10: load from the other run, train nothing, save step 10 into
+    # this run's ckpt_dir under the new layout
+    train "$name" 4 --ep $ep $moe --resume moe-ep2/ckpt/step-00000010 --steps 10
+    "$MODTRAIN" ckpt diff --a moe-ep2/ckpt/step-00000010 --b "$name/ckpt/step-00000010" --tol 0 > diff.txt &&
+        ok "saved under ep 2, loaded under ep $ep: weights and moments exact" ||
+        { cat diff.txt; fail "resharding from ep 2 to ep $ep changed the state"; }
+    train "$name" 4 --ep $ep $moe --resume auto
+    grep -q "resume: loaded $name/ckpt/step-00000010" "$name.log" || fail "$name: did not resume at step 10"
+    "$MODTRAIN" ckpt diff --a moe-ep2/ckpt/step-00000020 --b "$name/ckpt/step-00000020" --tol 2e-5 > diff.txt &&
+        ok "resumed under ep $ep, step 20 matches the uninterrupted ep 2 run: $(tail -n 1 diff.txt | sed 's/ckpt diff: //')" ||
+        { cat diff.txt; fail "resumed under ep $ep drifted"; }
+done
+# experts split over tp, and a stage without experts, saved and loaded elsewhere
+for case in "moe-ep2-tp2 4 --ep 4" "moe-ep2-tp2 1 --ep 1" "mode-ep2-pp2 4 --ep 4" "mode-ep2-pp2 1 --ep 1"; do
+    set -- $case
+    src=$1 np=$2
+    shift 2
+    name="reshard-$src-np$np"
+    eval "opts=\$${src%%-*}"
+    train "$name" "$np" "$@" $opts --resume "$src/ckpt/step-00000010" --steps 10
+    "$MODTRAIN" ckpt diff --a "$src/ckpt/step-00000010" --b "$name/ckpt/step-00000010" --tol 0 > diff.txt &&
+        ok "saved as $src, loaded on $np ranks $*: weights and moments exact" ||
+        { cat diff.txt; fail "resharding $src to $np ranks $* changed the state"; }
+done
+
+# 3. killed under ep 2 (rank 3 dies after step 14's backward), resumed: bitwise
+set +e
+MODTRAIN_FAULT=rank-exit:3:14 timeout 300 $MPIRUN -np 4 "$MODTRAIN" train $common --ep 2 $moe \
+    --run_dir killed > killed.1.log 2>&1
+rc=$?
+set -e
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -q "rank 3 exits at step 14" killed.1.log &&
+    ok "ep 2: rank 3 dies at step 14 (exit $rc), no hang" || { cat killed.1.log; fail "killing under ep 2 (exit $rc)"; }
+mv killed.1.log killed-first.log
+train killed 4 --ep 2 $moe --resume auto
+grep -q "resume: loaded killed/ckpt/step-00000010" killed.log &&
+    "$MODTRAIN" ckpt diff --a moe-ep2/ckpt/step-00000020 --b killed/ckpt/step-00000020 --tol 0 > diff.txt &&
+    cmp -s moe-ep2/ckpt/step-00000020/data.bin killed/ckpt/step-00000020/data.bin &&
+    [ "$(losses moe-ep2 | tail -n 10)" = "$(losses killed | tail -n 10)" ] &&
+    ok "ep 2: killed at step 14, resumed at 10: steps 11-20 and step 20's checkpoint bitwise equal" ||
+    { cat diff.txt; fail "ep 2: the resumed run differs from the uninterrupted one"; }
+# killed while writing the step-10 checkpoint (staged MoDE): resumed from step 5
+set +e
+MODTRAIN_FAULT=save-kill:write:10 timeout 300 $MPIRUN -np 4 "$MODTRAIN" train $common --ep 2 $mode \
+    --ckpt_every 5 --run_dir savekill > savekill-first.log 2>&1
+rc=$?
+set -e
+[ "$rc" -ne 0 ] && grep -q "MODTRAIN_FAULT=save-kill:write" savekill-first.log || {
+    cat savekill-first.log
+    fail "save-kill under ep 2 did not kill (exit $rc)"
+}
+train savekill 4 --ep 2 $mode --ckpt_every 5 --resume auto
+grep -q "resume: loaded savekill/ckpt/step-00000005" savekill.log &&
+    "$MODTRAIN" ckpt diff --a mode-ep2/ckpt/step-00000020 --b savekill/ckpt/step-00000020 --tol 0 > diff.txt &&
+    ok "ep 2: killed in the step-10 save, resumed at 5: step 20 bitwise equal" ||
+    { cat savekill.log diff.txt; fail "ep 2: resumed after a killed save differs"; }
+
+# 4. the same ep 2 layout twice: bit for bit
+train mode-ep2-again 4 --ep 2 $mode
+cmp -s mode-ep2/ckpt/step-00000020/data.bin mode-ep2-again/ckpt/step-00000020/data.bin &&
+    "$MODTRAIN" ckpt diff --a mode-ep2/ckpt --b mode-ep2-again/ckpt --tol 0 > /dev/null &&
+    [ "$(losses mode-ep2)" = "$(losses mode-ep2-again)" ] &&
+    ok "staged MoDE under ep 2 twice: identical losses and checkpoint bytes" || fail "ep 2 twice differs"
+finish
