@@ -317,6 +317,8 @@ static int state_kv(const Config *cfg, const Model *m, int step, const CkptRunSt
     n = add_kv(kv, n, "layout.tp", v);
     snprintf(v, sizeof v, "%d", m->d.pp);
     n = add_kv(kv, n, "layout.pp", v);
+    snprintf(v, sizeof v, "%d", m->d.ep);
+    n = add_kv(kv, n, "layout.ep", v);
     for (int i = 0; i < rs->n_data; i++) n = add_kv(kv, n, rs->data[i].key, rs->data[i].value);
     return n;
 }

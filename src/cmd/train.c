@@ -570,9 +570,11 @@ static void run_banner(const Run *r) {
         snprintf(how, sizeof how, " (%s's gflops_per_core x %d threads)", c->calibration,
                  r->threads);
     else snprintf(how, sizeof how, " (measured on rank 0)");
-    log0("layout dp=%d tp=%d pp=%d | %d thread%s a rank | BLIS %s kernels | "
+    char ep[32] = "";
+    if (r->grid.ep > 1) snprintf(ep, sizeof ep, " ep=%d", r->grid.ep);
+    log0("layout dp=%d tp=%d pp=%d%s | %d thread%s a rank | BLIS %s kernels | "
          "sgemm peak %.1f GFLOP/s%s, %.1f over the job\n",
-         r->grid.dp, r->grid.tp, r->grid.pp, r->threads, r->threads == 1 ? "" : "s",
+         r->grid.dp, r->grid.tp, r->grid.pp, ep, r->threads, r->threads == 1 ? "" : "s",
          kernels_blis_arch(), r->peak_gflops, how, r->job_peak_gflops);
 }
 
