@@ -148,7 +148,7 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/modtrain-bench.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 MODTRAIN=$MODTRAIN "$top/jobs/prep_fortunes.sh" "$tmp/data" > /dev/null
 "$MODTRAIN" train --config "$top/jobs/small.conf" --steps "$steps" --eval_every 0 \
-    --train_data "$tmp/data/train.bin" --val_data "" --run_dir "$tmp/run" --resume never > "$tmp/train.log"
+    --train_data "$tmp/data/train_000000.bin" --val_data "" --run_dir "$tmp/run" --resume never > "$tmp/train.log"
 head -n 3 "$tmp/train.log"
 "$BENCH" "$tmp/run/ckpt/step-$(printf %08d "$steps")" "$tmp" 3 | tee "$tmp/bench.txt"
 step_ms=$(awk -F'"step_time_ms":' 'NR > 1 && NF > 1 { split($2, a, ","); t += a[1]; n++ } END { print t / n }' \

@@ -20,7 +20,7 @@ trap 'rm -rf "$tmp"' EXIT
 MODTRAIN=$MODTRAIN "$top/jobs/prep_fortunes.sh" "$tmp/data" > /dev/null
 model="--n_layer $layers --d_model 256 --n_head 8 --seq_len 256 --batch_size 8"
 "$MODTRAIN" train $model --route_every 0 --steps "$steps" --threads "$threads" \
-    --train_data "$tmp/data/train.bin" --val_data "" --run_dir "$tmp/run" --resume never \
+    --train_data "$tmp/data/train_000000.bin" --val_data "" --run_dir "$tmp/run" --resume never \
     --log_every 1000 > "$tmp/modtrain.log"
 head -n 2 "$tmp/modtrain.log"
 # mean over steps 2.. (step 1 pays for warm-up), as PyTorch's figure below
@@ -31,7 +31,7 @@ mfu=$(awk -F'"mfu":' 'NR > 1 { split($2, a, ","); s += a[1]; n++ } END { printf 
 version=$("$MODTRAIN" --version)
 arch=$(echo "$version" | sed -n 's/.*with \([a-z0-9_]*\) kernels: BLIS_ARCH_TYPE=\([0-9]*\).*/\1 \2/p')
 torch_run() { # ENV-ARGS...: PyTorch's JSON line, run under env ENV-ARGS
-    env "$@" "$PYTHON" "$here/torch_train.py" "$tmp/data/train.bin" "$layers" 256 8 256 8 "$steps" "$threads"
+    env "$@" "$PYTHON" "$here/torch_train.py" "$tmp/data/train_000000.bin" "$layers" 256 8 256 8 "$steps" "$threads"
 }
 tps() { echo "$1" | sed -e 's/.*"tokens_per_s": \([0-9]*\).*/\1/'; }
 pt=$(torch_run BLIS_ARCH_TYPE="${arch#* }")

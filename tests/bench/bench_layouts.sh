@@ -31,7 +31,7 @@ for tp in 1 2 4 8; do
         [ $((NH % tp)) -eq 0 ] && [ $((B % dp)) -eq 0 ] && [ $(((B / dp) % MB)) -eq 0 ] || continue
         run="$tmp/run-$tp-$dp"
         $MPIRUN -np $np "$MODTRAIN" train $model --tp $tp --steps "$steps" --threads 1 \
-            --train_data "$tmp/data/train.bin" --val_data "" --run_dir "$run" --resume never \
+            --train_data "$tmp/data/train_000000.bin" --val_data "" --run_dir "$run" --resume never \
             --ckpt_every 0 --log_every 1000 > "$run.log" 2>&1 || { cat "$run.log"; exit 1; }
         tps=$(awk -F'"step_time_ms":' 'NR > 1 && NF > 1 { split($2, a, ","); t += a[1]; n++ }
               END { printf "%.0f", '"$B * $T"' * n / (t / 1000) }' "$run/metrics.jsonl")

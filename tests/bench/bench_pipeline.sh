@@ -22,7 +22,7 @@ for pp in 1 2 4; do
     for m in 2 4 8 16; do
         run="$tmp/run-$pp-$m"
         $MPIRUN -np $pp "$MODTRAIN" train $model --pp $pp --micro_batch $((B / m)) --steps "$steps" \
-            --threads 1 --train_data "$tmp/data/train.bin" --val_data "" --run_dir "$run" \
+            --threads 1 --train_data "$tmp/data/train_000000.bin" --val_data "" --run_dir "$run" \
             --resume never --ckpt_every 0 --log_every 1000 > "$run.log" 2>&1 || { cat "$run.log"; exit 1; }
         awk -F'"pp_bubble":' -v p=$pp -v m=$m -v B=$B 'NR > 1 && NF > 1 { split($2, a, "}"); s += a[1]; n++
                 split($0, t, "\"step_time_ms\":"); split(t[2], u, ","); ms += u[1] }

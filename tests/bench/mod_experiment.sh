@@ -15,7 +15,7 @@ out=${2:-mod_experiment}
 [ $# -ge 2 ] && shift 2 || shift $#
 MODTRAIN=${MODTRAIN:-$top/modtrain}
 mkdir -p "$out"
-[ -f "$out/data/train.bin" ] || MODTRAIN=$MODTRAIN "$top/jobs/prep_fortunes.sh" "$out/data" > /dev/null
+[ -f "$out/data/train_000000.bin" ] || MODTRAIN=$MODTRAIN "$top/jobs/prep_fortunes.sh" "$out/data" > /dev/null
 model="--n_layer 8 --d_model 128 --n_head 4 --seq_len 256 --batch_size 8 --micro_batch 8"
 opt="--lr 2e-3 --min_lr 2e-4 --warmup_steps 40 --eval_every 50 --eval_seqs 128 --log_every 50"
 for kind in dense mod; do
@@ -23,10 +23,10 @@ for kind in dense mod; do
     [ "$kind" = mod ] && re=2
     rm -rf "$out/$kind"
     "$MODTRAIN" train $model $opt --route_every $re --capacity 0.125 --steps "$steps" \
-        --train_data "$out/data/train.bin" --val_data "$out/data/val.bin" \
+        --train_data "$out/data/train_000000.bin" --val_data "$out/data/val_000000.bin" \
         --run_dir "$out/$kind" --resume never --ckpt_every 0 "$@" > "$out/$kind.log" 2>&1 ||
         { cat "$out/$kind.log"; exit 1; }
-    "$MODTRAIN" eval --ckpt "$out/$kind/ckpt" --data "$out/data/val.bin" --json > "$out/$kind.eval.json"
+    "$MODTRAIN" eval --ckpt "$out/$kind/ckpt" --data "$out/data/val_000000.bin" --json > "$out/$kind.eval.json"
     "$MODTRAIN" sample --ckpt "$out/$kind/ckpt" --prompt "Q: " --tokens 512 --seed 1 --stats \
         > "$out/$kind.sample.txt" 2> "$out/$kind.sample.log"
 done

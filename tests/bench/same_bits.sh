@@ -17,7 +17,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 MPIRUN="mpirun --oversubscribe --bind-to none --mca btl self,vader"
 work=$(pwd) data=$(pwd)/data
 [ -d "$data" ] || "$srcdir/jobs/prep_fortunes.sh" "$data" "$new" > /dev/null || exit 2
-common="--config $srcdir/jobs/tiny.conf --train_data $data/train.bin --val_data $data/val.bin \
+common="--config $srcdir/jobs/tiny.conf --train_data $data/train_000000.bin --val_data $data/val_000000.bin \
     --n_layer 4 --micro_batch 2 --steps 12 --ckpt_every 6 --ckpt_keep 5 --eval_every 6 \
     --log_every 1000 --peak_gflops 50 --resume never"
 mod="--route_every 2 --capacity 0.25"
@@ -37,8 +37,8 @@ run_all() { # BINARY DIR
     t pp2dp2 4 --threads 1 --pp 2
     t resumed 1 --threads 2 $mod --time_limit 0.001 # stops after step 1, exit 75
     t resumed 1 --threads 2 $mod --resume auto
-    "$b" eval --ckpt mod1/ckpt --data "$data/val.bin" --seqs 32 --json --threads 2 > eval1.txt 2>&1
-    $MPIRUN -np 2 "$b" eval --ckpt pp2/ckpt --data "$data/val.bin" --seqs 32 --json --threads 1 --pp 2 > evalpp2.txt 2>&1
+    "$b" eval --ckpt mod1/ckpt --data "$data/val_000000.bin" --seqs 32 --json --threads 2 > eval1.txt 2>&1
+    $MPIRUN -np 2 "$b" eval --ckpt pp2/ckpt --data "$data/val_000000.bin" --seqs 32 --json --threads 1 --pp 2 > evalpp2.txt 2>&1
     "$b" sample --ckpt pred1/ckpt --tokens 200 --threads 2 --seed 3 > sample1.txt 2>&1
     $MPIRUN -np 2 "$b" sample --ckpt tp2/ckpt --tokens 200 --threads 1 --seed 3 > sampletp2.txt 2>&1
     $MPIRUN -np 2 "$b" sample --ckpt mod1/ckpt --tokens 100 --threads 1 --seed 3 --pp 2 --prompt Hello > samplepp2.txt 2>&1
