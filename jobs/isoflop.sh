@@ -167,7 +167,8 @@ report() {
                   "expert_top_k slots a token (plus the router), which is what train'"'"'s flops_per_token " \
                   "counts. The slots mode_integrated sends to no-op experts and those moe_capped drops are " \
                   "the router'"'"'s choice during the run, not measurable before it, so they are not subtracted: " \
-                  "those kinds take the same steps as moe and realise fewer FLOPs than counted (MoD'"'"'s " \
+                  "moe_capped takes the steps of moe, mode_integrated a few fewer (its router scores the " \
+                  "no-ops too), and both realise fewer FLOPs than counted (MoD'"'"'s " \
                   "routed blocks, by contrast, are counted at their realised capacity k / T, exact before " \
                   "the run). The order checks compare final val loss (top-k routing); MoDE is mode_staged " \
                   "and mode_integrated, each checked."

@@ -128,9 +128,10 @@ sweep --out k --kinds "${all// /,}" > k.log 2>&1 || { cat k.log; fail "the sweep
 rows=$(tail -n +2 k/results.csv | wc -l)
 [ "$rows" = 24 ] && ok "--kinds ${all// /,}: results.csv has the 24 runs" ||
     fail "--kinds ${all// /,}: results.csv has $rows runs, not 24"
+spent_ok=1
 for b in $budgets; do for z in $sizes; do for kd in $all; do
     row=$(awk -F, -v b="$b" -v d="${z%x*}" -v l="${z#*x}" -v k="$kd" '$1 == b && $3 == d && $4 == l && $2 == k' k/results.csv)
-    [ "$(printf '%s' "$row" | grep -c .)" = 1 ] || { fail "k/results.csv: not one row of budget $b size $z $kd"; continue; }
+    [ "$(printf '%s' "$row" | grep -c .)" = 1 ] || { spent_ok=0; fail "k/results.csv: not one row of budget $b size $z $kd"; continue; }
     IFS=, read -r _ _ _ _ _ steps _ flops _ _ _ _ _ _ _ cap re <<< "$row"
     dir=k/runs/b${b}_${z}_$kd
     # the run's own count, step by step
@@ -144,22 +145,25 @@ for b in $budgets; do for z in $sizes; do for kd in $all; do
         check_ab "$1" "$flops" "a == b" && [ "$cap" = "$want_cap" ] && [ "$re" = "$want_re" ]; then
         eval "steps_${b//./_}_${z}_$kd=$steps"
     else
+        spent_ok=0
         fail "$b $z $kd: $2 steps (table: $steps) spent $1 FLOPs of $b (table: $flops), capacity $cap route_every $re"
     fi
 done; done; done
-ok "every kind's runs spend their budget at the FLOPs per token train counted"
+(( spent_ok )) && ok "every kind's runs spend their budget at the FLOPs per token train counted"
+nominal=1
 for b in $budgets; do for z in $sizes; do
     v=${b//./_}_$z
     m=$(eval echo "\${steps_${v}_moe:-}") i=$(eval echo "\${steps_${v}_mode_integrated:-}")
     c=$(eval echo "\${steps_${v}_moe_capped:-}") d=$(eval echo "\${steps_${v}_dense:-}")
     st=$(eval echo "\${steps_${v}_mode_staged:-}")
     # nominal: no-ops and drops are not subtracted; an MoE step costs a
-    # dense step and the router (so a few steps fewer); staged MoDE's
-    # routed blocks run at 12.5%, so more steps
-    [ -n "$m" ] && [ "$m" = "$i" ] && [ "$m" = "$c" ] && (( m <= d && m * 10 >= d * 9 && st > m )) ||
-        fail "$b $z: steps dense $d, moe $m, mode_integrated $i, moe_capped $c, mode_staged $st"
+    # dense step and the router (so a few steps fewer), mode_integrated's
+    # router has the no-ops' columns too; staged MoDE's routed blocks run
+    # at 12.5%, so more steps
+    [ -n "$m" ] && [ "$m" = "$c" ] && (( m <= d && m * 10 >= d * 9 && i <= m && i * 50 >= m * 49 && st > m )) ||
+        { nominal=0; fail "$b $z: steps dense $d, moe $m, mode_integrated $i, moe_capped $c, mode_staged $st"; }
 done; done
-ok "MoE kinds at the nominal count: mode_integrated and moe_capped take moe's steps, about dense's"
+(( nominal )) && ok "MoE kinds at the nominal count: moe_capped takes moe's steps, mode_integrated within 2% (its router), about dense's"
 js() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" "$1"; }
 drop_moe=$(js k/runs/b5e10_32x2_moe/eval.json expert_drop)
 drop_cap=$(js k/runs/b5e10_32x2_moe_capped/eval.json expert_drop)
