@@ -1,12 +1,16 @@
 #!/bin/bash
 # isoFLOP sweep (Raposo et al., 2024): for every FLOP budget and
-# every model size of a grid, trains a dense model and a Mixture-of-Depths
-# model for exactly the steps that spend the budget (FLOPs per token as
-# modtrain counts them, routed blocks at their realised capacity k / T),
-# evaluates each under top-k and causal routing, and writes:
+# every model size of a grid, trains a model of each kind (--kinds: by
+# default a dense model and a Mixture-of-Depths model) for exactly the steps
+# that spend the budget (FLOPs per token as modtrain counts them, routed
+# blocks at their realised capacity k / T), evaluates each under top-k and
+# causal routing, and writes:
 #   OUT/results.csv       one row per run
 #   OUT/summary.txt       per budget: best dense, best MoD, the difference,
-#                         and how much faster the best MoD model steps
+#                         and how much faster the best MoD model steps; with
+#                         MoE kinds, the best of every kind and whether the
+#                         paper's order holds (MoDE < MoE < dense,
+#                         mode_integrated < moe_capped)
 #   OUT/isoflop.png       final loss against parameters, one curve per budget
 #                         and kind, the isoFLOP-optimal points marked
 #   OUT/loss_vs_time.png  final loss against wall-clock time, every run,
@@ -25,6 +29,39 @@
 #   --head_dim N          (32)
 #   --capacity F          MoD capacity (0.125)
 #   --route_every N       MoD: every N-th block routed (2)
+#   --kinds LIST          the kinds of model, comma-separated (dense,mod):
+#                         dense      the dense transformer
+#                         mod        MoD: every route_every-th block routed at
+#                                    --capacity
+#                         moe        every block MoE: --experts experts, top
+#                                    --expert_top_k, --capacity_factor
+#                         mode_staged      MoD routing as mod, and every
+#                                    block MoE as moe (staged MoDE)
+#                         mode_integrated  moe with as many no-op experts as
+#                                    experts (integrated MoDE: a token the
+#                                    router sends to a no-op skips the MLP)
+#                         moe_capped moe with its capacity cut to
+#                                    --capped_factor: dropped tokens take the
+#                                    residual path (the paper's comparison
+#                                    for integrated MoDE)
+#   --experts N           MoE kinds: experts per MoE block (4)
+#   --expert_top_k N      MoE kinds: experts per token, 1 or 2 (1)
+#   --capacity_factor F   MoE kinds: an expert takes at most F x rows x top_k
+#                         / experts rows of a micro-batch (1.25)
+#   --capped_factor F     moe_capped's capacity_factor (experts / (experts +
+#                         no-ops of mode_integrated) = 0.5: its experts keep
+#                         at most half the slots, what mode_integrated's
+#                         experts take when its router balances)
+#                         MoE kinds are sized as the dense grid and matched in
+#                         FLOPs per token, not parameters: an expert's MLP is
+#                         4 x d_model wide (expert_d_ff), so a top-1 slot
+#                         costs what the dense MLP costs, and a step of moe
+#                         costs dense's plus the router's (E + no-ops) x
+#                         d_model a token. Their steps spend the budget at
+#                         the nominal count (top_k slots a token), which is
+#                         what train's flops_per_token counts: the slots a
+#                         no-op takes or capacity drops are the router's
+#                         choice during the run, not known before it
 #   --causal_router M     aux_loss or predictor (aux_loss)
 #   --seq_len N --batch N --lr F   (256, 16, 2e-3; min_lr is lr / 10)
 #   --min_steps N         a run shorter than this is left out, with a note (30)
@@ -50,6 +87,8 @@ export LC_ALL=C
 out=isoflop budgets="1e12 3e12 1e13" sizes="32x2 64x2 96x3 128x4 160x5 192x6" head_dim=32
 capacity=0.125 route_every=2 causal=aux_loss seq_len=256 batch=16 lr=2e-3 min_steps=30
 eval_seqs=256 train="" val="" np=0 launcher="" tp=1 pp=1
+kinds=dense,mod experts=4 top_k=1 cf=1.25 capped_cf=""
+all_kinds="dense mod moe mode_staged mode_integrated moe_capped"
 extra=()
 header="budget,kind,d_model,n_layer,params,steps,tokens,flops,epochs,budget_spent,val_loss,val_loss_causal,step_ms,tokens_per_s,wall_s,capacity,route_every"
 die() { echo "isoflop: $*" >&2; exit 2; }
@@ -63,29 +102,35 @@ need() { [ $# -ge 2 ] || die "$1 needs a value (see jobs/isoflop.sh --help)"; }
 report() {
     local out=$1 csv=$1/results.csv plot=$1/plot budgets bad
     [ -f "$csv" ] || die "$csv not found (run the sweep first)"
-    # every row, strictly: a budget is a number > 0, a kind dense or mod,
-    # the rest numbers (nothing of the file is ever part of a gnuplot command)
-    bad=$(awk -F, -v header="$header" '
+    # every row, strictly: a budget is a number > 0, a kind one of the
+    # kinds a sweep trains, the rest numbers (nothing of the file is ever
+    # part of a gnuplot command)
+    bad=$(awk -F, -v header="$header" -v kinds="$all_kinds" '
+    BEGIN { nk = split(kinds, kl, " "); for (i = 1; i <= nk; i++) ok[kl[i]] = 1
+            kinds_or = kl[1]; for (i = 2; i <= nk; i++) kinds_or = kinds_or (i < nk ? ", " : " or ") kl[i] }
     function num(x) { return x ~ /^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$/ || x ~ /^[-+]?(nan|inf)$/ }
     NR == 1 { if ($0 != header) { e = 1; print "line 1 is not the header a sweep writes (" header ")"; exit } next }
     {
         split(header, name, ","); c = 0
         if (NF != 17) { e = 1; printf "line %d has %d columns, not 17", NR, NF; exit }
         if ($1 !~ /^[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?$/ || !($1 + 0 > 0 && $1 + 0 < 1e300)) c = 1
-        else if ($2 != "dense" && $2 != "mod") c = 2
+        else if (!($2 in ok)) c = 2
         else for (i = 3; i <= 17 && !c; i++) if (i <= 7 ? $i !~ /^[0-9]+$/ || length($i) > 15 : !num($i)) c = i
         if (c) { e = 1; v = substr($c, 1, 24); gsub(/[^ -~]/, "?", v)
                  printf "line %d: %s = \047%s\047 is not %s", NR, name[c], v,
-                     c == 1 ? "a number > 0" : c == 2 ? "dense or mod" : c <= 7 ? "a whole number" : "a number"
+                     c == 1 ? "a number > 0" : c == 2 ? kinds_or : c <= 7 ? "a whole number" : "a number"
                  exit }
         rows++
     }
     END { if (!e && !rows) print NR ? "no runs in it" : "empty (not a sweep'"'"'s table)" }' "$csv")
     [ -z "$bad" ] || die "$csv: $bad"
-    awk -F, '
+    awk -F, -v kinds="$all_kinds" '
+    BEGIN { nk = split(kinds, kl, " "); kw = 5 }
     NR == 1 { next }
     {
         n++; b[n] = $1; k[n] = $2; line[n] = $0
+        if (length($2) > kw) kw = length($2)
+        if ($2 != "dense" && $2 != "mod") has_moe = 1
         if (!($1 in seen)) { seen[$1] = 1; order[++nb] = $1 }
         key = $1 SUBSEP $2
         if (!(key in best) || $11 < best_loss[key]) { best[key] = n; best_loss[key] = $11 }
@@ -93,16 +138,18 @@ report() {
         n_all = n
     }
     END {
-        printf "%-8s %-5s %7s %9s %6s %9s %7s %9s %9s %8s %9s %8s\n", "budget", "kind", "size",
+        printf "%-8s %-" kw "s %7s %9s %6s %9s %7s %9s %9s %8s %9s %8s\n", "budget", "kind", "size",
             "params", "steps", "tokens", "epochs", "val loss", "causal", "step ms", "tokens/s", "wall s"
         for (i = 1; i <= n; i++)
-            printf "%-8s %-5s %7s %9d %6d %9d %7.2f %9.4f %9.4f %8.1f %9.0f %8.1f\n", c[i, 1], c[i, 2],
+            printf "%-8s %-" kw "s %7s %9d %6d %9d %7.2f %9.4f %9.4f %8.1f %9.0f %8.1f\n", c[i, 1], c[i, 2],
                 c[i, 3] "x" c[i, 4], c[i, 5], c[i, 6], c[i, 7], c[i, 9], c[i, 11], c[i, 12], c[i, 13],
                 c[i, 14], c[i, 15]
         print ""
         for (j = 1; j <= nb; j++) {
             B = order[j]; d = best[B, "dense"]; m = best[B, "mod"]
-            if (!d || !m) { printf "budget %s: no %s run\n", B, d ? "MoD" : "dense"; continue }
+            if (!d || !m) { if (!has_moe) printf "budget %s: no %s run\n", B, d ? "MoD" : "dense"
+                            else moe_lines(B)
+                            continue }
             printf "budget %s FLOPs: best dense %sx%s (%.2fM parameters) %.4f; best MoD %sx%s (%.2fM) " \
                    "%.4f top-k, %.4f causal; MoD - dense %+.4f (%+.2f%%); the best MoD model steps " \
                    "%.2fx as fast (%.1f against %.1f ms)\n",
@@ -111,7 +158,54 @@ report() {
                 c[d, 13] / c[m, 13], c[m, 13], c[d, 13]
             printf "  between the grid'"'"'s sizes (a parabola in log parameters through the best and its " \
                    "neighbours) the optimum of dense lies %s; of MoD %s\n", fit(B, "dense"), fit(B, "mod")
+            if (has_moe) moe_lines(B)
         }
+        if (has_moe)
+            print "\nFLOPs of the MoE kinds: an expert is 4 x d_model wide, so a top-1 expert slot costs what " \
+                  "the dense MLP costs and every kind shares the d_model x n_layer grid (matched in FLOPs per " \
+                  "token, not parameters); each run'"'"'s steps spend the budget at the nominal count, " \
+                  "expert_top_k slots a token (plus the router), which is what train'"'"'s flops_per_token " \
+                  "counts. The slots mode_integrated sends to no-op experts and those moe_capped drops are " \
+                  "the router'"'"'s choice during the run, not measurable before it, so they are not subtracted: " \
+                  "moe_capped takes the steps of moe, mode_integrated a few fewer (its router scores the " \
+                  "no-ops too), and both realise fewer FLOPs than counted (MoD'"'"'s " \
+                  "routed blocks, by contrast, are counted at their realised capacity k / T, exact before " \
+                  "the run). The order checks compare final val loss (top-k routing); MoDE is mode_staged " \
+                  "and mode_integrated, each checked."
+    }
+    # per budget, with MoE kinds: the best of every kind, the paper'"'"'s order
+    # of losses, the optimum of each MoE kind between grid sizes
+    function moe_lines(B,   i, K, r, line, sep) {
+        cb = B; line = sprintf("budget %s FLOPs, the best of each kind:", B); sep = " "
+        for (i = 1; i <= nk; i++) {
+            K = kl[i]; r = best[B, K]
+            if (!r) continue
+            line = line sprintf("%s%s %sx%s %.4f (%.1f ms a step)", sep, K, c[r, 3], c[r, 4], c[r, 11], c[r, 13])
+            sep = ", "
+        }
+        print line
+        printf "  the paper'"'"'s order MoDE < MoE < dense: staged %s; integrated %s\n",
+            chain("mode_staged", "moe", "dense"), chain("mode_integrated", "moe", "dense")
+        printf "  the paper'"'"'s order mode_integrated < moe_capped: %s\n", chain("mode_integrated", "moe_capped", "")
+        line = "  between the grid'"'"'s sizes the optimum of"; sep = " "
+        for (i = 3; i <= nk; i++) {
+            K = kl[i]
+            if (!best[B, K]) continue
+            line = line sprintf("%s%s lies %s", sep, K, fit(B, K)); sep = "; of "
+        }
+        if (sep != " ") print line
+    }
+    # of budget cb: "A x < B y < C z: holds" (C may be ""), or ": fails
+    # (why)", or "n/a (no K run)"
+    function chain(a, b2, c3,   ra, rb, rc, s, why) {
+        ra = best[cb, a]; rb = best[cb, b2]; rc = (c3 == "" ? 0 : best[cb, c3])
+        if (!ra || !rb || (c3 != "" && !rc))
+            return sprintf("n/a (no %s run)", !ra ? a : !rb ? b2 : c3)
+        s = sprintf("%s %.4f < %s %.4f", a, c[ra, 11], b2, c[rb, 11])
+        if (c3 != "") s = s sprintf(" < %s %.4f", c3, c[rc, 11])
+        if (!(c[ra, 11] < c[rb, 11])) why = a " is not below " b2
+        else if (c3 != "" && !(c[rb, 11] < c[rc, 11])) why = b2 " is not below " c3
+        return s ": " (why == "" ? "holds" : "fails (" why ")")
     }
     # the optimum between grid points: the parabola in x = log10(parameters)
     # through the best run and its two neighbours in size (none at an edge)
@@ -138,55 +232,66 @@ report() {
     rm -rf "$plot"
     mkdir -p "$plot"
     budgets=$(awk -F, 'NR > 1 && !s[$1]++ { printf "%s ", $1 }' "$csv")
+    # the kinds drawn: dense and mod always (as before), then each MoE kind
+    # the table has, in the order of all_kinds; their labels in the keys
+    local kinds="dense mod" labels="dense MoD" k
+    local -A label=([moe]=MoE [mode_staged]=MoDE-staged [mode_integrated]=MoDE-integrated [moe_capped]=MoE-capped)
+    for k in $all_kinds; do
+        [ "$k" != dense ] && [ "$k" != mod ] || continue
+        awk -F, -v K="$k" 'NR > 1 && $2 == K { f = 1; exit } END { exit !f }' "$csv" || continue
+        kinds="$kinds $k" labels="$labels ${label[$k]}"
+    done
     for B in $budgets; do
-        for kind in dense mod; do
+        for kind in $kinds; do
             awk -F, -v B="$B" -v K="$kind" 'NR > 1 && $1 == B && $2 == K { print $5, $11, $15, $3 "x" $4 }' "$csv" |
                 sort -n > "$plot/${B}_$kind.dat"
             sort -k2,2g "$plot/${B}_$kind.dat" | head -n 1 >> "$plot/opt_$kind.dat"
         done
     done
-    touch "$plot/opt_dense.dat" "$plot/opt_mod.dat"
+    for kind in $kinds; do touch "$plot/opt_$kind.dat"; done
     # the script is fixed text: the folders and budgets come in as gnuplot -c
     # arguments (ARG1 ...), strings; the paths begin with / or ./ (never < or
     # |, which gnuplot would run as commands)
     local dir=$out
     case $dir in /*) ;; *) dir=./$dir ;; esac
     cat > "$plot/isoflop.gp" <<'GP'
-dir = ARG1; plot = ARG1."/plot/"; budgets = ARG2
+dir = ARG1; plot = ARG1."/plot/"; budgets = ARG2; kinds = ARG3; labels = ARG4
+# kind j: dash type j, point type pts[j], its optimal points in colour ocs[j]
+pts = "7 5 9 13 11 15"
+ocs = "black red dark-green blue dark-violet orange"
 set terminal pngcairo size 960,600
 set termoption noenhanced
 set datafile missing "?"
 set style line 1 lc rgb "#1f77b4" lw 2 pt 7
 set output dir."/isoflop.png"
-set title "isoFLOP curves: dense (solid) and MoD (dashed), isoFLOP-optimal points ringed"
+set title (words(kinds) == 2 ? "isoFLOP curves: dense (solid) and MoD (dashed), isoFLOP-optimal points ringed" \
+    : "isoFLOP curves: one line style per kind, one colour per budget, isoFLOP-optimal points ringed")
 set xlabel "parameters"
 set ylabel "final validation loss (nats/token)"
 set logscale x
 set grid
 set key outside right
-plot for [i=1:words(budgets)] plot.word(budgets, i)."_dense.dat" using 1:2 \
-        with linespoints lw 2 pt 7 lc i title word(budgets, i)." dense", \
-     for [i=1:words(budgets)] plot.word(budgets, i)."_mod.dat" using 1:2 \
-        with linespoints lw 2 dt 2 pt 5 lc i title word(budgets, i)." MoD", \
-     plot."opt_dense.dat" using 1:2 with points pt 6 ps 3 lw 2 lc rgb "black" title "optimal dense", \
-     plot."opt_mod.dat" using 1:2 with points pt 4 ps 3 lw 2 lc rgb "red" title "optimal MoD"
+plot for [j=1:words(kinds)] for [i=1:words(budgets)] plot.word(budgets, i)."_".word(kinds, j).".dat" \
+        using 1:2 with linespoints lw 2 dt j pt int(word(pts, j)) lc i \
+        title word(budgets, i)." ".word(labels, j), \
+     for [j=1:words(kinds)] plot."opt_".word(kinds, j).".dat" using 1:2 with points \
+        pt int(word(pts, j)) - 1 ps 3 lw 2 lc rgb word(ocs, j) title "optimal ".word(labels, j)
 set output dir."/loss_vs_time.png"
 set terminal pngcairo size 1200,700
 set termoption noenhanced
-set title "final validation loss against wall-clock time: dense (circles) and MoD (squares),\neach labelled d_model x n_layer (dense to the left, MoD to the right)"
+set title (words(kinds) == 2 ? "final validation loss against wall-clock time: dense (circles) and MoD (squares),\neach labelled d_model x n_layer (dense to the left, MoD to the right)" \
+    : "final validation loss against wall-clock time: one point type per kind, one colour per budget,\neach labelled d_model x n_layer (dense to the left, the other kinds to the right)")
 set xlabel "wall-clock seconds of training"
 set autoscale xfix
 set offsets graph 0.1, graph 0.1, graph 0.03, graph 0.03
-plot for [i=1:words(budgets)] plot.word(budgets, i)."_dense.dat" using 3:2 \
-        with points pt 7 ps 1.5 lc i title word(budgets, i)." dense", \
-     for [i=1:words(budgets)] plot.word(budgets, i)."_mod.dat" using 3:2 \
-        with points pt 5 ps 1.5 lc i title word(budgets, i)." MoD", \
+plot for [j=1:words(kinds)] for [i=1:words(budgets)] plot.word(budgets, i)."_".word(kinds, j).".dat" \
+        using 3:2 with points pt int(word(pts, j)) ps 1.5 lc i title word(budgets, i)." ".word(labels, j), \
      for [i=1:words(budgets)] plot.word(budgets, i)."_dense.dat" using 3:2:4 \
         with labels right offset char -1, 0 font ",8" tc lt i notitle, \
-     for [i=1:words(budgets)] plot.word(budgets, i)."_mod.dat" using 3:2:4 \
-        with labels left offset char 1, 0 font ",8" tc lt i notitle
+     for [j=2:words(kinds)] for [i=1:words(budgets)] plot.word(budgets, i)."_".word(kinds, j).".dat" \
+        using 3:2:4 with labels left offset char 1, 0 font ",8" tc lt i notitle
 GP
-    gnuplot -c "$plot/isoflop.gp" "$dir" "$budgets"
+    gnuplot -c "$plot/isoflop.gp" "$dir" "$budgets" "$kinds" "$labels"
     echo "isoflop: wrote $out/summary.txt, $out/isoflop.png, $out/loss_vs_time.png"
 }
 
@@ -218,6 +323,8 @@ while [ $# -gt 0 ]; do
     seq_len) seq_len=$2 ;; batch) batch=$2 ;; lr) lr=$2 ;; min_steps) min_steps=$2 ;;
     eval_seqs) eval_seqs=$2 ;; train) train=$2 ;; val) val=$2 ;; np) np=$2 ;;
     launcher) launcher=$2 ;; tp) tp=$2 ;; pp) pp=$2 ;;
+    kinds) kinds=$2 ;; experts) experts=$2 ;; expert_top_k) top_k=$2 ;;
+    capacity_factor) cf=$2 ;; capped_factor) capped_cf=$2 ;;
     *) die "unknown option '$1' (see jobs/isoflop.sh --help)" ;;
     esac
     shift 2
@@ -242,6 +349,24 @@ int "$(as route_every)" "$route_every"; int "$(as seq_len)" "$seq_len"
 int "$(as batch)" "$batch"; int "$(as min_steps)" "$min_steps"; int "$(as eval_seqs)" "$eval_seqs"
 int "$(as tp)" "$tp"; int "$(as pp)" "$pp"; num "$(as capacity)" "$capacity" 1; num "$(as lr)" "$lr"
 [ "$np" = 0 ] || int "$(as np)" "$np"
+# the kinds, in the order given, each once
+kind_list=""
+for k in ${kinds//,/ }; do
+    [[ " $all_kinds " == *" $k "* ]] || die "$(as kinds): '$k' is not a kind (${all_kinds// /, })"
+    [[ " $kind_list " != *" $k "* ]] || die "$(as kinds): '$k' is named twice"
+    kind_list="${kind_list:+$kind_list }$k"
+done
+[ -n "$kind_list" ] || die "$(as kinds) needs at least one kind (${all_kinds// /, })"
+int "$(as experts)" "$experts"
+[[ $top_k =~ ^[12]$ ]] || die "$(as expert_top_k) = '$top_k' is not 1 or 2"
+(( top_k <= experts )) || die "$(as expert_top_k) $top_k is more than the $(as experts) $experts experts"
+num "$(as capacity_factor)" "$cf" 1e6
+[ -n "$capped_cf" ] || capped_cf=$(awk -v e="$experts" 'BEGIN { printf "%.6g", e / (e + e) }')
+num "$(as capped_factor)" "$capped_cf" 1e6
+is_moe() { [[ $1 == moe* || $1 == mode_* ]]; }
+routed() { [ "$1" = mod ] || [ "$1" = mode_staged ]; }
+moe_kinds=0
+for k in $kind_list; do ! is_moe "$k" || moe_kinds=1; done
 case $causal in aux_loss | predictor) ;; *) die "$(as causal_router) '$causal' is not aux_loss or predictor" ;; esac
 
 tree=$(cd "$(dirname "$0")/.." && pwd)
@@ -249,12 +374,19 @@ MODTRAIN=${MODTRAIN:-$( [ -x ./modtrain ] && echo "$PWD/modtrain" || { [ -x "$tr
 [ -n "$MODTRAIN" ] && [ -x "$MODTRAIN" ] || die "no modtrain binary (build it, or set MODTRAIN)"
 # ---------------------------------------------------------------- the grid
 # model keys of one run: kind size
+# (dense and mod: the keys they always had; an MoE kind adds its own)
 model_keys() {
     local d=${2%x*} l=${2#*x} re=0
-    [ "$1" = mod ] && re=$route_every
+    ! routed "$1" || re=$route_every
     echo "--vocab_size 256 --tokenizer byte --d_model $d --n_layer $l --n_head $((d / head_dim))" \
         "--seq_len $seq_len --batch_size $batch --route_every $re --capacity $capacity" \
         "--causal_router $causal --tp $tp --pp $pp"
+    is_moe "$1" || return 0
+    local noop=0 f=$cf
+    [ "$1" = mode_integrated ] && noop=$experts
+    [ "$1" = moe_capped ] && f=$capped_cf
+    echo "--n_expert $experts --n_noop_expert $noop --expert_top_k $top_k --expert_d_ff $((4 * d))" \
+        "--capacity_factor $f --moe_every 1"
 }
 json() { sed -n "s/.*\"$2\":\\([^,}]*\\).*/\\1/p" "$1" | head -n 1; }
 
@@ -264,7 +396,7 @@ json() { sed -n "s/.*\"$2\":\\([^,}]*\\).*/\\1/p" "$1" | head -n 1; }
 # that leaves every run out (fewer than --min_steps), is refused here.
 runs=0
 for size in $sizes; do
-    for kind in dense mod; do
+    for kind in $kind_list; do
         # shellcheck disable=SC2046 # the keys are words
         f=$("$MODTRAIN" plan --flops $(model_keys "$kind" "$size") 2>&1) ||
             die "size $size ($kind): $(printf '%s' "$f" | head -n 1)"
@@ -376,7 +508,7 @@ one_run() {
     # of the step intervals (the last record of each step counts)
     awk -v budget="$budget" -v kind="$kind" -v size="$size" -v params="$params" \
         -v steps="$steps" -v bt="$((batch * seq_len))" -v tt="$train_tokens" \
-        -v cap="$capacity" -v re="$route_every" \
+        -v cap="$capacity" -v re="$route_every" -v routed="$(routed "$kind" && echo 1 || echo 0)" \
         -v loss="$(json "$dir/eval.json" loss)" -v lossc="$(json "$dir/eval.json" loss_causal)" '
         function val(k,   i, r) { i = index($0, "\"" k "\":"); if (!i) return ""
             r = substr($0, i + length(k) + 3); sub(/[,}].*/, "", r); return r }
@@ -393,7 +525,7 @@ one_run() {
             printf "%s,%s,%d,%d,%d,%d,%d,%.0f,%.3f,%.6f,%s,%s,%.3f,%.1f,%.2f,%s,%s\n",
                 budget, kind, dl[1], dl[2], params, steps, steps * bt, fl, steps * bt / tt,
                 fl / budget, loss, lossc, mst / n, mtps / n, w / 1000,
-                (kind == "mod" ? cap : 1), (kind == "mod" ? re : 0)
+                (routed ? cap : 1), (routed ? re : 0)
         }' "$dir/metrics.jsonl" > "$dir/result.tmp" 2>> "$dir/train.log" ||
         { log "$name: $dir/metrics.jsonl lacks steps (see $dir/train.log)"; return 1; }
     mv "$dir/result.tmp" "$dir/result.csv"
@@ -403,10 +535,13 @@ one_run() {
 
 stop=0
 trap 'stop=1' TERM INT
-log "sweep: budgets $budgets; sizes $sizes; capacity $capacity every $route_every; seq_len $seq_len, batch $batch${launcher:+; launched by $launcher}"
+moe_note=""
+(( moe_kinds )) && moe_note="; kinds $kind_list: $experts experts, top-$top_k, capacity_factor $cf (moe_capped $capped_cf)"
+[ "$kind_list" = "dense mod" ] || [ -n "$moe_note" ] || moe_note="; kinds $kind_list"
+log "sweep: budgets $budgets; sizes $sizes; capacity $capacity every $route_every; seq_len $seq_len, batch $batch$moe_note${launcher:+; launched by $launcher}"
 for budget in $budgets; do
     for size in $sizes; do
-        for kind in dense mod; do
+        for kind in $kind_list; do
             rc=0
             one_run "$budget" "$size" "$kind" || rc=$?
             (( stop )) && { log "stopped by a signal; rerun the same command to continue"; exit 75; }
@@ -418,7 +553,7 @@ done
 # ---------------------------------------------------------------- table
 {
     echo "$header"
-    for budget in $budgets; do for size in $sizes; do for kind in dense mod; do
+    for budget in $budgets; do for size in $sizes; do for kind in $kind_list; do
         f=$out/runs/b${budget}_${size}_$kind/result.csv
         [ -f "$f" ] && cat "$f"
     done; done; done

@@ -11,6 +11,13 @@
 #   skips the finished runs (their files untouched) and resumes the stopped
 #   one from its checkpoint;
 # - a sweep of one budget under mpirun -np 2 (dp 2) spends the same FLOPs;
+# - --kinds with every kind (dense, mod, moe, mode_staged, mode_integrated,
+#   moe_capped): every run is in the table once and spends its budget at
+#   the FLOPs per token train counted (MoE kinds at the nominal count, so
+#   mode_integrated and moe_capped take moe's steps), each kind's keys took
+#   (no-ops, a capacity that drops), the summary states the best of every
+#   kind and the paper's order checks, which a table of known losses
+#   answers rightly; the report refuses a row of a kind no sweep trains;
 # - the routing dump holds exactly k top-k tokens per sequence and block,
 #   the k largest router logits; its causal decisions are the router's sign
 #   and agree with top-k as often as eval's predictor_accuracy says; --vocab
@@ -115,6 +122,99 @@ MODTRAIN=$MODTRAIN "$srcdir/jobs/isoflop.sh" --report syn > syn.log 2>&1
 grep -q "optimum of dense lies at 0.1M parameters, loss 2.0000; of MoD at 0.316M parameters, loss 1.0000" syn/summary.txt &&
     ok "the optimum between grid points: the parabola's vertex" || { cat syn/summary.txt; fail "the fitted optimum is not the parabola's vertex"; }
 
+# --- every kind
+all="dense mod moe mode_staged mode_integrated moe_capped"
+sweep --out k --kinds "${all// /,}" > k.log 2>&1 || { cat k.log; fail "the sweep of every kind failed"; }
+rows=$(tail -n +2 k/results.csv | wc -l)
+[ "$rows" = 24 ] && ok "--kinds ${all// /,}: results.csv has the 24 runs" ||
+    fail "--kinds ${all// /,}: results.csv has $rows runs, not 24"
+spent_ok=1
+for b in $budgets; do for z in $sizes; do for kd in $all; do
+    row=$(awk -F, -v b="$b" -v d="${z%x*}" -v l="${z#*x}" -v k="$kd" '$1 == b && $3 == d && $4 == l && $2 == k' k/results.csv)
+    [ "$(printf '%s' "$row" | grep -c .)" = 1 ] || { spent_ok=0; fail "k/results.csv: not one row of budget $b size $z $kd"; continue; }
+    IFS=, read -r _ _ _ _ _ steps _ flops _ _ _ _ _ _ _ cap re <<< "$row"
+    dir=k/runs/b${b}_${z}_$kd
+    # the run's own count, step by step
+    spent=$(awk -v bt=$((8 * 64)) '/"loss"/ { match($0, /"step":[0-9]+/); s = substr($0, RSTART + 7, RLENGTH - 7)
+            match($0, /"flops_per_token":[0-9.e+]+/); f[s] = substr($0, RSTART + 18, RLENGTH - 18) }
+            END { for (s in f) { t += f[s] * bt; n++ } printf "%.0f %d", t, n }' "$dir/metrics.jsonl")
+    set -- $spent
+    want_cap=1 want_re=0
+    case $kd in mod | mode_staged) want_cap=0.125 want_re=2 ;; esac
+    if [ "$2" = "$steps" ] && check_ab "$1" "$b" "(a - b < 0 ? b - a : a - b) <= (b / 100 > a / $2 ? b / 100 : a / $2)" &&
+        check_ab "$1" "$flops" "a == b" && [ "$cap" = "$want_cap" ] && [ "$re" = "$want_re" ]; then
+        eval "steps_${b//./_}_${z}_$kd=$steps"
+    else
+        spent_ok=0
+        fail "$b $z $kd: $2 steps (table: $steps) spent $1 FLOPs of $b (table: $flops), capacity $cap route_every $re"
+    fi
+done; done; done
+(( spent_ok )) && ok "every kind's runs spend their budget at the FLOPs per token train counted"
+nominal=1
+for b in $budgets; do for z in $sizes; do
+    v=${b//./_}_$z
+    m=$(eval echo "\${steps_${v}_moe:-}") i=$(eval echo "\${steps_${v}_mode_integrated:-}")
+    c=$(eval echo "\${steps_${v}_moe_capped:-}") d=$(eval echo "\${steps_${v}_dense:-}")
+    st=$(eval echo "\${steps_${v}_mode_staged:-}")
+    # nominal: no-ops and drops are not subtracted; an MoE step costs a
+    # dense step and the router (so a few steps fewer), mode_integrated's
+    # router has the no-ops' columns too; staged MoDE's routed blocks run
+    # at 12.5%, so more steps
+    [ -n "$m" ] && [ "$m" = "$c" ] && (( m <= d && m * 10 >= d * 9 && i <= m && i * 50 >= m * 49 && st > m )) ||
+        { nominal=0; fail "$b $z: steps dense $d, moe $m, mode_integrated $i, moe_capped $c, mode_staged $st"; }
+done; done
+(( nominal )) && ok "MoE kinds at the nominal count: moe_capped takes moe's steps, mode_integrated within 2% (its router), about dense's"
+js() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" "$1"; }
+drop_moe=$(js k/runs/b5e10_32x2_moe/eval.json expert_drop)
+drop_cap=$(js k/runs/b5e10_32x2_moe_capped/eval.json expert_drop)
+[ -z "$(js k/runs/b5e10_32x2_dense/eval.json expert_drop)" ] && [ -n "$drop_moe" ] &&
+    check_ab "$drop_cap" 0.5 "a >= b - 1e-6" && check_ab "$drop_moe" "$drop_cap" "a < b" &&
+    ok "moe_capped drops at least half its slots ($drop_cap; moe $drop_moe)" ||
+    fail "expert_drop: moe '$drop_moe', moe_capped '$drop_cap' (capacity_factor 0.5 drops at least half)"
+# the no-op experts are columns of the router: d_model x 4 no-ops x n_layer
+# parameters more than moe's
+pd=$(awk -F, '$1 == "5e10" && $3 == 64 && $2 == "dense" { d = $5 } $1 == "5e10" && $3 == 64 && $2 == "moe" { m = $5 }
+              $1 == "5e10" && $3 == 64 && $2 == "mode_integrated" { i = $5 } END { print d, m, i }' k/results.csv)
+set -- $pd
+[ "$(($3 - $2))" = $((64 * 4 * 2)) ] && (( $2 > $1 )) && ok "mode_integrated has 4 no-op experts (params: dense $1, moe $2, mode_integrated $3)" ||
+    fail "params: dense $1, moe $2, mode_integrated $3 (want mode_integrated - moe = 64 x 4 x 2)"
+for b in $budgets; do
+    grep -q "^budget $b FLOPs: best dense .* best MoD .* steps [0-9.]*x as fast" k/summary.txt &&
+    grep -q "^budget $b FLOPs, the best of each kind: dense [0-9x]* [0-9.]* (.*), mod .*, moe .*, mode_staged .*, mode_integrated .*, moe_capped [0-9x]* [0-9.]* ([0-9.]* ms a step)$" k/summary.txt ||
+        fail "k/summary.txt has no best of each kind for budget $b"
+done
+n=$(grep -cE "^  the paper's order MoDE < MoE < dense: staged mode_staged [0-9.]+ < moe [0-9.]+ < dense [0-9.]+: (holds|fails \(.*\)); integrated mode_integrated [0-9.]+ < moe [0-9.]+ < dense [0-9.]+: (holds|fails \(.*\))$" k/summary.txt)
+n2=$(grep -cE "^  the paper's order mode_integrated < moe_capped: mode_integrated [0-9.]+ < moe_capped [0-9.]+: (holds|fails \(.*\))$" k/summary.txt)
+[ "$n" = 2 ] && [ "$n2" = 2 ] && grep -q "^FLOPs of the MoE kinds: .*nominal count" k/summary.txt &&
+    ok "summary: the best of every kind, the order checks, the FLOP count's note" ||
+    { cat k/summary.txt; fail "k/summary.txt lacks the order checks ($n, $n2) or the note"; }
+for p in isoflop.png loss_vs_time.png; do
+    [ -s "k/$p" ] && [ "$(head -c 4 "k/$p" | tail -c 3)" = PNG ] || fail "k/$p is not a PNG"
+done
+for kd in $all; do [ -s k/plot/5e10_$kd.dat ] || fail "k/plot/5e10_$kd.dat: $kd is not drawn"; done
+# the order checks on known losses: staged holds, integrated is not below
+# moe, moe_capped is missing at 1e15; all hold at 2e15
+mkdir -p ord
+{ head -n 1 s/results.csv
+  for r in "1e15 dense 3.0" "1e15 mod 2.9" "1e15 moe 2.8" "1e15 mode_staged 2.7" "1e15 mode_integrated 2.85" \
+           "2e15 dense 3.0" "2e15 moe 2.8" "2e15 mode_staged 2.7" "2e15 mode_integrated 2.6" "2e15 moe_capped 2.9"; do
+    set -- $r
+    echo "$1,$2,64,2,100000,100,1000,$1,1,1,$3,$3,10,100,1,1,0"
+  done; } > ord/results.csv
+MODTRAIN=$MODTRAIN "$srcdir/jobs/isoflop.sh" --report ord > ord.log 2>&1 || { cat ord.log; fail "--report ord failed"; }
+grep -qx "  the paper's order MoDE < MoE < dense: staged mode_staged 2.7000 < moe 2.8000 < dense 3.0000: holds; integrated mode_integrated 2.8500 < moe 2.8000 < dense 3.0000: fails (mode_integrated is not below moe)" ord/summary.txt &&
+grep -qx "  the paper's order mode_integrated < moe_capped: n/a (no moe_capped run)" ord/summary.txt &&
+grep -qx "  the paper's order mode_integrated < moe_capped: mode_integrated 2.6000 < moe_capped 2.9000: holds" ord/summary.txt &&
+[ "$(grep -c ': holds; integrated .*: holds$' ord/summary.txt)" = 1 ] &&
+    ok "the order checks answer rightly on known losses" || { cat ord/summary.txt; fail "the order checks are wrong on known losses"; }
+mkdir -p badk
+{ head -n 1 s/results.csv; echo "1e15,moe_tiny,64,2,100000,100,1000,1e15,1,1,2.5,2.5,10,100,1,1,0"; } > badk/results.csv
+rc=0
+MODTRAIN=$MODTRAIN "$srcdir/jobs/isoflop.sh" --report badk > bad.out 2> bad.err || rc=$?
+[ "$rc" = 2 ] && [ "$(wc -l < bad.err)" = 1 ] && grep -q "line 2: kind = 'moe_tiny' is not dense, mod, moe, mode_staged, mode_integrated or moe_capped" bad.err &&
+    [ ! -e badk/summary.txt ] && ok "--report refuses a bad kind: $(cat bad.err)" ||
+    fail "--report of a bad kind: exit $rc, '$(cat bad.err)'"
+
 # --- under mpirun: dp 2
 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
     MODTRAIN_MPIRUN_ARGS="--oversubscribe --bind-to none --mca btl self,vader" \
@@ -177,7 +277,8 @@ rc=0
     ok "routing_plot.sh: table and heatmap" || { cat rp.txt; fail "routing_plot.sh's table is wrong"; }
 
 # --- bad options
-for bad in "--budgets 1e10x" "--sizes 64" "--sizes 48x2" "--capacity 0" "--np two" "--bogus 1"; do
+for bad in "--budgets 1e10x" "--sizes 64" "--sizes 48x2" "--capacity 0" "--np two" "--bogus 1" \
+    "--kinds dense,bogus" "--kinds mod,mod" "--kinds ," "--expert_top_k 3" "--experts 0" "--capped_factor 0"; do
     rc=0
     # shellcheck disable=SC2086
     sweep --out bad $bad > bad.out 2> bad.err || rc=$?
