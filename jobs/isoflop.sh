@@ -58,10 +58,12 @@
 #                         costs what the dense MLP costs, and a step of moe
 #                         costs dense's plus the router's (E + no-ops) x
 #                         d_model a token. Their steps spend the budget at
-#                         the nominal count (top_k slots a token), which is
-#                         what train's flops_per_token counts: the slots a
-#                         no-op takes or capacity drops are the router's
-#                         choice during the run, not known before it
+#                         the count of a balanced router (plan --flops:
+#                         top_k x min(1, capacity_factor, E / (E + no-ops))
+#                         slots a token); what the router really keeps is
+#                         its choice during the run, so the table's flops
+#                         and budget_spent are train's count of the slots
+#                         kept
 #   --causal_router M     aux_loss or predictor (aux_loss)
 #   --seq_len N --batch N --lr F   (256, 16, 2e-3; min_lr is lr / 10)
 #   --min_steps N         a run shorter than this is left out, with a note (30)
@@ -163,12 +165,12 @@ report() {
         if (has_moe)
             print "\nFLOPs of the MoE kinds: an expert is 4 x d_model wide, so a top-1 expert slot costs what " \
                   "the dense MLP costs and every kind shares the d_model x n_layer grid (matched in FLOPs per " \
-                  "token, not parameters); each run'"'"'s steps spend the budget at the nominal count, " \
-                  "expert_top_k slots a token (plus the router), which is what train'"'"'s flops_per_token " \
-                  "counts. The slots mode_integrated sends to no-op experts and those moe_capped drops are " \
-                  "the router'"'"'s choice during the run, not measurable before it, so they are not subtracted: " \
-                  "moe_capped takes the steps of moe, mode_integrated a few fewer (its router scores the " \
-                  "no-ops too), and both realise fewer FLOPs than counted (MoD'"'"'s " \
+                  "token, not parameters); each run'"'"'s steps spend the budget at the count of a balanced router " \
+                  "(modtrain plan --flops: expert_top_k x min(1, capacity_factor, E / (E + no-ops)) slots a token, " \
+                  "plus the router), so mode_integrated and moe_capped (half the slots to experts) take more steps " \
+                  "than moe. What a router really kept is its choice during the run: the table'"'"'s flops and " \
+                  "budget_spent are train'"'"'s count of the slots kept, below the budget where tokens drop and " \
+                  "above it where fewer go to no-ops (MoD'"'"'s " \
                   "routed blocks, by contrast, are counted at their realised capacity k / T, exact before " \
                   "the run). The order checks compare final val loss (top-k routing); MoDE is mode_staged " \
                   "and mode_integrated, each checked."

@@ -211,10 +211,19 @@ double plan_flops_per_token(const Config *cfg) {
     ModelDims full;
     model_dims_config(&full, cfg, 1, 0);
     const int k = model_capacity_k(&full, cfg->seq_len);
-    double *frac = xcalloc((size_t)full.L + 1, sizeof(double));
-    for (int l = 0; l < full.L; l++)
+    double *frac = xcalloc(2 * ((size_t)full.L + 1), sizeof(double)), *slots = frac + full.L + 1;
+    /* an MoE block keeps the slots a balanced router would: its share of
+     * real experts, E / (E + Nn), or what capacity lets through */
+    double kept = 1;
+    if (full.E > 0) {
+        kept = (double)full.E / (full.E + full.Nn);
+        if (full.cf < kept) kept = full.cf;
+    }
+    for (int l = 0; l < full.L; l++) {
         frac[l] = model_is_routed(&full, l) ? (double)k / cfg->seq_len : 1;
-    const double fpt = model_flops_per_token(&full, cfg->seq_len, frac);
+        slots[l] = full.ek * kept;
+    }
+    const double fpt = model_flops_per_token_moe(&full, cfg->seq_len, frac, slots);
     free(frac);
     return fpt;
 }

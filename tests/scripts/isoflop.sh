@@ -13,8 +13,9 @@
 # - a sweep of one budget under mpirun -np 2 (dp 2) spends the same FLOPs;
 # - --kinds with every kind (dense, mod, moe, mode_staged, mode_integrated,
 #   moe_capped): every run is in the table once and spends its budget at
-#   the FLOPs per token train counted (MoE kinds at the nominal count, so
-#   mode_integrated and moe_capped take moe's steps), each kind's keys took
+#   the FLOPs per token train counted (MoE kinds at a balanced router's
+#   count, so mode_integrated and moe_capped take alike and more steps than
+#   moe, and spend near the budget as their routers kept), each kind's keys took
 #   (no-ops, a capacity that drops), the summary states the best of every
 #   kind and the paper's order checks, which a table of known losses
 #   answers rightly; the report refuses a row of a kind no sweep trains;
@@ -141,7 +142,15 @@ for b in $budgets; do for z in $sizes; do for kd in $all; do
     set -- $spent
     want_cap=1 want_re=0
     case $kd in mod | mode_staged) want_cap=0.125 want_re=2 ;; esac
-    if [ "$2" = "$steps" ] && check_ab "$1" "$b" "(a - b < 0 ? b - a : a - b) <= (b / 100 > a / $2 ? b / 100 : a / $2)" &&
+    # dense and MoD spend the budget exactly (within 1% or a step); an MoE
+    # kind's steps are set at the FLOPs a balanced router spends, and what
+    # its router really kept (train's count) lands near the budget: below
+    # it where tokens drop, above it where fewer slots than E / (E + Nn)
+    # go to no-ops
+    near="(a - b < 0 ? b - a : a - b) <= (b / 100 > a / $2 ? b / 100 : a / $2)"
+    case $kd in moe | mode_staged | moe_capped) near="a <= b * 1.01 + a / $2 && a >= b * 0.5" ;;
+        mode_integrated) near="a <= b * 1.6 && a >= b * 0.5" ;; esac
+    if [ "$2" = "$steps" ] && check_ab "$1" "$b" "$near" &&
         check_ab "$1" "$flops" "a == b" && [ "$cap" = "$want_cap" ] && [ "$re" = "$want_re" ]; then
         eval "steps_${b//./_}_${z}_$kd=$steps"
     else
@@ -149,21 +158,23 @@ for b in $budgets; do for z in $sizes; do for kd in $all; do
         fail "$b $z $kd: $2 steps (table: $steps) spent $1 FLOPs of $b (table: $flops), capacity $cap route_every $re"
     fi
 done; done; done
-(( spent_ok )) && ok "every kind's runs spend their budget at the FLOPs per token train counted"
+(( spent_ok )) && ok "every kind's runs spend their budget at the FLOPs per token train counted (MoE kinds: near it, as their routers kept)"
 nominal=1
 for b in $budgets; do for z in $sizes; do
     v=${b//./_}_$z
     m=$(eval echo "\${steps_${v}_moe:-}") i=$(eval echo "\${steps_${v}_mode_integrated:-}")
     c=$(eval echo "\${steps_${v}_moe_capped:-}") d=$(eval echo "\${steps_${v}_dense:-}")
     st=$(eval echo "\${steps_${v}_mode_staged:-}")
-    # nominal: no-ops and drops are not subtracted; an MoE step costs a
-    # dense step and the router (so a few steps fewer), mode_integrated's
-    # router has the no-ops' columns too; staged MoDE's routed blocks run
-    # at 12.5%, so more steps
-    [ -n "$m" ] && [ "$m" = "$c" ] && (( m <= d && m * 10 >= d * 9 && i <= m && i * 50 >= m * 49 && st > m )) ||
+    # at a balanced router's count: moe keeps every slot (capacity 1.25),
+    # so its step costs a dense step and the router (a few steps fewer);
+    # mode_integrated and moe_capped send half the slots to experts (E of
+    # E + Nn, capacity 0.5), so their MLPs cost half and they take more
+    # steps, alike within 2% (integrated's router scores the no-ops too);
+    # staged MoDE's routed blocks run at 12.5%, so more steps still
+    [ -n "$m" ] && (( m <= d && m * 10 >= d * 9 && i <= c && i * 50 >= c * 49 && i * 100 >= m * 115 && st > m )) ||
         { nominal=0; fail "$b $z: steps dense $d, moe $m, mode_integrated $i, moe_capped $c, mode_staged $st"; }
 done; done
-(( nominal )) && ok "MoE kinds at the nominal count: moe_capped takes moe's steps, mode_integrated within 2% (its router), about dense's"
+(( nominal )) && ok "MoE kinds at a balanced router's count: moe about dense's steps, mode_integrated and moe_capped alike and at least 15% more"
 js() { sed -n "s/.*\"$2\":\([^,}]*\).*/\1/p" "$1"; }
 drop_moe=$(js k/runs/b5e10_32x2_moe/eval.json expert_drop)
 drop_cap=$(js k/runs/b5e10_32x2_moe_capped/eval.json expert_drop)
@@ -185,7 +196,7 @@ for b in $budgets; do
 done
 n=$(grep -cE "^  the paper's order MoDE < MoE < dense: staged mode_staged [0-9.]+ < moe [0-9.]+ < dense [0-9.]+: (holds|fails \(.*\)); integrated mode_integrated [0-9.]+ < moe [0-9.]+ < dense [0-9.]+: (holds|fails \(.*\))$" k/summary.txt)
 n2=$(grep -cE "^  the paper's order mode_integrated < moe_capped: mode_integrated [0-9.]+ < moe_capped [0-9.]+: (holds|fails \(.*\))$" k/summary.txt)
-[ "$n" = 2 ] && [ "$n2" = 2 ] && grep -q "^FLOPs of the MoE kinds: .*nominal count" k/summary.txt &&
+[ "$n" = 2 ] && [ "$n2" = 2 ] && grep -q "^FLOPs of the MoE kinds: .*balanced router" k/summary.txt &&
     ok "summary: the best of every kind, the order checks, the FLOP count's note" ||
     { cat k/summary.txt; fail "k/summary.txt lacks the order checks ($n, $n2) or the note"; }
 for p in isoflop.png loss_vs_time.png; do
@@ -268,7 +279,7 @@ done
 rc=0
 "$MODTRAIN" eval --ckpt s/runs/b5e10_64x2_dense/ckpt --data data/val_000000.bin --seqs 8 \
     --routing r2.tsv > bad.out 2> bad.err || rc=$?
-[ "$rc" = 2 ] && [ "$(wc -l < bad.err)" = 1 ] && grep -q "is a dense model (route_every = 0)" bad.err &&
+[ "$rc" = 2 ] && [ "$(wc -l < bad.err)" = 1 ] && grep -q "is a dense model (route_every = 0, n_expert = 0)" bad.err &&
     [ ! -s bad.out ] && [ ! -e r2.tsv ] && ok "eval --routing on a dense model: $(cat bad.err)" ||
     fail "eval --routing on a dense model: exit $rc, '$(cat bad.err)'"
 "$srcdir/jobs/routing_plot.sh" routing.tsv rp > rp.log 2>&1 ||
