@@ -8,15 +8,16 @@
 #   experts and 8 no-op experts), one rank, d_model 256, 8 layers: FLOPs per
 #   token as train counts them, step time, tokens/s, and step time per FLOP
 #   against dense's. An expert is 4 x d_model wide, so a top-1 slot costs
-#   what the dense MLP costs: MoE and integrated MoDE count dense's FLOPs
-#   (and the router's); train counts MoE blocks at the nominal top-k slots,
-#   so integrated MoDE's no-op slots show as less time per counted FLOP;
+#   what the dense MLP costs; train counts an MoE block at the slots its
+#   experts kept (a dropped or no-op slot costs nothing and counts nothing),
+#   so time per FLOP compares the work done;
 # - expert parallelism: the MoE model at dp 2 (mpirun -np 2), ep 1 against
 #   ep 2, with the all-to-all's share of the step (the ep_comm phase of
 #   phase_ms, where train reports one; n/a otherwise);
-# - an MoE model with 8 experts, top-1, and 0, 8 and 24 no-op experts: the
-#   step time as the share of slots that reach an expert falls (1, 1/2 and
-#   1/4 when the router balances).
+# - an MoE model with 8 experts, top-1, capacity_factor 8 (nothing drops),
+#   and 0, 8 and 24 no-op experts: the step time as the share of slots that
+#   reach an expert falls (1, 1/2 and 1/4 when the router balances; the
+#   share each run's routers realised, from expert_load, is printed too).
 # usage: tests/bench/bench_moe.sh [--quick] [STEPS]
 #   --quick   a sanity run of seconds (d_model 64, 2 layers, 3 steps)
 #   STEPS     steps of each run (6; the default run takes about 3 minutes on
@@ -75,7 +76,7 @@ train dense -- --route_every 0
 train moe -- --route_every 0 $moe
 train mode_staged -- --route_every 2 --capacity 0.125 $moe
 train mode_integrated -- --route_every 0 $moe --n_noop_expert 8
-train noop24 -- --route_every 0 $moe --n_noop_expert 24
+for nn in 0 8 24; do train "noop$nn" -- --route_every 0 $moe --capacity_factor 8 --n_noop_expert "$nn"; done
 echo "model: $model, $steps steps a run (means over steps 2..); $("$MODTRAIN" --version | head -n 1)"
 echo "MoE: 8 experts, top-1, expert_d_ff 4 x d_model, capacity_factor 1.25, every block; staged MoDE routes every other block at capacity 0.125"
 printf '%-18s %14s %10s %10s %14s %10s\n' kind "FLOPs/token" "step ms" tokens/s "ms per TFLOP" "vs dense"
@@ -106,16 +107,25 @@ awk -v a="$e1" -v b="$(mean "$tmp/ep2" step_time_ms)" 'BEGIN { printf "ratio ep 
 [ -n "$(mean "$tmp/ep2" phase.ep_comm)" ] ||
     echo "(no ep_comm phase in this build's phase_ms: the all-to-all's time is inside forward and backward)"
 
+# the share of slots the real experts kept, over steps 2.. and the blocks
+realised() {
+    python3 - "$1/metrics.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l][1:]
+print("%.3f" % (sum(sum(sum(b[:8]) for b in r["expert_load"]) / len(r["expert_load"]) for r in rows) / len(rows)))
+PY
+}
+
 # --- the no-op share
 echo
-echo "no-op experts: 8 experts, top-1, one rank; the share of slots that reach an expert when the router balances"
-printf '%-10s %12s %10s %10s %12s\n' no-ops "expert share" "step ms" tokens/s "vs 0 no-ops"
-z=$(mean "$tmp/moe" step_time_ms) prev="" falls=yes
+echo "no-op experts: 8 experts, top-1, capacity_factor 8 (nothing drops), one rank"
+printf '%-10s %14s %14s %10s %10s %12s\n' no-ops "balanced share" "realised share" "step ms" tokens/s "vs 0 no-ops"
+z=$(mean "$tmp/noop0" step_time_ms) prev="" falls=yes
 for nn in 0 8 24; do
-    case $nn in 0) d=moe ;; 8) d=mode_integrated ;; 24) d=noop24 ;; esac
+    d=noop$nn
     ms=$(mean "$tmp/$d" step_time_ms)
-    awk -v nn="$nn" -v ms="$ms" -v tps="$(mean "$tmp/$d" tokens_per_s)" -v z="$z" 'BEGIN {
-        printf "%-10s %12.3f %10.1f %10.0f %11.3fx\n", nn, 8 / (8 + nn), ms, tps, ms / z }'
+    awk -v nn="$nn" -v ms="$ms" -v tps="$(mean "$tmp/$d" tokens_per_s)" -v z="$z" -v r="$(realised "$tmp/$d")" 'BEGIN {
+        printf "%-10s %14.3f %14.3f %10.1f %10.0f %11.3fx\n", nn, 8 / (8 + nn), r, ms, tps, ms / z }'
     [ -z "$prev" ] || awk -v a="$prev" -v b="$ms" 'BEGIN { exit !(b < a) }' || falls=no
     prev=$ms
 done
