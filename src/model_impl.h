@@ -1,7 +1,10 @@
 /*
  * model_impl: what the model's own files share and nothing else includes.
  *
- *   model.c    dims, the parameter registry, activations, forward/backward
+ *   model.c    dims, the parameter registry, initialisation, forward and
+ *              backward
+ *   model_mem.c  activations and memory: the size tables, allocation and
+ *              model_memory
  *   routing.c  Mixture-of-Depths (router, top-k, causal decision, routed
  *              blocks) and the experts' router (choices, capacity, the
  *              load-balancing loss)
@@ -31,6 +34,9 @@ static inline void gated_add(float *y, const float *a, const float *mo, float g,
 }
 
 /* model.c */
+/* The registry of m->d's stage into m->reg (measure: only m->nparams,
+ * with one expert's rows standing for a block's El). */
+void model_build_registry(Model *m, int measure);
 /* Block l's two branches on N rows x (B sequences, rows off[b]..off[b+1];
  * or, with kv, one token attending to its cache): a = attention branch
  * (projected, all-reduced, biased), mo = MLP branch, with res2 = x + a
@@ -45,6 +51,10 @@ void block_branches_backward(Model *m, int l, const float *x, int N, int B, cons
 /* The last stage's head on the residual stream x: ln_f, then the tied head
  * logits(N,Vl) = lnf(N,C) @ wte(Vl,C)^T. */
 void head_forward(Model *m, const float *x, int N);
+
+/* model_mem.c: the scratch buffers backward and decoding share, laid out
+ * by the size table (model_init calls it). */
+void model_alloc_scratch(Model *m);
 
 /* routing.c: Mixture-of-Depths */
 float mod_gate(RouterGate gate, float r);

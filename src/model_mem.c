@@ -1,0 +1,332 @@
+/*
+ * model_mem: a model's activations and memory. One size table per kind of
+ * buffer (a block's, an activation set's own, the scratch) says what each
+ * buffer holds and where it exists; allocation lays the buffers out from
+ * it, and model_memory measures the same table, so what the planner and
+ * train's memory check count is what model_init allocates.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/base/util.h"
+#include "src/model_impl.h"
+
+/* The activation size table (after llm.c's act_sizes): one row per buffer,
+ * naming the field that points at it, its element size, its element count
+ * as a function of the dims, and where it exists. An activation set is one
+ * allocation laid out row by row, every buffer on a 64-byte boundary. */
+typedef enum {
+    SZ_N,    /* B*T: one per token */
+    SZ_NC,   /* B*T*C */
+    SZ_N3CL, /* B*T*3Cl: q, k, v of this rank's heads */
+    SZ_NCL,  /* B*T*Cl */
+    SZ_NFL,  /* B*T*Fl: this rank's MLP columns */
+    SZ_NH,   /* B*T*H: the predictor's hidden layer */
+    SZ_ATT,  /* B*NHl*T*T: attention probabilities */
+    SZ_OFF,  /* B+1: sequence offsets */
+    SZ_NVL,  /* B*T*Vl: this rank's logits */
+    SZ_3N,   /* 3*B*T: per-row max, sum and target logit of the loss */
+    SZ_2NH,  /* 2*B*T*H: the predictor's hidden gradients (one H when no predictor) */
+    SZ_NET,  /* B*T*(E+Nn): the experts' router probabilities */
+    SZ_NK,   /* B*T*k: expert slots */
+    SZ_NKC,  /* B*T*k*C: rows sent to experts */
+    SZ_RC,   /* R*C: rows received by this rank's experts, R = B*T*k*ep */
+    SZ_RFL,  /* R*Fel: their hidden rows */
+    SZ_MCNT  /* 2E + El + 1: the all-to-all's counts */
+} SizeKind;
+typedef enum {
+    IN_ANY,
+    IN_ROUTED,
+    IN_PREDICTOR,
+    IN_LAST_STAGE,
+    IN_DENSE_MLP, /* a block with the dense MLP */
+    IN_MOE,       /* an MoE block */
+    IN_MOE_EP,    /* an MoE block under ep > 1 */
+    IN_ANY_MOE,   /* the model has MoE blocks (scratch) */
+    IN_ANY_MOE_EP /* ... under ep > 1 */
+} Where;
+typedef struct {
+    size_t field; /* offset of the pointer in its struct */
+    size_t elem;  /* bytes per element */
+    SizeKind n;
+    Where where;
+} ActRow;
+
+#define F sizeof(float)
+#define BA(f) offsetof(BlockActs, f)
+static const ActRow block_rows[] = {
+    {BA(ln1), F, SZ_NC, IN_ANY},
+    {BA(ln1_mean), F, SZ_N, IN_ANY},
+    {BA(ln1_rstd), F, SZ_N, IN_ANY},
+    {BA(qkv), F, SZ_N3CL, IN_ANY},
+    {BA(att), F, SZ_ATT, IN_ANY},
+    {BA(atty), F, SZ_NCL, IN_ANY},
+    {BA(res2), F, SZ_NC, IN_ANY},
+    {BA(ln2), F, SZ_NC, IN_ANY},
+    {BA(ln2_mean), F, SZ_N, IN_ANY},
+    {BA(ln2_rstd), F, SZ_N, IN_ANY},
+    {BA(fch), F, SZ_NFL, IN_DENSE_MLP},
+    {BA(fch_gelu), F, SZ_NFL, IN_DENSE_MLP},
+    {BA(res3), F, SZ_NC, IN_ANY},
+    {BA(r), F, SZ_N, IN_ROUTED},
+    {BA(topk), 1, SZ_N, IN_ROUTED},
+    {BA(sel), sizeof(int), SZ_N, IN_ROUTED},
+    {BA(off), sizeof(int), SZ_OFF, IN_ROUTED},
+    {BA(gate), F, SZ_N, IN_ROUTED},
+    {BA(xs), F, SZ_NC, IN_ROUTED},
+    {BA(a), F, SZ_NC, IN_ROUTED},
+    {BA(mo), F, SZ_NC, IN_ROUTED},
+    {BA(plogit), F, SZ_N, IN_PREDICTOR},
+    {BA(ph), F, SZ_NH, IN_PREDICTOR},
+    {BA(phg), F, SZ_NH, IN_PREDICTOR},
+    {BA(mp), F, SZ_NET, IN_MOE},
+    {BA(mch), sizeof(int), SZ_NK, IN_MOE},
+    {BA(mslot), sizeof(int), SZ_NK, IN_MOE},
+    {BA(mcnt), sizeof(int), SZ_MCNT, IN_MOE},
+    {BA(mxs), F, SZ_NKC, IN_MOE},
+    {BA(mys), F, SZ_NKC, IN_MOE},
+    {BA(mxr), F, SZ_RC, IN_MOE_EP},
+    {BA(myr), F, SZ_RC, IN_MOE_EP},
+    {BA(mh), F, SZ_RFL, IN_MOE},
+    {BA(mhg), F, SZ_RFL, IN_MOE},
+};
+#define AS(f) offsetof(ActSet, f)
+static const ActRow set_rows[] = {
+    {AS(enc), F, SZ_NC, IN_ANY},
+    {AS(lnf), F, SZ_NC, IN_LAST_STAGE},
+    {AS(lnf_mean), F, SZ_N, IN_LAST_STAGE},
+    {AS(lnf_rstd), F, SZ_N, IN_LAST_STAGE},
+    {AS(logits), F, SZ_NVL, IN_LAST_STAGE},
+    {AS(losses), F, SZ_N, IN_LAST_STAGE},
+    {AS(inputs), sizeof(int), SZ_N, IN_ANY},
+    {AS(targets), sizeof(int), SZ_N, IN_ANY},
+};
+#define SC(f) offsetof(Scratch, f)
+static const ActRow scratch_rows[] = {
+    {SC(dres), F, SZ_NC, IN_ANY},    {SC(dln), F, SZ_NC, IN_ANY},
+    {SC(scratch), F, SZ_NC, IN_ANY}, {SC(scratch2), F, SZ_NC, IN_ANY},
+    {SC(dqkv), F, SZ_N3CL, IN_ANY},  {SC(datty), F, SZ_NCL, IN_ANY},
+    {SC(dfch), F, SZ_NFL, IN_ANY},   {SC(dfchg), F, SZ_NFL, IN_ANY},
+    {SC(rowbuf), F, SZ_3N, IN_ANY},  {SC(dr), F, SZ_N, IN_ANY},
+    {SC(dph), F, SZ_2NH, IN_ANY},    {SC(off_dense), sizeof(int), SZ_OFF, IN_ANY},
+    {SC(mdys), F, SZ_NKC, IN_ANY_MOE}, {SC(mdyr), F, SZ_RC, IN_ANY_MOE_EP},
+    {SC(mdxr), F, SZ_RC, IN_ANY_MOE},  {SC(mdh), F, SZ_RFL, IN_ANY_MOE},
+    {SC(mdhg), F, SZ_RFL, IN_ANY_MOE}, {SC(mdp), F, SZ_NET, IN_ANY_MOE},
+};
+#undef F
+#undef BA
+#undef AS
+#undef SC
+#define NROWS(t) (sizeof(t) / sizeof((t)[0]))
+
+/* Saturating (SIZE_MAX: more than can exist), so that model_memory() can
+ * measure any config before anything is allocated. */
+static size_t size_of(const Model *m, SizeKind k) {
+    const ModelDims *d = &m->d;
+    const size_t B = (size_t)m->maxB, N = sat_mul(B, (size_t)d->maxT), C = (size_t)d->C;
+    switch (k) {
+    case SZ_N: return N;
+    case SZ_NC: return sat_mul(N, C);
+    case SZ_N3CL: return sat_mul(N, 3 * (size_t)d->Cl);
+    case SZ_NCL: return sat_mul(N, (size_t)d->Cl);
+    case SZ_NFL: return sat_mul(N, (size_t)d->Fl);
+    case SZ_NH: return sat_mul(N, (size_t)d->H);
+    case SZ_ATT:
+        return sat_mul(sat_mul(B, (size_t)d->NHl), sat_mul((size_t)d->maxT, (size_t)d->maxT));
+    case SZ_OFF: return B + 1;
+    case SZ_NVL: return sat_mul(N, (size_t)d->Vl);
+    case SZ_3N: return sat_mul(3, N);
+    case SZ_2NH:
+        return sat_mul(2 * N, (size_t)(d->predictor ? d->H : 1)); /* dL/d(hidden), dL/d(gelu) */
+    case SZ_NET: return sat_mul(N, (size_t)(d->E + d->Nn));
+    case SZ_NK: return sat_mul(N, (size_t)d->ek);
+    case SZ_NKC: return sat_mul(sat_mul(N, (size_t)d->ek), C);
+    case SZ_RC: return sat_mul(sat_mul(sat_mul(N, (size_t)d->ek), (size_t)d->ep), C);
+    case SZ_RFL: return sat_mul(sat_mul(sat_mul(N, (size_t)d->ek), (size_t)d->ep), (size_t)d->Fel);
+    case SZ_MCNT: return 2 * (size_t)d->E + (size_t)d->El + 1;
+    }
+    return 0;
+}
+
+static int row_exists(const Model *m, Where w, int l) {
+    switch (w) {
+    case IN_ANY: return 1;
+    case IN_ROUTED: return model_is_routed(&m->d, l);
+    case IN_PREDICTOR: return model_is_routed(&m->d, l) && m->d.predictor;
+    case IN_LAST_STAGE: return model_last_stage(&m->d);
+    case IN_DENSE_MLP: return !model_is_moe(&m->d, l);
+    case IN_MOE: return model_is_moe(&m->d, l);
+    case IN_MOE_EP: return model_is_moe(&m->d, l) && m->d.ep > 1;
+    case IN_ANY_MOE: return m->d.E > 0;
+    case IN_ANY_MOE_EP: return m->d.E > 0 && m->d.ep > 1;
+    }
+    return 0;
+}
+
+static size_t round64(size_t bytes) {
+    return bytes > SIZE_MAX - 63 ? SIZE_MAX : (bytes + 63) & ~(size_t)63;
+}
+
+/* Lays the rows out from byte `at` of base, pointing owner's fields into it
+ * (base NULL: only measures); returns the next free byte. l: the block. */
+static size_t lay_out(const Model *m, const ActRow *rows, size_t n, int l, void *owner, char *base,
+                      size_t at) {
+    for (size_t i = 0; i < n; i++) {
+        if (!row_exists(m, rows[i].where, l)) continue;
+        if (base) {
+            void *p = base + at;
+            memcpy((char *)owner + rows[i].field, &p, sizeof p);
+        }
+        at = sat_add(at, round64(sat_mul(size_of(m, rows[i].n), rows[i].elem)));
+    }
+    return at;
+}
+
+/* One activation set in base (NULL: measures it): the BlockActs array,
+ * the set's own buffers, then this stage's blocks. Returns its bytes. */
+static size_t actset_layout(const Model *m, ActSet *s, char *base) {
+    size_t at = round64((size_t)m->d.L * sizeof(BlockActs));
+    if (base) s->acts = (BlockActs *)(void *)base;
+    at = lay_out(m, set_rows, NROWS(set_rows), -1, s, base, at);
+    for (int l = m->d.l0; l < m->d.l1; l++)
+        at = lay_out(m, block_rows, NROWS(block_rows), l, base ? &s->acts[l] : NULL, base, at);
+    return at;
+}
+
+int model_registry(const ModelDims *d, ParamInfo **reg) {
+    Model m;
+    memset(&m, 0, sizeof m);
+    m.d = *d;
+    model_build_registry(&m, 0);
+    *reg = m.reg;
+    return m.nreg;
+}
+
+/* Floats of the registry of a stage of d holding blocks [l0, l1), the first
+ * and/or the last stage as said (measured, not built). */
+static size_t stage_floats(const ModelDims *d, int first, int last, int l0, int l1) {
+    Model m;
+    memset(&m, 0, sizeof m);
+    m.d = *d;
+    m.d.pp = 3, m.d.pp_rank = first ? 0 : last ? 2 : 1; /* first, last or a middle stage */
+    if (first && last) m.d.pp = 1;
+    m.d.l0 = l0, m.d.l1 = l1;
+    model_build_registry(&m, 1);
+    return m.nparams;
+}
+
+static int block_kind(const ModelDims *d, int l) {
+    return model_is_routed(d, l) + 2 * model_is_moe(d, l);
+}
+
+void model_units(const ModelDims *d, int maxB, ModelUnits *u) {
+    memset(u, 0, sizeof *u);
+    for (int first = 0; first < 2; first++)
+        for (int last = 0; last < 2; last++)
+            u->top_floats[first][last] = stage_floats(d, first, last, 0, 0);
+    Model m;
+    memset(&m, 0, sizeof m);
+    m.d = *d;
+    m.maxB = maxB;
+    /* the first block of each kind the model has (counted in a few
+     * operations, so that the scan stops at the last kind's first) */
+    ModelDims whole = *d;
+    whole.l0 = 0, whole.l1 = d->L;
+    int both;
+    const int moe = model_stage_moe(&whole, &both), routed = model_stage_routed(&whole);
+    int left = (d->L - routed - moe + both > 0) + (routed > both) + (moe > both) + (both > 0);
+    for (int l = 0; l < d->L && left > 0; l++) {
+        const int k = block_kind(d, l);
+        if (u->block_floats[k]) continue;
+        u->block_floats[k] = stage_floats(d, 0, 0, l, l + 1);
+        u->block_acts[k] = lay_out(&m, block_rows, NROWS(block_rows), l, NULL, NULL, 0);
+        left--;
+    }
+    for (int last = 0; last < 2; last++) {
+        m.d.pp = last ? 1 : 2, m.d.pp_rank = 0; /* the set's rows depend on the last stage only */
+        u->set_bytes[last] = lay_out(&m, set_rows, NROWS(set_rows), -1, NULL, NULL,
+                                     round64((size_t)d->L * sizeof(BlockActs)));
+    }
+    m.d = *d;
+    u->scratch = lay_out(&m, scratch_rows, NROWS(scratch_rows), -1, NULL, NULL, 0);
+}
+
+void model_memory_units(const ModelUnits *u, const ModelDims *d, int slots, int optimizer,
+                        ModelMemory *mm) {
+    /* in a few operations: the planner measures thousands of stages */
+    size_t kinds[4] = {0, 0, 0, 0};
+    int both = 0;
+    const int moe = d->E > 0 ? model_stage_moe(d, &both) : 0, routed = model_stage_routed(d);
+    kinds[3] = (size_t)both;
+    kinds[2] = (size_t)(moe - both);
+    kinds[1] = (size_t)(routed - both);
+    kinds[0] = (size_t)(d->l1 - d->l0 - routed - moe + both);
+    size_t nparams = u->top_floats[model_first_stage(d)][model_last_stage(d)];
+    size_t set = u->set_bytes[model_last_stage(d)];
+    for (int k = 0; k < (d->E > 0 ? 4 : 2); k++) {
+        nparams = sat_add(nparams, sat_mul(kinds[k], u->block_floats[k]));
+        set = sat_add(set, sat_mul(kinds[k], u->block_acts[k]));
+    }
+    const size_t param_bytes = sat_mul(nparams, sizeof(float));
+    memset(mm, 0, sizeof *mm);
+    mm->params = param_bytes;
+    mm->grads = param_bytes;
+    mm->moments = optimizer ? sat_mul(2, param_bytes) : 0;
+    mm->acts = sat_mul((size_t)slots, set);
+    mm->scratch = u->scratch;
+    mm->total = sat_add(sat_add(sat_add(mm->params, mm->grads), sat_add(mm->moments, mm->acts)),
+                        mm->scratch);
+}
+
+void model_memory(const ModelDims *d, int maxB, int slots, int optimizer, ModelMemory *mm) {
+    ModelUnits u;
+    model_units(d, maxB, &u);
+    model_memory_units(&u, d, slots, optimizer, mm);
+}
+
+int model_memory_check(const ModelMemory *mm, size_t budget, int ranks, Err *err) {
+    if (mm->total <= budget) return 0;
+    char tot[32], b[32], p[32], mo[32], a[32];
+    format_bytes(tot, sizeof tot, mm->total);
+    format_bytes(b, sizeof b, budget);
+    format_bytes(p, sizeof p, sat_add(mm->params, mm->grads));
+    format_bytes(mo, sizeof mo, mm->moments);
+    format_bytes(a, sizeof a, sat_add(mm->acts, mm->scratch));
+    char st[128] = "", sb[32];
+    if (mm->staging) {
+        format_bytes(sb, sizeof sb, mm->staging);
+        snprintf(st, sizeof st, ", checkpoint staging copy %s", sb);
+    }
+    if (mm->data) {
+        format_bytes(sb, sizeof sb, mm->data);
+        snprintf(st + strlen(st), sizeof st - strlen(st), ", data path %s", sb);
+    }
+    return err_set(err,
+                   "the model needs %s per rank (parameters and gradients %s, AdamW moments %s, "
+                   "activations %s%s), more than the %s each of the %d rank%s on this node can "
+                   "have; lower micro_batch, seq_len, d_model or n_layer, or split the model over "
+                   "more ranks (tp, pp)%s",
+                   tot, p, mo, a, st, b, ranks, ranks == 1 ? "" : "s",
+                   mm->staging ? ", or save synchronously (ckpt_async 0)" : "");
+}
+
+static void actset_alloc(const Model *m, ActSet *s) {
+    memset(s, 0, sizeof *s);
+    s->mem = xcalloc(1, actset_layout(m, s, NULL));
+    actset_layout(m, s, s->mem);
+}
+
+void model_set_slots(Model *m, int n) {
+    for (int k = n; k < m->nslots; k++) free(m->slots[k].mem);
+    m->slots = xrealloc(m->slots, (size_t)n * sizeof(ActSet));
+    for (int k = m->nslots; k < n; k++) actset_alloc(m, &m->slots[k]);
+    m->nslots = n;
+    m->cur = &m->slots[0];
+}
+
+void model_use_slot(Model *m, int k) { m->cur = &m->slots[k]; }
+
+void model_alloc_scratch(Model *m) {
+    m->s.mem = xcalloc(1, lay_out(m, scratch_rows, NROWS(scratch_rows), -1, &m->s, NULL, 0));
+    lay_out(m, scratch_rows, NROWS(scratch_rows), -1, &m->s, m->s.mem, 0);
+}
