@@ -147,7 +147,7 @@ runs "1e15\";$sys;x=\"1" | csv inj
 refused "report: a budget that is a gnuplot command" "inj/results.csv: line 2: budget = .* is not a number > 0" \
     "$srcdir/jobs/isoflop.sh" --report inj
 { runs 1e15; echo "1e15,dense\"$sys,64,2,5,100,1000,1e15,1,1,2,2,10,100,1,1,0"; } | csv kind
-refused "report: a kind that is not dense or mod" "kind/results.csv: line 6: kind = .* is not dense or mod" \
+refused "report: a kind that no sweep trains" "kind/results.csv: line 6: kind = .* is not dense, mod, moe, mode_staged, mode_integrated or moe_capped" \
     "$srcdir/jobs/isoflop.sh" --report kind
 runs 1e15 | sed '1s/,2\.[0-9],/,`touch marker`,/' | csv loss
 refused "report: a loss that is a command" "loss/results.csv: line 2: val_loss = .* is not a number" \
