@@ -85,6 +85,9 @@
 # lives in, then modtrain on the PATH).
 set -euo pipefail
 export LC_ALL=C
+# Until the sweep starts there is nothing to save: a signal ends it at once
+# with the exit code of a preempted sweep (see "the sweep" below).
+trap 'exit 75' TERM INT
 
 out=isoflop budgets="1e12 3e12 1e13" sizes="32x2 64x2 96x3 128x4 160x5 192x6" head_dim=32
 capacity=0.125 route_every=2 causal=aux_loss seq_len=256 batch=16 lr=2e-3 min_steps=30
@@ -446,26 +449,28 @@ mkdir -p "$out/runs"
 log() { echo "isoflop: $*" | tee -a "$out/sweep.log"; }
 
 # ---------------------------------------------------------------- data
-if [ -z "$train" ]; then
-    train="$out/data/train_*.bin" val="$out/data/val_*.bin"
-    if ! ls "$out"/data/train_*.bin > /dev/null 2>&1; then
-        src=${FORTUNES_DIR:-/usr/share/games/fortunes}
-        [ -d "$src" ] || die "$src not found: apt-get install fortunes, or pass --train and --val"
-        mkdir -p "$out/text"
-        texts=$(find "$src" -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' | sort)
-        if [ -z "${ISOFLOP_NO_BIBLE:-}" ] && command -v bible > /dev/null; then
-            # the verses without their "Ge1:1 " references
-            bible -f "gen1:1-rev22:21" | sed -e 's/^[1-3A-Za-z]*[0-9]*:[0-9]* //' > "$out/text/kjv.txt"
-            texts="$texts $out/text/kjv.txt"
+prepare_data() {
+    if [ -z "$train" ]; then
+        train="$out/data/train_*.bin" val="$out/data/val_*.bin"
+        if ! ls "$out"/data/train_*.bin > /dev/null 2>&1; then
+            src=${FORTUNES_DIR:-/usr/share/games/fortunes}
+            [ -d "$src" ] || die "$src not found: apt-get install fortunes, or pass --train and --val"
+            mkdir -p "$out/text"
+            texts=$(find "$src" -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' | sort)
+            if [ -z "${ISOFLOP_NO_BIBLE:-}" ] && command -v bible > /dev/null; then
+                # the verses without their "Ge1:1 " references
+                bible -f "gen1:1-rev22:21" | sed -e 's/^[1-3A-Za-z]*[0-9]*:[0-9]* //' > "$out/text/kjv.txt"
+                texts="$texts $out/text/kjv.txt"
+            fi
+            # shellcheck disable=SC2086
+            "$MODTRAIN" prep --out "$out/data" --doc-sep % --val-fraction 0.05 $texts > "$out/text/prep.log"
+            rm -f "$out/text/kjv.txt"
+            log "data: $(tr '\n' ' ' < "$out/text/prep.log")"
         fi
-        # shellcheck disable=SC2086
-        "$MODTRAIN" prep --out "$out/data" --doc-sep % --val-fraction 0.05 $texts > "$out/text/prep.log"
-        rm -f "$out/text/kjv.txt"
-        log "data: $(tr '\n' ' ' < "$out/text/prep.log")"
     fi
-fi
-check_specs
-train_tokens=$(spec_tokens "$train")
+    check_specs
+    train_tokens=$(spec_tokens "$train")
+}
 
 # ---------------------------------------------------------------- runs
 # Trains and evaluates one run unless its result.csv exists. Returns 0, or
@@ -535,29 +540,44 @@ one_run() {
         'BEGIN { printf "%.0f", t1 - t0 }') s"
 }
 
-stop=0
-trap 'stop=1' TERM INT
-moe_note=""
-(( moe_kinds )) && moe_note="; kinds $kind_list: $experts experts, top-$top_k, capacity_factor $cf (moe_capped $capped_cf)"
-[ "$kind_list" = "dense mod" ] || [ -n "$moe_note" ] || moe_note="; kinds $kind_list"
-log "sweep: budgets $budgets; sizes $sizes; capacity $capacity every $route_every; seq_len $seq_len, batch $batch$moe_note${launcher:+; launched by $launcher}"
-for budget in $budgets; do
-    for size in $sizes; do
-        for kind in $kind_list; do
-            rc=0
-            one_run "$budget" "$size" "$kind" || rc=$?
-            (( stop )) && { log "stopped by a signal; rerun the same command to continue"; exit 75; }
-            (( rc == 0 )) || exit "$rc"
+# ---------------------------------------------------------------- the sweep
+# A preemption signals every process of the job at once (SLURM does; the
+# tests kill the process group). train saves a checkpoint and exits 75, but
+# a short command or command substitution of this shell dies of it, and set
+# -e then ends the shell with that command's status. So the sweep runs in a
+# subshell, which waits for train as before, and this shell, which does
+# nothing but wait for it, turns any end after a signal into 75.
+sweep() {
+    stop=0
+    trap 'stop=1' TERM INT
+    prepare_data
+    local moe_note="" budget size kind rc
+    (( moe_kinds )) && moe_note="; kinds $kind_list: $experts experts, top-$top_k, capacity_factor $cf (moe_capped $capped_cf)"
+    [ "$kind_list" = "dense mod" ] || [ -n "$moe_note" ] || moe_note="; kinds $kind_list"
+    log "sweep: budgets $budgets; sizes $sizes; capacity $capacity every $route_every; seq_len $seq_len, batch $batch$moe_note${launcher:+; launched by $launcher}"
+    for budget in $budgets; do
+        for size in $sizes; do
+            for kind in $kind_list; do
+                rc=0
+                one_run "$budget" "$size" "$kind" || rc=$?
+                (( stop )) && exit 75
+                (( rc == 0 )) || exit "$rc"
+            done
         done
     done
-done
+    {
+        echo "$header"
+        for budget in $budgets; do for size in $sizes; do for kind in $kind_list; do
+            f=$out/runs/b${budget}_${size}_$kind/result.csv
+            [ -f "$f" ] && cat "$f"
+        done; done; done
+    } > "$out/results.csv"
+    report "$out"
+}
 
-# ---------------------------------------------------------------- table
-{
-    echo "$header"
-    for budget in $budgets; do for size in $sizes; do for kind in $kind_list; do
-        f=$out/runs/b${budget}_${size}_$kind/result.csv
-        [ -f "$f" ] && cat "$f"
-    done; done; done
-} > "$out/results.csv"
-report "$out"
+stop=0
+trap 'stop=1' TERM INT
+rc=0
+( sweep ) || rc=$?
+(( stop )) && { log "stopped by a signal; rerun the same command to continue"; exit 75; }
+exit "$rc"
