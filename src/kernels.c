@@ -16,67 +16,10 @@
 #include <time.h>
 
 #include "src/base/util.h"
+#include "src/kernels_impl.h"
 
 static int g_threads = 1;
-
-/* Hot elementwise loops are compiled twice, for AVX2+FMA and for the
- * baseline, and picked once at start, so one binary serves every node.
- * (GCC's target_clones("arch=haswell") tests the CPU model, not its
- * features, and took the slow clone on AMD EPYC.) */
-static int g_avx2 = 0;
-#if defined(__x86_64__) && defined(__GNUC__)
-#define VEC_TARGET __attribute__((target("avx2,fma")))
-#else
-#define VEC_TARGET
-#endif
-#define VEC_DISPATCH(name, params, args)                                  \
-    VEC_TARGET static void name##_avx2 params { name##_impl args; }       \
-    static void name##_base params { name##_impl args; }                  \
-    static void name params {                                             \
-        if (g_avx2) name##_avx2 args;                                     \
-        else name##_base args;                                            \
-    }
-#define VEC_IMPL static inline __attribute__((always_inline)) void
-
-/* This thread's share [lo, hi) of n items inside a parallel region: a fixed
- * partition, so results never depend on scheduling. */
-static void thread_range(size_t n, size_t *lo, size_t *hi) {
-    size_t nt = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
-    *lo = n * t / nt;
-    *hi = n * (t + 1) / nt;
-}
-
-/* exp on floats in a form the compiler vectorises (Cephes polynomial after
- * a 2^k range reduction; ~2 ulp). libm's expf/tanhf do not vectorise and
- * were a fifth of the step time in GELU alone. */
-static inline float fast_expf(float x) {
-    x = x < -87.f ? -87.f : x;
-    x = x > 88.f ? 88.f : x;
-    /* k = round(x / ln 2) by the 1.5 * 2^23 trick: branch-free */
-    const float shifter = 12582912.f;
-    float t = x * 1.44269504088896341f + shifter;
-    /* unsigned: a NaN or Inf input gives garbage bits here (and NaN out),
-     * never signed overflow; for finite x the bits are the same */
-    union {
-        float f;
-        uint32_t u;
-    } kt = {.f = t}, sh = {.f = shifter};
-    uint32_t k = kt.u - sh.u;
-    float fk = t - shifter;
-    float r = x - fk * 0.693359375f + fk * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.f;
-    union {
-        uint32_t u;
-        float f;
-    } scale = {.u = (k + 127u) << 23};
-    return p * scale.f;
-}
+int kernels_avx2 = 0;
 
 static inline float fast_tanhf(float u) { return 1.f - 2.f / (1.f + fast_expf(2.f * u)); }
 
@@ -124,7 +67,7 @@ void kernels_init(int threads, const char *blis_arch) {
     }
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
-    g_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    kernels_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif
     bli_thread_set_num_threads(g_threads);
     omp_set_num_threads(g_threads);
@@ -345,167 +288,6 @@ void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
         size_t lo, hi;
         thread_range(n, &lo, &hi);
         gelu_backward_range(dinp, inp, dout, lo, hi);
-    }
-}
-
-/* Row t of a causal softmax: probabilities over columns 0..t, zeros after. */
-VEC_IMPL softmax_causal_row_impl(float *row, int t, int T) {
-    float mx = row[0];
-#pragma omp simd reduction(max : mx)
-    for (int j = 1; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int j = 0; j <= t; j++) {
-        row[j] = fast_expf(row[j] - mx);
-        sum += row[j];
-    }
-    float inv = 1.f / sum;
-    for (int j = 0; j <= t; j++) row[j] *= inv;
-    for (int j = t + 1; j < T; j++) row[j] = 0.f;
-}
-VEC_DISPATCH(softmax_causal_row, (float *row, int t, int T), (row, t, T))
-
-/* dS = P * (dP - sum(P * dP)) * scale over columns 0..t of row t. */
-VEC_IMPL softmax_causal_row_backward_impl(float *drow, const float *prow, int t, int T,
-                                          float scale) {
-    float dot = 0.f;
-#pragma omp simd reduction(+ : dot)
-    for (int j = 0; j <= t; j++) dot += prow[j] * drow[j];
-    for (int j = 0; j <= t; j++) drow[j] = prow[j] * (drow[j] - dot) * scale;
-    for (int j = t + 1; j < T; j++) drow[j] = 0.f;
-}
-VEC_DISPATCH(softmax_causal_row_backward,
-             (float *drow, const float *prow, int t, int T, float scale),
-             (drow, prow, t, T, scale))
-
-/* A per-thread buffer kept between calls (a fresh T*T allocation per call
- * cost page faults on every step). */
-static float *thread_scratch(size_t n) {
-    static _Thread_local float *buf = NULL;
-    static _Thread_local size_t cap = 0;
-    if (n > cap) {
-        free(buf);
-        buf = xmalloc(n * sizeof(float));
-        cap = n;
-    }
-    return buf;
-}
-
-/* Causal attention skips the products above the diagonal: rows are taken in
- * blocks of ATT_BLOCK queries, and block [r0, r1) only meets keys [0, r1).
- * At T = 256 this does 5/8 of the full T x T work. */
-#define ATT_BLOCK 64
-
-/* Where the probabilities of sequence b, head h start in att: sequences
- * of different lengths are packed one after the other. */
-static size_t att_offset(const int *off, int b, int h, int NH) {
-    size_t o = 0;
-    for (int i = 0; i < b; i++) o += (size_t)NH * (off[i + 1] - off[i]) * (off[i + 1] - off[i]);
-    size_t T = (size_t)(off[b + 1] - off[b]);
-    return o + (size_t)h * T * T;
-}
-
-void attention_forward(float *out, float *att, const float *qkv, int B, const int *off, int NH,
-                       int hs) {
-    const int C = NH * hs, C3 = 3 * C;
-    const float scale = 1.f / sqrtf((float)hs);
-#pragma omp parallel for schedule(static)
-    for (int bh = 0; bh < B * NH; bh++) {
-        int b = bh / NH, h = bh % NH, T = off[b + 1] - off[b];
-        const float *q = qkv + (size_t)off[b] * C3 + h * hs;
-        const float *k = q + C, *v = q + 2 * C;
-        float *p = att + att_offset(off, b, h, NH);
-        float *y = out + (size_t)off[b] * C + h * hs;
-        for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
-            int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, rb = r1 - r0;
-            float *pr = p + (size_t)r0 * T;
-            /* scores = scale * q @ k^T, a causal softmax per row, then p @ v */
-            mm1(0, 1, rb, r1, hs, scale, q + (size_t)r0 * C3, C3, k, C3, 0.f, pr, T);
-            for (int t = r0; t < r1; t++) softmax_causal_row(p + (size_t)t * T, t, T);
-            mm1(0, 0, rb, hs, r1, 1.f, pr, T, v, C3, 0.f, y + (size_t)r0 * C, C);
-        }
-    }
-}
-
-void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, int B,
-                        const int *off, int NH, int hs) {
-    const int C = NH * hs, C3 = 3 * C;
-    const float scale = 1.f / sqrtf((float)hs);
-    int maxT = 0;
-    for (int b = 0; b < B; b++) maxT = off[b + 1] - off[b] > maxT ? off[b + 1] - off[b] : maxT;
-#pragma omp parallel
-    {
-        float *dp = thread_scratch((size_t)maxT * maxT);
-#pragma omp for schedule(static)
-        for (int bh = 0; bh < B * NH; bh++) {
-            int b = bh / NH, h = bh % NH, T = off[b + 1] - off[b];
-            const int nblk = (T + ATT_BLOCK - 1) / ATT_BLOCK;
-            const float *q = qkv + (size_t)off[b] * C3 + h * hs;
-            const float *k = q + C, *v = q + 2 * C;
-            float *dq = dqkv + (size_t)off[b] * C3 + h * hs;
-            float *dk = dq + C, *dv = dq + 2 * C;
-            const float *p = att + att_offset(off, b, h, NH);
-            const float *dy = dout + (size_t)off[b] * C + h * hs;
-            /* The last block meets every key, so going backwards its products
-             * initialise dK and dV (beta 0) and the others add to them. */
-            for (int blk = nblk - 1; blk >= 0; blk--) {
-                int r0 = blk * ATT_BLOCK, r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
-                int rb = r1 - r0;
-                float beta = blk == nblk - 1 ? 0.f : 1.f;
-                const float *pr = p + (size_t)r0 * T;
-                float *dpr = dp + (size_t)r0 * T;
-                const float *dyr = dy + (size_t)r0 * C;
-                mm1(0, 1, rb, r1, hs, 1.f, dyr, C, v, C3, 0.f, dpr, T);   /* dP = dY @ V^T */
-                mm1(1, 0, r1, hs, rb, 1.f, pr, T, dyr, C, beta, dv, C3);  /* dV += P^T @ dY */
-                for (int t = r0; t < r1; t++)
-                    softmax_causal_row_backward(dp + (size_t)t * T, p + (size_t)t * T, t, r1,
-                                                scale);
-                mm1(0, 0, rb, hs, r1, 1.f, dpr, T, k, C3, 0.f, dq + (size_t)r0 * C3, C3); /* dQ */
-                mm1(1, 0, r1, hs, rb, 1.f, dpr, T, q + (size_t)r0 * C3, C3, beta, dk, C3); /* dK */
-            }
-        }
-    }
-}
-
-void attention_forward_ref(float *out, float *att, const float *qkv, int B, const int *off,
-                           int NH, int hs) {
-    const int C = NH * hs, C3 = 3 * C;
-    const double scale = 1.0 / sqrt((double)hs);
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++) {
-            int T = off[b + 1] - off[b];
-            const float *base = qkv + (size_t)off[b] * C3;
-            for (int t = 0; t < T; t++) {
-                const float *qt = base + (size_t)t * C3 + h * hs;
-                float *pt = att + att_offset(off, b, h, NH) + (size_t)t * T;
-                double mx = -INFINITY, sum = 0;
-                for (int j = 0; j < T; j++) {
-                    const float *kj = base + (size_t)j * C3 + C + h * hs;
-                    double s = 0;
-                    for (int i = 0; i < hs; i++) s += (double)qt[i] * kj[i];
-                    pt[j] = j <= t ? (float)(s * scale) : 0.f;
-                    if (j <= t && pt[j] > mx) mx = pt[j];
-                }
-                for (int j = 0; j <= t; j++) sum += exp(pt[j] - mx);
-                for (int j = 0; j <= t; j++) pt[j] = (float)(exp(pt[j] - mx) / sum);
-                float *yt = out + ((size_t)off[b] + t) * C + h * hs;
-                for (int i = 0; i < hs; i++) {
-                    double a = 0;
-                    for (int j = 0; j <= t; j++)
-                        a += (double)pt[j] * base[(size_t)j * C3 + 2 * C + h * hs + i];
-                    yt[i] = (float)a;
-                }
-            }
-        }
-}
-
-void attention_decode(float *out, float *p, const float *q, const float *kc, const float *vc,
-                      int len, int NH, int hs, int ldkv) {
-    const float scale = 1.f / sqrtf((float)hs);
-    for (int h = 0; h < NH; h++) {
-        mm1(0, 1, 1, len, hs, scale, q + h * hs, hs, kc + h * hs, ldkv, 0.f, p, len);
-        softmax_causal_row(p, len - 1, len);
-        mm1(0, 0, 1, hs, len, 1.f, p, len, vc + h * hs, ldkv, 0.f, out + h * hs, hs);
     }
 }
 

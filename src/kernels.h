@@ -61,16 +61,25 @@ void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 
 /* Causal self-attention of NH heads on qkv(N,3*NH*hs) laid out [q|k|v] per
  * row; sequence b is rows off[b] .. off[b+1] (B+1 offsets, lengths may
- * differ). out(N,NH*hs); att keeps the probabilities for backward: per
- * sequence and head a len x len block, packed (sum of NH*len^2 floats). */
-void attention_forward(float *out, float *att, const float *qkv, int B, const int *off, int NH,
+ * differ). out(N,NH*hs); lse keeps each row's log-sum-exp for backward:
+ * per sequence its NH heads of len rows, packed (N*NH floats). O(T) memory:
+ * the T x T probabilities exist one tile at a time (src/attention.c). */
+void attention_forward(float *out, float *lse, const float *qkv, int B, const int *off, int NH,
                        int hs);
-/* The slow, obvious version (double sums, no blocking): the tests' reference. */
+/* dqkv(N,3*NH*hs) is overwritten (not accumulated); out and lse are the
+ * forward's. */
+void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+                        const float *lse, int B, const int *off, int NH, int hs);
+/* The kernels before them, the tests' reference: att keeps the
+ * probabilities, per sequence and head a len x len block, packed (sum of
+ * NH*len^2 floats). */
+void attention_forward_full(float *out, float *att, const float *qkv, int B, const int *off,
+                            int NH, int hs);
+void attention_backward_full(float *dqkv, const float *dout, const float *qkv, const float *att,
+                             int B, const int *off, int NH, int hs);
+/* The slow, obvious version (double sums, no blocking) of the full forward. */
 void attention_forward_ref(float *out, float *att, const float *qkv, int B, const int *off,
                            int NH, int hs);
-/* dqkv(N,3*NH*hs) is overwritten (not accumulated). */
-void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *att, int B,
-                        const int *off, int NH, int hs);
 /* One new query q(NH*hs) against len cached keys and values (rows ldkv apart,
  * the new token's last): out(NH*hs); p(len) is scratch. */
 void attention_decode(float *out, float *p, const float *q, const float *kc, const float *vc,

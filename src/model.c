@@ -522,7 +522,7 @@ void block_branches_forward(Model *m, int l, const float *x, int N, int B, const
         memcpy(kv->v + (size_t)n * Cl, A->qkv + 2 * Cl, (size_t)Cl * sizeof(float));
         attention_decode(A->atty, kv->p, A->qkv, kv->k, kv->v, n + 1, d->NHl, d->hs, Cl);
     } else {
-        attention_forward(A->atty, A->att, A->qkv, B, off, d->NHl, d->hs);
+        attention_forward(A->atty, A->lse, A->qkv, B, off, d->NHl, d->hs);
     }
     linear_forward(a, A->atty, p->attprojw, NULL, N, Cl, C);
     tp_allreduce_sum(a, (size_t)N * C, &m->tp);
@@ -548,7 +548,7 @@ void block_branches_backward(Model *m, int l, const float *x, int N, int B, cons
                        N, C);
     memset(S->datty, 0, (size_t)N * d->Cl * sizeof(float));
     linear_backward(S->datty, g->attprojw, g->attprojb, dres, A->atty, p->attprojw, N, d->Cl, C);
-    attention_backward(S->dqkv, S->datty, A->qkv, A->att, B, off, d->NHl, d->hs);
+    attention_backward(S->dqkv, S->datty, A->qkv, A->atty, A->lse, B, off, d->NHl, d->hs);
     memset(S->dln, 0, NC * sizeof(float));
     linear_backward(S->dln, g->qkvw, g->qkvb, S->dqkv, A->ln1, p->qkvw, N, C, 3 * d->Cl);
     tp_allreduce_sum(S->dln, NC, &m->tp);

@@ -152,7 +152,7 @@ typedef struct {
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C), (B,T), (B,T) */
     float *qkv;                       /* (B,T,3Cl) */
-    float *att;                       /* (B,NHl,T,T) */
+    float *lse;                       /* (B,NHl,T) attention row log-sum-exps */
     float *atty;                      /* (B,T,Cl) */
     float *res2;                      /* (B,T,C) */
     float *ln2, *ln2_mean, *ln2_rstd; /* (B,T,C), (B,T), (B,T) */

@@ -22,7 +22,7 @@ typedef enum {
     SZ_NCL,  /* B*T*Cl */
     SZ_NFL,  /* B*T*Fl: this rank's MLP columns */
     SZ_NH,   /* B*T*H: the predictor's hidden layer */
-    SZ_ATT,  /* B*NHl*T*T: attention probabilities */
+    SZ_LSE,  /* B*T*NHl: attention row log-sum-exps */
     SZ_OFF,  /* B+1: sequence offsets */
     SZ_NVL,  /* B*T*Vl: this rank's logits */
     SZ_3N,   /* 3*B*T: per-row max, sum and target logit of the loss */
@@ -59,7 +59,7 @@ static const ActRow block_rows[] = {
     {BA(ln1_mean), F, SZ_N, IN_ANY},
     {BA(ln1_rstd), F, SZ_N, IN_ANY},
     {BA(qkv), F, SZ_N3CL, IN_ANY},
-    {BA(att), F, SZ_ATT, IN_ANY},
+    {BA(lse), F, SZ_LSE, IN_ANY},
     {BA(atty), F, SZ_NCL, IN_ANY},
     {BA(res2), F, SZ_NC, IN_ANY},
     {BA(ln2), F, SZ_NC, IN_ANY},
@@ -131,8 +131,7 @@ static size_t size_of(const Model *m, SizeKind k) {
     case SZ_NCL: return sat_mul(N, (size_t)d->Cl);
     case SZ_NFL: return sat_mul(N, (size_t)d->Fl);
     case SZ_NH: return sat_mul(N, (size_t)d->H);
-    case SZ_ATT:
-        return sat_mul(sat_mul(B, (size_t)d->NHl), sat_mul((size_t)d->maxT, (size_t)d->maxT));
+    case SZ_LSE: return sat_mul(N, (size_t)d->NHl);
     case SZ_OFF: return B + 1;
     case SZ_NVL: return sat_mul(N, (size_t)d->Vl);
     case SZ_3N: return sat_mul(3, N);

@@ -175,14 +175,14 @@ static void test_gelu_backward(void) {
 /* attention */
 typedef struct {
     Probe p;
-    float *qkv, *att;
+    float *qkv, *lse;
     int B, T, NH, hs;
     int off[8];
 } AttCtx;
 
 static void att_fwd(void *ctx) {
     AttCtx *c = ctx;
-    attention_forward(c->p.out, c->att, c->qkv, c->B, c->off, c->NH, c->hs);
+    attention_forward(c->p.out, c->lse, c->qkv, c->B, c->off, c->NH, c->hs);
 }
 
 static void uniform_off(int *off, int B, int T) {
@@ -193,57 +193,122 @@ static void check_attention_backward(int B, int T, int NH, int hs) {
     AttCtx c = {.B = B, .T = T, .NH = NH, .hs = hs};
     uniform_off(c.off, B, T);
     size_t nq = (size_t)B * T * 3 * NH * hs, no = (size_t)B * T * NH * hs;
-    c.qkv = xmalloc(nq * 4), c.att = xmalloc((size_t)B * NH * T * T * 4);
+    c.qkv = xmalloc(nq * 4), c.lse = xmalloc((size_t)B * NH * T * 4);
     c.p = (Probe){att_fwd, xmalloc(no * 4), xmalloc(no * 4), no};
     fill_normal(c.qkv, nq, 1, 1), fill_normal(c.p.r, no, 2, 1);
     att_fwd(&c);
     float *dq = xcalloc(nq, 4);
-    attention_backward(dq, c.p.r, c.qkv, c.att, c.B, c.off, c.NH, c.hs);
+    attention_backward(dq, c.p.r, c.qkv, c.p.out, c.lse, c.B, c.off, c.NH, c.hs);
     double e = fd_error(&c.p, c.qkv, nq, dq, 1e-2f);
     if (e >= FD_TOL) printf("\n  attention B=%d T=%d: relative error %g\n", B, T, e);
     CU_ASSERT(e < FD_TOL);
-    free(c.qkv), free(c.att), free(c.p.out), free(c.p.r), free(dq);
+    free(c.qkv), free(c.lse), free(c.p.out), free(c.p.r), free(dq);
 }
 
 static void test_attention_backward(void) {
-    check_attention_backward(2, 5, 2, 3);  /* one block of queries */
-    check_attention_backward(1, 70, 2, 2); /* two blocks, the last one partial */
+    check_attention_backward(2, 5, 2, 3);  /* one tile of queries and keys */
+    check_attention_backward(1, 70, 2, 2); /* two query tiles, the last one partial */
+    check_attention_backward(1, 260, 1, 1); /* two key tiles: the online softmax rescales */
+}
+
+/* max |a - b| over max |b|: the error relative to the reference's scale */
+static double scaled_err(const float *a, const float *b, size_t n) {
+    double worst = 0, big = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        worst = fmax(worst, fabs((double)a[i] - b[i]));
+        big = fmax(big, fabs((double)b[i]));
+    }
+    return worst / big;
+}
+
+/* The O(T) kernels against the kept ones that store the probabilities
+ * (whose forward is checked against the double reference): outputs and
+ * every gradient, on sequences of unequal lengths as routed blocks gather
+ * them. */
+static void check_attention_vs_full(int B, const int *off, int NH, int hs, uint64_t seed) {
+    const int C = NH * hs, N = off[B];
+    size_t nq = (size_t)N * 3 * C, no = (size_t)N * C, na = 0;
+    for (int b = 0; b < B; b++) na += (size_t)NH * (off[b + 1] - off[b]) * (off[b + 1] - off[b]);
+    float *qkv = xmalloc(nq * 4), *dy = xmalloc(no * 4), *lse = xmalloc((size_t)N * NH * 4);
+    float *o1 = xmalloc(no * 4), *o2 = xmalloc(no * 4), *att = xmalloc(na * 4);
+    float *d1 = xmalloc(nq * 4), *d2 = xmalloc(nq * 4);
+    fill_normal(qkv, nq, seed, 1), fill_normal(dy, no, seed + 1, 1);
+    attention_forward(o1, lse, qkv, B, off, NH, hs);
+    attention_forward_full(o2, att, qkv, B, off, NH, hs);
+    attention_backward(d1, dy, qkv, o1, lse, B, off, NH, hs);
+    attention_backward_full(d2, dy, qkv, att, B, off, NH, hs);
+    double eo = scaled_err(o1, o2, no), ed = scaled_err(d1, d2, nq);
+    if (eo > 1e-5 || ed > 1e-4)
+        printf("\n  attention vs full, N=%d hs=%d: output %g, gradient %g\n", N, hs, eo, ed);
+    CU_ASSERT(eo < 1e-5);
+    CU_ASSERT(ed < 1e-4);
+    /* the log-sum-exp is that of the scaled scores: check a row directly */
+    const int last = off[B] - 1, b = B - 1, T = off[b + 1] - off[b];
+    if (T > 0) {
+        double mx = -INFINITY, sum = 0, sc = 1.0 / sqrt((double)hs);
+        const float *q = qkv + (size_t)last * 3 * C, *base = qkv + (size_t)off[b] * 3 * C + C;
+        for (int pass = 0; pass < 2; pass++)
+            for (int j = 0; j < T; j++) {
+                double sj = 0;
+                for (int i = 0; i < hs; i++) sj += (double)q[i] * base[(size_t)j * 3 * C + i];
+                if (pass == 0) mx = fmax(mx, sj * sc);
+                else sum += exp(sj * sc - mx);
+            }
+        CU_ASSERT(fabs(lse[(size_t)off[b] * NH + T - 1] - (mx + log(sum))) < 1e-4);
+    }
+    free(qkv), free(dy), free(lse), free(o1), free(o2), free(att), free(d1), free(d2);
+}
+
+static void test_attention_matches_full(void) {
+    /* T from 1 to 2048, odd sizes around the tiles (64 queries, 256 keys),
+     * head sizes 32 to 128 */
+    const int lens[][3] = {{1, 32, 1}, {63, 32, 2}, {65, 64, 1}, {257, 64, 2},
+                           {300, 128, 1}, {513, 96, 1}, {2048, 64, 1}};
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+        const int off[] = {0, lens[i][0]};
+        check_attention_vs_full(1, off, lens[i][2], lens[i][1], 10 + i);
+    }
+    /* unequal lengths, one empty, one of a single row */
+    const int off[] = {0, 150, 150, 187, 188, 700};
+    check_attention_vs_full(5, off, 2, 32, 20);
 }
 
 static void test_attention_matches_reference(void) {
-    /* the blocked kernel against the slow, obvious one: sequences of unequal
-     * lengths (as routed blocks gather them), one empty, one over 2 blocks */
+    /* the kept blocked kernel against the slow, obvious one: sequences of
+     * unequal lengths (as routed blocks gather them), one empty, one over 2
+     * blocks */
     const int B = 4, NH = 2, hs = 8, C = NH * hs;
     const int off[] = {0, 150, 150, 187, 188};
     const int N = off[B];
     size_t nq = (size_t)N * 3 * C, no = (size_t)N * C, na = 0;
     for (int b = 0; b < B; b++) na += (size_t)NH * (off[b + 1] - off[b]) * (off[b + 1] - off[b]);
     float *qkv = xmalloc(nq * 4), *o1 = xmalloc(no * 4), *o2 = xmalloc(no * 4);
-    float *a1 = xmalloc(na * 4), *a2 = xmalloc(na * 4);
+    float *a1 = xmalloc(na * 4), *a2 = xmalloc(na * 4), *lse = xmalloc((size_t)N * NH * 4);
     fill_normal(qkv, nq, 3, 1);
-    attention_forward(o1, a1, qkv, B, off, NH, hs);
+    attention_forward_full(o1, a1, qkv, B, off, NH, hs);
     attention_forward_ref(o2, a2, qkv, B, off, NH, hs);
     double worst = 0;
     for (size_t i = 0; i < no; i++) worst = fmax(worst, fabs(o1[i] - o2[i]));
     for (size_t i = 0; i < na; i++) worst = fmax(worst, fabs(a1[i] - a2[i]));
     CU_ASSERT(worst < 1e-5);
     /* a sequence alone gives what it gives among the others */
-    float *o3 = xmalloc(37 * C * 4), *a3 = xmalloc((size_t)NH * 37 * 37 * 4);
+    attention_forward(o1, lse, qkv, B, off, NH, hs);
+    float *o3 = xmalloc(37 * C * 4), *l3 = xmalloc((size_t)NH * 37 * 4);
     const int one[] = {0, 37};
-    attention_forward(o3, a3, qkv + (size_t)150 * 3 * C, 1, one, NH, hs);
+    attention_forward(o3, l3, qkv + (size_t)150 * 3 * C, 1, one, NH, hs);
     CU_ASSERT(memcmp(o3, o1 + (size_t)150 * C, 37 * C * 4) == 0);
-    free(qkv), free(o1), free(o2), free(a1), free(a2), free(o3), free(a3);
+    free(qkv), free(o1), free(o2), free(a1), free(a2), free(o3), free(l3), free(lse);
 }
 
 static void test_attention_decode_matches_full(void) {
     /* one query against a cache equals the last row of the full forward */
     const int T = 70, NH = 2, hs = 4, C = NH * hs;
     float *qkv = xmalloc((size_t)T * 3 * C * 4), *full = xmalloc((size_t)T * C * 4);
-    float *att = xmalloc((size_t)NH * T * T * 4), *kc = xmalloc((size_t)T * C * 4);
+    float *lse = xmalloc((size_t)NH * T * 4), *kc = xmalloc((size_t)T * C * 4);
     float *vc = xmalloc((size_t)T * C * 4), *y = xmalloc(C * 4), *p = xmalloc(T * 4);
     fill_normal(qkv, (size_t)T * 3 * C, 4, 1);
     const int off[] = {0, T};
-    attention_forward(full, att, qkv, 1, off, NH, hs);
+    attention_forward(full, lse, qkv, 1, off, NH, hs);
     for (int t = 0; t < T; t++) {
         memcpy(kc + (size_t)t * C, qkv + (size_t)t * 3 * C + C, C * 4);
         memcpy(vc + (size_t)t * C, qkv + (size_t)t * 3 * C + 2 * C, C * 4);
@@ -254,22 +319,23 @@ static void test_attention_decode_matches_full(void) {
         for (int i = 0; i < C; i++) worst = fmax(worst, fabs(y[i] - full[(size_t)t * C + i]));
     }
     CU_ASSERT(worst < 1e-5);
-    free(qkv), free(full), free(att), free(kc), free(vc), free(y), free(p);
+    free(qkv), free(full), free(lse), free(kc), free(vc), free(y), free(p);
 }
 
 static void test_attention_is_causal(void) {
-    /* changing position t's q, k and v leaves outputs before t unchanged */
-    const int B = 1, T = 6, NH = 2, hs = 4, C3 = 3 * NH * hs;
-    float *qkv = xmalloc(T * C3 * 4), *att = xmalloc(NH * T * T * 4);
+    /* changing position t's q, k and v leaves outputs before t unchanged,
+     * also across tiles: position 290 of 300 against the rows before it */
+    const int B = 1, T = 300, NH = 2, hs = 4, C3 = 3 * NH * hs, t = 290;
+    float *qkv = xmalloc(T * C3 * 4), *lse = xmalloc(NH * T * 4);
     float *o1 = xmalloc(T * NH * hs * 4), *o2 = xmalloc(T * NH * hs * 4);
     fill_normal(qkv, (size_t)T * C3, 5, 1);
     const int off[] = {0, T};
-    attention_forward(o1, att, qkv, B, off, NH, hs);
-    for (int j = 0; j < C3; j++) qkv[4 * C3 + j] += 1.f;
-    attention_forward(o2, att, qkv, B, off, NH, hs);
-    CU_ASSERT(memcmp(o1, o2, 4 * NH * hs * 4) == 0);
-    CU_ASSERT(memcmp(o1 + 4 * NH * hs, o2 + 4 * NH * hs, NH * hs * 4) != 0);
-    free(qkv), free(att), free(o1), free(o2);
+    attention_forward(o1, lse, qkv, B, off, NH, hs);
+    for (int j = 0; j < C3; j++) qkv[t * C3 + j] += 1.f;
+    attention_forward(o2, lse, qkv, B, off, NH, hs);
+    CU_ASSERT(memcmp(o1, o2, (size_t)t * NH * hs * 4) == 0);
+    CU_ASSERT(memcmp(o1 + t * NH * hs, o2 + t * NH * hs, NH * hs * 4) != 0);
+    free(qkv), free(lse), free(o1), free(o2);
 }
 
 /* embeddings */
@@ -308,6 +374,7 @@ int main(void) {
         {"layernorm backward = finite differences", test_layernorm_backward},
         {"gelu backward = finite differences", test_gelu_backward},
         {"attention backward = finite differences", test_attention_backward},
+        {"attention in O(T) = the kept full kernels", test_attention_matches_full},
         {"blocked attention matches the reference kernel, unequal lengths",
          test_attention_matches_reference},
         {"one-query attention on a cache = the full forward", test_attention_decode_matches_full},

@@ -630,7 +630,7 @@ static int set_buffers(const Model *m, Buf *b) {
         CU_ASSERT((a->r && a->xs) == routed);
         add(b, &k, a->ln1, nc * F), add(b, &k, a->ln1_mean, n * F), add(b, &k, a->ln1_rstd, n * F);
         add(b, &k, a->qkv, 3 * nc * F), add(b, &k, a->atty, nc * F), add(b, &k, a->res2, nc * F);
-        add(b, &k, a->att, (size_t)m->maxB * d->NH * d->maxT * d->maxT * F);
+        add(b, &k, a->lse, n * d->NHl * F);
         add(b, &k, a->ln2, nc * F), add(b, &k, a->ln2_mean, n * F), add(b, &k, a->ln2_rstd, n * F);
         add(b, &k, a->fch, n * d->Fl * F), add(b, &k, a->fch_gelu, n * d->Fl * F);
         add(b, &k, a->res3, nc * F), add(b, &k, a->r, n * F), add(b, &k, a->topk, n);

@@ -1,0 +1,348 @@
+/*
+ * attention: causal self-attention, forward and backward.
+ *
+ * The kernels training runs keep O(T) per head and row, never the T x T
+ * probabilities (FlashAttention's idea, on CPU): queries go in tiles of
+ * ATT_BR rows, keys in tiles of ATT_BC; scores, probabilities and their
+ * gradients live only in one tile per thread. The forward keeps an online
+ * softmax (a running maximum and sum per row, the output rescaled as they
+ * grow) and leaves each row's log-sum-exp; the backward recomputes a tile's
+ * probabilities from it. Tiles above the causal diagonal are never formed.
+ * Heads run one per OpenMP thread, each product on single-threaded BLIS.
+ *
+ * The earlier kernels, which keep the probabilities, stay as the tests'
+ * reference, with a slow, obvious one in double beside them.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/base/util.h"
+#include "src/kernels.h"
+#include "src/kernels_impl.h"
+
+/* Row t of a causal softmax: probabilities over columns 0..t, zeros after. */
+VEC_IMPL softmax_causal_row_impl(float *row, int t, int T) {
+    float mx = row[0];
+#pragma omp simd reduction(max : mx)
+    for (int j = 1; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
+    float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+    for (int j = 0; j <= t; j++) {
+        row[j] = fast_expf(row[j] - mx);
+        sum += row[j];
+    }
+    float inv = 1.f / sum;
+    for (int j = 0; j <= t; j++) row[j] *= inv;
+    for (int j = t + 1; j < T; j++) row[j] = 0.f;
+}
+VEC_DISPATCH(softmax_causal_row, (float *row, int t, int T), (row, t, T))
+
+/* dS = P * (dP - sum(P * dP)) * scale over columns 0..t of row t. */
+VEC_IMPL softmax_causal_row_backward_impl(float *drow, const float *prow, int t, int T,
+                                          float scale) {
+    float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+    for (int j = 0; j <= t; j++) dot += prow[j] * drow[j];
+    for (int j = 0; j <= t; j++) drow[j] = prow[j] * (drow[j] - dot) * scale;
+    for (int j = t + 1; j < T; j++) drow[j] = 0.f;
+}
+VEC_DISPATCH(softmax_causal_row_backward,
+             (float *drow, const float *prow, int t, int T, float scale),
+             (drow, prow, t, T, scale))
+
+/* A per-thread buffer kept between calls (a fresh T*T allocation per call
+ * cost page faults on every step). */
+static float *thread_scratch(size_t n) {
+    static _Thread_local float *buf = NULL;
+    static _Thread_local size_t cap = 0;
+    if (n > cap) {
+        free(buf);
+        buf = xmalloc(n * sizeof(float));
+        cap = n;
+    }
+    return buf;
+}
+
+/* ------------------------------------------------ the kept full kernels */
+
+/* Causal attention skips the products above the diagonal: rows are taken in
+ * blocks of ATT_BLOCK queries, and block [r0, r1) only meets keys [0, r1).
+ * At T = 256 this does 5/8 of the full T x T work. These kernels keep every
+ * probability (B*NH*T*T floats); they are the reference of the O(T) ones. */
+#define ATT_BLOCK 64
+
+/* Where the probabilities of sequence b, head h start in att: sequences
+ * of different lengths are packed one after the other. */
+static size_t att_offset(const int *off, int b, int h, int NH) {
+    size_t o = 0;
+    for (int i = 0; i < b; i++) o += (size_t)NH * (off[i + 1] - off[i]) * (off[i + 1] - off[i]);
+    size_t T = (size_t)(off[b + 1] - off[b]);
+    return o + (size_t)h * T * T;
+}
+
+void attention_forward_full(float *out, float *att, const float *qkv, int B, const int *off, int NH,
+                       int hs) {
+    const int C = NH * hs, C3 = 3 * C;
+    const float scale = 1.f / sqrtf((float)hs);
+#pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH, T = off[b + 1] - off[b];
+        const float *q = qkv + (size_t)off[b] * C3 + h * hs;
+        const float *k = q + C, *v = q + 2 * C;
+        float *p = att + att_offset(off, b, h, NH);
+        float *y = out + (size_t)off[b] * C + h * hs;
+        for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+            int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T, rb = r1 - r0;
+            float *pr = p + (size_t)r0 * T;
+            /* scores = scale * q @ k^T, a causal softmax per row, then p @ v */
+            mm1(0, 1, rb, r1, hs, scale, q + (size_t)r0 * C3, C3, k, C3, 0.f, pr, T);
+            for (int t = r0; t < r1; t++) softmax_causal_row(p + (size_t)t * T, t, T);
+            mm1(0, 0, rb, hs, r1, 1.f, pr, T, v, C3, 0.f, y + (size_t)r0 * C, C);
+        }
+    }
+}
+
+void attention_backward_full(float *dqkv, const float *dout, const float *qkv, const float *att, int B,
+                        const int *off, int NH, int hs) {
+    const int C = NH * hs, C3 = 3 * C;
+    const float scale = 1.f / sqrtf((float)hs);
+    int maxT = 0;
+    for (int b = 0; b < B; b++) maxT = off[b + 1] - off[b] > maxT ? off[b + 1] - off[b] : maxT;
+#pragma omp parallel
+    {
+        float *dp = thread_scratch((size_t)maxT * maxT);
+#pragma omp for schedule(static)
+        for (int bh = 0; bh < B * NH; bh++) {
+            int b = bh / NH, h = bh % NH, T = off[b + 1] - off[b];
+            const int nblk = (T + ATT_BLOCK - 1) / ATT_BLOCK;
+            const float *q = qkv + (size_t)off[b] * C3 + h * hs;
+            const float *k = q + C, *v = q + 2 * C;
+            float *dq = dqkv + (size_t)off[b] * C3 + h * hs;
+            float *dk = dq + C, *dv = dq + 2 * C;
+            const float *p = att + att_offset(off, b, h, NH);
+            const float *dy = dout + (size_t)off[b] * C + h * hs;
+            /* The last block meets every key, so going backwards its products
+             * initialise dK and dV (beta 0) and the others add to them. */
+            for (int blk = nblk - 1; blk >= 0; blk--) {
+                int r0 = blk * ATT_BLOCK, r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
+                int rb = r1 - r0;
+                float beta = blk == nblk - 1 ? 0.f : 1.f;
+                const float *pr = p + (size_t)r0 * T;
+                float *dpr = dp + (size_t)r0 * T;
+                const float *dyr = dy + (size_t)r0 * C;
+                mm1(0, 1, rb, r1, hs, 1.f, dyr, C, v, C3, 0.f, dpr, T);   /* dP = dY @ V^T */
+                mm1(1, 0, r1, hs, rb, 1.f, pr, T, dyr, C, beta, dv, C3);  /* dV += P^T @ dY */
+                for (int t = r0; t < r1; t++)
+                    softmax_causal_row_backward(dp + (size_t)t * T, p + (size_t)t * T, t, r1,
+                                                scale);
+                mm1(0, 0, rb, hs, r1, 1.f, dpr, T, k, C3, 0.f, dq + (size_t)r0 * C3, C3); /* dQ */
+                mm1(1, 0, r1, hs, rb, 1.f, dpr, T, q + (size_t)r0 * C3, C3, beta, dk, C3); /* dK */
+            }
+        }
+    }
+}
+
+void attention_forward_ref(float *out, float *att, const float *qkv, int B, const int *off,
+                           int NH, int hs) {
+    const int C = NH * hs, C3 = 3 * C;
+    const double scale = 1.0 / sqrt((double)hs);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            int T = off[b + 1] - off[b];
+            const float *base = qkv + (size_t)off[b] * C3;
+            for (int t = 0; t < T; t++) {
+                const float *qt = base + (size_t)t * C3 + h * hs;
+                float *pt = att + att_offset(off, b, h, NH) + (size_t)t * T;
+                double mx = -INFINITY, sum = 0;
+                for (int j = 0; j < T; j++) {
+                    const float *kj = base + (size_t)j * C3 + C + h * hs;
+                    double s = 0;
+                    for (int i = 0; i < hs; i++) s += (double)qt[i] * kj[i];
+                    pt[j] = j <= t ? (float)(s * scale) : 0.f;
+                    if (j <= t && pt[j] > mx) mx = pt[j];
+                }
+                for (int j = 0; j <= t; j++) sum += exp(pt[j] - mx);
+                for (int j = 0; j <= t; j++) pt[j] = (float)(exp(pt[j] - mx) / sum);
+                float *yt = out + ((size_t)off[b] + t) * C + h * hs;
+                for (int i = 0; i < hs; i++) {
+                    double a = 0;
+                    for (int j = 0; j <= t; j++)
+                        a += (double)pt[j] * base[(size_t)j * C3 + 2 * C + h * hs + i];
+                    yt[i] = (float)a;
+                }
+            }
+        }
+}
+
+void attention_decode(float *out, float *p, const float *q, const float *kc, const float *vc,
+                      int len, int NH, int hs, int ldkv) {
+    const float scale = 1.f / sqrtf((float)hs);
+    for (int h = 0; h < NH; h++) {
+        mm1(0, 1, 1, len, hs, scale, q + h * hs, hs, kc + h * hs, ldkv, 0.f, p, len);
+        softmax_causal_row(p, len - 1, len);
+        mm1(0, 0, 1, hs, len, 1.f, p, len, vc + h * hs, ldkv, 0.f, out + h * hs, hs);
+    }
+}
+
+/* ------------------------------------------------------ the O(T) kernels */
+
+/* A query tile meets key tiles [c0, c0 + ATT_BC) up to its last row, so
+ * the tile above the diagonal is never formed. ATT_BC is a multiple of
+ * ATT_BR: every row of a query tile reaches into every key tile it meets. */
+#define ATT_BR 64
+#define ATT_BC 256
+
+/* Where sequence b, head h's row log-sum-exps start: a sequence's NH heads
+ * of len rows each, sequences one after the other (N*NH floats in all). */
+static size_t lse_offset(const int *off, int b, int h, int NH) {
+    return (size_t)off[b] * NH + (size_t)h * (off[b + 1] - off[b]);
+}
+
+/* One row of a score tile in the online softmax: the first n of cb columns
+ * are causal, the rest are zeroed. Takes the row's running maximum and sum
+ * over earlier tiles, leaves exp(s - max) in the row, and returns by how
+ * much the row's earlier output must shrink (0 on the first tile). */
+VEC_IMPL online_softmax_row_impl(float *row, int n, int cb, float *mx, float *sum, float *shrink) {
+    float m = *mx;
+#pragma omp simd reduction(max : m)
+    for (int j = 0; j < n; j++) m = row[j] > m ? row[j] : m;
+    float s = 0.f;
+#pragma omp simd reduction(+ : s)
+    for (int j = 0; j < n; j++) {
+        row[j] = fast_expf(row[j] - m);
+        s += row[j];
+    }
+    for (int j = n; j < cb; j++) row[j] = 0.f;
+    *shrink = *mx == -INFINITY ? 0.f : fast_expf(*mx - m);
+    *sum = *sum * *shrink + s;
+    *mx = m;
+}
+VEC_DISPATCH(online_softmax_row, (float *row, int n, int cb, float *mx, float *sum, float *shrink),
+             (row, n, cb, mx, sum, shrink))
+
+/* Head h of one sequence of T rows (q, k, v and y at their row strides). */
+static void attention_head_forward(float *y, float *lse, const float *q, const float *k, const float *v,
+                         int T, int C3, int C, int hs, float *s) {
+    const float scale = 1.f / sqrtf((float)hs);
+    float mx[ATT_BR], sum[ATT_BR];
+    for (int r0 = 0; r0 < T; r0 += ATT_BR) {
+        const int r1 = r0 + ATT_BR < T ? r0 + ATT_BR : T, rb = r1 - r0;
+        float *yr = y + (size_t)r0 * C;
+        for (int i = 0; i < rb; i++) mx[i] = -INFINITY, sum[i] = 0.f;
+        for (int c0 = 0; c0 < r1; c0 += ATT_BC) {
+            const int cb = (c0 + ATT_BC < r1 ? c0 + ATT_BC : r1) - c0;
+            mm1(0, 1, rb, cb, hs, scale, q + (size_t)r0 * C3, C3, k + (size_t)c0 * C3, C3, 0.f,
+                s, ATT_BC);
+            for (int i = 0; i < rb; i++) {
+                const int n = r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb;
+                float shrink;
+                online_softmax_row(s + (size_t)i * ATT_BC, n, cb, &mx[i], &sum[i], &shrink);
+                if (c0 > 0)
+                    for (int j = 0; j < hs; j++) yr[(size_t)i * C + j] *= shrink;
+            }
+            mm1(0, 0, rb, hs, cb, 1.f, s, ATT_BC, v + (size_t)c0 * C3, C3, c0 > 0 ? 1.f : 0.f, yr,
+                C);
+        }
+        for (int i = 0; i < rb; i++) {
+            const float inv = 1.f / sum[i];
+            for (int j = 0; j < hs; j++) yr[(size_t)i * C + j] *= inv;
+            lse[r0 + i] = mx[i] + logf(sum[i]);
+        }
+    }
+}
+
+void attention_forward(float *out, float *lse, const float *qkv, int B, const int *off, int NH,
+                       int hs) {
+    const int C = NH * hs, C3 = 3 * C;
+#pragma omp parallel
+    {
+        float *s = thread_scratch((size_t)ATT_BR * ATT_BC);
+#pragma omp for schedule(static)
+        for (int bh = 0; bh < B * NH; bh++) {
+            const int b = bh / NH, h = bh % NH;
+            const float *q = qkv + (size_t)off[b] * C3 + h * hs;
+            attention_head_forward(out + (size_t)off[b] * C + h * hs, lse + lse_offset(off, b, h, NH), q,
+                         q + C, q + 2 * C, off[b + 1] - off[b], C3, C, hs, s);
+        }
+    }
+}
+
+/* A tile's probabilities from the kept log-sum-exp, then, once dp holds
+ * dY @ V^T, the scores' gradient in its place: dS = P * (dP - D) * scale,
+ * D = rowsum(dY * Y). Columns past n are zero in both. */
+VEC_IMPL tile_probs_row_impl(float *row, int n, int cb, float lse) {
+#pragma omp simd
+    for (int j = 0; j < n; j++) row[j] = fast_expf(row[j] - lse);
+    for (int j = n; j < cb; j++) row[j] = 0.f;
+}
+VEC_DISPATCH(tile_probs_row, (float *row, int n, int cb, float lse), (row, n, cb, lse))
+VEC_IMPL tile_dscores_row_impl(float *drow, const float *prow, int cb, float D, float scale) {
+#pragma omp simd
+    for (int j = 0; j < cb; j++) drow[j] = prow[j] * (drow[j] - D) * scale;
+}
+VEC_DISPATCH(tile_dscores_row, (float *drow, const float *prow, int cb, float D, float scale),
+             (drow, prow, cb, D, scale))
+
+/* The operands of one head of one sequence in the backward. */
+typedef struct {
+    const float *q, *k, *v, *y, *dy, *lse;
+    float *dq, *dk, *dv;
+    int T, C3, C, hs;
+} HeadGrad;
+
+static void attention_head_backward(const HeadGrad *a, float *s, float *dp) {
+    const int C3 = a->C3, C = a->C, hs = a->hs;
+    const float scale = 1.f / sqrtf((float)hs);
+    float D[ATT_BR];
+    for (int t = 0; t < a->T; t++) {
+        memset(a->dk + (size_t)t * C3, 0, (size_t)hs * sizeof(float));
+        memset(a->dv + (size_t)t * C3, 0, (size_t)hs * sizeof(float));
+    }
+    for (int r0 = 0; r0 < a->T; r0 += ATT_BR) {
+        const int r1 = r0 + ATT_BR < a->T ? r0 + ATT_BR : a->T, rb = r1 - r0;
+        const float *qr = a->q + (size_t)r0 * C3, *dyr = a->dy + (size_t)r0 * C;
+        for (int i = 0; i < rb; i++) {
+            float dot = 0.f;
+            const float *yi = a->y + (size_t)(r0 + i) * C, *dyi = dyr + (size_t)i * C;
+            for (int j = 0; j < hs; j++) dot += yi[j] * dyi[j];
+            D[i] = dot;
+        }
+        for (int c0 = 0; c0 < r1; c0 += ATT_BC) {
+            const int cb = (c0 + ATT_BC < r1 ? c0 + ATT_BC : r1) - c0;
+            const float *kc = a->k + (size_t)c0 * C3, *vc = a->v + (size_t)c0 * C3;
+            mm1(0, 1, rb, cb, hs, scale, qr, C3, kc, C3, 0.f, s, ATT_BC); /* S */
+            for (int i = 0; i < rb; i++) {
+                const int n = r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb;
+                tile_probs_row(s + (size_t)i * ATT_BC, n, cb, a->lse[r0 + i]);
+            }
+            mm1(1, 0, cb, hs, rb, 1.f, s, ATT_BC, dyr, C, 1.f, a->dv + (size_t)c0 * C3, C3);
+            mm1(0, 1, rb, cb, hs, 1.f, dyr, C, vc, C3, 0.f, dp, ATT_BC); /* dP = dY @ V^T */
+            for (int i = 0; i < rb; i++)
+                tile_dscores_row(dp + (size_t)i * ATT_BC, s + (size_t)i * ATT_BC, cb, D[i], scale);
+            mm1(0, 0, rb, hs, cb, 1.f, dp, ATT_BC, kc, C3, c0 > 0 ? 1.f : 0.f,
+                a->dq + (size_t)r0 * C3, C3);
+            mm1(1, 0, cb, hs, rb, 1.f, dp, ATT_BC, qr, C3, 1.f, a->dk + (size_t)c0 * C3, C3);
+        }
+    }
+}
+
+void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+                        const float *lse, int B, const int *off, int NH, int hs) {
+    const int C = NH * hs, C3 = 3 * C;
+#pragma omp parallel
+    {
+        float *s = thread_scratch((size_t)2 * ATT_BR * ATT_BC), *dp = s + ATT_BR * ATT_BC;
+#pragma omp for schedule(static)
+        for (int bh = 0; bh < B * NH; bh++) {
+            const int b = bh / NH, h = bh % NH;
+            const size_t r = (size_t)off[b], o = r * C + (size_t)h * hs;
+            const float *q = qkv + r * C3 + (size_t)h * hs;
+            float *dq = dqkv + r * C3 + (size_t)h * hs;
+            const HeadGrad a = {q,      q + C,  q + 2 * C, out + o, dout + o,
+                                lse + lse_offset(off, b, h, NH),
+                                dq,     dq + C, dq + 2 * C, off[b + 1] - off[b], C3, C, hs};
+            attention_head_backward(&a, s, dp);
+        }
+    }
+}

@@ -1,0 +1,72 @@
+/*
+ * kernels_impl: what the kernel files share and nothing else includes: the
+ * AVX2 dispatch of hot loops, a vectorisable exp, a fixed split of work
+ * between threads.
+ */
+#ifndef MODTRAIN_KERNELS_IMPL_H
+#define MODTRAIN_KERNELS_IMPL_H
+
+#include <omp.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Hot elementwise loops are compiled twice, for AVX2+FMA and for the
+ * baseline, and picked once at start, so one binary serves every node.
+ * (GCC's target_clones("arch=haswell") tests the CPU model, not its
+ * features, and took the slow clone on AMD EPYC.) */
+extern int kernels_avx2; /* set by kernels_init */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define VEC_TARGET __attribute__((target("avx2,fma")))
+#else
+#define VEC_TARGET
+#endif
+#define VEC_DISPATCH(name, params, args)                                  \
+    VEC_TARGET static void name##_avx2 params { name##_impl args; }       \
+    static void name##_base params { name##_impl args; }                  \
+    static void name params {                                             \
+        if (kernels_avx2) name##_avx2 args;                                     \
+        else name##_base args;                                            \
+    }
+#define VEC_IMPL static inline __attribute__((always_inline)) void
+
+/* This thread's share [lo, hi) of n items inside a parallel region: a fixed
+ * partition, so results never depend on scheduling. */
+static inline void thread_range(size_t n, size_t *lo, size_t *hi) {
+    size_t nt = (size_t)omp_get_num_threads(), t = (size_t)omp_get_thread_num();
+    *lo = n * t / nt;
+    *hi = n * (t + 1) / nt;
+}
+
+/* exp on floats in a form the compiler vectorises (Cephes polynomial after
+ * a 2^k range reduction; ~2 ulp). libm's expf/tanhf do not vectorise and
+ * were a fifth of the step time in GELU alone. */
+static inline float fast_expf(float x) {
+    x = x < -87.f ? -87.f : x;
+    x = x > 88.f ? 88.f : x;
+    /* k = round(x / ln 2) by the 1.5 * 2^23 trick: branch-free */
+    const float shifter = 12582912.f;
+    float t = x * 1.44269504088896341f + shifter;
+    /* unsigned: a NaN or Inf input gives garbage bits here (and NaN out),
+     * never signed overflow; for finite x the bits are the same */
+    union {
+        float f;
+        uint32_t u;
+    } kt = {.f = t}, sh = {.f = shifter};
+    uint32_t k = kt.u - sh.u;
+    float fk = t - shifter;
+    float r = x - fk * 0.693359375f + fk * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.f;
+    union {
+        uint32_t u;
+        float f;
+    } scale = {.u = (k + 127u) << 23};
+    return p * scale.f;
+}
+
+#endif

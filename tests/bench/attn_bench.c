@@ -1,0 +1,94 @@
+/*
+ * attn_bench: the O(T) attention kernels against the kept ones that store
+ * the T x T probabilities, side by side in one run: forward + backward
+ * time (best of REPEATS, the two alternating so drift hits both) and the
+ * bytes each keeps between forward and backward, at GPT-2 small's heads.
+ * usage: attn_bench [THREADS [REPEATS [B NH HS T...]]]
+ *   defaults: the machine's threads, 5 repeats, B 4, 12 heads of 64, T 256 1024
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "src/base/util.h"
+#include "src/kernels.h"
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static void fill(float *x, size_t n, unsigned seed) {
+    for (size_t i = 0; i < n; i++) {
+        seed = seed * 1103515245u + 12345u;
+        x[i] = (float)((seed >> 8) & 0xffff) / 32768.f - 1.f;
+    }
+}
+
+static int parse(const char *s, int lo, int hi, const char *what) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || v < lo || v > hi) {
+        fprintf(stderr, "attn_bench: %s = '%s' is not a whole number in [%d, %d]\n", what, s, lo,
+                hi);
+        exit(2);
+    }
+    return (int)v;
+}
+
+/* One forward + backward at B sequences of T, NH heads of hs; full = 1 for
+ * the kept kernels. Returns seconds. */
+static double step(int full, float *o, float *keep, float *dq, const float *qkv, const float *dy,
+                   int B, const int *off, int NH, int hs) {
+    double t0 = now();
+    if (full) {
+        attention_forward_full(o, keep, qkv, B, off, NH, hs);
+        attention_backward_full(dq, dy, qkv, keep, B, off, NH, hs);
+    } else {
+        attention_forward(o, keep, qkv, B, off, NH, hs);
+        attention_backward(dq, dy, qkv, o, keep, B, off, NH, hs);
+    }
+    return now() - t0;
+}
+
+static void bench(int B, int NH, int hs, int T, int reps) {
+    const size_t N = (size_t)B * T, C = (size_t)NH * hs;
+    const size_t nfull = (size_t)B * NH * T * T, nlse = N * NH;
+    float *qkv = xmalloc(N * 3 * C * sizeof(float)), *dy = xmalloc(N * C * sizeof(float));
+    float *o = xmalloc(N * C * sizeof(float)), *dq = xmalloc(N * 3 * C * sizeof(float));
+    float *att = xmalloc(nfull * sizeof(float)), *lse = xmalloc(nlse * sizeof(float));
+    int *off = xmalloc((size_t)(B + 1) * sizeof(int));
+    for (int b = 0; b <= B; b++) off[b] = b * T;
+    fill(qkv, N * 3 * C, 1), fill(dy, N * C, 2);
+    double best[2] = {INFINITY, INFINITY};
+    for (int r = 0; r <= reps; r++) /* round 0 warms both up */
+        for (int full = 0; full < 2; full++) {
+            double t = step(full, o, full ? att : lse, dq, qkv, dy, B, off, NH, hs);
+            if (r > 0 && t < best[full]) best[full] = t;
+        }
+    printf("T %5d: O(T) %8.2f ms, full %8.2f ms, O(T)/full %.3f; kept %9.3f MB against %9.1f MB\n",
+           T, 1e3 * best[0], 1e3 * best[1], best[0] / best[1], 4e-6 * nlse, 4e-6 * nfull);
+    free(qkv), free(dy), free(o), free(dq), free(att), free(lse), free(off);
+}
+
+int main(int argc, char **argv) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = argc > 1 ? parse(argv[1], 1, 1024, "THREADS") : cpus > 0 ? (int)cpus : 1;
+    int reps = argc > 2 ? parse(argv[2], 1, 1000, "REPEATS") : 5;
+    kernels_init(threads, "auto");
+    int B = 4, NH = 12, hs = 64;
+    if (argc > 5) {
+        B = parse(argv[3], 1, 4096, "B"), NH = parse(argv[4], 1, 1024, "NH");
+        hs = parse(argv[5], 1, 1024, "HS");
+    }
+    printf("attention, forward + backward, best of %d: B %d, %d heads of %d, %d threads, BLIS %s\n",
+           reps, B, NH, hs, threads, kernels_blis_arch());
+    if (argc > 6)
+        for (int i = 6; i < argc; i++) bench(B, NH, hs, parse(argv[i], 1, 1 << 16, "T"), reps);
+    else
+        for (int T = 256; T <= 1024; T *= 4) bench(B, NH, hs, T, reps);
+    return 0;
+}
