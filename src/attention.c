@@ -190,8 +190,12 @@ void attention_decode(float *out, float *p, const float *q, const float *kc, con
 /* A query tile meets key tiles [c0, c0 + ATT_BC) up to its last row, so
  * the tile above the diagonal is never formed. ATT_BC is a multiple of
  * ATT_BR: every row of a query tile reaches into every key tile it meets. */
+#ifndef ATT_BR
 #define ATT_BR 64
+#endif
+#ifndef ATT_BC
 #define ATT_BC 256
+#endif
 
 /* Where sequence b, head h's row log-sum-exps start: a sequence's NH heads
  * of len rows each, sequences one after the other (N*NH floats in all). */
