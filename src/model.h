@@ -54,12 +54,14 @@ typedef struct {
     int head_rows;
 } ModelDims;
 
-/* The head's default chunk. 256 rows: BLIS's KC for sgemm on zen and
- * haswell, so G.wte's update (a rank-n product) costs each chunk one pass
- * over G.wte as the whole micro-batch's product would per KC block, and
- * more than its MC (144) for the logits' product; 256 * Vl floats is 51 MB
- * at V 50257, against 0.8 GB for a whole micro-batch of 4 x 1024. */
-enum { HEAD_ROWS = 256 };
+/* The head's default chunk. A chunk costs more than its FLOPs: each of
+ * its two products with wte packs all of wte again (BLIS packs a product's
+ * B once a call). At V 50257, C 768 the head of a 4096-row micro-batch
+ * took, one thread: 25 s in chunks of 64 rows, 18 at 128, 12 at 256, 11.0
+ * at 512, 10.7 at 1024, 11.1 whole. 512 rows (also past skx's MC, 480)
+ * stay within a few per cent of the whole at 512 * Vl floats: 103 MB at
+ * V 50257, against 0.8 GB for a whole micro-batch of 4 x 1024. */
+enum { HEAD_ROWS = 512 };
 
 /* Fills dims from the global shape and this rank's tp position; the model is
  * dense until model_dims_mod() adds routing. */

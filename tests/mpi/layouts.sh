@@ -52,11 +52,11 @@ for model in dense mod; do
     done
 done
 # a vocabulary tp does not divide: 257 columns padded to 258 (tp 2) and 260
-# (tp 4), the last rank's partly padding; the head's 512 rows a micro-batch
-# make two chunks, each with its own all-reduces
+# (tp 4), the last rank's partly padding; 1024 rows a micro-batch (8 x 128)
+# make two of the head's chunks (HEAD_ROWS 512), each with its all-reduces
 for lay in "1 1" "2 1" "4 1"; do
     set -- $lay
-    train "pad-$1-$2" "$1" "$2" --vocab_size 257
+    train "pad-$1-$2" "$1" "$2" --vocab_size 257 --seq_len 128
 done
 for tp in 2 4; do
     if same_losses pad-1-1 "pad-$tp-1" &&
