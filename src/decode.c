@@ -73,6 +73,6 @@ const float *decode_step(Model *m, DecodeState *s, int tok, int pos) {
         return NULL;
     }
     head_forward(m, x, 1);
-    return m->cur->logits;
+    return head_logits(m, 0, 1);
 }
 

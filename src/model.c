@@ -49,6 +49,7 @@ void model_dims(ModelDims *d, int V, int maxT, int L, int NH, int C, int tp, int
     d->pp = 1;
     d->l0 = 0;
     d->l1 = L;
+    d->head_rows = HEAD_ROWS;
 }
 
 int model_dims_stage(ModelDims *d, int pp, int pp_rank, const int *layers) {
@@ -458,51 +459,6 @@ double model_flops_per_token_moe(const ModelDims *d, int T, const double *frac,
 
 /* ---------------------------------------------------------- forward/backward */
 
-/* Vocab-parallel cross-entropy: each rank holds logits for Vl vocabulary
- * rows; maxima and sums are all-reduced, never the logits. Turns logits into
- * probabilities in place and returns the mean loss. */
-static float crossentropy_forward(Model *m, int N) {
-    const ModelDims *d = &m->d;
-    ActSet *S = m->cur;
-    int Vl = d->Vl, v0 = d->v0;
-    int valid = d->V - v0 < Vl ? d->V - v0 : Vl; /* local columns that are real tokens */
-    if (valid < 0) valid = 0;
-    float *mx = m->s.rowbuf, *sum = m->s.rowbuf + N, *tl = m->s.rowbuf + 2 * N;
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < N; i++) {
-        const float *row = S->logits + (size_t)i * Vl;
-        float v = -INFINITY;
-        for (int j = 0; j < valid; j++) v = row[j] > v ? row[j] : v;
-        mx[i] = v;
-    }
-    tp_allreduce_max(mx, (size_t)N, &m->tp);
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < N; i++) {
-        float *row = S->logits + (size_t)i * Vl;
-        int t = S->targets[i] - v0;
-        tl[i] = t >= 0 && t < valid ? row[t] : 0.f;
-        float sm = 0.f;
-        for (int j = 0; j < valid; j++) {
-            row[j] = expf(row[j] - mx[i]);
-            sm += row[j];
-        }
-        for (int j = valid; j < Vl; j++) row[j] = 0.f;
-        sum[i] = sm;
-    }
-    tp_allreduce_sum(sum, (size_t)N, &m->tp);
-    tp_allreduce_sum(tl, (size_t)N, &m->tp);
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < N; i++) {
-        float *row = S->logits + (size_t)i * Vl;
-        float inv = 1.f / sum[i];
-        for (int j = 0; j < valid; j++) row[j] *= inv;
-        S->losses[i] = logf(sum[i]) + mx[i] - tl[i];
-    }
-    double total = 0;
-    for (int i = 0; i < N; i++) total += S->losses[i];
-    return (float)(total / N);
-}
-
 /* Block l's two branches on N rows x (B sequences, rows off[b]..off[b+1];
  * or, with kv, one token attending to its cache): a = attention branch
  * (projected, all-reduced, biased), mo = MLP branch, with res2 = x + a
@@ -567,15 +523,6 @@ static void embed_stage_input(Model *m, int B, int T) {
     pos_forward(S->enc, m->P.wpe, B, T, d->C);
 }
 
-/* The last stage's head on the residual stream x: ln_f, then the tied head
- * logits(N,Vl) = lnf(N,C) @ wte(Vl,C)^T. */
-void head_forward(Model *m, const float *x, int N) {
-    const ModelDims *d = &m->d;
-    ActSet *S = m->cur;
-    layernorm_forward(S->lnf, S->lnf_mean, S->lnf_rstd, x, m->P.lnfw, m->P.lnfb, N, d->C);
-    mm(0, 1, N, d->Vl, d->C, 1.f, S->lnf, d->C, m->P.wte, d->C, 0.f, S->logits, d->Vl);
-}
-
 float model_forward(Model *m, const int *inputs, const int *targets, int B, int T) {
     const ModelDims *d = &m->d;
     ActSet *S = m->cur;
@@ -585,6 +532,10 @@ float model_forward(Model *m, const int *inputs, const int *targets, int B, int 
     S->B = B;
     S->T = T;
     S->aux_loss = S->pred_loss = S->moe_aux = 0.f;
+    /* model_expect_backward's promise holds for this forward alone */
+    const int fused = m->expect && targets && !m->ref_logits;
+    m->expect = 0;
+    S->head_fused = 0;
     memcpy(S->inputs, inputs, (size_t)N * sizeof(int));
     if (targets) memcpy(S->targets, targets, (size_t)N * sizeof(int));
     for (int b = 0; b <= B; b++) m->s.off_dense[b] = b * T;
@@ -622,30 +573,9 @@ float model_forward(Model *m, const int *inputs, const int *targets, int B, int 
     if (model_moe_blocks(d) > 0) S->moe_aux /= (float)model_moe_blocks(d);
     if (!model_last_stage(d)) return 0.f; /* the output is model_stage_output() */
     head_forward(m, x, N);
-    if (!targets) return 0.f;
-    return crossentropy_forward(m, N);
-}
-
-/* Backward of the head and the loss into m->s.dres: dlogits = (p -
- * onehot(target)) * dloss, in place over the probabilities. */
-static void head_backward(Model *m, float dloss, int N) {
-    const ModelDims *d = &m->d;
-    ActSet *S = m->cur;
-    const int C = d->C, Vl = d->Vl;
-    const size_t NC = (size_t)N * C;
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < N; i++) {
-        float *row = S->logits + (size_t)i * Vl;
-        for (int j = 0; j < Vl; j++) row[j] *= dloss;
-        int t = S->targets[i] - d->v0;
-        if (t >= 0 && t < Vl) row[t] -= dloss;
-    }
-    mm(0, 0, N, C, Vl, 1.f, S->logits, Vl, m->P.wte, C, 0.f, m->s.dln, C);
-    tp_allreduce_sum(m->s.dln, NC, &m->tp);
-    mm(1, 0, Vl, C, N, 1.f, S->logits, Vl, S->lnf, C, 1.f, m->G.wte, C);
-    memset(m->s.dres, 0, NC * sizeof(float));
-    layernorm_backward(m->s.dres, m->G.lnfw, m->G.lnfb, m->s.dln, model_stage_output(m), m->P.lnfw,
-                       S->lnf_mean, S->lnf_rstd, N, C);
+    if (m->ref_logits) return head_reference_forward(m, N, targets != NULL);
+    if (!targets) return 0.f; /* the logits are model_logits()'s to make */
+    return head_loss_forward(m, N, fused, m->expect_dloss);
 }
 
 void model_backward(Model *m, float dloss, float aux_weight) {

@@ -49,7 +49,19 @@ typedef struct {
     /* expert parallelism: this rank holds experts [e0, e0 + El) of every
      * MoE block, its position ep_rank in a group of ep data-parallel ranks */
     int ep, ep_rank, El, e0;
+    /* the head's chunk: rows whose logits exist at a time (head.c);
+     * model_dims sets HEAD_ROWS */
+    int head_rows;
 } ModelDims;
+
+/* The head's default chunk. A chunk costs more than its FLOPs: each of
+ * its two products with wte packs all of wte again (BLIS packs a product's
+ * B once a call). At V 50257, C 768 the head of a 4096-row micro-batch
+ * took, one thread: 25 s in chunks of 64 rows, 18 at 128, 12 at 256, 11.0
+ * at 512, 10.7 at 1024, 11.1 whole. 512 rows (also past skx's MC, 480)
+ * stay within a few per cent of the whole at 512 * Vl floats: 103 MB at
+ * V 50257, against 0.8 GB for a whole micro-batch of 4 x 1024. */
+enum { HEAD_ROWS = 512 };
 
 /* Fills dims from the global shape and this rank's tp position; the model is
  * dense until model_dims_mod() adds routing. */
@@ -213,13 +225,19 @@ typedef struct {
     void *mem;                        /* the allocation every pointer below is in */
     float *enc;                       /* (B,T,C) embeddings, or the stage's input */
     BlockActs *acts;                  /* (L), the stage's blocks filled in */
-    float *lnf, *lnf_mean, *lnf_rstd; /* (B,T,C), (B,T), (B,T) */
-    float *logits;                    /* (B,T,Vl): probabilities after a loss forward */
+    /* (B,T,C), (B,T), (B,T); after a forward that did the head's backward
+     * (head_fused), lnf holds dL/d(lnf) instead, before its tp all-reduce */
+    float *lnf, *lnf_mean, *lnf_rstd;
+    /* (B,T) each row's max logit over the vocabulary and its sum of
+     * exp(logit - max): what backward recomputes the probabilities from */
+    float *lmax, *lsum;
     float *losses;                    /* (B,T) */
     int *inputs, *targets;            /* (B,T) */
     int B, T;                         /* the shape of the last forward */
     float aux_loss, pred_loss;        /* mean BCEs of the last forward */
     float moe_aux;                    /* mean load-balancing loss over MoE blocks */
+    int head_fused;                   /* the loss forward did the head's backward, with: */
+    float head_dloss;
 } ActSet;
 
 /* Scratch that backward and decoding share across activation sets. */
@@ -230,6 +248,7 @@ typedef struct {
     float *datty;                 /* (B,T,Cl) */
     float *dfch, *dfchg;          /* (B,T,Fl) */
     float *rowbuf;                /* (3*B*T) */
+    float *logits;                /* (min(B*T, head_rows), Vl) the head's chunk, last stage only */
     float *scratch2;              /* (B,T,C) */
     float *dr;                    /* (B,T) router gradient */
     float *dph;                   /* (2,B,T,H) predictor hidden gradients */
@@ -266,6 +285,12 @@ typedef struct {
     float moe_aux_weight; /* weight of the experts' load-balancing loss in backward */
     float moe_scale;      /* backward's weight of each MoE block's load-balancing loss */
     RouteStats stats;
+    /* the head: model_expect_backward's promise for the next forward; and,
+     * when a caller (a test) points ref_logits at maxB * maxT * Vl floats,
+     * the reference head, which keeps the whole micro-batch's logits there */
+    int expect;
+    float expect_dloss;
+    float *ref_logits;
     /* set when a forward found something the caller must act on (the tp
      * ranks routed differently): the forward stopped early, on every rank
      * of the tp group alike */
@@ -303,7 +328,7 @@ typedef struct {
     size_t block_floats[4];
     size_t set_bytes[2];               /* an activation set's own rows, [last] */
     size_t block_acts[4];
-    size_t scratch;
+    size_t scratch[2];                 /* [last]: the head's chunk is the last stage's */
 } ModelUnits;
 void model_units(const ModelDims *d, int maxB, ModelUnits *u);
 /* model_memory of d's stage (l0, l1, first, last) from u. */
@@ -331,8 +356,8 @@ void model_point(const Model *m, ParamPtrs *pp, float *base);
 
 /* Forward over B sequences of T tokens (1 <= B <= maxB, 1 <= T <= maxT) in
  * the current activation set. With targets, returns the mean cross-entropy
- * (the LM loss) and keeps what backward needs; without, leaves logits
- * (B,T,Vl) and returns 0. Routed blocks choose their tokens by m->route;
+ * (the LM loss) and keeps what backward needs; without, keeps ln_f's output
+ * for model_logits() and returns 0. Routed blocks choose their tokens by m->route;
  * cur->aux_loss and cur->pred_loss hold the routing BCEs. Returns NAN with
  * m->faulted set when debug routing checks failed. */
 float model_forward(Model *m, const int *inputs, const int *targets, int B, int T);
@@ -340,6 +365,18 @@ float model_forward(Model *m, const int *inputs, const int *targets, int B, int 
  * (1 / tokens in the step), the router's BCE by aux_weight * dloss / (routed
  * blocks) and the predictor's by dloss / (routed blocks). Adds into m->grads. */
 void model_backward(Model *m, float dloss, float aux_weight);
+/* A promise for the next model_forward only: a model_backward with this
+ * dloss will follow it, on the same activation set. Its head then does its
+ * own backward as it goes (into G.wte, and ln_f's output gradient kept for
+ * model_backward) instead of recomputing the logits there. A forward
+ * without it never touches the gradients. */
+void model_expect_backward(Model *m, float dloss);
+/* This rank's logits (n, Vl) of rows [row, row + n) of the current set's
+ * last forward (n <= d.head_rows), computed from ln_f's output into the
+ * scratch, where they stay until the next forward, backward, decode step or
+ * model_logits. Not after a forward under model_expect_backward; NULL on
+ * stages before the last. */
+const float *model_logits(Model *m, int row, int n);
 void model_zero_grad(Model *m);
 void model_stats_reset(Model *m);
 /* RouteStats as ROUTE_STATS_FIXED + L doubles and back (for reductions). */
@@ -389,7 +426,7 @@ void decode_reset(DecodeState *s, const Model *m);
 /* Runs token `tok` at position pos (= tokens decoded since the last reset)
  * through this stage's blocks (the same block code as the full forward, on
  * one row with the block's KV cache); returns its logits (Vl) in
- * m->cur->logits on the last pipeline stage, NULL on the others (which pass
+ * m->s.logits on the last pipeline stage, NULL on the others (which pass
  * the token's residual stream on through the pipeline). */
 const float *decode_step(Model *m, DecodeState *s, int tok, int pos);
 

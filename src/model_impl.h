@@ -9,6 +9,7 @@
  *              blocks) and the experts' router (choices, capacity, the
  *              load-balancing loss)
  *   mlp.c      the MLP branch: the dense MLP and the Mixture-of-Experts one
+ *   head.c     ln_f, the tied head and the loss, in chunks of rows
  *   decode.c   incremental decoding with a KV cache
  */
 #ifndef MODTRAIN_MODEL_IMPL_H
@@ -48,9 +49,21 @@ void block_branches_forward(Model *m, int l, const float *x, int N, int B, const
  * gradient reaching the MLP branch and the residual) and dL/dx on exit. */
 void block_branches_backward(Model *m, int l, const float *x, int N, int B, const int *off,
                              float *dres);
-/* The last stage's head on the residual stream x: ln_f, then the tied head
- * logits(N,Vl) = lnf(N,C) @ wte(Vl,C)^T. */
+
+/* head.c: the last stage's ln_f, tied head and loss, in chunks of rows */
+/* ln_f of the residual stream x (N rows) into the set's lnf. */
 void head_forward(Model *m, const float *x, int N);
+/* This rank's logits of the set's lnf rows [r0, r0 + n) (n <= head_rows):
+ * (n,Vl) = lnf @ wte(Vl,C)^T, into m->s.logits, which it returns. */
+float *head_logits(Model *m, int r0, int n);
+/* The vocab-parallel loss of the set's N rows, chunk by chunk; the mean.
+ * fused: also the head's backward for dloss (model_expect_backward). */
+float head_loss_forward(Model *m, int N, int fused, float dloss);
+/* The reference head (m->ref_logits): the whole micro-batch's logits, and
+ * with loss the mean loss, turning them into probabilities. */
+float head_reference_forward(Model *m, int N, int loss);
+/* Backward of the head and the loss into m->s.dres (dL/d(stage output)). */
+void head_backward(Model *m, float dloss, int N);
 
 /* model_mem.c: the scratch buffers backward and decoding share, laid out
  * by the size table (model_init calls it). */

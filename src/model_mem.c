@@ -24,7 +24,7 @@ typedef enum {
     SZ_NH,   /* B*T*H: the predictor's hidden layer */
     SZ_LSE,  /* B*T*NHl: attention row log-sum-exps */
     SZ_OFF,  /* B+1: sequence offsets */
-    SZ_NVL,  /* B*T*Vl: this rank's logits */
+    SZ_HVL,  /* min(B*T, head_rows)*Vl: this rank's logits of one chunk of the head */
     SZ_3N,   /* 3*B*T: per-row max, sum and target logit of the loss */
     SZ_2NH,  /* 2*B*T*H: the predictor's hidden gradients (one H when no predictor) */
     SZ_NET,  /* B*T*(E+Nn): the experts' router probabilities */
@@ -96,7 +96,8 @@ static const ActRow set_rows[] = {
     {AS(lnf), F, SZ_NC, IN_LAST_STAGE},
     {AS(lnf_mean), F, SZ_N, IN_LAST_STAGE},
     {AS(lnf_rstd), F, SZ_N, IN_LAST_STAGE},
-    {AS(logits), F, SZ_NVL, IN_LAST_STAGE},
+    {AS(lmax), F, SZ_N, IN_LAST_STAGE},
+    {AS(lsum), F, SZ_N, IN_LAST_STAGE},
     {AS(losses), F, SZ_N, IN_LAST_STAGE},
     {AS(inputs), sizeof(int), SZ_N, IN_ANY},
     {AS(targets), sizeof(int), SZ_N, IN_ANY},
@@ -112,6 +113,7 @@ static const ActRow scratch_rows[] = {
     {SC(mdys), F, SZ_NKC, IN_ANY_MOE}, {SC(mdyr), F, SZ_RC, IN_ANY_MOE_EP},
     {SC(mdxr), F, SZ_RC, IN_ANY_MOE},  {SC(mdh), F, SZ_RFL, IN_ANY_MOE},
     {SC(mdhg), F, SZ_RFL, IN_ANY_MOE}, {SC(mdp), F, SZ_NET, IN_ANY_MOE},
+    {SC(logits), F, SZ_HVL, IN_LAST_STAGE},
 };
 #undef F
 #undef BA
@@ -133,7 +135,7 @@ static size_t size_of(const Model *m, SizeKind k) {
     case SZ_NH: return sat_mul(N, (size_t)d->H);
     case SZ_LSE: return sat_mul(N, (size_t)d->NHl);
     case SZ_OFF: return B + 1;
-    case SZ_NVL: return sat_mul(N, (size_t)d->Vl);
+    case SZ_HVL: return sat_mul(N < (size_t)d->head_rows ? N : (size_t)d->head_rows, (size_t)d->Vl);
     case SZ_3N: return sat_mul(3, N);
     case SZ_2NH:
         return sat_mul(2 * N, (size_t)(d->predictor ? d->H : 1)); /* dL/d(hidden), dL/d(gelu) */
@@ -242,12 +244,12 @@ void model_units(const ModelDims *d, int maxB, ModelUnits *u) {
         left--;
     }
     for (int last = 0; last < 2; last++) {
-        m.d.pp = last ? 1 : 2, m.d.pp_rank = 0; /* the set's rows depend on the last stage only */
+        /* the set's and the scratch's rows depend on the last stage only */
+        m.d.pp = last ? 1 : 2, m.d.pp_rank = 0;
         u->set_bytes[last] = lay_out(&m, set_rows, NROWS(set_rows), -1, NULL, NULL,
                                      round64((size_t)d->L * sizeof(BlockActs)));
+        u->scratch[last] = lay_out(&m, scratch_rows, NROWS(scratch_rows), -1, NULL, NULL, 0);
     }
-    m.d = *d;
-    u->scratch = lay_out(&m, scratch_rows, NROWS(scratch_rows), -1, NULL, NULL, 0);
 }
 
 void model_memory_units(const ModelUnits *u, const ModelDims *d, int slots, int optimizer,
@@ -272,7 +274,7 @@ void model_memory_units(const ModelUnits *u, const ModelDims *d, int slots, int 
     mm->grads = param_bytes;
     mm->moments = optimizer ? sat_mul(2, param_bytes) : 0;
     mm->acts = sat_mul((size_t)slots, set);
-    mm->scratch = u->scratch;
+    mm->scratch = u->scratch[model_last_stage(d)];
     mm->total = sat_add(sat_add(sat_add(mm->params, mm->grads), sat_add(mm->moments, mm->acts)),
                         mm->scratch);
 }

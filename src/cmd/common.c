@@ -162,6 +162,7 @@ double evaluate(Model *m, Dataset *ds, int part, int micro, size_t n_seqs, Route
         const size_t count = (size_t)B * T * m->d.C;
         /* a pipeline runs the forward stage after stage; the last has the loss */
         if (pp > 1 && !first) pp_recv_prev(m->cur->enc, count, PP_TAG_EVAL, m->pp_comm);
+        if (backward) model_expect_backward(m, (float)(1.0 / tokens));
         model_forward(m, inputs, targets, B, T);
         /* each sequence's token losses, then the sequences, in order: the
          * same sum whatever micro-batches they came in */

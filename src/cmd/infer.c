@@ -548,7 +548,7 @@ static int eval_logits(Infer *in, const EvalArgs *a, Dataset *ds) {
         model_forward(m, inputs, NULL, 1, T);
         check_model_fault(m);
         m->route = saved;
-        rc = write_logits(a->logits, m, m->cur->logits + (size_t)(T - 1) * m->d.Vl, &err);
+        rc = write_logits(a->logits, m, model_logits(m, T - 1, 1), &err);
         rc = cmd_agree(rc, &err, MPI_COMM_WORLD) == 0 ? EXIT_OK : EXIT_FAILURE;
     } else rc = EXIT_USAGE;
     free(inputs);

@@ -727,6 +727,9 @@ static void step_forward(void *p, int mb, int slot) {
     const size_t at = (size_t)mb * r->micro * T;
     model_use_slot(&r->m, slot);
     fault_phase("forward");
+    /* step_backward follows with this dloss: the head does its backward in
+     * the forward, without the logits' product a second time */
+    model_expect_backward(&r->m, (float)(1.0 / r->step_tokens));
     c->loss_sum +=
         model_forward(&r->m, r->inputs + at, r->targets + at, r->micro, T) * (double)r->micro * T;
     check_model_fault(&r->m);

@@ -26,7 +26,7 @@ status=0
 for t in $targets; do
     srcs="$srcdir/tests/fuzz/fuzz_$t.c" more= libs=
     # the planner sizes models: the model, its kernels and collectives link in
-    [ "$t" = plan ] && more="src/plan.c src/model.c src/model_mem.c src/routing.c src/mlp.c src/decode.c src/kernels.c src/attention.c mpi/tp.c mpi/ep.c mpi/pipeline.c" libs="-lblis -lm"
+    [ "$t" = plan ] && more="src/plan.c src/model.c src/model_mem.c src/routing.c src/mlp.c src/head.c src/decode.c src/kernels.c src/attention.c mpi/tp.c mpi/ep.c mpi/pipeline.c" libs="-lblis -lm"
     # prep reads gzip, zstd and JSON Lines
     [ "$t" = prep ] && more="src/prep.c" libs="-lzstd -ljansson -lm"
     for f in $lib $more; do srcs="$srcs $srcdir/$f"; done

@@ -2,7 +2,8 @@
 # Tensor and data parallelism on real ranks (Open MPI, oversubscribed, a tiny
 # model): layouts (tp, dp) = (1,1), (2,1), (4,1), (1,2), (2,2) train the same
 # dense and MoD model, and their losses per step and final weights and AdamW
-# moments match the single-rank run within fp32 round-off (stated below); the
+# moments match the single-rank run within fp32 round-off (stated below), as
+# do tp 2 and 4 with a vocabulary they do not divide (padded); the
 # same layout twice is bitwise identical; a checkpoint saved under (tp 2, dp 2)
 # loads exactly under (1,1) and (4,1) and training continues matching the
 # uninterrupted run; impossible layouts are one-line errors; a rank that dies
@@ -49,6 +50,23 @@ for model in dense mod; do
             fail "$model (tp $1, dp $2) differs from the single-rank run"
         fi
     done
+done
+# a vocabulary tp does not divide: 257 columns padded to 258 (tp 2) and 260
+# (tp 4), the last rank's partly padding; 1024 rows a micro-batch (8 x 128)
+# make two of the head's chunks (HEAD_ROWS 512), each with its all-reduces
+for lay in "1 1" "2 1" "4 1"; do
+    set -- $lay
+    train "pad-$1-$2" "$1" "$2" --vocab_size 257 --seq_len 128
+done
+for tp in 2 4; do
+    if same_losses pad-1-1 "pad-$tp-1" &&
+        "$MODTRAIN" ckpt diff --a pad-1-1/ckpt --b "pad-$tp-1/ckpt" --tol 2e-5 > diff.txt; then
+        ok "vocabulary 257 (tp $tp, padded) = single rank: losses, $(tail -n 1 diff.txt | sed 's/ckpt diff: //')"
+    else
+        paste a.txt b.txt
+        cat diff.txt
+        fail "vocabulary 257 under tp $tp differs from the single-rank run"
+    fi
 done
 grep -q "val_loss_causal" mod-2-2/metrics.jsonl && ok "MoD under (tp 2, dp 2) evaluates both routings" ||
     fail "MoD evaluation under tp"

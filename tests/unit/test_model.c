@@ -23,14 +23,18 @@ static void make_batch(void) {
     }
 }
 
-static void tiny_model(Model *m) {
+/* head_rows: the head's chunk (0: the default) */
+static void tiny_model_rows(Model *m, int head_rows) {
     ModelDims d;
     model_dims(&d, V, T, L, NH, C, 1, 0);
+    if (head_rows > 0) d.head_rows = head_rows;
     model_init(m, &d, B, NULL);
     model_init_weights(m, 1234);
     /* larger weights than GPT-2's 0.02 so that every path carries gradient */
     for (size_t i = 0; i < m->nparams; i++) m->params[i] += 0.3f * (float)rng_normal(5, 5, i);
 }
+
+static void tiny_model(Model *m) { tiny_model_rows(m, 0); }
 
 static double model_loss(void *ctx) {
     Model *m = ctx;
@@ -38,10 +42,13 @@ static double model_loss(void *ctx) {
 }
 
 static void test_model_gradient(void) {
+    /* training's head: chunks of 5 of the 12 rows (5, 5, 2), its backward
+     * done in the forward */
     Model m;
-    tiny_model(&m);
+    tiny_model_rows(&m, 5);
     make_batch();
     model_zero_grad(&m);
+    model_expect_backward(&m, 1.f / (B * T));
     model_forward(&m, inputs, targets, B, T);
     model_backward(&m, 1.f / (B * T), 0.f);
     double worst = 0;
@@ -185,6 +192,164 @@ static void test_weight_decay_on_matrices_only(void) {
     model_free(&m);
 }
 
+/* ------------------------------------------------------------------ head */
+
+/* The chunked head against the reference (the whole micro-batch's logits,
+ * as the head was before chunks): a vocabulary of 37, micro-batches of 14
+ * and 7 rows. */
+enum { HV = 37, HT = 7, HB = 3 };
+
+static int hin[HB * HT], htg[HB * HT];
+
+static float *dup_floats(const float *x, size_t n) {
+    float *y = xmalloc(n * sizeof(float));
+    memcpy(y, x, n * sizeof(float));
+    return y;
+}
+
+/* head_rows: the chunk; 0: the reference head, its logits in *ref. */
+static void head_model(Model *m, int head_rows, float **ref) {
+    ModelDims d;
+    model_dims(&d, HV, HT, L, NH, C, 1, 0);
+    if (head_rows > 0) d.head_rows = head_rows;
+    model_init(m, &d, HB, NULL);
+    model_init_weights(m, 99);
+    for (size_t i = 0; i < m->nparams; i++) m->params[i] += 0.3f * (float)rng_normal(6, 6, i);
+    for (int i = 0; i < HB * HT; i++) {
+        hin[i] = (int)(rng_u64(10, 1, i) % HV);
+        htg[i] = (int)(rng_u64(10, 2, i) % HV);
+    }
+    if (head_rows > 0) return;
+    *ref = xmalloc((size_t)HB * HT * HV * sizeof(float));
+    m->ref_logits = *ref;
+}
+
+/* A step's gradient over micro-batches of 2 and 1 sequences (fused: each
+ * forward under model_expect_backward); their losses into loss. */
+static void head_step(Model *m, int fused, float loss[2]) {
+    const float dloss = 1.f / (HB * HT);
+    model_zero_grad(m);
+    for (int k = 0, b0 = 0; k < 2; b0 += 2 - k, k++) {
+        if (fused) model_expect_backward(m, dloss);
+        loss[k] = model_forward(m, hin + b0 * HT, htg + b0 * HT, 2 - k, HT);
+        model_backward(m, dloss, 0.f);
+    }
+}
+
+/* The worst relative error of a's tensors' gradients against r's. */
+static double worst_grad_err(const Model *a, const Model *r, int rows, int fused) {
+    double worst = 0;
+    for (int i = 0; i < a->nreg; i++) {
+        const ParamInfo *p = &a->reg[i], *q = model_find_param(r, p->name);
+        double *ref = xmalloc(q->numel * sizeof(double));
+        for (size_t j = 0; j < q->numel; j++) ref[j] = r->grads[q->offset + j];
+        const double e = rel_err(a->grads + p->offset, ref, p->numel);
+        if (e > 1e-6) printf("\n  head_rows %d fused %d: %s off by %.3g", rows, fused, p->name, e);
+        worst = fmax(worst, e);
+        free(ref);
+    }
+    return worst;
+}
+
+static void test_head_chunks_match_reference(void) {
+    /* chunks of 1, 4 and 8 (14 = 8 + 6, 7 < 8), 7 (14 = 2 x 7), 64 (more
+     * than a micro-batch); 37 columns is a multiple of none */
+    const int rows[] = {1, 4, 7, 8, 64};
+    Model r;
+    float *ref_logits, ref_loss[2];
+    head_model(&r, 0, &ref_logits);
+    head_step(&r, 0, ref_loss);
+    for (size_t c = 0; c < sizeof rows / sizeof rows[0]; c++) {
+        float *plain = NULL;
+        for (int fused = 0; fused < 2; fused++) {
+            Model m;
+            float loss[2];
+            head_model(&m, rows[c], NULL);
+            head_step(&m, fused, loss);
+            for (int k = 0; k < 2; k++) CU_ASSERT(fabs(loss[k] - ref_loss[k]) <= 1e-6 * ref_loss[k]);
+            /* the last micro-batch's per-token losses */
+            for (int i = 0; i < HT; i++)
+                CU_ASSERT(fabs(m.cur->losses[i] - r.cur->losses[i]) <= 1e-6 * r.cur->losses[i]);
+            CU_ASSERT(worst_grad_err(&m, &r, rows[c], fused) < 1e-6);
+            /* the same probabilities either way: the same gradients, bit for bit */
+            if (fused) {
+                CU_ASSERT(memcmp(plain, m.grads, m.nparams * sizeof(float)) == 0);
+            } else {
+                plain = dup_floats(m.grads, m.nparams);
+            }
+            model_free(&m);
+        }
+        free(plain);
+    }
+    free(ref_logits);
+    model_free(&r);
+}
+
+static void test_head_forward_leaves_grads(void) {
+    /* evaluation's forwards (no promise) touch no gradient, and a promise
+     * is the next forward's alone */
+    Model m;
+    head_model(&m, 4, NULL);
+    fill_normal(m.grads, m.nparams, 3, 1.f);
+    float *before = dup_floats(m.grads, m.nparams);
+    model_forward(&m, hin, htg, HB, HT);
+    CU_ASSERT(memcmp(before, m.grads, m.nparams * sizeof(float)) == 0);
+    model_expect_backward(&m, 0.5f);
+    model_forward(&m, hin, NULL, HB, HT);
+    model_forward(&m, hin, htg, HB, HT);
+    CU_ASSERT(memcmp(before, m.grads, m.nparams * sizeof(float)) == 0);
+    free(before);
+    model_free(&m);
+}
+
+static void test_head_logits_match_reference(void) {
+    /* a forward without targets: model_logits' rows, a chunk at a time,
+     * are the reference's whole-batch logits */
+    Model r, m;
+    float *ref_logits;
+    head_model(&r, 0, &ref_logits);
+    head_model(&m, 4, NULL);
+    model_forward(&r, hin, NULL, HB, HT);
+    model_forward(&m, hin, NULL, HB, HT);
+    double num = 0, den = 0;
+    for (int r0 = 0; r0 < HB * HT; r0 += 4) {
+        const int n = HB * HT - r0 < 4 ? HB * HT - r0 : 4;
+        const float *lg = model_logits(&m, r0, n);
+        for (int j = 0; j < n * HV; j++) {
+            const double want = ref_logits[(size_t)r0 * HV + j];
+            num += (lg[j] - want) * (lg[j] - want), den += want * want;
+        }
+    }
+    CU_ASSERT(sqrt(num) <= 1e-6 * sqrt(den));
+    free(ref_logits);
+    model_free(&r);
+    model_free(&m);
+}
+
+static void test_head_memory(void) {
+    /* GPT-2's vocabulary at T 1024, B 4: the head's logits are one chunk's,
+     * in the last stage's scratch; nothing of them is per token */
+    ModelDims big, small, first, short_seq;
+    model_dims(&big, 50257, 1024, 2, 12, 768, 1, 0);
+    model_dims(&small, 1024, 1024, 2, 12, 768, 1, 0);
+    first = big;
+    CU_ASSERT_EQUAL(model_dims_stage(&first, 2, 0, NULL), 0);
+    ModelMemory mb, ms, mf, mt;
+    model_memory(&big, 4, 1, 1, &mb);
+    model_memory(&small, 4, 1, 1, &ms);
+    model_memory(&first, 4, 1, 1, &mf);
+    CU_ASSERT_EQUAL(mb.acts, ms.acts);
+    CU_ASSERT_EQUAL(mb.scratch - ms.scratch, (size_t)HEAD_ROWS * (50257 - 1024) * sizeof(float));
+    CU_ASSERT_EQUAL(mb.scratch - mf.scratch, (size_t)HEAD_ROWS * 50257 * sizeof(float));
+    /* a micro-batch of fewer rows than a chunk: a chunk of its rows */
+    model_dims(&short_seq, 50257, 100, 2, 12, 768, 1, 0);
+    model_memory(&short_seq, 2, 1, 1, &mt);
+    short_seq.V = short_seq.Vp = short_seq.Vl = 1024;
+    model_memory(&short_seq, 2, 1, 1, &ms);
+    const size_t chunk = (size_t)200 * 50257 * sizeof(float); /* laid out on 64 bytes */
+    CU_ASSERT_EQUAL(mt.scratch - ms.scratch, (chunk + 63) / 64 * 64 - (size_t)200 * 1024 * 4);
+}
+
 int main(void) {
     kernels_init(2, "auto");
     CU_TestInfo tests[] = {{"whole-model gradient = finite differences", test_model_gradient},
@@ -194,6 +359,12 @@ int main(void) {
                            {"accumulated micro-batches = one batch", test_accumulation_equals_full_batch},
                            {"warmup then cosine to min_lr", test_lr_schedule},
                            {"weight decay on matrices only", test_weight_decay_on_matrices_only},
+                           {"chunked head = reference head (loss, every gradient)",
+                            test_head_chunks_match_reference},
+                           {"forwards without the promise leave gradients alone",
+                            test_head_forward_leaves_grads},
+                           {"model_logits = the reference's logits", test_head_logits_match_reference},
+                           {"the head's memory is one chunk's logits", test_head_memory},
                            CU_TEST_INFO_NULL};
     return run_suite("model", tests);
 }

@@ -618,7 +618,7 @@ static int set_buffers(const Model *m, Buf *b) {
     int k = 0;
     add(b, &k, s->acts, d->L * sizeof(BlockActs));
     add(b, &k, s->enc, nc * F), add(b, &k, s->lnf, nc * F), add(b, &k, s->lnf_mean, n * F);
-    add(b, &k, s->lnf_rstd, n * F), add(b, &k, s->logits, n * d->Vl * F);
+    add(b, &k, s->lnf_rstd, n * F), add(b, &k, s->lmax, n * F), add(b, &k, s->lsum, n * F);
     add(b, &k, s->losses, n * F), add(b, &k, s->inputs, n * I), add(b, &k, s->targets, n * I);
     for (int l = 0; l < d->L; l++) {
         const BlockActs *a = &s->acts[l];
@@ -659,6 +659,7 @@ static int scratch_buffers(const Model *m, Buf *b) {
     add(b, &k, s->mdys, n * d->ek * d->C * F), add(b, &k, s->mdyr, R * d->C * F);
     add(b, &k, s->mdxr, R * d->C * F), add(b, &k, s->mdh, R * d->Fel * F);
     add(b, &k, s->mdhg, R * d->Fel * F), add(b, &k, s->mdp, n * (d->E + d->Nn) * F);
+    add(b, &k, s->logits, (n < (size_t)d->head_rows ? n : (size_t)d->head_rows) * d->Vl * F);
     CU_ASSERT((s->mdys && s->mdxr && s->mdh && s->mdhg && s->mdp) == (d->E > 0));
     CU_ASSERT((s->mdyr != NULL) == (d->E > 0 && d->ep > 1));
     return k;

@@ -1,0 +1,250 @@
+/*
+ * head: the last stage's ln_f, tied head and loss, over a micro-batch's N
+ * rows in chunks of d.head_rows, so that one chunk's logits (the scratch's
+ * logits, head_rows x Vl) are all that ever exist of them: a whole
+ * micro-batch's would be N x Vl floats, 0.8 GB at V 50257, B 4, T 1024.
+ *
+ * A loss forward keeps each row's max logit and sum of exponentials
+ * (vocab-parallel: each tp rank holds Vl columns, and per chunk the row
+ * maxima, sums and target logits are all-reduced, never the logits; every
+ * rank has the same N, so the same chunks and collectives). The head's
+ * backward then happens in one of two places:
+ *  - in the forward (llm.c's fused classifier), when the caller promised
+ *    the backward's dloss (model_expect_backward, as training does): each
+ *    chunk's dlogits go straight into G.wte and into ln_f's output
+ *    gradient, written over the chunk's rows of lnf, which nothing needs
+ *    after (ln_f's backward reads its input, mean and rstd);
+ *  - in model_backward otherwise, which recomputes each chunk's logits
+ *    from lnf and the kept row statistics: one more head product (2CV
+ *    FLOPs a token, a tenth of GPT-2 small's step) and the exponentials
+ *    again; at V 50257, C 768, 2 layers it made the step about a third
+ *    slower than the fused head, which is why training promises.
+ * Both make the same probabilities from the same logits, so they give the
+ * same gradients bit for bit.
+ *
+ * The reference head (m->ref_logits set, tests only) is the unchunked one:
+ * the whole micro-batch's logits in the caller's buffer.
+ */
+#include "src/model_impl.h"
+
+#include <assert.h>
+#include <math.h>
+#include <string.h>
+
+#include "mpi/tp.h"
+#include "src/kernels.h"
+
+/* This rank's columns that are real tokens (the rest pad V to tp's multiple). */
+static int valid_cols(const ModelDims *d) {
+    const int valid = d->V - d->v0 < d->Vl ? d->V - d->v0 : d->Vl;
+    return valid < 0 ? 0 : valid;
+}
+
+void head_forward(Model *m, const float *x, int N) {
+    ActSet *S = m->cur;
+    layernorm_forward(S->lnf, S->lnf_mean, S->lnf_rstd, x, m->P.lnfw, m->P.lnfb, N, m->d.C);
+}
+
+float *head_logits(Model *m, int r0, int n) {
+    const ModelDims *d = &m->d;
+    assert(n >= 1 && n <= d->head_rows);
+    mm(0, 1, n, d->Vl, d->C, 1.f, m->cur->lnf + (size_t)r0 * d->C, d->C, m->P.wte, d->C, 0.f,
+       m->s.logits, d->Vl);
+    return m->s.logits;
+}
+
+/* The loss of rows [r0, r0 + n) from their logits lg: turns lg into
+ * probabilities in place, keeps each row's max and sum in the set and its
+ * loss in losses. */
+static void chunk_loss(Model *m, float *lg, int r0, int n) {
+    const ModelDims *d = &m->d;
+    ActSet *S = m->cur;
+    const int Vl = d->Vl, v0 = d->v0, valid = valid_cols(d);
+    /* sum and target logit side by side: one all-reduce for both */
+    float *mx = S->lmax + r0, *sum = m->s.rowbuf, *tl = m->s.rowbuf + n;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        const float *row = lg + (size_t)i * Vl;
+        float v = -INFINITY;
+        for (int j = 0; j < valid; j++) v = row[j] > v ? row[j] : v;
+        mx[i] = v;
+    }
+    tp_allreduce_max(mx, (size_t)n, &m->tp);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        float *row = lg + (size_t)i * Vl;
+        const int t = S->targets[r0 + i] - v0;
+        tl[i] = t >= 0 && t < valid ? row[t] : 0.f;
+        float sm = 0.f;
+        for (int j = 0; j < valid; j++) {
+            row[j] = expf(row[j] - mx[i]);
+            sm += row[j];
+        }
+        for (int j = valid; j < Vl; j++) row[j] = 0.f;
+        sum[i] = sm;
+    }
+    tp_allreduce_sum(sum, 2 * (size_t)n, &m->tp);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        float *row = lg + (size_t)i * Vl;
+        const float inv = 1.f / sum[i];
+        for (int j = 0; j < valid; j++) row[j] *= inv;
+        S->lsum[r0 + i] = sum[i];
+        S->losses[r0 + i] = logf(sum[i]) + mx[i] - tl[i];
+    }
+}
+
+/* The probabilities of rows [r0, r0 + n) again, from their logits lg and
+ * the kept statistics, in chunk_loss's operations (the same floats). */
+static void chunk_probs(const Model *m, float *lg, int r0, int n) {
+    const ModelDims *d = &m->d;
+    const ActSet *S = m->cur;
+    const int Vl = d->Vl, valid = valid_cols(d);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        float *row = lg + (size_t)i * Vl;
+        const float mx = S->lmax[r0 + i], inv = 1.f / S->lsum[r0 + i];
+        for (int j = 0; j < valid; j++) row[j] = expf(row[j] - mx);
+        for (int j = 0; j < valid; j++) row[j] *= inv;
+        for (int j = valid; j < Vl; j++) row[j] = 0.f;
+    }
+}
+
+/* Backward of rows [r0, r0 + n) from their probabilities p: dlogits = (p -
+ * onehot(target)) * dloss in place, G.wte += dlogits^T @ lnf, then this
+ * rank's share of dL/d(lnf) into dlnf's rows (which may be lnf's own: G.wte
+ * has read them by then). */
+static void chunk_backward(Model *m, float *p, int r0, int n, float dloss, float *dlnf) {
+    const ModelDims *d = &m->d;
+    const ActSet *S = m->cur;
+    const int C = d->C, Vl = d->Vl;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) {
+        float *row = p + (size_t)i * Vl;
+        for (int j = 0; j < Vl; j++) row[j] *= dloss;
+        const int t = S->targets[r0 + i] - d->v0;
+        if (t >= 0 && t < Vl) row[t] -= dloss;
+    }
+    mm(1, 0, Vl, C, n, 1.f, p, Vl, S->lnf + (size_t)r0 * C, C, 1.f, m->G.wte, C);
+    mm(0, 0, n, C, Vl, 1.f, p, Vl, m->P.wte, C, 0.f, dlnf + (size_t)r0 * C, C);
+}
+
+float head_loss_forward(Model *m, int N, int fused, float dloss) {
+    ActSet *S = m->cur;
+    const int R = m->d.head_rows;
+    for (int r0 = 0; r0 < N; r0 += R) {
+        const int n = N - r0 < R ? N - r0 : R;
+        float *lg = head_logits(m, r0, n);
+        chunk_loss(m, lg, r0, n);
+        if (fused) chunk_backward(m, lg, r0, n, dloss, S->lnf);
+    }
+    S->head_fused = fused;
+    S->head_dloss = dloss;
+    double total = 0;
+    for (int i = 0; i < N; i++) total += S->losses[i];
+    return (float)(total / N);
+}
+
+/* ---------------------------------------------------------------- reference */
+
+/* Today's head before chunks: logits(N,Vl) = lnf @ wte^T for the whole
+ * micro-batch into m->ref_logits; with targets, the vocab-parallel loss,
+ * turning them into probabilities in place, and the mean loss. */
+float head_reference_forward(Model *m, int N, int loss) {
+    const ModelDims *d = &m->d;
+    ActSet *S = m->cur;
+    const int Vl = d->Vl, v0 = d->v0, valid = valid_cols(d);
+    float *lg = m->ref_logits;
+    mm(0, 1, N, Vl, d->C, 1.f, S->lnf, d->C, m->P.wte, d->C, 0.f, lg, Vl);
+    if (!loss) return 0.f;
+    float *mx = m->s.rowbuf, *sum = m->s.rowbuf + N, *tl = m->s.rowbuf + 2 * N;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *row = lg + (size_t)i * Vl;
+        float v = -INFINITY;
+        for (int j = 0; j < valid; j++) v = row[j] > v ? row[j] : v;
+        mx[i] = v;
+    }
+    tp_allreduce_max(mx, (size_t)N, &m->tp);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        float *row = lg + (size_t)i * Vl;
+        int t = S->targets[i] - v0;
+        tl[i] = t >= 0 && t < valid ? row[t] : 0.f;
+        float sm = 0.f;
+        for (int j = 0; j < valid; j++) {
+            row[j] = expf(row[j] - mx[i]);
+            sm += row[j];
+        }
+        for (int j = valid; j < Vl; j++) row[j] = 0.f;
+        sum[i] = sm;
+    }
+    tp_allreduce_sum(sum, (size_t)N, &m->tp);
+    tp_allreduce_sum(tl, (size_t)N, &m->tp);
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        float *row = lg + (size_t)i * Vl;
+        float inv = 1.f / sum[i];
+        for (int j = 0; j < valid; j++) row[j] *= inv;
+        S->losses[i] = logf(sum[i]) + mx[i] - tl[i];
+    }
+    double total = 0;
+    for (int i = 0; i < N; i++) total += S->losses[i];
+    return (float)(total / N);
+}
+
+/* Its backward into m->s.dln (before the all-reduce), in place over the
+ * probabilities. */
+static void head_reference_backward(Model *m, float dloss, int N) {
+    const ModelDims *d = &m->d;
+    ActSet *S = m->cur;
+    const int C = d->C, Vl = d->Vl;
+    float *lg = m->ref_logits;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        float *row = lg + (size_t)i * Vl;
+        for (int j = 0; j < Vl; j++) row[j] *= dloss;
+        int t = S->targets[i] - d->v0;
+        if (t >= 0 && t < Vl) row[t] -= dloss;
+    }
+    mm(0, 0, N, C, Vl, 1.f, lg, Vl, m->P.wte, C, 0.f, m->s.dln, C);
+    mm(1, 0, Vl, C, N, 1.f, lg, Vl, S->lnf, C, 1.f, m->G.wte, C);
+}
+
+/* ------------------------------------------------------------------ backward */
+
+void head_backward(Model *m, float dloss, int N) {
+    const ModelDims *d = &m->d;
+    ActSet *S = m->cur;
+    const int C = d->C, R = d->head_rows;
+    const size_t NC = (size_t)N * C;
+    float *dlnf = m->s.dln;
+    if (m->ref_logits) {
+        head_reference_backward(m, dloss, N);
+    } else if (S->head_fused) { /* the forward did it, for this dloss */
+        assert(S->head_dloss == dloss);
+        dlnf = S->lnf;
+    } else {
+        for (int r0 = 0; r0 < N; r0 += R) {
+            const int n = N - r0 < R ? N - r0 : R;
+            float *lg = head_logits(m, r0, n);
+            chunk_probs(m, lg, r0, n);
+            chunk_backward(m, lg, r0, n, dloss, dlnf);
+        }
+    }
+    tp_allreduce_sum(dlnf, NC, &m->tp);
+    memset(m->s.dres, 0, NC * sizeof(float));
+    layernorm_backward(m->s.dres, m->G.lnfw, m->G.lnfb, dlnf, model_stage_output(m), m->P.lnfw,
+                       S->lnf_mean, S->lnf_rstd, N, C);
+}
+
+void model_expect_backward(Model *m, float dloss) {
+    m->expect = 1;
+    m->expect_dloss = dloss;
+}
+
+const float *model_logits(Model *m, int row, int n) {
+    if (!model_last_stage(&m->d)) return NULL;
+    assert(!m->cur->head_fused && row >= 0 && row + n <= m->cur->B * m->cur->T);
+    return head_logits(m, row, n);
+}
