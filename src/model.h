@@ -49,6 +49,10 @@ typedef struct {
     /* expert parallelism: this rank holds experts [e0, e0 + El) of every
      * MoE block, its position ep_rank in a group of ep data-parallel ranks */
     int ep, ep_rank, El, e0;
+    /* what a block keeps for its backward (model_init lays the sets out by
+     * it): train and plan set it from the config; model_dims_config leaves
+     * it none, since evaluation, sampling and decoding never backward */
+    Recompute recompute;
 } ModelDims;
 
 /* Fills dims from the global shape and this rank's tp position; the model is
@@ -148,7 +152,11 @@ typedef struct {
 } ParamPtrs;
 
 /* A block's activations. A routed block runs its attention and MLP on the K
- * gathered rows only, so those buffers hold K <= B*T rows. */
+ * gathered rows only, so those buffers hold K <= B*T rows. Under recompute
+ * the buffers a set does not keep point into the model's one working copy
+ * (Model.work), which each backward fills again before it reads them:
+ * attention keeps all but ln1 .. atty (the attention branch up to its
+ * projection); block keeps res3 alone. */
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C), (B,T), (B,T) */
     float *qkv;                       /* (B,T,3Cl) */
@@ -259,6 +267,13 @@ typedef struct {
     int nslots;
     ActSet *cur; /* the set forward and backward use: model_use_slot() */
     Scratch s;
+    /* recompute != none: the buffers of a block that no set keeps, sized
+     * for the stage's largest kind of block; one for every set, since only
+     * one block's backward runs at a time */
+    void *work;
+    /* what a recomputed forward counts (routing, experts), thrown away:
+     * the forward that ran first counted it */
+    RouteStats restats;
     /* Mixture-of-Depths */
     RouteMode route;   /* how routed blocks choose tokens in forward */
     int predictor_on;  /* train the predictor (tests switch it off) */
@@ -283,7 +298,8 @@ void model_free(Model *m);
 int model_registry(const ModelDims *d, ParamInfo **reg);
 
 /* Bytes a rank's model takes: what model_init(d, maxB), model_set_slots(slots)
- * and, when optimizer, adamw_init allocate. Every product saturates at
+ * and, when optimizer, adamw_init allocate (acts: the sets and the working
+ * copy of d->recompute). Every product saturates at
  * SIZE_MAX, so any config can be measured before anything is allocated. */
 typedef struct {
     size_t params, grads, moments, acts, scratch;
@@ -302,7 +318,8 @@ typedef struct {
      * 3 routed MoE); 0 for a kind the model has not */
     size_t block_floats[4];
     size_t set_bytes[2];               /* an activation set's own rows, [last] */
-    size_t block_acts[4];
+    size_t block_acts[4];              /* what a set keeps of a block */
+    size_t work_acts[4];               /* what recompute leaves to the working copy */
     size_t scratch;
 } ModelUnits;
 void model_units(const ModelDims *d, int maxB, ModelUnits *u);
