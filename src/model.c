@@ -509,11 +509,6 @@ static float crossentropy_forward(Model *m, int N) {
     return (float)(total / N);
 }
 
-/* Block l's two branches on N rows x (B sequences, rows off[b]..off[b+1];
- * or, with kv, one token attending to its cache): a = attention branch
- * (projected, all-reduced, biased), mo = MLP branch, with res2 = x + a
- * inside. Internals stay in the current set's acts[l] for backward. The one
- * block implementation: training, evaluation and decoding all run it. */
 /* The attention branch of block l up to its projection: ln1, qkv, and the
  * heads' output atty (with each row's lse). Under recompute = attention the
  * backward runs it again, the same code on the same x: the same bits. */
@@ -535,6 +530,11 @@ static void attention_heads_forward(Model *m, int l, const float *x, int N, int 
     }
 }
 
+/* Block l's two branches on N rows x (B sequences, rows off[b]..off[b+1];
+ * or, with kv, one token attending to its cache): a = attention branch
+ * (projected, all-reduced, biased), mo = MLP branch, with res2 = x + a
+ * inside. Internals stay in the current set's acts[l] for backward. The one
+ * block implementation: training, evaluation and decoding all run it. */
 void block_branches_forward(Model *m, int l, const float *x, int N, int B, const int *off,
                             const KvCache *kv, float *a, float *mo) {
     const ModelDims *d = &m->d;
