@@ -107,6 +107,9 @@ static const KeySpec keys[] = {
     {"ep", K_INT, 0, OFF(ep), "1", 1, 4096, 0, NULL,
      "expert-parallel ranks: each MoE block's experts spread over ep data-parallel ranks"},
     {"schedule", K_ENUM, 0, OFF(schedule), "1f1b", 0, 0, 0, "1f1b|gpipe", "pipeline schedule"},
+    {"recompute", K_ENUM, 0, OFF(recompute), "none", 0, 0, 0, "none|attention|block",
+     "what the backward recomputes instead of keeping (none, attention, block): attention = "
+     "each block's attention branch, block = whole blocks, each keeping only its output"},
     {"stage_layers", K_STR, 0, OFF(stage_layers), "", 0, 0, 0, NULL,
      "blocks per pipeline stage, e.g. 3,5; empty = balanced"},
     {"ckpt_dir", K_STR, 0, OFF(ckpt_dir), "", 0, 0, 0, NULL, "checkpoints; empty = run_dir/ckpt"},

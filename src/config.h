@@ -19,6 +19,9 @@
 typedef enum { GATE_RAW = 0, GATE_SIGMOID = 1 } RouterGate;
 typedef enum { CAUSAL_AUX_LOSS = 0, CAUSAL_PREDICTOR = 1 } CausalRouter;
 typedef enum { SCHED_1F1B = 0, SCHED_GPIPE = 1 } Schedule;
+/* What a block keeps of its forward for its backward; the rest the backward
+ * runs again (ordered: each keeps less than the one before). */
+typedef enum { RECOMPUTE_NONE = 0, RECOMPUTE_ATTENTION = 1, RECOMPUTE_BLOCK = 2 } Recompute;
 typedef enum { NONFINITE_STOP = 0, NONFINITE_ROLLBACK = 1 } OnNonfinite;
 typedef enum { DATA_CHANGED_REFUSE = 0, DATA_CHANGED_CONTINUE = 1 } DataChanged;
 /* How token ids map to text. AUTO is resolved before training (from the
@@ -53,6 +56,7 @@ typedef struct {
     /* parallel layout */
     int tp, pp, ep;
     Schedule schedule;
+    Recompute recompute;
     char stage_layers[CONFIG_STR]; /* "3,5": blocks per pipeline stage; "" balanced */
     /* checkpoints and output */
     char ckpt_dir[CONFIG_STR];

@@ -324,12 +324,16 @@ void model_init(Model *m, const ModelDims *d, int maxB, const TpGroup *tp) {
     model_point(m, &m->P, m->params);
     model_point(m, &m->G, m->grads);
     m->predictor_on = 1;
-    m->stats.processed = xcalloc((size_t)d->L, sizeof(long long));
-    m->stats.moe = xcalloc((size_t)d->L * (d->E + d->Nn + 2), sizeof(long long));
-    m->stats.expert_rows = xcalloc((size_t)d->L * d->El + 1, sizeof(long long));
+    RouteStats *st[2] = {&m->stats, &m->restats};
+    for (int i = 0; i < 2; i++) {
+        st[i]->processed = xcalloc((size_t)d->L, sizeof(long long));
+        st[i]->moe = xcalloc((size_t)d->L * (d->E + d->Nn + 2), sizeof(long long));
+        st[i]->expert_rows = xcalloc((size_t)d->L * d->El + 1, sizeof(long long));
+    }
     m->ep = (EpGroup){MPI_COMM_NULL, 1, 0};
     m->maxB = maxB;
     m->pp_comm = MPI_COMM_NULL;
+    model_alloc_work(m);
     model_set_slots(m, 1);
     model_alloc_scratch(m);
 }
@@ -343,6 +347,8 @@ void model_free(Model *m) {
     void *bufs[] = {m->params, m->grads,  m->s.mem,           m->slots,        m->P.h,
                     m->G.h,    m->reg,    m->stats.processed, m->stats.moe,    m->stats.expert_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(m->work);
+    free(m->restats.processed), free(m->restats.moe), free(m->restats.expert_rows);
     memset(m, 0, sizeof *m);
 }
 
@@ -459,13 +465,11 @@ double model_flops_per_token_moe(const ModelDims *d, int T, const double *frac,
 
 /* ---------------------------------------------------------- forward/backward */
 
-/* Block l's two branches on N rows x (B sequences, rows off[b]..off[b+1];
- * or, with kv, one token attending to its cache): a = attention branch
- * (projected, all-reduced, biased), mo = MLP branch, with res2 = x + a
- * inside. Internals stay in the current set's acts[l] for backward. The one
- * block implementation: training, evaluation and decoding all run it. */
-void block_branches_forward(Model *m, int l, const float *x, int N, int B, const int *off,
-                            const KvCache *kv, float *a, float *mo) {
+/* The attention branch of block l up to its projection: ln1, qkv, and the
+ * heads' output atty (with each row's lse). Under recompute = attention the
+ * backward runs it again, the same code on the same x: the same bits. */
+static void attention_heads_forward(Model *m, int l, const float *x, int N, int B, const int *off,
+                                    const KvCache *kv) {
     const ModelDims *d = &m->d;
     const BlockParams *p = &m->P.h[l];
     BlockActs *A = &m->cur->acts[l];
@@ -480,6 +484,20 @@ void block_branches_forward(Model *m, int l, const float *x, int N, int B, const
     } else {
         attention_forward(A->atty, A->lse, A->qkv, B, off, d->NHl, d->hs);
     }
+}
+
+/* Block l's two branches on N rows x (B sequences, rows off[b]..off[b+1];
+ * or, with kv, one token attending to its cache): a = attention branch
+ * (projected, all-reduced, biased), mo = MLP branch, with res2 = x + a
+ * inside. Internals stay in the current set's acts[l] for backward. The one
+ * block implementation: training, evaluation and decoding all run it. */
+void block_branches_forward(Model *m, int l, const float *x, int N, int B, const int *off,
+                            const KvCache *kv, float *a, float *mo) {
+    const ModelDims *d = &m->d;
+    const BlockParams *p = &m->P.h[l];
+    BlockActs *A = &m->cur->acts[l];
+    const int C = d->C, Cl = d->Cl;
+    attention_heads_forward(m, l, x, N, B, off, kv);
     linear_forward(a, A->atty, p->attprojw, NULL, N, Cl, C);
     tp_allreduce_sum(a, (size_t)N * C, &m->tp);
     bias_add(a, p->attprojb, N, C);
@@ -502,6 +520,8 @@ void block_branches_backward(Model *m, int l, const float *x, int N, int B, cons
     mlp_backward(m, l, A->ln2, N, dres, S->dln, m->moe_scale);
     layernorm_backward(dres, g->ln2w, g->ln2b, S->dln, A->res2, p->ln2w, A->ln2_mean, A->ln2_rstd,
                        N, C);
+    /* (no communication: the qkv product is column-parallel) */
+    if (d->recompute == RECOMPUTE_ATTENTION) attention_heads_forward(m, l, x, N, B, off, NULL);
     memset(S->datty, 0, (size_t)N * d->Cl * sizeof(float));
     linear_backward(S->datty, g->attprojw, g->attprojb, dres, A->atty, p->attprojw, N, d->Cl, C);
     attention_backward(S->dqkv, S->datty, A->qkv, A->atty, A->lse, B, off, d->NHl, d->hs);
@@ -511,6 +531,35 @@ void block_branches_backward(Model *m, int l, const float *x, int N, int B, cons
     layernorm_backward(dres, g->ln1w, g->ln1b, S->dln, x, p->ln1w, A->ln1_mean, A->ln1_rstd, N, C);
 }
 
+/* Block l, routed or dense, on x (B,T,C) into y. Returns 0, or -1 when
+ * the debug routing check faulted. */
+static int block_forward(Model *m, int l, const float *x, float *y, int B, int T) {
+    const int N = B * T;
+    if (model_is_routed(&m->d, l)) return routed_forward(m, l, x, y, B, T);
+    block_branches_forward(m, l, x, N, B, m->s.off_dense, NULL, m->s.scratch, m->s.scratch2);
+    residual_forward(y, m->cur->acts[l].res2, m->s.scratch2, (size_t)N * m->d.C);
+    m->stats.processed[l] += N;
+    return 0;
+}
+
+/* recompute = block: block l's forward again, from its input x, into the
+ * working copy, just before its backward reads it. The first forward
+ * counted its routing and losses: this one's counts go to m->restats and
+ * the set's losses are put back. The output, the same bits as res3, is
+ * dropped into m->s.scratch. Under ep > 1 an MoE block repeats its
+ * all-to-alls: every rank of the group runs the same blocks' backwards in
+ * the same order, so they meet. */
+static void block_recompute(Model *m, int l, const float *x, int B, int T) {
+    ActSet *S = m->cur;
+    const float aux = S->aux_loss, pred = S->pred_loss, moe = S->moe_aux;
+    const RouteStats counted = m->stats;
+    m->stats = m->restats;
+    /* the forward's routing check passed on these very inputs */
+    (void)block_forward(m, l, x, m->s.scratch, B, T);
+    m->restats = m->stats;
+    m->stats = counted;
+    S->aux_loss = aux, S->pred_loss = pred, S->moe_aux = moe;
+}
 
 /* The first stage's input: token and position embeddings of the set's
  * inputs, into its enc. */
@@ -528,7 +577,7 @@ float model_forward(Model *m, const int *inputs, const int *targets, int B, int 
     ActSet *S = m->cur;
     /* the callers size micro-batches from maxB and maxT: a mismatch is a bug */
     assert(B >= 1 && B <= m->maxB && T >= 1 && T <= d->maxT);
-    const int N = B * T, C = d->C;
+    const int N = B * T;
     S->B = B;
     S->T = T;
     S->aux_loss = S->pred_loss = S->moe_aux = 0.f;
@@ -545,17 +594,9 @@ float model_forward(Model *m, const int *inputs, const int *targets, int B, int 
     const float *x = S->enc;
     int routed = 0;
     for (int l = d->l0; l < d->l1; l++) {
-        BlockActs *a = &S->acts[l];
-        if (model_is_routed(d, l)) {
-            if (routed_forward(m, l, x, a->res3, B, T) != 0) return NAN;
-            routed++;
-        } else {
-            block_branches_forward(m, l, x, N, B, m->s.off_dense, NULL, m->s.scratch,
-                                   m->s.scratch2);
-            residual_forward(a->res3, a->res2, m->s.scratch2, (size_t)N * C);
-            m->stats.processed[l] += N;
-        }
-        x = a->res3;
+        if (block_forward(m, l, x, S->acts[l].res3, B, T) != 0) return NAN;
+        routed += model_is_routed(d, l);
+        x = S->acts[l].res3;
     }
     if (model_first_stage(d)) m->stats.tokens += N; /* counted once per pipeline */
     /* the load-balancing loss, as the objective weighs it: per micro-batch
@@ -596,6 +637,7 @@ void model_backward(Model *m, float dloss, float aux_weight) {
     /* m->s.dres holds dL/d(residual stream) and moves back block by block */
     for (int l = d->l1 - 1; l >= d->l0; l--) {
         const float *x = l == d->l0 ? S->enc : S->acts[l - 1].res3;
+        if (d->recompute == RECOMPUTE_BLOCK) block_recompute(m, l, x, B, T);
         if (model_is_routed(d, l)) routed_backward(m, l, x, m->s.dres, B, T, aux_scale, pred_scale);
         else block_branches_backward(m, l, x, N, B, m->s.off_dense, m->s.dres);
     }

@@ -52,6 +52,10 @@ typedef struct {
     /* the head's chunk: rows whose logits exist at a time (head.c);
      * model_dims sets HEAD_ROWS */
     int head_rows;
+    /* what a block keeps for its backward (model_init lays the sets out by
+     * it): train and plan set it from the config; model_dims_config leaves
+     * it none, since evaluation, sampling and decoding never backward */
+    Recompute recompute;
 } ModelDims;
 
 /* The head's default chunk. A chunk costs more than its FLOPs: each of
@@ -160,7 +164,11 @@ typedef struct {
 } ParamPtrs;
 
 /* A block's activations. A routed block runs its attention and MLP on the K
- * gathered rows only, so those buffers hold K <= B*T rows. */
+ * gathered rows only, so those buffers hold K <= B*T rows. Under recompute
+ * the buffers a set does not keep point into the model's one working copy
+ * (Model.work), which each backward fills again before it reads them:
+ * attention keeps all but ln1 .. atty (the attention branch up to its
+ * projection); block keeps res3 alone. */
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C), (B,T), (B,T) */
     float *qkv;                       /* (B,T,3Cl) */
@@ -278,6 +286,13 @@ typedef struct {
     int nslots;
     ActSet *cur; /* the set forward and backward use: model_use_slot() */
     Scratch s;
+    /* recompute != none: the buffers of a block that no set keeps, sized
+     * for the stage's largest kind of block; one for every set, since only
+     * one block's backward runs at a time */
+    void *work;
+    /* what a recomputed forward counts (routing, experts), thrown away:
+     * the forward that ran first counted it */
+    RouteStats restats;
     /* Mixture-of-Depths */
     RouteMode route;   /* how routed blocks choose tokens in forward */
     int predictor_on;  /* train the predictor (tests switch it off) */
@@ -308,7 +323,8 @@ void model_free(Model *m);
 int model_registry(const ModelDims *d, ParamInfo **reg);
 
 /* Bytes a rank's model takes: what model_init(d, maxB), model_set_slots(slots)
- * and, when optimizer, adamw_init allocate. Every product saturates at
+ * and, when optimizer, adamw_init allocate (acts: the sets and the working
+ * copy of d->recompute). Every product saturates at
  * SIZE_MAX, so any config can be measured before anything is allocated. */
 typedef struct {
     size_t params, grads, moments, acts, scratch;
@@ -327,7 +343,8 @@ typedef struct {
      * 3 routed MoE); 0 for a kind the model has not */
     size_t block_floats[4];
     size_t set_bytes[2];               /* an activation set's own rows, [last] */
-    size_t block_acts[4];
+    size_t block_acts[4];              /* what a set keeps of a block */
+    size_t work_acts[4];               /* what recompute leaves to the working copy */
     size_t scratch[2];                 /* [last]: the head's chunk is the last stage's */
 } ModelUnits;
 void model_units(const ModelDims *d, int maxB, ModelUnits *u);

@@ -68,6 +68,9 @@ void head_backward(Model *m, float dloss, int N);
 /* model_mem.c: the scratch buffers backward and decoding share, laid out
  * by the size table (model_init calls it). */
 void model_alloc_scratch(Model *m);
+/* The working copy of the buffers m->d.recompute leaves out of the sets
+ * (none under recompute = none): before the first set is laid out. */
+void model_alloc_work(Model *m);
 
 /* routing.c: Mixture-of-Depths */
 float mod_gate(RouterGate gate, float r);

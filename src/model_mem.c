@@ -45,50 +45,56 @@ typedef enum {
     IN_ANY_MOE,   /* the model has MoE blocks (scratch) */
     IN_ANY_MOE_EP /* ... under ep > 1 */
 } Where;
+/* A block's buffer that the set leaves, from recompute mode r on, to the
+ * working copy the backward recomputes it in: WORK(r) in its where. */
+#define WORK(r) ((r) << 8)
+#define WORK_FROM(where) ((Recompute)((where) >> 8))
 typedef struct {
     size_t field; /* offset of the pointer in its struct */
     size_t elem;  /* bytes per element */
     SizeKind n;
-    Where where;
+    int where; /* a Where, | WORK(r) for the buffers recompute r and above leave out */
 } ActRow;
 
 #define F sizeof(float)
+#define W_ATT WORK(RECOMPUTE_ATTENTION) /* the attention branch up to its projection */
+#define W_BLK WORK(RECOMPUTE_BLOCK)     /* the rest of a block but its output, res3 */
 #define BA(f) offsetof(BlockActs, f)
 static const ActRow block_rows[] = {
-    {BA(ln1), F, SZ_NC, IN_ANY},
-    {BA(ln1_mean), F, SZ_N, IN_ANY},
-    {BA(ln1_rstd), F, SZ_N, IN_ANY},
-    {BA(qkv), F, SZ_N3CL, IN_ANY},
-    {BA(lse), F, SZ_LSE, IN_ANY},
-    {BA(atty), F, SZ_NCL, IN_ANY},
-    {BA(res2), F, SZ_NC, IN_ANY},
-    {BA(ln2), F, SZ_NC, IN_ANY},
-    {BA(ln2_mean), F, SZ_N, IN_ANY},
-    {BA(ln2_rstd), F, SZ_N, IN_ANY},
-    {BA(fch), F, SZ_NFL, IN_DENSE_MLP},
-    {BA(fch_gelu), F, SZ_NFL, IN_DENSE_MLP},
+    {BA(ln1), F, SZ_NC, IN_ANY | W_ATT},
+    {BA(ln1_mean), F, SZ_N, IN_ANY | W_ATT},
+    {BA(ln1_rstd), F, SZ_N, IN_ANY | W_ATT},
+    {BA(qkv), F, SZ_N3CL, IN_ANY | W_ATT},
+    {BA(lse), F, SZ_LSE, IN_ANY | W_ATT},
+    {BA(atty), F, SZ_NCL, IN_ANY | W_ATT},
+    {BA(res2), F, SZ_NC, IN_ANY | W_BLK},
+    {BA(ln2), F, SZ_NC, IN_ANY | W_BLK},
+    {BA(ln2_mean), F, SZ_N, IN_ANY | W_BLK},
+    {BA(ln2_rstd), F, SZ_N, IN_ANY | W_BLK},
+    {BA(fch), F, SZ_NFL, IN_DENSE_MLP | W_BLK},
+    {BA(fch_gelu), F, SZ_NFL, IN_DENSE_MLP | W_BLK},
     {BA(res3), F, SZ_NC, IN_ANY},
-    {BA(r), F, SZ_N, IN_ROUTED},
-    {BA(topk), 1, SZ_N, IN_ROUTED},
-    {BA(sel), sizeof(int), SZ_N, IN_ROUTED},
-    {BA(off), sizeof(int), SZ_OFF, IN_ROUTED},
-    {BA(gate), F, SZ_N, IN_ROUTED},
-    {BA(xs), F, SZ_NC, IN_ROUTED},
-    {BA(a), F, SZ_NC, IN_ROUTED},
-    {BA(mo), F, SZ_NC, IN_ROUTED},
-    {BA(plogit), F, SZ_N, IN_PREDICTOR},
-    {BA(ph), F, SZ_NH, IN_PREDICTOR},
-    {BA(phg), F, SZ_NH, IN_PREDICTOR},
-    {BA(mp), F, SZ_NET, IN_MOE},
-    {BA(mch), sizeof(int), SZ_NK, IN_MOE},
-    {BA(mslot), sizeof(int), SZ_NK, IN_MOE},
-    {BA(mcnt), sizeof(int), SZ_MCNT, IN_MOE},
-    {BA(mxs), F, SZ_NKC, IN_MOE},
-    {BA(mys), F, SZ_NKC, IN_MOE},
-    {BA(mxr), F, SZ_RC, IN_MOE_EP},
-    {BA(myr), F, SZ_RC, IN_MOE_EP},
-    {BA(mh), F, SZ_RFL, IN_MOE},
-    {BA(mhg), F, SZ_RFL, IN_MOE},
+    {BA(r), F, SZ_N, IN_ROUTED | W_BLK},
+    {BA(topk), 1, SZ_N, IN_ROUTED | W_BLK},
+    {BA(sel), sizeof(int), SZ_N, IN_ROUTED | W_BLK},
+    {BA(off), sizeof(int), SZ_OFF, IN_ROUTED | W_BLK},
+    {BA(gate), F, SZ_N, IN_ROUTED | W_BLK},
+    {BA(xs), F, SZ_NC, IN_ROUTED | W_BLK},
+    {BA(a), F, SZ_NC, IN_ROUTED | W_BLK},
+    {BA(mo), F, SZ_NC, IN_ROUTED | W_BLK},
+    {BA(plogit), F, SZ_N, IN_PREDICTOR | W_BLK},
+    {BA(ph), F, SZ_NH, IN_PREDICTOR | W_BLK},
+    {BA(phg), F, SZ_NH, IN_PREDICTOR | W_BLK},
+    {BA(mp), F, SZ_NET, IN_MOE | W_BLK},
+    {BA(mch), sizeof(int), SZ_NK, IN_MOE | W_BLK},
+    {BA(mslot), sizeof(int), SZ_NK, IN_MOE | W_BLK},
+    {BA(mcnt), sizeof(int), SZ_MCNT, IN_MOE | W_BLK},
+    {BA(mxs), F, SZ_NKC, IN_MOE | W_BLK},
+    {BA(mys), F, SZ_NKC, IN_MOE | W_BLK},
+    {BA(mxr), F, SZ_RC, IN_MOE_EP | W_BLK},
+    {BA(myr), F, SZ_RC, IN_MOE_EP | W_BLK},
+    {BA(mh), F, SZ_RFL, IN_MOE | W_BLK},
+    {BA(mhg), F, SZ_RFL, IN_MOE | W_BLK},
 };
 #define AS(f) offsetof(ActSet, f)
 static const ActRow set_rows[] = {
@@ -116,6 +122,8 @@ static const ActRow scratch_rows[] = {
     {SC(logits), F, SZ_HVL, IN_LAST_STAGE},
 };
 #undef F
+#undef W_ATT
+#undef W_BLK
 #undef BA
 #undef AS
 #undef SC
@@ -168,12 +176,21 @@ static size_t round64(size_t bytes) {
     return bytes > SIZE_MAX - 63 ? SIZE_MAX : (bytes + 63) & ~(size_t)63;
 }
 
+/* Whether the set keeps the row under m's recompute mode (else the
+ * working copy holds it). */
+static int row_kept(const Model *m, const ActRow *r) {
+    const Recompute from = WORK_FROM(r->where);
+    return from == RECOMPUTE_NONE || m->d.recompute < from;
+}
+
 /* Lays the rows out from byte `at` of base, pointing owner's fields into it
- * (base NULL: only measures); returns the next free byte. l: the block. */
-static size_t lay_out(const Model *m, const ActRow *rows, size_t n, int l, void *owner, char *base,
-                      size_t at) {
+ * (base NULL: only measures); returns the next free byte. l: the block;
+ * kept: the rows the set keeps (1) or those the working copy holds (0). */
+static size_t lay_out(const Model *m, const ActRow *rows, size_t n, int l, int kept, void *owner,
+                      char *base, size_t at) {
     for (size_t i = 0; i < n; i++) {
-        if (!row_exists(m, rows[i].where, l)) continue;
+        if (!row_exists(m, (Where)(rows[i].where & 0xff), l) || row_kept(m, &rows[i]) != kept)
+            continue;
         if (base) {
             void *p = base + at;
             memcpy((char *)owner + rows[i].field, &p, sizeof p);
@@ -184,14 +201,23 @@ static size_t lay_out(const Model *m, const ActRow *rows, size_t n, int l, void 
 }
 
 /* One activation set in base (NULL: measures it): the BlockActs array,
- * the set's own buffers, then this stage's blocks. Returns its bytes. */
+ * the set's own buffers, then what it keeps of this stage's blocks; the
+ * rest of each block points into the working copy, the same for every
+ * set. Returns the set's bytes. */
 static size_t actset_layout(const Model *m, ActSet *s, char *base) {
     size_t at = round64((size_t)m->d.L * sizeof(BlockActs));
     if (base) s->acts = (BlockActs *)(void *)base;
-    at = lay_out(m, set_rows, NROWS(set_rows), -1, s, base, at);
+    at = lay_out(m, set_rows, NROWS(set_rows), -1, 1, s, base, at);
     for (int l = m->d.l0; l < m->d.l1; l++)
-        at = lay_out(m, block_rows, NROWS(block_rows), l, base ? &s->acts[l] : NULL, base, at);
+        at = lay_out(m, block_rows, NROWS(block_rows), l, 1, base ? &s->acts[l] : NULL, base, at);
+    for (int l = m->d.l0; base && l < m->d.l1; l++)
+        lay_out(m, block_rows, NROWS(block_rows), l, 0, &s->acts[l], m->work, 0);
     return at;
+}
+
+/* Bytes of block l's buffers that the working copy holds. */
+static size_t work_layout(const Model *m, int l) {
+    return lay_out(m, block_rows, NROWS(block_rows), l, 0, NULL, NULL, 0);
 }
 
 int model_registry(const ModelDims *d, ParamInfo **reg) {
@@ -240,15 +266,16 @@ void model_units(const ModelDims *d, int maxB, ModelUnits *u) {
         const int k = block_kind(d, l);
         if (u->block_floats[k]) continue;
         u->block_floats[k] = stage_floats(d, 0, 0, l, l + 1);
-        u->block_acts[k] = lay_out(&m, block_rows, NROWS(block_rows), l, NULL, NULL, 0);
+        u->block_acts[k] = lay_out(&m, block_rows, NROWS(block_rows), l, 1, NULL, NULL, 0);
+        u->work_acts[k] = work_layout(&m, l);
         left--;
     }
     for (int last = 0; last < 2; last++) {
         /* the set's and the scratch's rows depend on the last stage only */
         m.d.pp = last ? 1 : 2, m.d.pp_rank = 0;
-        u->set_bytes[last] = lay_out(&m, set_rows, NROWS(set_rows), -1, NULL, NULL,
+        u->set_bytes[last] = lay_out(&m, set_rows, NROWS(set_rows), -1, 1, NULL, NULL,
                                      round64((size_t)d->L * sizeof(BlockActs)));
-        u->scratch[last] = lay_out(&m, scratch_rows, NROWS(scratch_rows), -1, NULL, NULL, 0);
+        u->scratch[last] = lay_out(&m, scratch_rows, NROWS(scratch_rows), -1, 1, NULL, NULL, 0);
     }
 }
 
@@ -263,17 +290,18 @@ void model_memory_units(const ModelUnits *u, const ModelDims *d, int slots, int 
     kinds[1] = (size_t)(routed - both);
     kinds[0] = (size_t)(d->l1 - d->l0 - routed - moe + both);
     size_t nparams = u->top_floats[model_first_stage(d)][model_last_stage(d)];
-    size_t set = u->set_bytes[model_last_stage(d)];
+    size_t set = u->set_bytes[model_last_stage(d)], work = 0;
     for (int k = 0; k < (d->E > 0 ? 4 : 2); k++) {
         nparams = sat_add(nparams, sat_mul(kinds[k], u->block_floats[k]));
         set = sat_add(set, sat_mul(kinds[k], u->block_acts[k]));
+        if (kinds[k] > 0 && u->work_acts[k] > work) work = u->work_acts[k];
     }
     const size_t param_bytes = sat_mul(nparams, sizeof(float));
     memset(mm, 0, sizeof *mm);
     mm->params = param_bytes;
     mm->grads = param_bytes;
     mm->moments = optimizer ? sat_mul(2, param_bytes) : 0;
-    mm->acts = sat_mul((size_t)slots, set);
+    mm->acts = sat_add(sat_mul((size_t)slots, set), work);
     mm->scratch = u->scratch[model_last_stage(d)];
     mm->total = sat_add(sat_add(sat_add(mm->params, mm->grads), sat_add(mm->moments, mm->acts)),
                         mm->scratch);
@@ -328,6 +356,15 @@ void model_set_slots(Model *m, int n) {
 void model_use_slot(Model *m, int k) { m->cur = &m->slots[k]; }
 
 void model_alloc_scratch(Model *m) {
-    m->s.mem = xcalloc(1, lay_out(m, scratch_rows, NROWS(scratch_rows), -1, &m->s, NULL, 0));
-    lay_out(m, scratch_rows, NROWS(scratch_rows), -1, &m->s, m->s.mem, 0);
+    m->s.mem = xcalloc(1, lay_out(m, scratch_rows, NROWS(scratch_rows), -1, 1, &m->s, NULL, 0));
+    lay_out(m, scratch_rows, NROWS(scratch_rows), -1, 1, &m->s, m->s.mem, 0);
+}
+
+void model_alloc_work(Model *m) {
+    size_t bytes = 0;
+    for (int l = m->d.l0; l < m->d.l1; l++) {
+        const size_t b = work_layout(m, l);
+        bytes = b > bytes ? b : bytes;
+    }
+    m->work = bytes ? xcalloc(1, bytes) : NULL;
 }

@@ -46,9 +46,29 @@ static void moe_cost(const ModelDims *d, int B, int T, StageCost *s, int *dense,
                 m * ((double)B * T * (6.0 * C + (d->predictor ? 6.0 * (C * d->H + d->H) : 0)));
         s->tp_bytes += m * (3 * n + n * k) * C;
         s->ep_rows += m * n * k;
+        if (d->recompute == RECOMPUTE_BLOCK) s->tp_bytes += m * (n + n * k) * C; /* the forward's */
+        if (d->recompute == RECOMPUTE_ATTENTION) /* ln1, qkv and the heads again */
+            s->flops += m * n * (6.0 * C * C + 4.0 * t * C) / tp;
     }
     s->moe = moe;
     *dense -= count[0], *routed -= count[1];
+}
+
+/* What recompute adds to the stage's blocks (s holds their cost so far,
+ * the MoE blocks' recompute in it): block runs each block's forward again,
+ * a third of its FLOPs (2 of the 6 a weight and token) with its 2 tp
+ * all-reduces (its MoE blocks' in moe_cost); attention runs ln1, the qkv
+ * product and the heads again, without communication. */
+static void recompute_cost(const ModelDims *d, int B, int T, int dense, int routed, StageCost *s) {
+    const double C = d->C, N = (double)B * T, K = model_capacity_k(d, T);
+    if (d->recompute == RECOMPUTE_BLOCK) {
+        s->flops *= 4.0 / 3.0;
+        s->tp_bytes += 2 * (dense * N + routed * (double)B * K) * C;
+        s->tp_calls += 2 * (dense + routed + s->moe);
+    } else if (d->recompute == RECOMPUTE_ATTENTION) {
+        const double rows = dense * N * (6.0 * C * C + 4.0 * T * C);
+        s->flops += (rows + routed * (double)B * K * (6.0 * C * C + 4.0 * K * C)) / d->tp;
+    }
 }
 
 static StageCost stage_cost(const ModelDims *d, int B, int T) {
@@ -65,6 +85,7 @@ static StageCost stage_cost(const ModelDims *d, int B, int T) {
                          N * (6.0 * C + (d->predictor ? 6.0 * (C * d->H + d->H) : 0)));
     s.tp_bytes += 4 * (dense * N + routed * (double)B * K) * C; /* 2 forward, 2 backward */
     s.tp_calls += 4 * (dense + routed + s.moe);
+    recompute_cost(d, B, T, dense, routed, &s);
     if (model_last_stage(d)) {
         s.flops += N * 6.0 * d->V * C / tp;
         s.tp_bytes += 3 * N + N * C, s.tp_calls += 4; /* the loss's max and sums, the head */
@@ -130,12 +151,13 @@ static MicroTime stage_time(const Cluster *cl, PlanRow *r, const ModelDims *d, i
     if (r->pp > 1 && sends * act * r->n_micro > r->pp_bytes) r->pp_bytes = sends * act * r->n_micro;
     if (r->ep > 1 && sc.moe > 0) {
         /* 4 all-to-alls of rows a block, (ep - 1) / ep of them to others,
-         * and the forward's of the counts (E ints) */
+         * and the forward's of the counts (E ints); recompute = block runs
+         * the forward's 2 and its counts' again */
         link(cl, ep_spans(cl, r), &ea, &eb);
-        const double part = (r->ep - 1.0) / r->ep;
-        const double rows = 4.0 * part * sc.ep_rows * d->C * sizeof(float);
-        t.ep = 4.0 * sc.moe * alltoall_s(0, r->ep, ea, eb) + rows / eb +
-               sc.moe * alltoall_s(part * d->E * sizeof(int), r->ep, ea, eb);
+        const double part = (r->ep - 1.0) / r->ep, fwd = d->recompute == RECOMPUTE_BLOCK ? 2 : 1;
+        const double rows = (2.0 + 2.0 * fwd) * part * sc.ep_rows * d->C * sizeof(float);
+        t.ep = (2.0 + 2.0 * fwd) * sc.moe * alltoall_s(0, r->ep, ea, eb) + rows / eb +
+               fwd * sc.moe * alltoall_s(part * d->E * sizeof(int), r->ep, ea, eb);
         if (rows * r->n_micro > r->ep_bytes) r->ep_bytes = rows * r->n_micro;
     }
     return t;
@@ -171,6 +193,7 @@ static int plan_stages(const Config *cfg, const Cluster *cl, PlanRow *r, MicroTi
     ModelUnits u;
     model_dims_config(&d, cfg, r->tp, 0);
     model_dims_ep(&d, r->ep, 0); /* every ep rank holds as many experts */
+    d.recompute = cfg->recompute; /* what the sets keep, and the working copy */
     if (rc == 0) model_units(&d, r->micro, &u);
     d.pp = r->pp;
     /* the data path's memory is every stage's alike: the spec parsed once */

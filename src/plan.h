@@ -25,6 +25,13 @@
  * (bytes sent) / beta, on one node's shared memory when tp x ep ranks fit
  * on one. The experts' gradients are all-reduced over their dp / ep
  * replicas, the rest over dp.
+ *
+ * Recompute (the config's): the sets keep what the mode keeps and the
+ * model one working copy of the rest (model_memory's); block runs each
+ * block's forward again in its backward (a third more of the blocks'
+ * FLOPs, their forward's tp all-reduces, an MoE block's 2 all-to-alls of
+ * rows and 1 of the counts), attention ln1, the qkv product and the heads
+ * (FLOPs only). flops_step stays the model's.
  */
 #ifndef MODTRAIN_PLAN_H
 #define MODTRAIN_PLAN_H

@@ -440,6 +440,7 @@ static int run_setup_model(Run *r) {
     ModelDims d;
     model_dims_config(&d, c, g->tp, g->tp_rank);
     model_dims_ep(&d, g->ep, g->ep_rank);
+    d.recompute = c->recompute;
     int *layers = xcalloc((size_t)g->pp, sizeof(int));
     int rc = config_stage_layers(c, layers, NULL); /* validated with the config */
     if (rc == 0) rc = model_dims_stage(&d, g->pp, g->pp_rank, layers);
@@ -561,9 +562,11 @@ static void run_banner(const Run *r) {
     }
     format_bytes(b, sizeof b, r->mem.data);
     snprintf(sg + strlen(sg), sizeof sg - strlen(sg), " + data path %s", b);
+    char rc[32];
+    config_get(c, "recompute", rc, sizeof rc);
     log0("memory (rank 0): %s = parameters and gradients %s + AdamW moments %s + activations "
-         "%s%s (%zu bytes)\n",
-         tot, pg, mo, ac, sg, r->mem.total);
+         "%s (recompute %s)%s (%zu bytes)\n",
+         tot, pg, mo, ac, rc, sg, r->mem.total);
     char how[CONFIG_STR + 64];
     if (c->peak_gflops > 0) snprintf(how, sizeof how, " (given)");
     else if (c->calibration[0])

@@ -11,7 +11,9 @@
 # ep 4 and on one rank) and training goes on matching the uninterrupted run;
 # a run killed under ep 2 (a rank dies mid-step, or all die in a save) and
 # resumed ends bitwise equal to the uninterrupted one; the same ep 2 layout
-# twice is bitwise identical.
+# twice is bitwise identical. recompute = block under ep 2 (staged MoDE at
+# dp 4, MoE with tp 2) trains bit for bit what recompute = none trains,
+# its backward repeating the forward's all-to-alls (ep_bytes 3/2 of none's).
 #   loss per step: |a - b| <= 2e-5 * |b|;  weights and moments: max |a - b| <= 2e-5
 #   (the tp tolerance of layouts.sh; measured: at most 4.8e-6)
 . "$(dirname "$0")/../scripts/lib.sh"
@@ -75,6 +77,25 @@ done
 # all four at once: 8 ranks, ep 2 x tp 2 x pp 2, dp 2
 train moe-ep2-tp2-pp2 8 --ep 2 --tp 2 --pp 2 $moe
 compare moe-dp2 moe-ep2-tp2-pp2 "moe (ep 2, tp 2, pp 2, dp 2)"
+
+# recompute = block: every rank of the expert group recomputes the same
+# blocks in the same order, so the forward's all-to-alls meet again
+same() { grep -v '"ckpt_' "$1/metrics.jsonl" | sed -e 's/"tokens_per_s":[^,]*,"step_time_ms":[^,]*,"mfu":[^,]*,//' \
+    -e 's/"tp_bytes":[0-9]*,//' -e 's/"ep_bytes":[0-9]*,//' -e 's/,"pp_bubble".*//'; }
+epb() { grep '"loss"' "$1/metrics.jsonl" | sed -e 's/.*"ep_bytes":\([0-9]*\).*/\1/'; }
+for case in "mode-ep2 4 --ep 2 $mode" "moe-ep2-tp2 4 --ep 2 --tp 2 $moe"; do
+    set -- $case
+    ref=$1 np=$2
+    shift 2
+    train "$ref-block" "$np" "$@" --recompute block
+    epb "$ref" > a.txt
+    epb "$ref-block" > b.txt
+    bad=$(paste a.txt b.txt | awk '$1 * 3 != $2 * 2 || $1 == 0 { bad++ } END { print bad + 0 }')
+    "$MODTRAIN" ckpt diff --a "$ref/ckpt" --b "$ref-block/ckpt" > diff.txt &&
+        [ "$(same "$ref")" = "$(same "$ref-block")" ] && [ "$bad" -eq 0 ] &&
+        ok "$ref, recompute = block: metrics and checkpoints bitwise as none, ep_bytes 3/2 of none's" ||
+        { cat diff.txt; paste a.txt b.txt; fail "$ref, recompute = block differs from none"; }
+done
 
 # 2. resharding: step 10 of the ep 2 run loaded under ep 1 and ep 4
 for ep in 1 4; do

@@ -7,7 +7,8 @@
 # RSS, and the tp, dp and pp bytes per step it predicts equal the ones the
 # run counted (metrics.jsonl) exactly; so do a small Mixture-of-Depths
 # model's under tp 2 and pp 2 (routed blocks all-reduce their k tokens
-# only); an MoE model's candidates list ep layouts (the config's ep keeps
+# only), and under tp 2 with recompute = block (each block's forward
+# all-reduces again in its backward); an MoE model's candidates list ep layouts (the config's ep keeps
 # its own), and its bytes under ep 2 and tp 2 are as counted, 2 steps each.
 # Bad cluster files and layouts are one-line errors. Under
 # AddressSanitizer (its shadow memory, redzones and quarantine grow with
@@ -74,22 +75,22 @@ for lay in "one 1 1 1" "tp2 2 1 2" "dp2 1 1 2" "pp2 1 2 2"; do
 done
 sed -e 's/^n_layer = 8/n_layer = 4/' -e 's/^d_model = 512/d_model = 64/' -e 's/^vocab_size = 50257/vocab_size = 300/' \
     -e 's/^route_every = 0/route_every = 2\ncapacity = 0.25/' -e 's/^seq_len = 64/seq_len = 32\nmicro_batch = 2/' plan.conf > mod.conf
-for lay in "2 1" "1 2"; do
+for lay in "2 1 none" "1 2 none" "2 1 block"; do
     set -- $lay
-    name=mod-$1-$2
-    "$MODTRAIN" plan --config mod.conf --cluster cluster.conf --layout "$1,$2,2" > "$name.plan" 2>&1 &&
-        timeout 300 $MPIRUN -np 2 "$MODTRAIN" train --config mod.conf --tp "$1" --pp "$2" --run_dir "$name" \
-            > "$name.log" 2>&1 || { cat "$name.plan" "$name.log"; fail "$name"; continue; }
+    name=mod-$1-$2-$3
+    "$MODTRAIN" plan --config mod.conf --cluster cluster.conf --layout "$1,$2,2" --recompute "$3" > "$name.plan" 2>&1 &&
+        timeout 300 $MPIRUN -np 2 "$MODTRAIN" train --config mod.conf --tp "$1" --pp "$2" --recompute "$3" \
+            --run_dir "$name" > "$name.log" 2>&1 || { cat "$name.plan" "$name.log"; fail "$name"; continue; }
     want=$(sed -n 's/^bytes per step of the busiest rank: tp \([0-9]*\), dp \([0-9]*\), pp \([0-9]*\)$/\1 \2 \3/p' "$name.plan")
     got=$(grep '"loss"' "$name/metrics.jsonl" | tail -n 1 |
         sed 's/.*"tp_bytes":\([0-9]*\),"dp_bytes":\([0-9]*\),"pp_bytes":\([0-9]*\).*/\1 \2 \3/')
-    [ -n "$want" ] && [ "$want" = "$got" ] && ok "MoD, tp $1, pp $2: tp, dp, pp bytes per step $got, as planned" ||
-        fail "MoD, tp $1, pp $2: planned '$want', counted '$got'"
+    [ -n "$want" ] && [ "$want" = "$got" ] && ok "MoD, tp $1, pp $2, recompute $3: tp, dp, pp bytes per step $got, as planned" ||
+        fail "MoD, tp $1, pp $2, recompute $3: planned '$want', counted '$got'"
 done
 
 # Mixture-of-Experts: the candidates of an MoE config list ep layouts; the
-# plan of ep 2 (dp 2) and of tp 2 holds its tp, dp and pp bytes to the run's
-# count (capacity_factor 4 = n_expert / expert_top_k: no slot dropped, as
+# plan of ep 2 (dp 2) and of tp 2 (also with recompute = block) holds its
+# tp, dp and pp bytes to the run's count (capacity_factor 4 = n_expert / expert_top_k: no slot dropped, as
 # the plan assumes), and each trains 2 steps. The model is small (the
 # baseline dominates its RSS, as the MoD model's), so its memory is printed,
 # not held to 15%: test_plan holds it to model_memory and model_init.
@@ -103,7 +104,7 @@ printf 'nodes = 1\ncores_per_node = 2\n' > two.conf
 "$MODTRAIN" plan --config moe.conf --cluster two.conf --ep 2 --top 100 > moe-ep2.plan 2>&1 &&
     ! grep -Eq '^ +[0-9]+ +[0-9]+ +[0-9]+ +1 ' moe-ep2.plan && grep -Eq '^  1   1    2   2 ' moe-ep2.plan &&
     ok "the config's ep 2 keeps the ep 2 layouts only" || { cat moe-ep2.plan; fail "--ep 2 did not restrict"; }
-for lay in "moe-ep2 1 1 2 --ep 2" "moe-tp2 2 1 2 --ep 1"; do
+for lay in "moe-ep2 1 1 2 --ep 2" "moe-tp2 2 1 2 --ep 1" "moe-tp2-block 2 1 2 --ep 1 --recompute block"; do
     set -- $lay
     name=$1 tp=$2 pp=$3 n=$4
     shift 4

@@ -58,6 +58,8 @@ expect_error "zero.bin' has magic 0, expected 20240520" "$MODTRAIN" train $T --t
 expect_error "holds no sequence of seq_len + 1 = 100001" "$MODTRAIN" train $T --seq_len 100000
 expect_error "more than vocab_size = 100" "$MODTRAIN" train $T --vocab_size 100
 expect_error "tokenizer = 'bpe' is not one of auto/byte/gpt2/none" "$MODTRAIN" train $T --tokenizer bpe
+expect_error "recompute = 'everything' is not one of none/attention/block" "$MODTRAIN" train $T --recompute everything
+expect_error "recompute = 'everything' is not one of none/attention/block" "$MODTRAIN" plan --n_layer 2 --recompute everything
 expect_error "tokenizer_hash = 'ABC' is not a vocabulary hash (expected 16 lowercase hex digits" "$MODTRAIN" train $T --tokenizer_hash ABC
 expect_error "tokenizer = gpt2, but 'data/train_000000.bin' was written by 'modtrain prep --tokenizer byte'" "$MODTRAIN" train $T --tokenizer gpt2
 tok4=$("$PYTHON" -c 'import struct,sys; print(struct.unpack("<5i", open(sys.argv[1],"rb").read(20))[4])' data/train_000000.bin)

@@ -5,7 +5,9 @@
 # exactly k of T tokens, the causal decision tracks top-k (accuracy > 85%,
 # loss_causal within 2% of loss) for the router's BCE and for the predictor,
 # the realised FLOPs are below 0.8x dense, and sampling reports what each
-# routed block processed.
+# routed block processed. recompute = block (20 steps, the predictor) logs
+# what recompute = none logs (losses, routing, FLOPs, val_loss) and saves
+# the same weights, bit for bit, in less memory.
 . "$(dirname "$0")/lib.sh"
 prep_fortunes
 cd "$TMP"
@@ -31,6 +33,20 @@ strip() { grep -v '"ckpt_' "$1" | sed -e 's/,"lr".*//'; }
     fail "same seed gave different MoD losses"
 cmp -s a/ckpt/step-00000300/data.bin b/ckpt/step-00000300/data.bin &&
     ok "same seed: identical MoD weights" || fail "same seed gave different MoD weights"
+
+# recompute: each block's forward again in its backward, counted once
+for rc in none block; do
+    run "r-$rc" --causal_router predictor --router_gate sigmoid --steps 20 --eval_every 10 --recompute $rc
+done
+same() { grep -v '"ckpt_' "$1" | sed -e 's/,"tokens_per_s".*"flops_per_token":\([0-9]*\).*/,\1/'; }
+bytes() { sed -n 's/^memory (rank 0): .*(recompute '"$2"').*(\([0-9]*\) bytes)$/\1/p' "$1"; }
+mb=$(bytes r-block.log block) mn=$(bytes r-none.log none)
+[ "$(same r-none/metrics.jsonl)" = "$(same r-block/metrics.jsonl)" ] &&
+    [ "$(grep -c val_loss r-block/metrics.jsonl)" -eq 2 ] &&
+    cmp -s r-none/ckpt/step-00000020/data.bin r-block/ckpt/step-00000020/data.bin &&
+    [ -n "$mb" ] && [ -n "$mn" ] && [ "$mb" -lt "$mn" ] &&
+    ok "recompute = block: the metrics and weights of none bit for bit, in $mb bytes, not $mn" ||
+    fail "recompute = block differs from none (memory $mb against $mn bytes)"
 
 ratio=$(last_json a/metrics.jsonl flops_ratio_dense)
 check_ab "$ratio" 0.8 'a < b' && ok "realised FLOPs $ratio x dense" || fail "FLOPs ratio $ratio >= 0.8"

@@ -18,6 +18,7 @@ static void test_defaults(void) {
     CU_ASSERT_EQUAL(c.tp, 1);
     CU_ASSERT_EQUAL(c.pp, 1);
     CU_ASSERT_EQUAL(c.schedule, SCHED_1F1B);
+    CU_ASSERT_EQUAL(c.recompute, RECOMPUTE_NONE);
     CU_ASSERT_STRING_EQUAL(c.resume, "auto");
     CU_ASSERT_DOUBLE_EQUAL(c.adam_eps, 1e-8, 0);
 }
@@ -41,6 +42,12 @@ static void test_set_types_and_ranges(void) {
     CU_ASSERT_EQUAL(config_set(&c, "router_gate", "sigmoid", "t", &e), 0);
     CU_ASSERT_EQUAL(c.router_gate, GATE_SIGMOID);
     CU_ASSERT_EQUAL(config_set(&c, "router_gate", "relu", "t", &e), -1);
+    CU_ASSERT_EQUAL(config_set(&c, "recompute", "block", "t", &e), 0);
+    CU_ASSERT_EQUAL(c.recompute, RECOMPUTE_BLOCK);
+    CU_ASSERT_EQUAL(config_set(&c, "recompute", "everything", "--recompute", &e), -1);
+    CU_ASSERT_STRING_EQUAL(
+        e.msg, "--recompute: recompute = 'everything' is not one of none/attention/block");
+    CU_ASSERT_EQUAL(c.recompute, RECOMPUTE_BLOCK);
     CU_ASSERT_EQUAL(config_set(&c, "batch_size", "0", "t", &e), -1);
     CU_ASSERT_STRING_EQUAL(
         e.msg, "t: batch_size = 0 is out of range (expected an integer in [1, 16777216])");

@@ -7,7 +7,7 @@
  * the balance loss); capacity and priority order on forced routers; no-op
  * experts keeping the residual stream bitwise; sparse compute (the experts'
  * GEMMs take the kept slots only); model_memory against what model_init
- * lays out, ep 1 and 2; one expert of the dense MLP's shape = the dense
+ * lays out, ep 1 and 2, under each recompute mode; one expert of the dense MLP's shape = the dense
  * model.
  */
 #include <stdio.h>
@@ -609,8 +609,9 @@ static int packed(Buf *bufs, int n, const void *mem, size_t bytes) {
     return 0;
 }
 
-/* The activation set's buffers of model m, sized from model.h's shapes. */
-static int set_buffers(const Model *m, Buf *b) {
+/* The activation set's buffers of model m, sized from model.h's shapes;
+ * block l's are [first[l], first[l + 1]) of them. */
+static int set_buffers(const Model *m, Buf *b, int *first) {
     const ModelDims *d = &m->d;
     const ActSet *s = m->cur;
     const size_t n = (size_t)m->maxB * d->maxT, F = 4, I = sizeof(int), nc = n * d->C;
@@ -621,6 +622,7 @@ static int set_buffers(const Model *m, Buf *b) {
     add(b, &k, s->lnf_rstd, n * F), add(b, &k, s->lmax, n * F), add(b, &k, s->lsum, n * F);
     add(b, &k, s->losses, n * F), add(b, &k, s->inputs, n * I), add(b, &k, s->targets, n * I);
     for (int l = 0; l < d->L; l++) {
+        first[l] = k;
         const BlockActs *a = &s->acts[l];
         const int moe = model_is_moe(d, l), routed = model_is_routed(d, l);
         CU_ASSERT((a->mp && a->mch && a->mslot && a->mcnt && a->mxs && a->mys && a->mh &&
@@ -643,7 +645,45 @@ static int set_buffers(const Model *m, Buf *b) {
         add(b, &k, a->mxr, R * d->C * F), add(b, &k, a->myr, R * d->C * F);
         add(b, &k, a->mh, R * d->Fel * F), add(b, &k, a->mhg, R * d->Fel * F);
     }
+    first[d->L] = k;
     return k;
+}
+
+/* Under recompute: what the set keeps of each block lies packed with its
+ * own buffers in [mem, mem + set); the rest of each block packed from the
+ * start of the working copy, the largest block's up to its end (work
+ * bytes). Block mode keeps res3 alone, attention all but the six buffers
+ * ln1 .. atty. Returns 0 when so. */
+static int recompute_packed(const Model *m, Buf *bufs, size_t set, size_t work) {
+    int first[64 + 1], rc = 0;
+    set_buffers(m, bufs, first);
+    Buf *left = xmalloc(64 * sizeof(Buf));
+    const char *mem = m->cur->mem, *copy = m->work, *end = copy;
+    int kept = first[0]; /* the set's own buffers come first */
+    for (int l = 0; l < m->d.L; l++) {
+        int n = 0;
+        const int all = first[l + 1] - first[l];
+        for (int i = first[l]; i < first[l + 1]; i++) {
+            const char *p = bufs[i].p;
+            if (p >= mem && p < mem + set) bufs[kept++] = bufs[i];
+            else left[n++] = bufs[i];
+        }
+        const int want = m->d.recompute == RECOMPUTE_BLOCK ? all - 1 : 6;
+        if (n != want) rc = printf("\n  block %d leaves %d of %d buffers, not %d", l, n, all, want);
+        qsort(left, (size_t)n, sizeof(Buf), buf_cmp);
+        const char *at = copy;
+        for (int i = 0; i < n; i++) {
+            const char *p = left[i].p;
+            if (p < at || p - at >= 64) rc = printf("\n  block %d: a gap in the working copy", l);
+            at = p + left[i].bytes;
+        }
+        if (at > copy + work) rc = printf("\n  block %d ends past the working copy", l);
+        end = at > end ? at : end;
+    }
+    if (copy + work - end >= 64)
+        rc = printf("\n  the working copy is larger than its largest block");
+    free(left);
+    return rc || packed(bufs, kept, mem, set) != 0 ? -1 : 0;
 }
 
 static int scratch_buffers(const Model *m, Buf *b) {
@@ -667,15 +707,19 @@ static int scratch_buffers(const Model *m, Buf *b) {
 
 /* model_memory of an MoE model = what model_init allocated: the registry's
  * floats (the experts last, exactly this rank's [r*El, (r+1)*El)), the
- * activation set and the scratch as laid out, buffer by buffer. */
-static void check_memory(const MoeCfg *cfg, int nl, int ep, int r) {
+ * activation set (under recompute rc: what it keeps, and the working copy)
+ * and the scratch as laid out, buffer by buffer. */
+static void check_memory(const MoeCfg *cfg, int nl, int ep, int r, Recompute rc) {
     ModelDims d;
     moe_dims(&d, cfg, nl);
     model_dims_ep(&d, ep, r);
+    d.recompute = rc;
     Model m;
     model_init(&m, &d, B, NULL);
-    ModelMemory mm;
+    ModelMemory mm, two;
     model_memory(&d, B, 1, 1, &mm);
+    model_memory(&d, B, 2, 1, &two);
+    const size_t set = two.acts - mm.acts; /* the rest of acts is the working copy */
     size_t floats = 0, experts = 0;
     int rows = 0, in_range = 1, last = 1;
     for (int i = 0; i < m.nreg; i++) {
@@ -702,7 +746,14 @@ static void check_memory(const MoeCfg *cfg, int nl, int ep, int r) {
     CU_ASSERT_EQUAL(mm.grads, mm.params);
     CU_ASSERT_EQUAL(mm.moments, 2 * mm.params);
     Buf *bufs = xmalloc(2048 * sizeof(Buf));
-    CU_ASSERT_EQUAL(packed(bufs, set_buffers(&m, bufs), m.cur->mem, mm.acts), 0);
+    int first[64 + 1];
+    if (rc == RECOMPUTE_NONE) {
+        CU_ASSERT_EQUAL(set, mm.acts);
+        CU_ASSERT_EQUAL(packed(bufs, set_buffers(&m, bufs, first), m.cur->mem, mm.acts), 0);
+    } else {
+        CU_ASSERT(set < mm.acts);
+        CU_ASSERT_EQUAL(recompute_packed(&m, bufs, set, mm.acts - set), 0);
+    }
     CU_ASSERT_EQUAL(packed(bufs, scratch_buffers(&m, bufs), m.s.mem, mm.scratch), 0);
     CU_ASSERT_EQUAL(mm.total, mm.params * 4 + mm.acts + mm.scratch);
     /* ep 2: a rank's experts are the ep 1 model's experts of the same names */
@@ -729,10 +780,11 @@ static void check_memory(const MoeCfg *cfg, int nl, int ep, int r) {
 static void test_memory(void) {
     const MoeCfg cases[] = {{4, 0, 1, 1, 0, 1.25}, {4, 2, 2, 2, 2, 1.0}, {4, 1, 2, 3, 2, 1.0}};
     const int layers[] = {2, 4, 4};
-    for (int i = 0; i < 3; i++) {
-        check_memory(&cases[i], layers[i], 1, 0);
-        for (int r = 0; r < 2; r++) check_memory(&cases[i], layers[i], 2, r);
-    }
+    for (int i = 0; i < 3; i++)
+        for (Recompute rc = RECOMPUTE_NONE; rc <= RECOMPUTE_BLOCK; rc++) {
+            check_memory(&cases[i], layers[i], 1, 0, rc);
+            for (int r = 0; r < 2; r++) check_memory(&cases[i], layers[i], 2, r, rc);
+        }
 }
 
 /* ---------------------------------------------- one expert = the dense MLP */

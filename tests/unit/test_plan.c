@@ -3,7 +3,8 @@
  * pipeline splits the model (one micro-batch: the stages' times add up to
  * the whole model's at the same rate); the tp bytes of a Mixture-of-Depths
  * model follow the count of its all-reduces (routed blocks on their k
- * tokens); layouts that do not fit a node's memory are listed after those
+ * tokens); recompute's memory, FLOPs and tp and ep bytes are counted by
+ * hand; layouts that do not fit a node's memory are listed after those
  * that do; cluster files are read strictly, naming the line. A stage's
  * memory measured from a block's parts equals its registry's (MoE blocks
  * and ep too); an MoE model's memory, FLOPs, all-to-all bytes and time and
@@ -288,6 +289,52 @@ static void test_moe_alltoall(void) {
     CU_ASSERT_DOUBLE_EQUAL(r.t_ep, tn, 1e-9 * tn);
 }
 
+/* Recompute: a stage's activations are model_memory's of the mode (none >
+ * attention > block); block runs every block's forward again, a third of
+ * its FLOPs, with its 2 tp all-reduces (a routed block's of its k
+ * tokens) and an MoE block's 2 all-to-alls of rows; attention runs ln1, the
+ * qkv product and the heads again, without communication. */
+static void test_recompute(void) {
+    Config c = small();
+    c.route_every = 2, c.capacity = 0.25; /* blocks 1 and 3 routed, k = 8 of 32 */
+    Cluster cl;
+    cluster_defaults(&cl);
+    PlanRow r[3];
+    for (Recompute rc = RECOMPUTE_NONE; rc <= RECOMPUTE_BLOCK; rc++) {
+        c.recompute = rc;
+        CU_ASSERT_EQUAL_FATAL(plan_layout(&c, &cl, 2, 1, 2, &r[rc], NULL, NULL), 0);
+        ModelDims d;
+        model_dims_config(&d, &c, 2, 0);
+        d.recompute = rc;
+        ModelMemory mm;
+        model_memory(&d, 4, 1, 1, &mm);
+        CU_ASSERT_EQUAL(r[rc].mem.acts, mm.acts);
+    }
+    CU_ASSERT(r[0].mem.acts > r[1].mem.acts && r[1].mem.acts > r[2].mem.acts);
+    const double N = 4 * 32, K = 4 * 8, C = 64, T = 32, k = 8;
+    CU_ASSERT_DOUBLE_EQUAL(r[1].tp_bytes, r[0].tp_bytes, 0.5);
+    CU_ASSERT_DOUBLE_EQUAL(r[2].tp_bytes - r[0].tp_bytes, 4 * (2 * 2 * N * C + 2 * 2 * K * C), 0.5);
+    /* the FLOPs a rank adds: 2 dense blocks, 2 routed on K rows (the router on N) */
+    const double rate = r[0].threads * cl.gflops_per_core * 1e9 * cl.efficiency / r[0].n_micro;
+    const double att = (2 * N * (6 * C * C + 4 * T * C) + 2 * K * (6 * C * C + 4 * k * C)) / 2;
+    const double blk =
+        (2 * N * (24 * C * C + 4 * T * C) + 2 * K * (24 * C * C + 4 * k * C)) / 2 + 2 * N * 2 * C;
+    CU_ASSERT_DOUBLE_EQUAL((r[1].t_compute - r[0].t_compute) * rate, att, 1e-6 * att);
+    CU_ASSERT_DOUBLE_EQUAL((r[2].t_compute - r[0].t_compute) * rate, blk, 1e-6 * blk);
+    CU_ASSERT(r[0].flops_step == r[2].flops_step); /* the model's FLOPs, for MFU */
+    /* MoE under ep 2: 6 all-to-alls of rows a block instead of 4 */
+    c = moe_config();
+    PlanRow e[3];
+    cl.cores_per_node = 2;
+    for (Recompute rc = RECOMPUTE_NONE; rc <= RECOMPUTE_BLOCK; rc++) {
+        c.recompute = rc;
+        CU_ASSERT_EQUAL_FATAL(plan_layout(&c, &cl, 1, 1, 2, &e[rc], NULL, NULL), 0);
+    }
+    CU_ASSERT_DOUBLE_EQUAL(e[1].ep_bytes, e[0].ep_bytes, 0.5);
+    CU_ASSERT_DOUBLE_EQUAL(e[2].ep_bytes, 1.5 * e[0].ep_bytes, 0.5);
+    CU_ASSERT(e[0].ep_bytes > 0 && e[2].t_ep > e[0].t_ep);
+}
+
 /* The candidates of an MoE config: ep over the divisors of dp that divide
  * n_expert (1 always); the config's ep above 1 keeps its own. */
 static void test_moe_candidates(void) {
@@ -342,6 +389,7 @@ int main(void) {
     CU_TestInfo tests[] = {
         {"a pipeline conserves the FLOPs", test_pipeline_conserves_flops},
         {"tp bytes of a MoD model, all-reduce by all-reduce", test_tp_bytes_mod},
+        {"recompute: memory, FLOPs, tp and ep bytes", test_recompute},
         {"fitting layouts first, each by tokens/s", test_fit_order},
         {"cluster files: strict, line by line, round trip", test_cluster_file},
         {"stage memory from its parts is the registry's", test_units_match_registry},
