@@ -577,7 +577,10 @@ sweep() {
 
 stop=0
 trap 'stop=1' TERM INT
-rc=0
-( sweep ) || rc=$?
+# (not `( sweep ) || rc=$?`: under ||, bash ignores set -e inside the subshell)
+set +e
+( set -e; sweep )
+rc=$?
+set -e
 (( stop )) && { log "stopped by a signal; rerun the same command to continue"; exit 75; }
 exit "$rc"

@@ -199,6 +199,8 @@ void attention_decode(float *out, float *p, const float *q, const float *kc, con
 
 /* Where sequence b, head h's row log-sum-exps start: a sequence's NH heads
  * of len rows each, sequences one after the other (N*NH floats in all). */
+_Static_assert(ATT_BC % ATT_BR == 0, "a query tile must reach into every key tile it meets");
+
 static size_t lse_offset(const int *off, int b, int h, int NH) {
     return (size_t)off[b] * NH + (size_t)h * (off[b + 1] - off[b]);
 }

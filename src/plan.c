@@ -88,7 +88,10 @@ static StageCost stage_cost(const ModelDims *d, int B, int T) {
     recompute_cost(d, B, T, dense, routed, &s);
     if (model_last_stage(d)) {
         s.flops += N * 6.0 * d->V * C / tp;
-        s.tp_bytes += 3 * N + N * C, s.tp_calls += 4; /* the loss's max and sums, the head */
+        /* the loss: a chunk's row maxima, then its sums with the target
+         * logits; the head's backward: ln_f's input gradient */
+        const int rows = d->head_rows > 0 ? d->head_rows : HEAD_ROWS;
+        s.tp_bytes += 3 * N + N * C, s.tp_calls += 2 * (B * T + rows - 1) / rows + 1;
     }
     s.tp_bytes *= sizeof(float);
     return s;

@@ -80,6 +80,11 @@ int main(int argc, char **argv) {
     int reps = argc > 2 ? parse(argv[2], 1, 1000, "REPEATS") : 5;
     kernels_init(threads, "auto");
     int B = 4, NH = 12, hs = 64;
+    if (argc == 4 || argc == 5) {
+        fprintf(stderr, "attn_bench: B, NH and HS go together "
+                        "(usage: attn_bench [THREADS [REPEATS [B NH HS T...]]])\n");
+        return 2;
+    }
     if (argc > 5) {
         B = parse(argv[3], 1, 4096, "B"), NH = parse(argv[4], 1, 1024, "NH");
         hs = parse(argv[5], 1, 1024, "HS");

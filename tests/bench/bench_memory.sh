@@ -10,6 +10,7 @@
 # usage: tests/bench/bench_memory.sh [--against OLD] [--layers N] [--steps N]
 #            [--seq_lens "1024 4096"] [--micro B] [--threads N]
 set -eu
+set -f # the fields of a run's line are words, never file patterns
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
 MODTRAIN=${MODTRAIN:-$top/modtrain}
@@ -33,8 +34,10 @@ for v in "$layers" "$steps" "$micro" "$threads" $seq_lens; do
     case $v in '' | *[!0-9]* | 0*) die "'$v' is not a whole number >= 1" ;; esac
 done
 [ -z "$old" ] || [ -x "$old" ] || die "--against $old: not an executable"
+[ -x /usr/bin/time ] || die "/usr/bin/time is missing (apt-get install time)"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/modtrain-bench.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
+trap 'exit 130' INT TERM # through the EXIT trap
 max_t=0
 for t in $seq_lens; do [ "$t" -gt "$max_t" ] && max_t=$t; done
 "$PYTHON" "$top/tests/scripts/make_shards.py" text "$tmp/train.bin" \
@@ -49,12 +52,16 @@ one() {
     [ "$3" = "-" ] || rc_arg="--recompute $3"
     plan=$("$1" plan $model --seq_len "$2" --batch_size "$micro" $rc_arg --layout 1,1,1 2>/dev/null |
         sed -n 's/^ *1 *1 *1 *1 *[0-9]* *\([0-9.]* [GMK]iB\).*/\1/p')
-    if /usr/bin/time -f %M -o "$tmp/rss" "$1" train $model --seq_len "$2" --batch_size "$micro" \
+    rc=0
+    /usr/bin/time -f %M -o "$tmp/rss" "$1" train $model --seq_len "$2" --batch_size "$micro" \
         $rc_arg --steps "$steps" --threads "$threads" --train_data "$tmp/train.bin" --val_data "" \
-        --run_dir "$tmp/run" --resume never --ckpt_every 0 --log_every 1000 > "$tmp/log" 2>&1; then
-        echo "$(awk '{ printf "%.0f", $1 / 1024 }' "$tmp/rss") ${plan:-?}"
+        --run_dir "$tmp/run" --resume never --ckpt_every 0 --log_every 1000 > "$tmp/log" 2>&1 || rc=$?
+    if [ "$rc" = 0 ]; then
+        echo "$(awk '/^[0-9]+$/ { printf "%.0f", $1 / 1024 }' "$tmp/rss") ${plan:-?}"
+    elif [ "$rc" = 2 ]; then # train's refusal before it allocates: its one line
+        echo "- $(grep -m 1 '^modtrain' "$tmp/log" | cut -c1-160)"
     else
-        echo "- $(grep -m 1 'modtrain' "$tmp/log" | cut -c1-160)"
+        echo "- failed with exit code $rc (137: killed, e.g. out of memory): $(tail -n 1 "$tmp/log" | cut -c1-120)"
     fi
     rm -rf "$tmp/run"
 }
