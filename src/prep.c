@@ -36,6 +36,7 @@
 #include <omp.h>
 #endif
 
+#include "src/base/fault.h"
 #include "src/base/util.h"
 
 #define IO_CHUNK ((size_t)1 << 20)
@@ -267,28 +268,11 @@ typedef struct {
     uint64_t total;
 } Writer;
 
-/* write(2) of all n bytes at offset off (pwrite) or at the end (off < 0).
- * Returns 0 or -1 with errno. */
-static int write_all_at(int fd, const void *p, size_t n, off_t off) {
-    const char *c = p;
-    while (n > 0) {
-        const ssize_t w = off < 0 ? write(fd, c, n) : pwrite(fd, c, n, off);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            if (w == 0) errno = EIO;
-            return -1;
-        }
-        c += w, n -= (size_t)w;
-        if (off >= 0) off += w;
-    }
-    return 0;
-}
-
 static int writer_flush(Writer *w, Err *err) {
     if (w->nbuf == 0) return 0;
     const size_t bytes = w->nbuf * sizeof(uint16_t);
     w->crc = (uint32_t)crc32_z(w->crc, (const unsigned char *)w->buf, bytes);
-    if (write_all_at(w->fd, w->buf, bytes, -1) != 0)
+    if (fp_write_all("prep.shard.write", w->fd, w->buf, bytes) != 0)
         return err_set(err, "prep: cannot write '%s': %s", w->path, strerror(errno));
     w->nbuf = 0;
     return 0;
@@ -298,11 +282,11 @@ static int writer_flush(Writer *w, Err *err) {
  * end writes the real one). */
 static int writer_open(Writer *w, Err *err) {
     snprintf(w->path, sizeof w->path, "%s/%s_%06zu.bin", w->dir, w->split, w->shards);
-    w->fd = open(w->path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    w->fd = fp_open("prep.shard.open", w->path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (w->fd < 0) return err_set(err, "prep: cannot create '%s': %s", w->path, strerror(errno));
     static const int32_t zero[SHARD_HEADER_INTS];
     w->n = 0, w->crc = (uint32_t)crc32_z(0, NULL, 0);
-    if (write_all_at(w->fd, zero, sizeof zero, -1) != 0)
+    if (fp_write_all("prep.shard.zeros", w->fd, zero, sizeof zero) != 0)
         return err_set(err, "prep: cannot write '%s': %s", w->path, strerror(errno));
     return 0;
 }
@@ -315,7 +299,8 @@ static int writer_close(Writer *w, Err *err) {
     ShardMeta m = w->meta;
     m.has_crc = 1, m.crc = w->crc;
     shard_header_fill(hdr, w->n, &m);
-    if (write_all_at(w->fd, hdr, sizeof hdr, 0) != 0 || fsync(w->fd) != 0)
+    if (fp_pwrite_all("prep.shard.header", w->fd, hdr, sizeof hdr, 0) != 0 ||
+        fp_fsync("prep.shard.fsync", w->fd) != 0)
         return err_set(err, "prep: cannot write '%s': %s", w->path, strerror(errno));
     const int rc = close(w->fd);
     w->fd = -1;
@@ -422,10 +407,10 @@ static int remove_set(const char *dir) {
         if (!is_shard_name(e->d_name)) continue;
         char p[PATH_CAP];
         snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
+        fp_unlink("prep.remove.unlink", p);
     }
     closedir(d);
-    return rmdir(dir);
+    return fp_rmdir("prep.remove.rmdir", dir);
 }
 
 /* The paths of a prep into out: the parent folder, out's last name, and
@@ -514,7 +499,8 @@ static void clean_stale(const Paths *p, const PrepReport *rep) {
         }
         if (kill((pid_t)pid, 0) == 0 || errno == EPERM)
             continue; /* at work (ours is not made yet) */
-        if (is_old && stat(p->out, &st) != 0 && errno == ENOENT && rename(path, p->out) == 0) {
+        if (is_old && stat(p->out, &st) != 0 && errno == ENOENT &&
+            fp_rename("prep.stale.restore", path, p->out) == 0) {
             say(rep, "prep: put '%s' back as '%s' (a prep --force was killed between its renames)",
                 path, p->out);
             continue;
@@ -552,8 +538,8 @@ static int check_out(const Paths *p, int force, Err *err) {
  * absent or empty, else (force) an exchange of the two folders and the old
  * set removed, or where the file system cannot exchange, out renamed aside
  * first. fsyncs the parent. Returns 0 or -1 with err (p->tmp still there). */
-static int commit_set(const Paths *p, int force, Err *err) {
-    if (fsync_dir(p->tmp) != 0)
+static int commit_set(const Paths *p, int force, const PrepReport *rep, Err *err) {
+    if (fp_fsync_dir("prep.commit.fsync_tmp", p->tmp) != 0)
         return err_set(err, "prep: cannot fsync '%s': %s", p->tmp, strerror(errno));
     char first[256] = "";
     const int r = scan_set(p->out, "--out", first, sizeof first, err);
@@ -563,30 +549,34 @@ static int commit_set(const Paths *p, int force, Err *err) {
                        "prep: '%s' now holds a shard set ('%s'...); give --force to replace it",
                        p->out, first);
     if (r == 0) {
-        if (rename(p->tmp, p->out) != 0)
+        if (fp_rename("prep.commit.rename", p->tmp, p->out) != 0)
             return err_set(err, "prep: cannot rename '%s' to '%s': %s", p->tmp, p->out,
                            strerror(errno));
-    } else if (renameat2(AT_FDCWD, p->tmp, AT_FDCWD, p->out, RENAME_EXCHANGE) == 0) {
-        fsync_dir(p->parent);
-        if (remove_set(p->tmp) != 0)
-            return err_set(
-                err,
-                "prep: the new set is in '%s', but the old one in '%s' could not be removed: %s",
-                p->out, p->tmp, strerror(errno));
+    } else if (fp_exchange("prep.commit.exchange", p->tmp, p->out) == 0) {
+        fp_fsync_dir("prep.commit.fsync_exchanged", p->parent);
+        if (remove_set(p->tmp) != 0) /* committed: the next prep into out removes it */
+            say(rep,
+                "prep: warning: the old set in '%s' could not be removed (%s); the next prep "
+                "into '%s' removes it",
+                p->tmp, strerror(errno), p->out);
     } else {
-        if (rename(p->out, p->old) != 0)
+        if (fp_rename("prep.commit.aside", p->out, p->old) != 0)
             return err_set(err, "prep: cannot move the old set '%s' aside: %s", p->out,
                            strerror(errno));
-        if (rename(p->tmp, p->out) != 0) {
+        if (fp_rename("prep.commit.rename_new", p->tmp, p->out) != 0) {
             const int e = errno;
-            rename(p->old, p->out);
+            fp_rename("prep.commit.restore", p->old, p->out);
             return err_set(err, "prep: cannot rename '%s' to '%s': %s", p->tmp, p->out,
                            strerror(e));
         }
-        fsync_dir(p->parent);
-        remove_set(p->old);
+        fp_fsync_dir("prep.commit.fsync_renamed", p->parent);
+        if (remove_set(p->old) != 0)
+            say(rep,
+                "prep: warning: the old set in '%s' could not be removed (%s); the next prep "
+                "into '%s' removes it",
+                p->old, strerror(errno), p->out);
     }
-    if (fsync_dir(p->parent) != 0)
+    if (fp_fsync_dir("prep.commit.fsync_dir", p->parent) != 0)
         return err_set(err, "prep: the set is at '%s', but its folder's fsync failed: %s", p->out,
                        strerror(errno));
     return 0;
@@ -1071,7 +1061,8 @@ static int shard_meta(const PrepOptions *o, ShardMeta *meta, int *eot, Err *err)
                        "prep: the vocabulary has %d tokens%s; shards hold ids below 65536 "
                        "and documents are separated by <|endoftext|>",
                        vocab, *eot < 0 ? " and no <|endoftext|>" : "");
-    *meta = (ShardMeta){.vocab = vocab, .tokenizer = SHARD_TOK_GPT2, .vocab_hash = bpe_hash(o->bpe)};
+    *meta =
+        (ShardMeta){.vocab = vocab, .tokenizer = SHARD_TOK_GPT2, .vocab_hash = bpe_hash(o->bpe)};
     return 0;
 }
 
@@ -1152,7 +1143,7 @@ int prep_run(const PrepOptions *o, const PrepReport *rep, PrepStats *st, Err *er
         err_set(err, "prep: cannot create '%s': %s", p.paths.parent, strerror(errno));
         goto done;
     }
-    if (mkdir(p.paths.tmp, 0755) != 0) {
+    if (fp_mkdir("prep.mkdir", p.paths.tmp, 0755) != 0) {
         err_set(err, "prep: cannot create '%s': %s", p.paths.tmp, strerror(errno));
         goto done;
     }
@@ -1171,7 +1162,7 @@ int prep_run(const PrepOptions *o, const PrepReport *rep, PrepStats *st, Err *er
         goto fail;
     progress(&p, 1);
     if (check_result(o, st, err) != 0) goto fail;
-    if (commit_set(&p.paths, o->force, err) != 0) goto fail;
+    if (commit_set(&p.paths, o->force, rep, err) != 0) goto fail;
     rc = 0;
     goto done;
 fail:

@@ -12,10 +12,13 @@
  *     POINT   a point's name ("commit.rename", "index.fsync", ...)
  *     STEP    only in the save of that step (the thread's fault_set_step;
  *             "*" or absent: any)
- *     ACTION  kill (SIGKILL, the default), or EIO, ENOSPC, EDQUOT: the
- *             guarded call fails with that errno, once
+ *     ACTION  kill (SIGKILL, the default), or EIO, ENOSPC, EDQUOT, EINVAL:
+ *             the guarded call fails with that errno, once (EINVAL: what
+ *             a file system without renameat2's exchange answers)
  *     RANK    only on that rank (util_rank; "*" or absent: every rank)
  *     NTH     the nth time the point matches (default 1)
+ *   Up to four such faults may be joined by commas, each acting alone
+ *   (at:prep.commit.exchange:*:EINVAL,at:prep.commit.aside).
  *   MODTRAIN_FAULT_TRACE=FILE appends "POINT STEP RANK" for every point
  *     reached, in order.
  *
@@ -38,12 +41,15 @@ int fault_point(const char *point);
 /* The guarded calls: each is its POSIX call behind fault_point(point).
  * fp_write_all writes all n bytes (retrying short writes and EINTR) and
  * returns 0 or -1 with errno; a short write that makes no progress is
- * ENOSPC. fp_fsync_dir opens the directory and fsyncs it. */
+ * ENOSPC; fp_pwrite_all the same at offset off. fp_fsync_dir opens the directory and fsyncs it. */
 int fp_open(const char *point, const char *path, int flags, mode_t mode);
 int fp_write_all(const char *point, int fd, const void *buf, size_t n);
+int fp_pwrite_all(const char *point, int fd, const void *buf, size_t n, off_t off);
 int fp_fsync(const char *point, int fd);
 int fp_fsync_dir(const char *point, const char *path);
 int fp_rename(const char *point, const char *from, const char *to);
+/* renameat2(RENAME_EXCHANGE): a and b swap names in one step. */
+int fp_exchange(const char *point, const char *a, const char *b);
 int fp_unlink(const char *point, const char *path);
 int fp_rmdir(const char *point, const char *path);
 int fp_mkdir(const char *point, const char *path, mode_t mode);

@@ -196,6 +196,21 @@ t1=$(date +%s.%N)
 echo "modtrain data on 1,000 shards: $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }') s"
 grep -q "1000 shards, 1000000 tokens" many.txt && ok "1,000 shards: $(head -n 1 many.txt | cut -c1-60)" ||
     fail "1,000 shards: $(cat many.txt)"
+# startup reads headers only: what the time above shows, counted in bytes
+# (no timed assertion): under strace, every read of a shard is at most its
+# 1 KiB header, one read a shard, and no shard is memory-mapped
+if command -v strace > /dev/null; then
+    strace -f -qq -y -e trace=read,pread64,readv,preadv,preadv2,mmap -e signal=none -o many.strace \
+        "$MODTRAIN" data --data "$TMP/many/s_*.bin" --seq_len 64 --seed 1 > /dev/null 2>&1
+    awk '/s_[0-9]+\.bin>/ { n++; if ($0 ~ /mmap\(/) m++; r = $NF + 0; if (r > 0) bytes += r; if (r > big) big = r }
+         END { printf "%d %d %d %d\n", n, bytes, big, m }' many.strace > many.reads
+    read -r nreads bytes big maps < many.reads
+    [ "$nreads" -le 1000 ] && [ "$bytes" -le $((1000 * 1024)) ] && [ "$big" -le 1024 ] && [ "$maps" -eq 0 ] &&
+        ok "startup on 1,000 shards of 2 KB of tokens each read $bytes bytes of them in $nreads reads (at most 1 KiB a read), mapped none" ||
+        fail "startup read $bytes bytes of the shards in $nreads reads (largest $big), $maps maps: headers only expected"
+else
+    echo "note: no strace: the bytes startup reads are not counted"
+fi
 "$MODTRAIN" train --config "$srcdir/jobs/tiny.conf" --train_data "$TMP/many/s_*.bin" \
     --val_data "$TMP/many/s_00000*.bin" --batch_size 8 --micro_batch 8 --steps 1 --eval_seqs 8 \
     --ckpt_every 1 --log_every 1 --threads 1 --run_dir many-run > many-run.log 2>&1 &&

@@ -1,8 +1,9 @@
 #!/bin/sh
-# Every call that changes the file system in checkpoint/ and in the
-# durable-write helper (src/base/util.c) sits behind a fault point, so that
-# the crash-point sweep (tests/scripts/crash_sweep.sh) cannot quietly leave
-# a step of a save out: write, pwrite, fsync, fdatasync, rename, unlink,
+# Every call that changes the file system in checkpoint/, in the
+# durable-write helper (src/base/util.c) and in prep's shard writer and
+# set commit (src/prep.c) sits behind a fault point, so that the
+# crash-point sweeps (tests/scripts/crash_sweep.sh, prep_crash_sweep.sh)
+# cannot quietly leave a step of a save or a commit out: write, pwrite, fsync, fdatasync, rename, unlink,
 # rmdir, mkdir, ftruncate, fwrite, fopen for writing, open for writing and
 # MPI-IO's open, set_size, write, sync and close may be called only by the
 # fault layer's wrappers (the fp_ functions of src/base/fault.c, and
@@ -27,11 +28,11 @@ scan() {
         }' "$@"
 }
 files="$srcdir/checkpoint/ckio.c $srcdir/checkpoint/ckpt.c $srcdir/checkpoint/safetensors.c \
-    $srcdir/checkpoint/huff.c $srcdir/src/base/util.c"
+    $srcdir/checkpoint/huff.c $srcdir/src/base/util.c $srcdir/src/prep.c"
 # shellcheck disable=SC2086 # the file list
 found=$(scan $files)
 if [ -z "$found" ]; then
-    ok "every file-system change in checkpoint/ and util.c goes through a fault point"
+    ok "every file-system change in checkpoint/, util.c and prep.c goes through a fault point"
 else
     fail "calls outside the fault layer (use the fp_ wrappers of src/base/fault.h):
 $found"
@@ -43,8 +44,8 @@ n=$(scan "$TMP/planted.c" | wc -l)
 [ "$n" -eq 1 ] && ok "a planted unlink is found, a comment is not" ||
     fail "the scan found $n calls in the planted file (expected 1): $(scan "$TMP/planted.c")"
 # the wrappers name their points: each fp_ call passes a string literal
-n=$(grep -hoE 'fp_(open|write_all|fsync|fsync_dir|rename|unlink|rmdir|mkdir)\("[a-z_.]+"' $files |
+n=$(grep -hoE 'fp_(open|write_all|pwrite_all|fsync|fsync_dir|rename|exchange|unlink|rmdir|mkdir)\("[a-z_.]+"' $files |
     wc -l)
-[ "$n" -ge 15 ] && ok "$n fault points named in checkpoint/ and util.c" ||
+[ "$n" -ge 15 ] && ok "$n fault points named in checkpoint/, util.c and prep.c" ||
     fail "only $n named fault points found"
 finish

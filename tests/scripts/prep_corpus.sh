@@ -254,6 +254,9 @@ hostile "'bad2.jsonl' line 3 has no key \"text\"" --jsonl text --threads 2 bad2.
 head -n 7 corpus.jsonl > nokey.jsonl
 echo '{"id": 7, "body": "no text here"}' >> nokey.jsonl
 hostile "'nokey.jsonl' line 8 has no key \"text\"" --jsonl text nokey.jsonl
+head -n 4 corpus.jsonl > dupkey.jsonl
+echo '{"text": "one", "id": 4, "text": "two"}' >> dupkey.jsonl # which text? refused, not guessed
+hostile "'dupkey.jsonl' line 5 is not JSON (duplicate object key" --jsonl text dupkey.jsonl
 echo '{"text": 42}' > number.jsonl
 hostile "'number.jsonl' line 1: \"text\" is not a string" --jsonl text number.jsonl
 echo '["text"]' > array.jsonl

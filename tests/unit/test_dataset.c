@@ -144,6 +144,48 @@ static void test_blend(void) {
     }
 }
 
+/* In a blend each dataset's epochs are its own: within each, every one of
+ * its sequences once; the next epoch of each dataset in another order. */
+static void test_blend_epochs(void) {
+    char spec[1024];
+    spec_in(spec, sizeof spec, "0.7:@/g_*.bin,0.3:@/a.bin,0.2:@/c.bin");
+    Dataset ds;
+    Err e;
+    const int T = 10;
+    CU_ASSERT_EQUAL_FATAL(ds_open(&ds, spec, T, 5, &e), 0);
+    CU_ASSERT_EQUAL_FATAL(ds.n_parts, 3);
+    int ok = 1, reshuffled = 0;
+    for (int d = 0; d < ds.n_parts; d++) {
+        const uint64_t n = ds.parts[d].n_seqs;
+        uint64_t *order = xcalloc(3 * n, sizeof *order);
+        int *seen = xcalloc(3 * n, sizeof *seen);
+        uint64_t got = 0;
+        for (uint64_t g = 0; got < 3 * n && g < 1000000; g++) {
+            DsSample s;
+            ds_locate(&ds, g, &s);
+            if (s.part != d) continue;
+            /* the dataset's samples counted in order, its epochs in turn */
+            if (s.index != got || s.epoch != got / n || s.seq >= n) ok = 0;
+            else seen[s.epoch * n + s.seq]++, order[got] = s.seq;
+            got++;
+        }
+        if (got != 3 * n) ok = 0;
+        for (uint64_t k = 0; k < 3 * n; k++) ok &= seen[k] == 1;
+        /* epoch 0 against 1, and 1 against 2: each reorders */
+        int d01 = 0, d12 = 0;
+        for (uint64_t k = 0; k < n; k++) {
+            d01 |= order[k] != order[n + k];
+            d12 |= order[n + k] != order[2 * n + k];
+        }
+        reshuffled += d01 && d12;
+        free(order);
+        free(seen);
+    }
+    CU_ASSERT(ok);
+    CU_ASSERT_EQUAL(reshuffled, 3);
+    ds_free(&ds);
+}
+
 /* Every sample of a glob of three shards against a naive reference: the
  * dataset's sequences in shard order, each epoch's permutation, the
  * tokens read. Each epoch visits every sequence once and the next epoch
@@ -379,6 +421,7 @@ int main(void) {
         {"keyed permutation: a bijection for any n, new for another key", test_permute},
         {"blend: every window of 1 to 10,000 samples within 2 of its share", test_blend},
         {"samples to shards and offsets, reads, epochs reshuffle", test_locate_and_read},
+        {"a blend: each dataset's epochs whole and reshuffled", test_blend_epochs},
         {"a shard truncated after opening: a named error", test_truncated_while_open},
         {"packed on one rank, unpacked on another: the same order", test_pack},
         {"identity: equal, older, shard added, rewritten, removed", test_identity},
