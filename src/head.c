@@ -33,6 +33,7 @@
 
 #include "mpi/tp.h"
 #include "src/kernels.h"
+#include "src/kernels_impl.h"
 
 /* This rank's columns that are real tokens (the rest pad V to tp's multiple). */
 static int valid_cols(const ModelDims *d) {
@@ -53,80 +54,100 @@ float *head_logits(Model *m, int r0, int n) {
     return m->s.logits;
 }
 
-/* The loss of rows [r0, r0 + n) from their logits lg: turns lg into
- * probabilities in place, keeps each row's max and sum in the set and its
- * loss in losses. */
-static void chunk_loss(Model *m, float *lg, int r0, int n) {
+/* A row's largest logit among its first n. */
+VEC_IMPL row_max_impl(const float *row, int n, float *out) {
+    float v = -INFINITY;
+#pragma omp simd reduction(max : v)
+    for (int j = 0; j < n; j++) v = row[j] > v ? row[j] : v;
+    *out = v;
+}
+VEC_DISPATCH(row_max, (const float *row, int n, float *out), (row, n, out))
+
+/* exp(row - mx) in place over the first n, their sum into *sum; the vector
+ * lanes' sums in a fixed order (the same bits on every call). */
+VEC_IMPL row_exp_impl(float *row, int n, float mx, float *sum) {
+    float s = 0.f;
+#pragma omp simd reduction(+ : s)
+    for (int j = 0; j < n; j++) {
+        row[j] = fast_expf(row[j] - mx);
+        s += row[j];
+    }
+    *sum = s;
+}
+VEC_DISPATCH(row_exp, (float *row, int n, float mx, float *sum), (row, n, mx, sum))
+
+/* The probabilities, row * inv over the first n, times scale when scale is
+ * not 1 (then, as dlogits, less scale at the target t, when 0 <= t < n): one
+ * pass, the same floats as a pass of each (two products, no sum between).
+ * The pad past n up to Vl is zeroed. */
+VEC_IMPL row_probs_impl(float *row, int n, int Vl, float inv, float scale, int t) {
+    if (scale == 1.f) {
+#pragma omp simd
+        for (int j = 0; j < n; j++) row[j] *= inv;
+    } else {
+#pragma omp simd
+        for (int j = 0; j < n; j++) row[j] = row[j] * inv * scale;
+        if (t >= 0 && t < n) row[t] -= scale;
+    }
+    for (int j = n; j < Vl; j++) row[j] = 0.f;
+}
+VEC_DISPATCH(row_probs, (float *row, int n, int Vl, float inv, float scale, int t),
+             (row, n, Vl, inv, scale, t))
+
+/* The loss of rows [r0, r0 + n) from their logits lg: keeps each row's max
+ * and sum in the set and its loss in losses, and turns lg into
+ * probabilities in place, or with a promised dloss (dlogits != 0) straight
+ * into dlogits = (p - onehot(target)) * dloss. */
+static void chunk_loss(Model *m, float *lg, int r0, int n, int dlogits, float dloss) {
     const ModelDims *d = &m->d;
     ActSet *S = m->cur;
     const int Vl = d->Vl, v0 = d->v0, valid = valid_cols(d);
     /* sum and target logit side by side: one all-reduce for both */
     float *mx = S->lmax + r0, *sum = m->s.rowbuf, *tl = m->s.rowbuf + n;
 #pragma omp parallel for schedule(static)
-    for (int i = 0; i < n; i++) {
-        const float *row = lg + (size_t)i * Vl;
-        float v = -INFINITY;
-        for (int j = 0; j < valid; j++) v = row[j] > v ? row[j] : v;
-        mx[i] = v;
-    }
+    for (int i = 0; i < n; i++) row_max(lg + (size_t)i * Vl, valid, &mx[i]);
     tp_allreduce_max(mx, (size_t)n, &m->tp);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {
         float *row = lg + (size_t)i * Vl;
         const int t = S->targets[r0 + i] - v0;
         tl[i] = t >= 0 && t < valid ? row[t] : 0.f;
-        float sm = 0.f;
-        for (int j = 0; j < valid; j++) {
-            row[j] = expf(row[j] - mx[i]);
-            sm += row[j];
-        }
-        for (int j = valid; j < Vl; j++) row[j] = 0.f;
-        sum[i] = sm;
+        row_exp(row, valid, mx[i], &sum[i]);
     }
     tp_allreduce_sum(sum, 2 * (size_t)n, &m->tp);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {
-        float *row = lg + (size_t)i * Vl;
-        const float inv = 1.f / sum[i];
-        for (int j = 0; j < valid; j++) row[j] *= inv;
+        const int t = S->targets[r0 + i] - v0;
+        row_probs(lg + (size_t)i * Vl, valid, Vl, 1.f / sum[i], dlogits ? dloss : 1.f, t);
         S->lsum[r0 + i] = sum[i];
         S->losses[r0 + i] = logf(sum[i]) + mx[i] - tl[i];
     }
 }
 
 /* The probabilities of rows [r0, r0 + n) again, from their logits lg and
- * the kept statistics, in chunk_loss's operations (the same floats). */
-static void chunk_probs(const Model *m, float *lg, int r0, int n) {
+ * the kept statistics, in chunk_loss's operations (the same floats), as
+ * dlogits for dloss. */
+static void chunk_dlogits(const Model *m, float *lg, int r0, int n, float dloss) {
     const ModelDims *d = &m->d;
     const ActSet *S = m->cur;
     const int Vl = d->Vl, valid = valid_cols(d);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {
-        float *row = lg + (size_t)i * Vl;
-        const float mx = S->lmax[r0 + i], inv = 1.f / S->lsum[r0 + i];
-        for (int j = 0; j < valid; j++) row[j] = expf(row[j] - mx);
-        for (int j = 0; j < valid; j++) row[j] *= inv;
-        for (int j = valid; j < Vl; j++) row[j] = 0.f;
+        float *row = lg + (size_t)i * Vl, unused;
+        row_exp(row, valid, S->lmax[r0 + i], &unused);
+        row_probs(row, valid, Vl, 1.f / S->lsum[r0 + i], dloss, S->targets[r0 + i] - d->v0);
     }
 }
 
-/* Backward of rows [r0, r0 + n) from their probabilities p: dlogits = (p -
- * onehot(target)) * dloss in place, G.wte += dlogits^T @ lnf, then this
- * rank's share of dL/d(lnf) into dlnf's rows (which may be lnf's own: G.wte
- * has read them by then). */
-static void chunk_backward(Model *m, float *p, int r0, int n, float dloss, float *dlnf) {
+/* Backward of rows [r0, r0 + n) from their dlogits: G.wte += dlogits^T @
+ * lnf, then this rank's share of dL/d(lnf) into dlnf's rows (which may be
+ * lnf's own: G.wte has read them by then). */
+static void chunk_backward(Model *m, const float *dlg, int r0, int n, float *dlnf) {
     const ModelDims *d = &m->d;
     const ActSet *S = m->cur;
     const int C = d->C, Vl = d->Vl;
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < n; i++) {
-        float *row = p + (size_t)i * Vl;
-        for (int j = 0; j < Vl; j++) row[j] *= dloss;
-        const int t = S->targets[r0 + i] - d->v0;
-        if (t >= 0 && t < Vl) row[t] -= dloss;
-    }
-    mm(1, 0, Vl, C, n, 1.f, p, Vl, S->lnf + (size_t)r0 * C, C, 1.f, m->G.wte, C);
-    mm(0, 0, n, C, Vl, 1.f, p, Vl, m->P.wte, C, 0.f, dlnf + (size_t)r0 * C, C);
+    mm(1, 0, Vl, C, n, 1.f, dlg, Vl, S->lnf + (size_t)r0 * C, C, 1.f, m->G.wte, C);
+    mm(0, 0, n, C, Vl, 1.f, dlg, Vl, m->P.wte, C, 0.f, dlnf + (size_t)r0 * C, C);
 }
 
 float head_loss_forward(Model *m, int N, int fused, float dloss) {
@@ -135,8 +156,8 @@ float head_loss_forward(Model *m, int N, int fused, float dloss) {
     for (int r0 = 0; r0 < N; r0 += R) {
         const int n = N - r0 < R ? N - r0 : R;
         float *lg = head_logits(m, r0, n);
-        chunk_loss(m, lg, r0, n);
-        if (fused) chunk_backward(m, lg, r0, n, dloss, S->lnf);
+        chunk_loss(m, lg, r0, n, fused, dloss);
+        if (fused) chunk_backward(m, lg, r0, n, S->lnf);
     }
     S->head_fused = fused;
     S->head_dloss = dloss;
@@ -228,8 +249,8 @@ void head_backward(Model *m, float dloss, int N) {
         for (int r0 = 0; r0 < N; r0 += R) {
             const int n = N - r0 < R ? N - r0 : R;
             float *lg = head_logits(m, r0, n);
-            chunk_probs(m, lg, r0, n);
-            chunk_backward(m, lg, r0, n, dloss, dlnf);
+            chunk_dlogits(m, lg, r0, n, dloss);
+            chunk_backward(m, lg, r0, n, dlnf);
         }
     }
     tp_allreduce_sum(dlnf, NC, &m->tp);

@@ -9,6 +9,7 @@
 #include <blis.h>
 #include <math.h>
 #include <omp.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,7 +86,8 @@ static void blis_gemm(int nt, int ta, int tb, int M, int N, int K, float alpha, 
     if (K <= 0) {
         /* BLIS treats k = 0 as C = beta * C; keep that explicit. */
         for (int i = 0; i < M; i++)
-            for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.f ? 0.f : beta * C[(size_t)i * ldc + j];
+            for (int j = 0; j < N; j++)
+                C[(size_t)i * ldc + j] = beta == 0.f ? 0.f : beta * C[(size_t)i * ldc + j];
         return;
     }
     inc_t rsa = ta ? 1 : lda, csa = ta ? lda : 1;
@@ -96,14 +98,34 @@ static void blis_gemm(int nt, int ta, int tb, int M, int N, int K, float alpha, 
                  (float *)B, rsb, csb, &beta, C, ldc, 1, NULL, &rntm);
 }
 
-void mm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
-        const float *B, int ldb, float beta, float *C, int ldc) {
-    blis_gemm(g_threads, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+/* The kernel timer: nanoseconds spent in sgemm calls, as wall time. A call
+ * inside a parallel region of n threads counts a nth of its time (the
+ * threads' products overlap); one outside counts all of it. */
+static atomic_llong g_gemm_ns;
+
+static void gemm_timed(int nt, int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                       int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    blis_gemm(nt, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    long long ns = (long long)(t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec);
+    if (omp_in_parallel()) ns /= omp_get_num_threads();
+    atomic_fetch_add_explicit(&g_gemm_ns, ns, memory_order_relaxed);
 }
 
-void mm1(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
-         const float *B, int ldb, float beta, float *C, int ldc) {
-    blis_gemm(1, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+double kernels_gemm_seconds(void) {
+    return (double)atomic_load_explicit(&g_gemm_ns, memory_order_relaxed) * 1e-9;
+}
+
+void mm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+        int ldb, float beta, float *C, int ldc) {
+    gemm_timed(g_threads, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void mm1(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+         int ldb, float beta, float *C, int ldc) {
+    gemm_timed(1, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void mm_ref(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
@@ -268,7 +290,7 @@ void gelu_forward(float *out, const float *inp, size_t n) {
 }
 
 VEC_IMPL gelu_backward_range_impl(float *dinp, const float *inp, const float *dout, size_t lo,
-                                 size_t hi) {
+                                  size_t hi) {
 #pragma omp simd
     for (size_t i = lo; i < hi; i++) {
         float x = inp[i];

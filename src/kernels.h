@@ -32,6 +32,11 @@ int kernels_blis_arch_id(void);
  * products over at least 0.2 s, with naps between rounds. */
 double kernels_measure_peak_gflops(void);
 
+/* The kernel timer: seconds spent in mm and mm1 since the start, as wall
+ * time (a product made inside a parallel region of n threads counts a nth
+ * of its time), for the step's split into sgemm and everything else. */
+double kernels_gemm_seconds(void);
+
 /* Row-major C(M,N) = alpha * op(A)(M,K) @ op(B)(K,N) + beta * C.
  * ta/tb: 1 = the stored matrix is transposed (A stored (K,M) with lda). */
 void mm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,

@@ -233,7 +233,8 @@ void model_build_registry(Model *m, int measure) {
         wte->tied = 1;
         wte->vocab_rows = d->V;
     }
-    if (model_first_stage(d)) reg_add(&rb, -1, TOP(wpe), "wpe.weight", 2, d->maxT, C, -1, 1, INIT_NORMAL);
+    if (model_first_stage(d))
+        reg_add(&rb, -1, TOP(wpe), "wpe.weight", 2, d->maxT, C, -1, 1, INIT_NORMAL);
     for (int l = d->l0; l < d->l1; l++) {
         reg_add(&rb, l, BLK(ln1w), "ln_1.weight", 1, C, 0, -1, 1, INIT_ONE);
         reg_add(&rb, l, BLK(ln1b), "ln_1.bias", 1, C, 0, -1, 1, INIT_ZERO);
@@ -344,8 +345,8 @@ void model_free(Model *m) {
         free(m->P.h[l].ex);
         free(m->G.h[l].ex);
     }
-    void *bufs[] = {m->params, m->grads,  m->s.mem,           m->slots,        m->P.h,
-                    m->G.h,    m->reg,    m->stats.processed, m->stats.moe,    m->stats.expert_rows};
+    void *bufs[] = {m->params, m->grads, m->s.mem,           m->slots,     m->P.h,
+                    m->G.h,    m->reg,   m->stats.processed, m->stats.moe, m->stats.expert_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
     free(m->work);
     free(m->restats.processed), free(m->restats.moe), free(m->restats.expert_rows);
@@ -410,18 +411,56 @@ void route_stats_from_vec(RouteStats *st, const ModelDims *d, const double *v) {
     for (int i = 0; i < n; i++) st->moe[i] = (long long)v[ROUTE_STATS_FIXED + d->L + i];
 }
 
+/* Sum of squares of a block of at most SUMSQ_BLOCK floats in 8 lanes of
+ * doubles, added up in a fixed order: the compiler vectorises across the
+ * lanes, and the result depends on the block alone. */
+#define SUMSQ_BLOCK 8192
+static double block_sumsq(const float *g, size_t n) {
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8)
+#pragma omp simd
+        for (int k = 0; k < 8; k++) lane[k] += (double)g[j + (size_t)k] * g[j + (size_t)k];
+    for (int k = 0; j < n; j++, k++) lane[k] += (double)g[j] * g[j];
+    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
+           ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
 void model_grad_sumsq(const Model *m, double split[2], double replicated[2]) {
     /* the last stage's copy of the tied wte is counted on the first */
     const int tied_elsewhere = m->d.pp > 1 && !model_first_stage(&m->d);
+    /* every tensor in blocks of SUMSQ_BLOCK, summed on all threads, then the
+     * blocks of each tensor in order: the same bits on any thread count */
+    size_t nblocks = 0;
+    for (int i = 0; i < m->nreg; i++) nblocks += (m->reg[i].numel + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
+    double *part = xmalloc((nblocks + 1) * sizeof(double));
+#pragma omp parallel
+    {
+        size_t b0 = 0;
+        for (int i = 0; i < m->nreg; i++) {
+            const ParamInfo *p = &m->reg[i];
+            const size_t nb = (p->numel + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
+            const float *g = m->grads + p->offset;
+#pragma omp for schedule(static) nowait
+            for (size_t b = 0; b < nb; b++) {
+                const size_t lo = b * SUMSQ_BLOCK;
+                const size_t n = p->numel - lo < SUMSQ_BLOCK ? p->numel - lo : SUMSQ_BLOCK;
+                part[b0 + b] = block_sumsq(g + lo, n);
+            }
+            b0 += nb;
+        }
+    }
     double s[2][2] = {{0, 0}, {0, 0}}; /* [expert][split]: a fixed order of sums */
+    size_t b0 = 0;
     for (int i = 0; i < m->nreg; i++) {
         const ParamInfo *p = &m->reg[i];
-        if (tied_elsewhere && p->tied) continue;
-        const float *g = m->grads + p->offset;
+        const size_t nb = (p->numel + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
         double t = 0;
-        for (size_t j = 0; j < p->numel; j++) t += (double)g[j] * g[j];
-        s[p->expert >= 0][p->split_dim >= 0] += t;
+        for (size_t b = 0; b < nb; b++) t += part[b0 + b];
+        b0 += nb;
+        if (!(tied_elsewhere && p->tied)) s[p->expert >= 0][p->split_dim >= 0] += t;
     }
+    free(part);
     for (int e = 0; e < 2; e++) {
         replicated[e] = s[e][0];
         split[e] = s[e][1];
@@ -650,4 +689,3 @@ void model_backward(Model *m, float dloss, float aux_weight) {
 float *model_stage_output(const Model *m) {
     return m->d.l1 > m->d.l0 ? m->cur->acts[m->d.l1 - 1].res3 : m->cur->enc;
 }
-

@@ -4,6 +4,7 @@
 #include "src/optim.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,8 +32,46 @@ double lr_at(const Config *c, int s) {
     return c->min_lr + 0.5 * (1.0 + cos(M_PI * progress)) * (c->lr - c->min_lr);
 }
 
+/* AdamW on n elements: the one update both versions below share. */
+static inline void adamw_range(float *w, const float *g, float *m, float *v, size_t lo, size_t hi,
+                               float b1, float b2, float c1, float c2, float lr, float eps,
+                               float wd, float grad_scale) {
+#pragma omp simd
+    for (size_t j = lo; j < hi; j++) {
+        float gj = g[j] * grad_scale;
+        m[j] = b1 * m[j] + (1.f - b1) * gj;
+        v[j] = b2 * v[j] + (1.f - b2) * gj * gj;
+        float mhat = m[j] / c1, vhat = v[j] / c2;
+        w[j] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * w[j]);
+    }
+}
+
 void adamw_step(AdamW *o, Model *model, double lr, double beta1, double beta2, double eps,
                 double weight_decay, int t, float grad_scale) {
+    const float b1 = (float)beta1, b2 = (float)beta2;
+    const float c1 = (float)(1.0 - pow(beta1, t)), c2 = (float)(1.0 - pow(beta2, t));
+    /* one parallel region for every tensor (no fork and join a tensor), each
+     * tensor split over the threads in chunks of 16 elements (whole cache
+     * lines); elementwise, so any split gives the same bits */
+#pragma omp parallel
+    {
+        const size_t nt = (size_t)omp_get_num_threads(), th = (size_t)omp_get_thread_num();
+        for (int i = 0; i < model->nreg; i++) {
+            const ParamInfo *p = &model->reg[i];
+            const size_t chunks = (p->numel + 15) / 16;
+            const size_t lo = chunks * th / nt * 16, hi0 = chunks * (th + 1) / nt * 16;
+            const size_t hi = hi0 < p->numel ? hi0 : p->numel;
+            if (lo >= hi) continue;
+            const size_t off = p->offset;
+            adamw_range(model->params + off, model->grads + off, o->m + off, o->v + off, lo, hi, b1,
+                        b2, c1, c2, (float)lr, (float)eps, p->decay ? (float)weight_decay : 0.f,
+                        grad_scale);
+        }
+    }
+}
+
+void adamw_step_ref(AdamW *o, Model *model, double lr, double beta1, double beta2, double eps,
+                    double weight_decay, int t, float grad_scale) {
     const float b1 = (float)beta1, b2 = (float)beta2;
     const float c1 = (float)(1.0 - pow(beta1, t)), c2 = (float)(1.0 - pow(beta2, t));
     for (int i = 0; i < model->nreg; i++) {
@@ -40,7 +79,6 @@ void adamw_step(AdamW *o, Model *model, double lr, double beta1, double beta2, d
         float *w = model->params + p->offset, *g = model->grads + p->offset;
         float *m = o->m + p->offset, *v = o->v + p->offset;
         const float wd = p->decay ? (float)weight_decay : 0.f, flr = (float)lr, feps = (float)eps;
-#pragma omp parallel for simd schedule(static)
         for (size_t j = 0; j < p->numel; j++) {
             float gj = g[j] * grad_scale;
             m[j] = b1 * m[j] + (1.f - b1) * gj;

@@ -29,5 +29,9 @@ double lr_at(const Config *cfg, int s);
  * first (clipping). */
 void adamw_step(AdamW *o, Model *model, double lr, double beta1, double beta2, double eps,
                 double weight_decay, int t, float grad_scale);
+/* The same update as plain loops, one tensor after another on one thread:
+ * the reference adamw_step is tested against (the same bits). */
+void adamw_step_ref(AdamW *o, Model *model, double lr, double beta1, double beta2, double eps,
+                    double weight_decay, int t, float grad_scale);
 
 #endif

@@ -7,10 +7,11 @@
 
 #include "mpi/check.h"
 #include "src/base/util.h"
+#include "src/kernels.h"
 
-static const char *const names[PH_N] = {"forward", "backward",   "tp_comm", "ep_comm",
-                                        "dp_comm", "pp_wait",    "optimizer", "ckpt_stall",
-                                        "eval",    "data",       "other"};
+static const char *const names[PH_N] = {"forward", "backward", "tp_comm",   "ep_comm",
+                                        "dp_comm", "pp_wait",  "optimizer", "ckpt_stall",
+                                        "eval",    "data",     "other"};
 
 /* Phases that are waits on other ranks: their spread over ranks is shown. */
 static int is_wait(int ph) {
@@ -20,6 +21,7 @@ static int is_wait(int ph) {
 void phases_start(Phases *p) {
     memset(p, 0, sizeof *p);
     p->mark = now_s();
+    p->gemm_mark = kernels_gemm_seconds();
 }
 
 void phases_add(Phases *p, Phase ph, double s) { p->cur[ph] += s; }
@@ -36,22 +38,29 @@ void phases_end_step(Phases *p) {
     }
     p->last_len = len;
     p->total_len += len;
+    const double g = kernels_gemm_seconds();
+    p->gemm_last = g - p->gemm_mark;
+    p->gemm_total += p->gemm_last;
+    p->gemm_mark = g;
     p->steps++;
     p->mark = now;
 }
 
-/* Sum, min and max over comm of v[0 .. PH_N] (the length last) on rank 0. */
+/* Sum, min and max over comm of v[0 .. PH_N + 1] (the phases, the length,
+ * the sgemm time) on rank 0. */
+enum { NV = PH_N + 2 };
 static void reduce(const double *v, MPI_Comm comm, double *sum, double *lo, double *hi, int *n) {
     MPI_CHECK(MPI_Comm_size(comm, n));
-    MPI_CHECK(MPI_Reduce(v, sum, PH_N + 1, MPI_DOUBLE, MPI_SUM, 0, comm));
-    MPI_CHECK(MPI_Reduce(v, lo, PH_N + 1, MPI_DOUBLE, MPI_MIN, 0, comm));
-    MPI_CHECK(MPI_Reduce(v, hi, PH_N + 1, MPI_DOUBLE, MPI_MAX, 0, comm));
+    MPI_CHECK(MPI_Reduce(v, sum, NV, MPI_DOUBLE, MPI_SUM, 0, comm));
+    MPI_CHECK(MPI_Reduce(v, lo, NV, MPI_DOUBLE, MPI_MIN, 0, comm));
+    MPI_CHECK(MPI_Reduce(v, hi, NV, MPI_DOUBLE, MPI_MAX, 0, comm));
 }
 
 void phases_json(const Phases *p, MPI_Comm comm, FILE *f) {
-    double v[PH_N + 1], sum[PH_N + 1], lo[PH_N + 1], hi[PH_N + 1];
+    double v[NV], sum[NV], lo[NV], hi[NV];
     memcpy(v, p->last, sizeof p->last);
     v[PH_N] = p->last_len;
+    v[PH_N + 1] = p->gemm_last;
     int n, rank;
     reduce(v, comm, sum, lo, hi, &n);
     MPI_CHECK(MPI_Comm_rank(comm, &rank));
@@ -63,13 +72,14 @@ void phases_json(const Phases *p, MPI_Comm comm, FILE *f) {
     for (int i = 0, k = 0; i < PH_N; i++)
         if (is_wait(i))
             fprintf(f, "%s\"%s\":[%.3f,%.3f]", k++ ? "," : "", names[i], lo[i] * 1e3, hi[i] * 1e3);
-    fputc('}', f);
+    fprintf(f, "},\"gemm_ms\":%.3f", sum[PH_N + 1] / n * 1e3);
 }
 
 void phases_summary(const Phases *p, MPI_Comm comm) {
-    double v[PH_N + 1], sum[PH_N + 1], lo[PH_N + 1], hi[PH_N + 1];
+    double v[NV], sum[NV], lo[NV], hi[NV];
     memcpy(v, p->total, sizeof p->total);
     v[PH_N] = p->total_len;
+    v[PH_N + 1] = p->gemm_total;
     int n;
     reduce(v, comm, sum, lo, hi, &n);
     if (p->steps == 0) return;
@@ -81,4 +91,13 @@ void phases_summary(const Phases *p, MPI_Comm comm) {
     for (int i = 0; i < PH_N; i++)
         log0("  %-11s %10.2f %6.1f%% %10.2f %10.2f\n", names[i], sum[i] / n * per,
              len > 0 ? 100 * sum[i] / n / len : 0, lo[i] * per, hi[i] * per);
+    /* the kernel timer: what of the compute is sgemm, what lies between */
+    const double compute =
+        (sum[PH_FORWARD] + sum[PH_BACKWARD] + sum[PH_OPTIMIZER] + sum[PH_EVAL]) / n;
+    const double gemm = sum[PH_N + 1] / n;
+    if (compute > 0)
+        log0("  of forward, backward, optimizer and eval (%.2f ms/step): sgemm %.2f ms (%.1f%%), "
+             "the rest %.2f ms (%.1f%%)\n",
+             compute * per, gemm * per, 100 * gemm / compute, (compute - gemm) * per,
+             100 * (compute - gemm) / compute);
 }

@@ -35,6 +35,9 @@ typedef struct {
     double last[PH_N];  /* the last finished interval's */
     double total[PH_N]; /* every finished interval's, on this rank */
     double last_len, total_len;
+    /* the kernel timer's sgemm seconds (kernels_gemm_seconds): at the
+     * interval's start, in the last interval, in every finished one */
+    double gemm_mark, gemm_last, gemm_total;
     int steps;
 } Phases;
 
@@ -46,11 +49,14 @@ void phases_add(Phases *p, Phase ph, double s);
 void phases_end_step(Phases *p);
 /* Collective over comm: appends the last interval's phases to a metrics
  * line on rank 0 (mean over ranks in ms, and min and max of the waits):
- * ,"interval_ms":X,"phase_ms":{...},"wait_ms":{"tp_comm":[min,max],...}
+ * ,"interval_ms":X,"phase_ms":{...},"wait_ms":{"tp_comm":[min,max],...},"gemm_ms":G
+ * (G: the time in sgemm calls, inside forward, backward, optimizer and eval)
  * (phases: forward, backward, tp_comm, ep_comm, dp_comm, pp_wait, optimizer,
  * ckpt_stall, eval, data, other) */
 void phases_json(const Phases *p, MPI_Comm comm, FILE *f);
-/* Collective over comm: the run's table, printed by rank 0. */
+/* Collective over comm: the run's table, printed by rank 0, with the share
+ * of the compute phases (forward, backward, optimizer, eval) spent in
+ * sgemm calls. */
 void phases_summary(const Phases *p, MPI_Comm comm);
 
 #endif
