@@ -198,72 +198,204 @@ static float *ones_vector(int n) {
     return ones;
 }
 
-void linear_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
-                     const float *w, int N, int C, int OC) {
-    if (dinp) mm(0, 1, N, C, OC, 1.f, dout, OC, w, OC, 1.f, dinp, C);
+static void linear_backward_beta(float *dinp, float beta, float *dw, float *dbias,
+                                 const float *dout, const float *inp, const float *w, int N, int C,
+                                 int OC) {
+    if (dinp) mm(0, 1, N, C, OC, 1.f, dout, OC, w, OC, beta, dinp, C);
     mm(1, 0, C, OC, N, 1.f, inp, C, dout, OC, 1.f, dw, OC);
     /* Column sums as a (1,N) @ (N,OC) product: BLIS, fixed order. */
     if (dbias) mm(0, 0, 1, OC, N, 1.f, ones_vector(N), N, dout, OC, 1.f, dbias, OC);
 }
 
+void linear_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                     const float *w, int N, int C, int OC) {
+    linear_backward_beta(dinp, 1.f, dw, dbias, dout, inp, w, N, C, OC);
+}
+
+void linear_backward_set(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                         const float *w, int N, int C, int OC) {
+    linear_backward_beta(dinp, 0.f, dw, dbias, dout, inp, w, N, C, OC);
+}
+
+/* One row of layer norm: out = (x - mean) * rstd * w + b, and the row's
+ * mean and rstd. */
+VEC_IMPL ln_row_impl(float *o, float *mean, float *rstd, const float *x, const float *w,
+                     const float *b, int C) {
+    float m = 0.f;
+#pragma omp simd reduction(+ : m)
+    for (int c = 0; c < C; c++) m += x[c];
+    m /= C;
+    float v = 0.f;
+#pragma omp simd reduction(+ : v)
+    for (int c = 0; c < C; c++) {
+        float d = x[c] - m;
+        v += d * d;
+    }
+    v /= C;
+    const float s = 1.f / sqrtf(v + 1e-5f);
+#pragma omp simd
+    for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + b[c];
+    *mean = m;
+    *rstd = s;
+}
+VEC_DISPATCH(ln_row,
+             (float *o, float *mean, float *rstd, const float *x, const float *w, const float *b,
+              int C),
+             (o, mean, rstd, x, w, b, C))
+
 void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
                        const float *b, int N, int C) {
 #pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++)
+        ln_row(out + (size_t)i * C, &mean[i], &rstd[i], inp + (size_t)i * C, w, b, C);
+}
+
+/* One row of the fused residual: a += bias, res = x + a, then ln_row on
+ * res (which is still in cache). */
+VEC_IMPL bias_residual_row_impl(float *a, float *res, const float *x, const float *bias, int C) {
+#pragma omp simd
+    for (int c = 0; c < C; c++) {
+        a[c] += bias[c];
+        res[c] = x[c] + a[c];
+    }
+}
+VEC_DISPATCH(bias_residual_row, (float *a, float *res, const float *x, const float *bias, int C),
+             (a, res, x, bias, C))
+
+void bias_residual_layernorm_forward(float *a, float *res, float *ln, float *mean, float *rstd,
+                                     const float *x, const float *bias, const float *w,
+                                     const float *b, int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        const size_t o = (size_t)i * C;
+        bias_residual_row(a + o, res + o, x + o, bias, C);
+        ln_row(ln + o, &mean[i], &rstd[i], res + o, w, b, C);
+    }
+}
+
+void layernorm_forward_ref(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                           const float *b, int N, int C) {
     for (int i = 0; i < N; i++) {
         const float *x = inp + (size_t)i * C;
-        float m = 0.f;
-#pragma omp simd reduction(+ : m)
+        double m = 0, v = 0;
         for (int c = 0; c < C; c++) m += x[c];
         m /= C;
-        float v = 0.f;
-#pragma omp simd reduction(+ : v)
-        for (int c = 0; c < C; c++) {
-            float d = x[c] - m;
-            v += d * d;
-        }
+        for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
         v /= C;
-        float s = 1.f / sqrtf(v + 1e-5f);
-        float *o = out + (size_t)i * C;
-        for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + b[c];
-        mean[i] = m;
-        rstd[i] = s;
+        const double s = 1.0 / sqrt(v + 1e-5);
+        for (int c = 0; c < C; c++) out[(size_t)i * C + c] = (float)((x[c] - m) * s * w[c] + b[c]);
+        mean[i] = (float)m;
+        rstd[i] = (float)s;
+    }
+}
+
+/* Rows of layer norm's backward in blocks of LN_ROWS: dinp (+=, or = when
+ * set) on every thread, and each block's partial dw and db; the blocks'
+ * partials are then added in block order, so the sums depend on N alone,
+ * never on the thread count, and x and dy are read once. */
+#define LN_ROWS 64
+
+/* The blocks' partial dw and db: one buffer, grown as needed (layer norm's
+ * backward is called from the training thread alone, outside any parallel
+ * region). */
+static float *ln_partials(size_t n) {
+    static float *buf = NULL;
+    static size_t cap = 0;
+    if (n > cap) {
+        free(buf);
+        buf = xmalloc(n * sizeof(float));
+        cap = n;
+    }
+    return buf;
+}
+VEC_IMPL ln_back_row_impl(float *dx, float *pw, float *pb, const float *x, const float *dy,
+                          const float *w, float m, float s, int C, int set) {
+    float dnorm_mean = 0.f, dnorm_norm_mean = 0.f;
+#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
+    for (int c = 0; c < C; c++) {
+        float dnorm = w[c] * dy[c];
+        dnorm_mean += dnorm;
+        dnorm_norm_mean += dnorm * (x[c] - m) * s;
+    }
+    dnorm_mean /= C;
+    dnorm_norm_mean /= C;
+    if (set) {
+#pragma omp simd
+        for (int c = 0; c < C; c++) {
+            float norm = (x[c] - m) * s;
+            dx[c] = (w[c] * dy[c] - dnorm_mean - norm * dnorm_norm_mean) * s;
+            pw[c] += dy[c] * norm;
+            pb[c] += dy[c];
+        }
+    } else {
+#pragma omp simd
+        for (int c = 0; c < C; c++) {
+            float norm = (x[c] - m) * s;
+            dx[c] += (w[c] * dy[c] - dnorm_mean - norm * dnorm_norm_mean) * s;
+            pw[c] += dy[c] * norm;
+            pb[c] += dy[c];
+        }
+    }
+}
+VEC_DISPATCH(ln_back_row,
+             (float *dx, float *pw, float *pb, const float *x, const float *dy, const float *w,
+              float m, float s, int C, int set),
+             (dx, pw, pb, x, dy, w, m, s, C, set))
+
+static void ln_backward(float *dinp, int set, float *dw, float *db, const float *dout,
+                        const float *inp, const float *w, const float *mean, const float *rstd,
+                        int N, int C) {
+    const int nb = (N + LN_ROWS - 1) / LN_ROWS;
+    float *part = ln_partials((size_t)nb * 2 * C);
+#pragma omp parallel
+    {
+#pragma omp for schedule(static)
+        for (int k = 0; k < nb; k++) {
+            float *pw = part + (size_t)k * 2 * C, *pb = pw + C;
+            memset(pw, 0, 2 * (size_t)C * sizeof(float));
+            const int i1 = (k + 1) * LN_ROWS < N ? (k + 1) * LN_ROWS : N;
+            for (int i = k * LN_ROWS; i < i1; i++) {
+                const size_t o = (size_t)i * C;
+                ln_back_row(dinp + o, pw, pb, inp + o, dout + o, w, mean[i], rstd[i], C, set);
+            }
+        }
+        /* each thread adds the blocks' partials of its channels, in order */
+        size_t lo, hi;
+        thread_range((size_t)C, &lo, &hi);
+        for (int k = 0; k < nb; k++) {
+            const float *pw = part + (size_t)k * 2 * C, *pb = pw + C;
+            for (size_t c = lo; c < hi; c++) dw[c] += pw[c], db[c] += pb[c];
+        }
     }
 }
 
 void layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                         const float *w, const float *mean, const float *rstd, int N, int C) {
-#pragma omp parallel
-    {
-#pragma omp for schedule(static)
-        for (int i = 0; i < N; i++) {
-            const float *x = inp + (size_t)i * C, *dy = dout + (size_t)i * C;
-            float m = mean[i], s = rstd[i];
-            float dnorm_mean = 0.f, dnorm_norm_mean = 0.f;
-#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
-            for (int c = 0; c < C; c++) {
-                float dnorm = w[c] * dy[c];
-                dnorm_mean += dnorm;
-                dnorm_norm_mean += dnorm * (x[c] - m) * s;
-            }
-            dnorm_mean /= C;
-            dnorm_norm_mean /= C;
-            float *dx = dinp + (size_t)i * C;
-            for (int c = 0; c < C; c++) {
-                float norm = (x[c] - m) * s;
-                dx[c] += (w[c] * dy[c] - dnorm_mean - norm * dnorm_norm_mean) * s;
-            }
+    ln_backward(dinp, 0, dw, db, dout, inp, w, mean, rstd, N, C);
+}
+
+void layernorm_backward_set(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                            const float *w, const float *mean, const float *rstd, int N, int C) {
+    ln_backward(dinp, 1, dw, db, dout, inp, w, mean, rstd, N, C);
+}
+
+void layernorm_backward_ref(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                            const float *w, const float *mean, const float *rstd, int N, int C) {
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * C, *dy = dout + (size_t)i * C;
+        const double m = mean[i], s = rstd[i];
+        double dm = 0, dnm = 0;
+        for (int c = 0; c < C; c++) {
+            dm += (double)w[c] * dy[c];
+            dnm += (double)w[c] * dy[c] * (x[c] - m) * s;
         }
-        /* Parameter gradients: each thread owns a block of channels and walks
-         * the rows in order, so the sums never depend on the thread count. */
-        int nth = omp_get_num_threads(), th = omp_get_thread_num();
-        int c0 = (int)((long)C * th / nth), c1 = (int)((long)C * (th + 1) / nth);
-        for (int i = 0; i < N; i++) {
-            const float *x = inp + (size_t)i * C, *dy = dout + (size_t)i * C;
-            float m = mean[i], s = rstd[i];
-            for (int c = c0; c < c1; c++) {
-                dw[c] += dy[c] * (x[c] - m) * s;
-                db[c] += dy[c];
-            }
+        dm /= C;
+        dnm /= C;
+        for (int c = 0; c < C; c++) {
+            const double norm = (x[c] - m) * s;
+            dinp[(size_t)i * C + c] += (float)((w[c] * dy[c] - dm - norm * dnm) * s);
+            dw[c] += (float)(dy[c] * norm);
+            db[c] += dy[c];
         }
     }
 }
@@ -311,6 +443,45 @@ void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
         thread_range(n, &lo, &hi);
         gelu_backward_range(dinp, inp, dout, lo, hi);
     }
+}
+
+VEC_IMPL gelu_backward_set_range_impl(float *dinp, const float *inp, const float *dout, size_t lo,
+                                      size_t hi) {
+#pragma omp simd
+    for (size_t i = lo; i < hi; i++) {
+        float x = inp[i];
+        float th = fast_tanhf(GELU_K * (x + 0.044715f * x * x * x));
+        float sech2 = 1.f - th * th;
+        float g = 0.5f * (1.f + th) + 0.5f * x * sech2 * GELU_K * (1.f + 3.f * 0.044715f * x * x);
+        dinp[i] = g * dout[i];
+    }
+}
+VEC_DISPATCH(gelu_backward_set_range,
+             (float *dinp, const float *inp, const float *dout, size_t lo, size_t hi),
+             (dinp, inp, dout, lo, hi))
+
+void gelu_backward_set(float *dinp, const float *inp, const float *dout, size_t n) {
+#pragma omp parallel
+    {
+        size_t lo, hi;
+        thread_range(n, &lo, &hi);
+        gelu_backward_set_range(dinp, inp, dout, lo, hi);
+    }
+}
+
+VEC_IMPL bias_gelu_row_impl(float *pre, float *out, const float *bias, int F) {
+#pragma omp simd
+    for (int j = 0; j < F; j++) {
+        float x = pre[j] + bias[j];
+        pre[j] = x;
+        out[j] = 0.5f * x * (1.f + fast_tanhf(GELU_K * (x + 0.044715f * x * x * x)));
+    }
+}
+VEC_DISPATCH(bias_gelu_row, (float *pre, float *out, const float *bias, int F), (pre, out, bias, F))
+
+void bias_gelu_forward(float *pre, float *out, const float *bias, int N, int F) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) bias_gelu_row(pre + (size_t)i * F, out + (size_t)i * F, bias, F);
 }
 
 void embed_forward(float *out, const int *tokens, const float *wte, int v0, int Vl, int N, int C) {

@@ -39,11 +39,11 @@ double kernels_gemm_seconds(void);
 
 /* Row-major C(M,N) = alpha * op(A)(M,K) @ op(B)(K,N) + beta * C.
  * ta/tb: 1 = the stored matrix is transposed (A stored (K,M) with lda). */
-void mm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
-        const float *B, int ldb, float beta, float *C, int ldc);
+void mm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+        int ldb, float beta, float *C, int ldc);
 /* The same on one thread, for calls made inside a parallel region. */
-void mm1(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
-         const float *B, int ldb, float beta, float *C, int ldc);
+void mm1(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+         int ldb, float beta, float *C, int ldc);
 /* Naive triple loop in double; the tests' reference. */
 void mm_ref(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
             const float *B, int ldb, float beta, float *C, int ldc);
@@ -55,14 +55,39 @@ void linear_forward(float *out, const float *inp, const float *w, const float *b
  * dbias(OC) += column sums of dout (when dbias). */
 void linear_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                      const float *w, int N, int C, int OC);
+/* The same with dinp overwritten (=) rather than added to: no zeroing
+ * pass before it. */
+void linear_backward_set(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
+                         const float *w, int N, int C, int OC);
 
+/* Layer norm over rows; the backward adds into dinp (the _set one
+ * overwrites it), reading x and dout once (dw and db from blocks of 64
+ * rows, added in block order: the same bits on any thread count). The
+ * _ref ones are the plain loops in double the tests compare against. */
 void layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
                        const float *b, int N, int C);
 void layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp,
                         const float *w, const float *mean, const float *rstd, int N, int C);
+void layernorm_backward_set(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                            const float *w, const float *mean, const float *rstd, int N, int C);
+void layernorm_forward_ref(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                           const float *b, int N, int C);
+void layernorm_backward_ref(float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                            const float *w, const float *mean, const float *rstd, int N, int C);
+/* A block's residual in one pass: a(N,C) += bias, res = x + a, ln =
+ * layer norm of res (the same floats as bias_add, residual_forward and
+ * layernorm_forward one after another). */
+void bias_residual_layernorm_forward(float *a, float *res, float *ln, float *mean, float *rstd,
+                                     const float *x, const float *bias, const float *w,
+                                     const float *b, int N, int C);
 
 void gelu_forward(float *out, const float *inp, size_t n);
 void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+/* gelu_backward overwriting dinp. */
+void gelu_backward_set(float *dinp, const float *inp, const float *dout, size_t n);
+/* pre(N,F) += bias, out = gelu(pre), in one pass (the same floats as
+ * bias_add then gelu_forward). */
+void bias_gelu_forward(float *pre, float *out, const float *bias, int N, int F);
 
 /* Causal self-attention of NH heads on qkv(N,3*NH*hs) laid out [q|k|v] per
  * row; sequence b is rows off[b] .. off[b+1] (B+1 offsets, lengths may
@@ -78,13 +103,13 @@ void attention_backward(float *dqkv, const float *dout, const float *qkv, const 
 /* The kernels before them, the tests' reference: att keeps the
  * probabilities, per sequence and head a len x len block, packed (sum of
  * NH*len^2 floats). */
-void attention_forward_full(float *out, float *att, const float *qkv, int B, const int *off,
-                            int NH, int hs);
+void attention_forward_full(float *out, float *att, const float *qkv, int B, const int *off, int NH,
+                            int hs);
 void attention_backward_full(float *dqkv, const float *dout, const float *qkv, const float *att,
                              int B, const int *off, int NH, int hs);
 /* The slow, obvious version (double sums, no blocking) of the full forward. */
-void attention_forward_ref(float *out, float *att, const float *qkv, int B, const int *off,
-                           int NH, int hs);
+void attention_forward_ref(float *out, float *att, const float *qkv, int B, const int *off, int NH,
+                           int hs);
 /* One new query q(NH*hs) against len cached keys and values (rows ldkv apart,
  * the new token's last): out(NH*hs); p(len) is scratch. */
 void attention_decode(float *out, float *p, const float *q, const float *kc, const float *vc,

@@ -23,8 +23,8 @@ static void dense_forward(Model *m, int l, const float *u, int N, float *out) {
     const BlockParams *p = &m->P.h[l];
     BlockActs *A = &m->cur->acts[l];
     const int C = d->C;
-    linear_forward(A->fch, u, p->fcw, p->fcb, N, C, d->Fl);
-    gelu_forward(A->fch_gelu, A->fch, (size_t)N * d->Fl);
+    linear_forward(A->fch, u, p->fcw, NULL, N, C, d->Fl);
+    bias_gelu_forward(A->fch, A->fch_gelu, p->fcb, N, d->Fl);
     linear_forward(out, A->fch_gelu, p->fcprojw, NULL, N, d->Fl, C);
     tp_allreduce_sum(out, (size_t)N * C, &m->tp);
     bias_add(out, p->fcprojb, N, C);
@@ -38,12 +38,10 @@ static void dense_backward(Model *m, int l, const float *u, int N, const float *
     Scratch *S = &m->s;
     const int C = d->C;
     const size_t NF = (size_t)N * d->Fl;
-    memset(S->dfchg, 0, NF * sizeof(float));
-    linear_backward(S->dfchg, g->fcprojw, g->fcprojb, dout, A->fch_gelu, p->fcprojw, N, d->Fl, C);
-    memset(S->dfch, 0, NF * sizeof(float));
-    gelu_backward(S->dfch, A->fch, S->dfchg, NF);
-    memset(du, 0, (size_t)N * C * sizeof(float));
-    linear_backward(du, g->fcw, g->fcb, S->dfch, u, p->fcw, N, C, d->Fl);
+    linear_backward_set(S->dfchg, g->fcprojw, g->fcprojb, dout, A->fch_gelu, p->fcprojw, N, d->Fl,
+                        C);
+    gelu_backward_set(S->dfch, A->fch, S->dfchg, NF);
+    linear_backward_set(du, g->fcw, g->fcb, S->dfch, u, p->fcw, N, C, d->Fl);
     tp_allreduce_sum(du, (size_t)N * C, &m->tp);
 }
 
@@ -69,8 +67,8 @@ static void experts_forward(Model *m, int l, const float *x, const int *eoff, fl
         const int n = eoff[e + 1] - eoff[e];
         m->stats.expert_rows[(size_t)l * d->El + e] += n;
         if (n == 0) continue;
-        linear_forward(A->mh + o * F, x + o * C, p->fcw, p->fcb, n, C, F);
-        gelu_forward(A->mhg + o * F, A->mh + o * F, (size_t)n * F);
+        linear_forward(A->mh + o * F, x + o * C, p->fcw, NULL, n, C, F);
+        bias_gelu_forward(A->mh + o * F, A->mhg + o * F, p->fcb, n, F);
         linear_forward(y + o * C, A->mhg + o * F, p->projw, NULL, n, F, C);
     }
     tp_allreduce_sum(y, (size_t)eoff[d->El] * C, &m->tp);
@@ -93,12 +91,9 @@ static void experts_backward(Model *m, int l, const float *x, const int *eoff, c
         const int n = eoff[e + 1] - eoff[e];
         if (n == 0) continue;
         float *dhg = S->mdhg + o * F, *dh = S->mdh + o * F;
-        memset(dhg, 0, (size_t)n * F * sizeof(float));
-        linear_backward(dhg, g->projw, g->projb, dy + o * C, A->mhg + o * F, p->projw, n, F, C);
-        memset(dh, 0, (size_t)n * F * sizeof(float));
-        gelu_backward(dh, A->mh + o * F, dhg, (size_t)n * F);
-        memset(dx + o * C, 0, (size_t)n * C * sizeof(float));
-        linear_backward(dx + o * C, g->fcw, g->fcb, dh, x + o * C, p->fcw, n, C, F);
+        linear_backward_set(dhg, g->projw, g->projb, dy + o * C, A->mhg + o * F, p->projw, n, F, C);
+        gelu_backward_set(dh, A->mh + o * F, dhg, (size_t)n * F);
+        linear_backward_set(dx + o * C, g->fcw, g->fcb, dh, x + o * C, p->fcw, n, C, F);
     }
 }
 
@@ -109,8 +104,8 @@ static void moe_forward(Model *m, int l, const float *u, int N, float *out, int 
     moe_route(m, l, u, N, capped);
     int *eoff = expert_offsets(d, A);
     if (m->ep.size > 1) {
-        A->nrecv = ep_dispatch(&m->ep, A->mxs, sent_counts(A), d->El, C, 0, recv_counts(d, A),
-                               eoff, A->mxr);
+        A->nrecv = ep_dispatch(&m->ep, A->mxs, sent_counts(A), d->El, C, 0, recv_counts(d, A), eoff,
+                               A->mxr);
         experts_forward(m, l, A->mxr, eoff, A->myr);
         ep_return(&m->ep, A->myr, sent_counts(A), recv_counts(d, A), eoff, d->El, C, A->mys);
     } else {
@@ -160,8 +155,8 @@ static void moe_backward(Model *m, int l, const float *u, int N, const float *do
     const int *eoff = expert_offsets(d, A);
     float *dx; /* the sent rows' input gradients, laid out as mxs */
     if (m->ep.size > 1) {
-        ep_dispatch(&m->ep, S->mdys, sent_counts(A), d->El, C, 1, recv_counts(d, A),
-                    (int *)eoff, S->mdyr);
+        ep_dispatch(&m->ep, S->mdys, sent_counts(A), d->El, C, 1, recv_counts(d, A), (int *)eoff,
+                    S->mdyr);
         experts_backward(m, l, A->mxr, eoff, S->mdyr, S->mdxr);
         ep_return(&m->ep, S->mdxr, sent_counts(A), recv_counts(d, A), eoff, d->El, C, S->mdys);
         dx = S->mdys;

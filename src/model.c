@@ -539,9 +539,8 @@ void block_branches_forward(Model *m, int l, const float *x, int N, int B, const
     attention_heads_forward(m, l, x, N, B, off, kv);
     linear_forward(a, A->atty, p->attprojw, NULL, N, Cl, C);
     tp_allreduce_sum(a, (size_t)N * C, &m->tp);
-    bias_add(a, p->attprojb, N, C);
-    residual_forward(A->res2, x, a, (size_t)N * C);
-    layernorm_forward(A->ln2, A->ln2_mean, A->ln2_rstd, A->res2, p->ln2w, p->ln2b, N, C);
+    bias_residual_layernorm_forward(a, A->res2, A->ln2, A->ln2_mean, A->ln2_rstd, x, p->attprojb,
+                                    p->ln2w, p->ln2b, N, C);
     mlp_forward(m, l, A->ln2, N, mo, kv == NULL);
 }
 
@@ -561,11 +560,10 @@ void block_branches_backward(Model *m, int l, const float *x, int N, int B, cons
                        N, C);
     /* (no communication: the qkv product is column-parallel) */
     if (d->recompute == RECOMPUTE_ATTENTION) attention_heads_forward(m, l, x, N, B, off, NULL);
-    memset(S->datty, 0, (size_t)N * d->Cl * sizeof(float));
-    linear_backward(S->datty, g->attprojw, g->attprojb, dres, A->atty, p->attprojw, N, d->Cl, C);
+    linear_backward_set(S->datty, g->attprojw, g->attprojb, dres, A->atty, p->attprojw, N, d->Cl,
+                        C);
     attention_backward(S->dqkv, S->datty, A->qkv, A->atty, A->lse, B, off, d->NHl, d->hs);
-    memset(S->dln, 0, NC * sizeof(float));
-    linear_backward(S->dln, g->qkvw, g->qkvb, S->dqkv, A->ln1, p->qkvw, N, C, 3 * d->Cl);
+    linear_backward_set(S->dln, g->qkvw, g->qkvb, S->dqkv, A->ln1, p->qkvw, N, C, 3 * d->Cl);
     tp_allreduce_sum(S->dln, NC, &m->tp);
     layernorm_backward(dres, g->ln1w, g->ln1b, S->dln, x, p->ln1w, A->ln1_mean, A->ln1_rstd, N, C);
 }

@@ -143,7 +143,6 @@ static int route_select(Model *m, int l, int B, int T) {
     return 0;
 }
 
-
 /* Routed block l on x(B,T,C): router (and predictor) on every token, the
  * branches on the chosen K tokens only, y = x + g(r) * (a + mo) on those and
  * y = x elsewhere. Returns 0, or -1 when the debug routing check faulted. */
@@ -196,10 +195,9 @@ static void router_backward(Model *m, int l, const float *x, float *dres, int N,
     double db2 = 0;
     for (int t = 0; t < N; t++) db2 += dl[t];
     g->pb2[0] += (float)db2;
-    memset(S->dph, 0, (size_t)N * d->H * sizeof(float));
     float *dphg = S->dph + (size_t)N * d->H;
     mm(0, 0, N, d->H, 1, 1.f, dl, 1, p->pw2, 1, 0.f, dphg, d->H);
-    gelu_backward(S->dph, A->ph, dphg, (size_t)N * d->H);
+    gelu_backward_set(S->dph, A->ph, dphg, (size_t)N * d->H);
     linear_backward(NULL, g->pw1, g->pb1, S->dph, x, p->pw1, N, C, d->H);
 }
 

@@ -2,6 +2,8 @@
  * test_kernels: BLIS products against the naive reference, and every layer's
  * backward against central finite differences of sum(out * r) for a random r.
  */
+#include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -34,7 +36,8 @@ static void check_mm(int ta, int tb, float beta, int single) {
             if (d > worst) worst = d;
         }
     CU_ASSERT(worst < 1e-5);
-    if (worst >= 1e-5) printf("\n  mm ta=%d tb=%d beta=%g single=%d: worst %g\n", ta, tb, beta, single, worst);
+    if (worst >= 1e-5)
+        printf("\n  mm ta=%d tb=%d beta=%g single=%d: worst %g\n", ta, tb, beta, single, worst);
     free(A);
     free(B);
     free(C1);
@@ -206,8 +209,8 @@ static void check_attention_backward(int B, int T, int NH, int hs) {
 }
 
 static void test_attention_backward(void) {
-    check_attention_backward(2, 5, 2, 3);  /* one tile of queries and keys */
-    check_attention_backward(1, 70, 2, 2); /* two query tiles, the last one partial */
+    check_attention_backward(2, 5, 2, 3);   /* one tile of queries and keys */
+    check_attention_backward(1, 70, 2, 2);  /* two query tiles, the last one partial */
     check_attention_backward(1, 260, 1, 1); /* two key tiles: the online softmax rescales */
 }
 
@@ -262,7 +265,7 @@ static void check_attention_vs_full(int B, const int *off, int NH, int hs, uint6
 static void test_attention_matches_full(void) {
     /* T from 1 to 2048, odd sizes around the tiles (64 queries, 256 keys),
      * head sizes 32 to 128 */
-    const int lens[][3] = {{1, 32, 1}, {63, 32, 2}, {65, 64, 1}, {257, 64, 2},
+    const int lens[][3] = {{1, 32, 1},    {63, 32, 2},  {65, 64, 1},  {257, 64, 2},
                            {300, 128, 1}, {513, 96, 1}, {2048, 64, 1}};
     for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
         const int off[] = {0, lens[i][0]};
@@ -348,7 +351,8 @@ static void test_embedding_backward(void) {
     pos_forward(out, wpe, B, T, C);
     for (int i = 0; i < N; i++)
         for (int c = 0; c < C; c++)
-            CU_ASSERT_DOUBLE_EQUAL(out[i * C + c], wte[tok[i] * C + c] + wpe[(i % T) * C + c], 1e-6);
+            CU_ASSERT_DOUBLE_EQUAL(out[i * C + c], wte[tok[i] * C + c] + wpe[(i % T) * C + c],
+                                   1e-6);
     embed_backward(dwte, r, tok, 0, V, N, C);
     pos_backward(dwpe, r, B, T, C);
     /* token 1 appears at rows 0, 2, 5 */
@@ -362,6 +366,97 @@ static void test_embedding_backward(void) {
     embed_forward(part, tok, wte + 3 * C, 3, 2, N, C);
     CU_ASSERT_EQUAL(part[0], 0.f);
     CU_ASSERT_EQUAL(part[1 * C], wte[4 * C]);
+}
+
+/* The fused elementwise kernels against the plain ones and the plain loops
+ * (in double) kept as references: layer norm forward and backward (N = 130
+ * rows, not a multiple of the backward's blocks of 64; C = 77), the same
+ * bits on 1 and 2 threads; the _set variants equal zeroing then adding (the
+ * GELU's within rounding); the
+ * fused bias + residual + layer norm and bias + GELU equal their parts (the
+ * GELU within a float's rounding). */
+static int same(const float *a, const float *b, size_t n) { return !memcmp(a, b, n * sizeof *a); }
+
+static float max_diff(const float *a, const float *b, size_t n) {
+    float d = 0.f;
+    for (size_t i = 0; i < n; i++) d = fabsf(a[i] - b[i]) > d ? fabsf(a[i] - b[i]) : d;
+    return d;
+}
+
+static void test_fused_elementwise(void) {
+    const int N = 130, C = 77, F = 4 * 77;
+    const size_t NC = (size_t)N * C, NF = (size_t)N * F;
+    float *x = xmalloc(NC * 4), *a = xmalloc(NC * 4), *dy = xmalloc(NC * 4), *w = xmalloc(C * 4),
+          *b = xmalloc(C * 4), *bias = xmalloc(F * 4);
+    fill_normal(x, NC, 1, 1.f), fill_normal(a, NC, 2, 1.f), fill_normal(dy, NC, 3, 1.f);
+    fill_normal(w, C, 4, 1.f), fill_normal(b, C, 5, 1.f), fill_normal(bias, F, 6, 1.f);
+    float *o1 = xmalloc(NC * 4), *o2 = xmalloc(NC * 4), m1[130], m2[130], r1[130], r2[130];
+    /* forward: the reference in double */
+    layernorm_forward(o1, m1, r1, x, w, b, N, C);
+    layernorm_forward_ref(o2, m2, r2, x, w, b, N, C);
+    CU_ASSERT(max_diff(o1, o2, NC) < 1e-5f && max_diff(r1, r2, N) < 1e-5f);
+    /* backward: the reference, and 1 thread against 2 */
+    float *dx1 = xcalloc(NC, 4), *dx2 = xcalloc(NC, 4), *dx3 = xcalloc(NC, 4);
+    float *g1 = xcalloc(2 * C, 4), *g2 = xcalloc(2 * C, 4), *g3 = xcalloc(2 * C, 4);
+    fill_normal(dx1, NC, 7, 1.f);
+    memcpy(dx2, dx1, NC * 4), memcpy(dx3, dx1, NC * 4);
+    layernorm_backward(dx1, g1, g1 + C, dy, x, w, m1, r1, N, C);
+    layernorm_backward_ref(dx2, g2, g2 + C, dy, x, w, m1, r1, N, C);
+    CU_ASSERT(max_diff(dx1, dx2, NC) < 1e-4f && max_diff(g1, g2, 2 * (size_t)C) < 1e-3f);
+    omp_set_num_threads(1);
+    layernorm_backward(dx3, g3, g3 + C, dy, x, w, m1, r1, N, C);
+    omp_set_num_threads(2);
+    CU_ASSERT(same(dx1, dx3, NC) && same(g1, g3, 2 * (size_t)C));
+    /* _set = zero, then add */
+    memset(dx2, 0, NC * 4), memset(g2, 0, 2 * C * 4), memset(g3, 0, 2 * C * 4);
+    fill_normal(dx3, NC, 8, 1.f); /* overwritten */
+    layernorm_backward(dx2, g2, g2 + C, dy, x, w, m1, r1, N, C);
+    layernorm_backward_set(dx3, g3, g3 + C, dy, x, w, m1, r1, N, C);
+    CU_ASSERT(same(dx2, dx3, NC) && same(g2, g3, 2 * (size_t)C));
+    /* bias + residual + layer norm = its three parts */
+    float *a1 = xmalloc(NC * 4), *a2 = xmalloc(NC * 4), *res1 = xmalloc(NC * 4),
+          *res2 = xmalloc(NC * 4);
+    memcpy(a1, a, NC * 4), memcpy(a2, a, NC * 4);
+    bias_residual_layernorm_forward(a1, res1, o1, m1, r1, x, bias, w, b, N, C);
+    bias_add(a2, bias, N, C);
+    residual_forward(res2, x, a2, NC);
+    layernorm_forward(o2, m2, r2, res2, w, b, N, C);
+    CU_ASSERT(same(a1, a2, NC) && same(res1, res2, NC) && same(o1, o2, NC) && same(m1, m2, N) &&
+              same(r1, r2, N));
+    /* bias + GELU = its parts; gelu_backward_set = zero, then add */
+    float *p1 = xmalloc(NF * 4), *p2 = xmalloc(NF * 4), *q1 = xmalloc(NF * 4),
+          *q2 = xmalloc(NF * 4), *dg = xmalloc(NF * 4);
+    fill_normal(p1, NF, 9, 2.f), fill_normal(dg, NF, 10, 1.f);
+    memcpy(p2, p1, NF * 4);
+    bias_gelu_forward(p1, q1, bias, N, F);
+    bias_add(p2, bias, N, F);
+    gelu_forward(q2, p2, NF);
+    /* (within rounding: the compiler may contract a row's tail into FMAs
+     * differently from a flat loop's) */
+    CU_ASSERT(same(p1, p2, NF) && max_diff(q1, q2, NF) < 1e-6f);
+    memset(q1, 0, NF * 4);
+    gelu_backward(q1, p1, dg, NF);
+    gelu_backward_set(q2, p1, dg, NF);
+    CU_ASSERT(max_diff(q1, q2, NF) < 1e-6f);
+    free(x), free(a), free(dy), free(w), free(b), free(bias), free(o1), free(o2);
+    free(dx1), free(dx2), free(dx3), free(g1), free(g2), free(g3);
+    free(a1), free(a2), free(res1), free(res2), free(p1), free(p2), free(q1), free(q2), free(dg);
+}
+
+/* linear_backward_set = zeroing dinp, then linear_backward. */
+static void test_linear_backward_set(void) {
+    const int N = 33, C = 19, OC = 27;
+    float *inp = xmalloc((size_t)N * C * 4), *w = xmalloc((size_t)C * OC * 4),
+          *dout = xmalloc((size_t)N * OC * 4);
+    fill_normal(inp, (size_t)N * C, 1, 1.f), fill_normal(w, (size_t)C * OC, 2, 1.f);
+    fill_normal(dout, (size_t)N * OC, 3, 1.f);
+    float *d1 = xcalloc((size_t)N * C, 4), *d2 = xmalloc((size_t)N * C * 4);
+    float *w1 = xcalloc((size_t)C * OC + OC, 4), *w2 = xcalloc((size_t)C * OC + OC, 4);
+    fill_normal(d2, (size_t)N * C, 4, 1.f);
+    linear_backward(d1, w1, w1 + C * OC, dout, inp, w, N, C, OC);
+    linear_backward_set(d2, w2, w2 + C * OC, dout, inp, w, N, C, OC);
+    CU_ASSERT(same(d1, d2, (size_t)N * C) && same(w1, w2, (size_t)C * OC + OC));
+    free(inp), free(w), free(dout), free(d1), free(d2), free(w1), free(w2);
 }
 
 int main(void) {
@@ -380,6 +475,9 @@ int main(void) {
         {"one-query attention on a cache = the full forward", test_attention_decode_matches_full},
         {"attention is causal", test_attention_is_causal},
         {"embedding lookup and backward", test_embedding_backward},
+        {"fused layer norm, residual, bias and GELU = the plain kernels and loops",
+         test_fused_elementwise},
+        {"linear backward overwriting = zeroing, then adding", test_linear_backward_set},
         CU_TEST_INFO_NULL};
     return run_suite("kernels", tests);
 }
