@@ -54,71 +54,81 @@ float *head_logits(Model *m, int r0, int n) {
     return m->s.logits;
 }
 
-/* A row's largest logit among its first n. */
-VEC_IMPL row_max_impl(const float *row, int n, float *out) {
-    float v = -INFINITY;
-#pragma omp simd reduction(max : v)
-    for (int j = 0; j < n; j++) v = row[j] > v ? row[j] : v;
-    *out = v;
-}
-VEC_DISPATCH(row_max, (const float *row, int n, float *out), (row, n, out))
-
-/* exp(row - mx) in place over the first n, their sum into *sum; the vector
- * lanes' sums in a fixed order (the same bits on every call). */
-VEC_IMPL row_exp_impl(float *row, int n, float mx, float *sum) {
-    float s = 0.f;
-#pragma omp simd reduction(+ : s)
-    for (int j = 0; j < n; j++) {
-        row[j] = fast_expf(row[j] - mx);
-        s += row[j];
+/* A row's largest logit and its sum of exponentials relative to it, over
+ * the first n, in one read: blocks of 64 logits, each block's max found
+ * first, the running sum rescaled once a block when the max grows (one
+ * exp a logit, and one a block that raises the max). */
+#define ROW_BLOCK 64
+VEC_IMPL row_max_sum_impl(const float *row, int n, float *mx, float *sum) {
+    float m = -INFINITY, s = 0.f;
+    for (int j0 = 0; j0 < n; j0 += ROW_BLOCK) {
+        const int j1 = j0 + ROW_BLOCK < n ? j0 + ROW_BLOCK : n;
+        float bm = m;
+#pragma omp simd reduction(max : bm)
+        for (int j = j0; j < j1; j++) bm = row[j] > bm ? row[j] : bm;
+        if (bm > m) {
+            s = m == -INFINITY ? 0.f : s * fast_expf(m - bm);
+            m = bm;
+        }
+        float bs = 0.f;
+#pragma omp simd reduction(+ : bs)
+        for (int j = j0; j < j1; j++) bs += fast_expf(row[j] - m);
+        s += bs;
     }
+    *mx = m;
     *sum = s;
 }
-VEC_DISPATCH(row_exp, (float *row, int n, float mx, float *sum), (row, n, mx, sum))
+VEC_DISPATCH(row_max_sum, (const float *row, int n, float *mx, float *sum), (row, n, mx, sum))
 
-/* The probabilities, row * inv over the first n, times scale when scale is
- * not 1 (then, as dlogits, less scale at the target t, when 0 <= t < n): one
- * pass, the same floats as a pass of each (two products, no sum between).
- * The pad past n up to Vl is zeroed. */
-VEC_IMPL row_probs_impl(float *row, int n, int Vl, float inv, float scale, int t) {
+/* The probabilities (times scale, minus scale at the target t when scale is
+ * not 1: dlogits) of a row from its max and 1 / sum, written over the
+ * logits: exp(row - mx) * inv [* scale], the pad past n up to Vl zeroed. */
+VEC_IMPL row_probs_impl(float *row, int n, int Vl, float mx, float inv, float scale, int t) {
     if (scale == 1.f) {
 #pragma omp simd
-        for (int j = 0; j < n; j++) row[j] *= inv;
+        for (int j = 0; j < n; j++) row[j] = fast_expf(row[j] - mx) * inv;
     } else {
 #pragma omp simd
-        for (int j = 0; j < n; j++) row[j] = row[j] * inv * scale;
+        for (int j = 0; j < n; j++) row[j] = fast_expf(row[j] - mx) * inv * scale;
         if (t >= 0 && t < n) row[t] -= scale;
     }
     for (int j = n; j < Vl; j++) row[j] = 0.f;
 }
-VEC_DISPATCH(row_probs, (float *row, int n, int Vl, float inv, float scale, int t),
-             (row, n, Vl, inv, scale, t))
+VEC_DISPATCH(row_probs, (float *row, int n, int Vl, float mx, float inv, float scale, int t),
+             (row, n, Vl, mx, inv, scale, t))
 
 /* The loss of rows [r0, r0 + n) from their logits lg: keeps each row's max
  * and sum in the set and its loss in losses, and turns lg into
  * probabilities in place, or with a promised dloss (dlogits != 0) straight
- * into dlogits = (p - onehot(target)) * dloss. */
+ * into dlogits = (p - onehot(target)) * dloss. Two passes over the logits:
+ * max and sum (read), then the probabilities (read and write). Under tp
+ * each rank's max and sum are its columns'; the sums are brought to the
+ * all-reduced max before they are added. */
 static void chunk_loss(Model *m, float *lg, int r0, int n, int dlogits, float dloss) {
     const ModelDims *d = &m->d;
     ActSet *S = m->cur;
     const int Vl = d->Vl, v0 = d->v0, valid = valid_cols(d);
     /* sum and target logit side by side: one all-reduce for both */
     float *mx = S->lmax + r0, *sum = m->s.rowbuf, *tl = m->s.rowbuf + n;
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < n; i++) row_max(lg + (size_t)i * Vl, valid, &mx[i]);
-    tp_allreduce_max(mx, (size_t)n, &m->tp);
+    float *own = m->s.rowbuf + 2 * (size_t)n; /* this rank's max, under tp */
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {
-        float *row = lg + (size_t)i * Vl;
+        const float *row = lg + (size_t)i * Vl;
         const int t = S->targets[r0 + i] - v0;
         tl[i] = t >= 0 && t < valid ? row[t] : 0.f;
-        row_exp(row, valid, mx[i], &sum[i]);
+        row_max_sum(row, valid, &mx[i], &sum[i]);
+        own[i] = mx[i];
+    }
+    if (m->tp.size > 1) {
+        tp_allreduce_max(mx, (size_t)n, &m->tp);
+        for (int i = 0; i < n; i++)
+            sum[i] = own[i] == -INFINITY ? 0.f : sum[i] * fast_expf(own[i] - mx[i]);
     }
     tp_allreduce_sum(sum, 2 * (size_t)n, &m->tp);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {
         const int t = S->targets[r0 + i] - v0;
-        row_probs(lg + (size_t)i * Vl, valid, Vl, 1.f / sum[i], dlogits ? dloss : 1.f, t);
+        row_probs(lg + (size_t)i * Vl, valid, Vl, mx[i], 1.f / sum[i], dlogits ? dloss : 1.f, t);
         S->lsum[r0 + i] = sum[i];
         S->losses[r0 + i] = logf(sum[i]) + mx[i] - tl[i];
     }
@@ -132,11 +142,9 @@ static void chunk_dlogits(const Model *m, float *lg, int r0, int n, float dloss)
     const ActSet *S = m->cur;
     const int Vl = d->Vl, valid = valid_cols(d);
 #pragma omp parallel for schedule(static)
-    for (int i = 0; i < n; i++) {
-        float *row = lg + (size_t)i * Vl, unused;
-        row_exp(row, valid, S->lmax[r0 + i], &unused);
-        row_probs(row, valid, Vl, 1.f / S->lsum[r0 + i], dloss, S->targets[r0 + i] - d->v0);
-    }
+    for (int i = 0; i < n; i++)
+        row_probs(lg + (size_t)i * Vl, valid, Vl, S->lmax[r0 + i], 1.f / S->lsum[r0 + i], dloss,
+                  S->targets[r0 + i] - d->v0);
 }
 
 /* Backward of rows [r0, r0 + n) from their dlogits: G.wte += dlogits^T @

@@ -375,7 +375,10 @@ void model_init_weights(Model *m, uint64_t seed) {
     }
 }
 
-void model_zero_grad(Model *m) { memset(m->grads, 0, m->nparams * sizeof(float)); }
+void model_zero_grad(Model *m) {
+    if (!m->grads_zeroed) memset(m->grads, 0, m->nparams * sizeof(float));
+    m->grads_zeroed = 0; /* the step's backward writes them next */
+}
 
 void model_stats_reset(Model *m) {
     const ModelDims *d = &m->d;

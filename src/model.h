@@ -279,6 +279,9 @@ typedef struct {
     size_t nparams;        /* local floats */
     size_t expert_floats;  /* the last of them: the experts', reduced over their replicas */
     float *params, *grads; /* (nparams) each, laid out by reg */
+    int grads_zeroed;      /* the optimizer left grads all zero (adamw_step, which
+                            * zeroes each gradient as it consumes it): the next
+                            * model_zero_grad has nothing to do */
     ParamPtrs P, G;
     /* activations for up to maxB sequences of maxT tokens */
     int maxB;
@@ -394,6 +397,7 @@ void model_expect_backward(Model *m, float dloss);
  * model_logits. Not after a forward under model_expect_backward; NULL on
  * stages before the last. */
 const float *model_logits(Model *m, int row, int n);
+/* Zeroes the gradients, unless the optimizer's step left them zero. */
 void model_zero_grad(Model *m);
 void model_stats_reset(Model *m);
 /* RouteStats as ROUTE_STATS_FIXED + L doubles and back (for reductions). */

@@ -32,8 +32,9 @@ double lr_at(const Config *c, int s) {
     return c->min_lr + 0.5 * (1.0 + cos(M_PI * progress)) * (c->lr - c->min_lr);
 }
 
-/* AdamW on n elements: the one update both versions below share. */
-static inline void adamw_range(float *w, const float *g, float *m, float *v, size_t lo, size_t hi,
+/* AdamW on [lo, hi) of one tensor, zeroing the gradient as it reads it
+ * (memory-bound: an AVX2 build of it measured no faster). */
+static inline void adamw_range(float *w, float *g, float *m, float *v, size_t lo, size_t hi,
                                float b1, float b2, float c1, float c2, float lr, float eps,
                                float wd, float grad_scale) {
 #pragma omp simd
@@ -43,6 +44,7 @@ static inline void adamw_range(float *w, const float *g, float *m, float *v, siz
         v[j] = b2 * v[j] + (1.f - b2) * gj * gj;
         float mhat = m[j] / c1, vhat = v[j] / c2;
         w[j] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * w[j]);
+        g[j] = 0.f; /* consumed: the next step's zeroing pass is saved */
     }
 }
 
@@ -68,6 +70,10 @@ void adamw_step(AdamW *o, Model *model, double lr, double beta1, double beta2, d
                         grad_scale);
         }
     }
+    /* every gradient was zeroed where the registry's tensors tile the buffer */
+    size_t covered = 0;
+    for (int i = 0; i < model->nreg; i++) covered += model->reg[i].numel;
+    model->grads_zeroed = covered == model->nparams;
 }
 
 void adamw_step_ref(AdamW *o, Model *model, double lr, double beta1, double beta2, double eps,

@@ -26,11 +26,13 @@ void adamw_reset(AdamW *o);
 double lr_at(const Config *cfg, int s);
 
 /* One update at 1-based step t; gradients are multiplied by grad_scale
- * first (clipping). */
+ * first (clipping), and left zero (model->grads_zeroed: the next
+ * model_zero_grad skips its pass). */
 void adamw_step(AdamW *o, Model *model, double lr, double beta1, double beta2, double eps,
                 double weight_decay, int t, float grad_scale);
-/* The same update as plain loops, one tensor after another on one thread:
- * the reference adamw_step is tested against (the same bits). */
+/* The same update as plain loops, one tensor after another on one thread,
+ * leaving the gradients as they were: the reference adamw_step is tested
+ * against (the same bits). */
 void adamw_step_ref(AdamW *o, Model *model, double lr, double beta1, double beta2, double eps,
                     double weight_decay, int t, float grad_scale);
 

@@ -91,13 +91,12 @@ void phases_summary(const Phases *p, MPI_Comm comm) {
     for (int i = 0; i < PH_N; i++)
         log0("  %-11s %10.2f %6.1f%% %10.2f %10.2f\n", names[i], sum[i] / n * per,
              len > 0 ? 100 * sum[i] / n / len : 0, lo[i] * per, hi[i] * per);
-    /* the kernel timer: what of the compute is sgemm, what lies between */
+    /* the kernel timer: what of the step is sgemm, what lies between */
     const double compute =
         (sum[PH_FORWARD] + sum[PH_BACKWARD] + sum[PH_OPTIMIZER] + sum[PH_EVAL]) / n;
     const double gemm = sum[PH_N + 1] / n;
-    if (compute > 0)
-        log0("  of forward, backward, optimizer and eval (%.2f ms/step): sgemm %.2f ms (%.1f%%), "
-             "the rest %.2f ms (%.1f%%)\n",
-             compute * per, gemm * per, 100 * gemm / compute, (compute - gemm) * per,
-             100 * (compute - gemm) / compute);
+    if (len > 0 && compute > 0)
+        log0("  sgemm      %10.2f %6.1f%%   (the rest of the step %.1f%%; of forward, backward, "
+             "optimizer and eval, sgemm is %.1f%%)\n",
+             gemm * per, 100 * gemm / len, 100 * (len - gemm) / len, 100 * gemm / compute);
 }

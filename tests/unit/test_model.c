@@ -220,15 +220,22 @@ static void test_fused_optimizer_matches_reference(void) {
     CU_ASSERT_EQUAL(memcmp(a.params, b.params, a.nparams * sizeof(float)), 0);
     CU_ASSERT_EQUAL(memcmp(oa.m, ob.m, a.nparams * sizeof(float)), 0);
     CU_ASSERT_EQUAL(memcmp(oa.v, ob.v, a.nparams * sizeof(float)), 0);
-    CU_ASSERT(model_find_param(&a, "wte.weight")->numel > 4 * 8192);
+    /* the fused step leaves the gradients zero, and says so */
+    int zero = a.grads_zeroed == 1;
+    for (size_t i = 0; i < a.nparams; i++) zero &= a.grads[i] == 0.f;
+    CU_ASSERT(zero);
+    CU_ASSERT_EQUAL(b.grads_zeroed, 0);
+    /* the sum of squares, on the reference's gradients (left as they were) */
+    CU_ASSERT(model_find_param(&b, "wte.weight")->numel > 4 * 8192);
     long double ref = 0;
-    for (size_t i = 0; i < a.nparams; i++) ref += (long double)a.grads[i] * a.grads[i];
+    for (size_t i = 0; i < b.nparams; i++) ref += (long double)b.grads[i] * b.grads[i];
+    CU_ASSERT(ref > 0);
     double split[2], rep[2], split1[2], rep1[2];
-    model_grad_sumsq(&a, split, rep);
+    model_grad_sumsq(&b, split, rep);
     const double got = split[0] + split[1] + rep[0] + rep[1];
     CU_ASSERT(fabs(got - (double)ref) <= 1e-12 * (double)ref);
     omp_set_num_threads(1);
-    model_grad_sumsq(&a, split1, rep1);
+    model_grad_sumsq(&b, split1, rep1);
     omp_set_num_threads(2);
     CU_ASSERT(memcmp(split, split1, sizeof split) == 0 && memcmp(rep, rep1, sizeof rep) == 0);
     adamw_free(&oa);
