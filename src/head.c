@@ -80,11 +80,13 @@ VEC_IMPL row_max_sum_impl(const float *row, int n, float *mx, float *sum) {
 }
 VEC_DISPATCH(row_max_sum, (const float *row, int n, float *mx, float *sum), (row, n, mx, sum))
 
-/* The probabilities (times scale, minus scale at the target t when scale is
- * not 1: dlogits) of a row from its max and 1 / sum, written over the
- * logits: exp(row - mx) * inv [* scale], the pad past n up to Vl zeroed. */
-VEC_IMPL row_probs_impl(float *row, int n, int Vl, float mx, float inv, float scale, int t) {
-    if (scale == 1.f) {
+/* The probabilities of a row from its max and 1 / sum, written over the
+ * logits: exp(row - mx) * inv; with dlogits, times scale and less scale
+ * at the target t (when 0 <= t < n): (p - onehot(t)) * scale. The pad past
+ * n up to Vl is zeroed. */
+VEC_IMPL row_probs_impl(float *row, int n, int Vl, float mx, float inv, int dlogits, float scale,
+                        int t) {
+    if (!dlogits) {
 #pragma omp simd
         for (int j = 0; j < n; j++) row[j] = fast_expf(row[j] - mx) * inv;
     } else {
@@ -94,8 +96,9 @@ VEC_IMPL row_probs_impl(float *row, int n, int Vl, float mx, float inv, float sc
     }
     for (int j = n; j < Vl; j++) row[j] = 0.f;
 }
-VEC_DISPATCH(row_probs, (float *row, int n, int Vl, float mx, float inv, float scale, int t),
-             (row, n, Vl, mx, inv, scale, t))
+VEC_DISPATCH(row_probs,
+             (float *row, int n, int Vl, float mx, float inv, int dlogits, float scale, int t),
+             (row, n, Vl, mx, inv, dlogits, scale, t))
 
 /* The loss of rows [r0, r0 + n) from their logits lg: keeps each row's max
  * and sum in the set and its loss in losses, and turns lg into
@@ -128,7 +131,7 @@ static void chunk_loss(Model *m, float *lg, int r0, int n, int dlogits, float dl
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {
         const int t = S->targets[r0 + i] - v0;
-        row_probs(lg + (size_t)i * Vl, valid, Vl, mx[i], 1.f / sum[i], dlogits ? dloss : 1.f, t);
+        row_probs(lg + (size_t)i * Vl, valid, Vl, mx[i], 1.f / sum[i], dlogits, dloss, t);
         S->lsum[r0 + i] = sum[i];
         S->losses[r0 + i] = logf(sum[i]) + mx[i] - tl[i];
     }
@@ -143,7 +146,7 @@ static void chunk_dlogits(const Model *m, float *lg, int r0, int n, float dloss)
     const int Vl = d->Vl, valid = valid_cols(d);
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++)
-        row_probs(lg + (size_t)i * Vl, valid, Vl, S->lmax[r0 + i], 1.f / S->lsum[r0 + i], dloss,
+        row_probs(lg + (size_t)i * Vl, valid, Vl, S->lmax[r0 + i], 1.f / S->lsum[r0 + i], 1, dloss,
                   S->targets[r0 + i] - d->v0);
 }
 

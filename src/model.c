@@ -434,15 +434,16 @@ void model_grad_sumsq(const Model *m, double split[2], double replicated[2]) {
     const int tied_elsewhere = m->d.pp > 1 && !model_first_stage(&m->d);
     /* every tensor in blocks of SUMSQ_BLOCK, summed on all threads, then the
      * blocks of each tensor in order: the same bits on any thread count */
+#define BLOCKS(p) (tied_elsewhere && (p)->tied ? 0 : ((p)->numel + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK)
     size_t nblocks = 0;
-    for (int i = 0; i < m->nreg; i++) nblocks += (m->reg[i].numel + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
+    for (int i = 0; i < m->nreg; i++) nblocks += BLOCKS(&m->reg[i]);
     double *part = xmalloc((nblocks + 1) * sizeof(double));
 #pragma omp parallel
     {
         size_t b0 = 0;
         for (int i = 0; i < m->nreg; i++) {
             const ParamInfo *p = &m->reg[i];
-            const size_t nb = (p->numel + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
+            const size_t nb = BLOCKS(p);
             const float *g = m->grads + p->offset;
 #pragma omp for schedule(static) nowait
             for (size_t b = 0; b < nb; b++) {
@@ -457,12 +458,13 @@ void model_grad_sumsq(const Model *m, double split[2], double replicated[2]) {
     size_t b0 = 0;
     for (int i = 0; i < m->nreg; i++) {
         const ParamInfo *p = &m->reg[i];
-        const size_t nb = (p->numel + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK;
+        const size_t nb = BLOCKS(p);
         double t = 0;
         for (size_t b = 0; b < nb; b++) t += part[b0 + b];
         b0 += nb;
-        if (!(tied_elsewhere && p->tied)) s[p->expert >= 0][p->split_dim >= 0] += t;
+        s[p->expert >= 0][p->split_dim >= 0] += t;
     }
+#undef BLOCKS
     free(part);
     for (int e = 0; e < 2; e++) {
         replicated[e] = s[e][0];

@@ -70,10 +70,18 @@ void adamw_step(AdamW *o, Model *model, double lr, double beta1, double beta2, d
                         grad_scale);
         }
     }
-    /* every gradient was zeroed where the registry's tensors tile the buffer */
-    size_t covered = 0;
-    for (int i = 0; i < model->nreg; i++) covered += model->reg[i].numel;
-    model->grads_zeroed = covered == model->nparams;
+    /* each tensor's padding to 16 floats (never written, zeroed all the
+     * same), and whether the tensors so padded tile the whole buffer */
+    size_t next = 0;
+    int tiled = 1;
+    for (int i = 0; i < model->nreg; i++) {
+        const ParamInfo *p = &model->reg[i];
+        const size_t end = p->offset + ((p->numel + 15) & ~(size_t)15);
+        tiled &= p->offset == next && end <= model->nparams;
+        if (tiled) memset(model->grads + p->offset + p->numel, 0, (end - p->offset - p->numel) * 4);
+        next = end;
+    }
+    model->grads_zeroed = tiled && next == model->nparams;
 }
 
 void adamw_step_ref(AdamW *o, Model *model, double lr, double beta1, double beta2, double eps,

@@ -553,8 +553,14 @@ static int commit_set(const Paths *p, int force, const PrepReport *rep, Err *err
             return err_set(err, "prep: cannot rename '%s' to '%s': %s", p->tmp, p->out,
                            strerror(errno));
     } else if (fp_exchange("prep.commit.exchange", p->tmp, p->out) == 0) {
-        fp_fsync_dir("prep.commit.fsync_exchanged", p->parent);
-        if (remove_set(p->tmp) != 0) /* committed: the next prep into out removes it */
+        /* the old set goes only once the exchange is on disk: before, a power
+         * loss could bring back the old names over a half-removed set */
+        if (fp_fsync_dir("prep.commit.fsync_exchanged", p->parent) != 0)
+            say(rep,
+                "prep: warning: the old set in '%s' is kept: the fsync of '%s' failed (%s); "
+                "the next prep into '%s' removes it",
+                p->tmp, p->parent, strerror(errno), p->out);
+        else if (remove_set(p->tmp) != 0) /* committed: the next prep into out removes it */
             say(rep,
                 "prep: warning: the old set in '%s' could not be removed (%s); the next prep "
                 "into '%s' removes it",
@@ -565,12 +571,20 @@ static int commit_set(const Paths *p, int force, const PrepReport *rep, Err *err
                            strerror(errno));
         if (fp_rename("prep.commit.rename_new", p->tmp, p->out) != 0) {
             const int e = errno;
-            fp_rename("prep.commit.restore", p->old, p->out);
+            if (fp_rename("prep.commit.restore", p->old, p->out) != 0)
+                return err_set(err,
+                               "prep: cannot rename '%s' to '%s' (%s), nor put the old set back "
+                               "from '%s' (%s): the next prep into '%s' puts it back",
+                               p->tmp, p->out, strerror(e), p->old, strerror(errno), p->out);
             return err_set(err, "prep: cannot rename '%s' to '%s': %s", p->tmp, p->out,
                            strerror(e));
         }
-        fp_fsync_dir("prep.commit.fsync_renamed", p->parent);
-        if (remove_set(p->old) != 0)
+        if (fp_fsync_dir("prep.commit.fsync_renamed", p->parent) != 0)
+            say(rep,
+                "prep: warning: the old set in '%s' is kept: the fsync of '%s' failed (%s); "
+                "the next prep into '%s' removes it",
+                p->old, p->parent, strerror(errno), p->out);
+        else if (remove_set(p->old) != 0)
             say(rep,
                 "prep: warning: the old set in '%s' could not be removed (%s); the next prep "
                 "into '%s' removes it",

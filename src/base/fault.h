@@ -41,7 +41,8 @@ int fault_point(const char *point);
 /* The guarded calls: each is its POSIX call behind fault_point(point).
  * fp_write_all writes all n bytes (retrying short writes and EINTR) and
  * returns 0 or -1 with errno; a short write that makes no progress is
- * ENOSPC; fp_pwrite_all the same at offset off. fp_fsync_dir opens the directory and fsyncs it. */
+ * ENOSPC; fp_pwrite_all the same at offset off (off >= 0). fp_fsync_dir
+ * opens the directory and fsyncs it. */
 int fp_open(const char *point, const char *path, int flags, mode_t mode);
 int fp_write_all(const char *point, int fd, const void *buf, size_t n);
 int fp_pwrite_all(const char *point, int fd, const void *buf, size_t n, off_t off);
