@@ -9,6 +9,7 @@
  * rows it took, and the outputs come back to be combined, each scaled by
  * its router probability. A dropped slot or a no-op costs nothing.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "mpi/ep.h"
@@ -17,6 +18,23 @@
 #include "src/model_impl.h"
 
 /* ------------------------------------------------------------------ dense */
+
+/* The GELU output out(N,F) of the kept pre-activation pre again, for the
+ * backward: the sets never keep it (its buffer is the working copy's, which
+ * later blocks' forwards overwrite). The forward's own kernel with a bias
+ * of zeros (pre + 0 is pre), so the same floats as the forward made. Under
+ * recompute = block the block's forward has just run: nothing to do. */
+static void gelu_again(const Model *m, float *pre, float *out, int N, int F) {
+    static float *zeros = NULL;
+    static int cap = 0;
+    if (m->d.recompute == RECOMPUTE_BLOCK || N == 0) return;
+    if (F > cap) { /* the training thread's alone, outside parallel regions */
+        free(zeros);
+        zeros = xcalloc((size_t)F, sizeof(float));
+        cap = F;
+    }
+    bias_gelu_forward(pre, out, zeros, N, F);
+}
 
 static void dense_forward(Model *m, int l, const float *u, int N, float *out) {
     const ModelDims *d = &m->d;
@@ -38,6 +56,7 @@ static void dense_backward(Model *m, int l, const float *u, int N, const float *
     Scratch *S = &m->s;
     const int C = d->C;
     const size_t NF = (size_t)N * d->Fl;
+    gelu_again(m, A->fch, A->fch_gelu, N, d->Fl);
     linear_backward_set(S->dfchg, g->fcprojw, g->fcprojb, dout, A->fch_gelu, p->fcprojw, N, d->Fl,
                         C);
     gelu_backward_set(S->dfch, A->fch, S->dfchg, NF);
@@ -91,6 +110,7 @@ static void experts_backward(Model *m, int l, const float *x, const int *eoff, c
         const int n = eoff[e + 1] - eoff[e];
         if (n == 0) continue;
         float *dhg = S->mdhg + o * F, *dh = S->mdh + o * F;
+        gelu_again(m, A->mh + o * F, A->mhg + o * F, n, F);
         linear_backward_set(dhg, g->projw, g->projb, dy + o * C, A->mhg + o * F, p->projw, n, F, C);
         gelu_backward_set(dh, A->mh + o * F, dhg, (size_t)n * F);
         linear_backward_set(dx + o * C, g->fcw, g->fcb, dh, x + o * C, p->fcw, n, C, F);

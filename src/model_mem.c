@@ -46,9 +46,10 @@ typedef enum {
     IN_ANY_MOE_EP /* ... under ep > 1 */
 } Where;
 /* A block's buffer that the set leaves, from recompute mode r on, to the
- * working copy the backward recomputes it in: WORK(r) in its where. */
-#define WORK(r) ((r) << 8)
-#define WORK_FROM(where) ((Recompute)((where) >> 8))
+ * working copy the backward recomputes it in: WORK(r) in its where (r + 1
+ * in the bits above the Where; none there: always kept). */
+#define WORK(r) (((r) + 1) << 8)
+#define WORK_FROM(where) ((Recompute)(((where) >> 8) - 1))
 typedef struct {
     size_t field; /* offset of the pointer in its struct */
     size_t elem;  /* bytes per element */
@@ -59,6 +60,10 @@ typedef struct {
 #define F sizeof(float)
 #define W_ATT WORK(RECOMPUTE_ATTENTION) /* the attention branch up to its projection */
 #define W_BLK WORK(RECOMPUTE_BLOCK)     /* the rest of a block but its output, res3 */
+/* the MLP's GELU output: never kept (the backward makes it again from the
+ * kept pre-activation, one elementwise pass, where keeping it cost 4 of a
+ * block's 16 floats of d_model a token) */
+#define W_ALL WORK(RECOMPUTE_NONE)
 #define BA(f) offsetof(BlockActs, f)
 static const ActRow block_rows[] = {
     {BA(ln1), F, SZ_NC, IN_ANY | W_ATT},
@@ -72,7 +77,7 @@ static const ActRow block_rows[] = {
     {BA(ln2_mean), F, SZ_N, IN_ANY | W_BLK},
     {BA(ln2_rstd), F, SZ_N, IN_ANY | W_BLK},
     {BA(fch), F, SZ_NFL, IN_DENSE_MLP | W_BLK},
-    {BA(fch_gelu), F, SZ_NFL, IN_DENSE_MLP | W_BLK},
+    {BA(fch_gelu), F, SZ_NFL, IN_DENSE_MLP | W_ALL},
     {BA(res3), F, SZ_NC, IN_ANY},
     {BA(r), F, SZ_N, IN_ROUTED | W_BLK},
     {BA(topk), 1, SZ_N, IN_ROUTED | W_BLK},
@@ -94,7 +99,7 @@ static const ActRow block_rows[] = {
     {BA(mxr), F, SZ_RC, IN_MOE_EP | W_BLK},
     {BA(myr), F, SZ_RC, IN_MOE_EP | W_BLK},
     {BA(mh), F, SZ_RFL, IN_MOE | W_BLK},
-    {BA(mhg), F, SZ_RFL, IN_MOE | W_BLK},
+    {BA(mhg), F, SZ_RFL, IN_MOE | W_ALL},
 };
 #define AS(f) offsetof(ActSet, f)
 static const ActRow set_rows[] = {
@@ -179,8 +184,7 @@ static size_t round64(size_t bytes) {
 /* Whether the set keeps the row under m's recompute mode (else the
  * working copy holds it). */
 static int row_kept(const Model *m, const ActRow *r) {
-    const Recompute from = WORK_FROM(r->where);
-    return from == RECOMPUTE_NONE || m->d.recompute < from;
+    return (r->where >> 8) == 0 || m->d.recompute < WORK_FROM(r->where);
 }
 
 /* Lays the rows out from byte `at` of base, pointing owner's fields into it
