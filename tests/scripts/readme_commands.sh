@@ -24,7 +24,7 @@ jobs/deps.sh	installs Debian packages as root (jobs/test.sh and CI run it)
 apt-get install	installs Debian packages (jobs/deps.sh installs these)
 jobs/isoflop.sh --out isoflop	the default sweep takes about 30 minutes; the --quick sweep runs
 jobs/isoflop.sh --out iso2	a sweep of minutes on a corpus of the reader's own; the --quick sweep runs
-jobs/isoflop.sh --kinds dense,mod,moe	six kinds of model at two budgets take about 35 minutes; the --quick sweep of every kind runs in tests/scripts/isoflop.sh
+jobs/isoflop.sh --kinds dense,mod,moe	six kinds of model at three budgets take about 110 minutes; the --quick sweep of every kind runs in tests/scripts/isoflop.sh
 mpirun -np 8 --hostfile HOSTFILE	a cluster's command: two nodes of 64 cores and their hostfile
 sbatch jobs/train.sbatch	needs a SLURM cluster: tests/slurm/launch.sh and preempt.sh submit it to a real one
 jobs/chain.sh	needs a SLURM cluster: tests/slurm/preempt.sh chains jobs on a real one
