@@ -402,11 +402,20 @@ void layernorm_backward_ref(float *dinp, float *dw, float *db, const float *dout
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 
+/* GELU (tanh form) and its derivative: one definition for every kernel. */
+static inline float gelu(float x) {
+    return 0.5f * x * (1.f + fast_tanhf(GELU_K * (x + 0.044715f * x * x * x)));
+}
+static inline float gelu_grad(float x) {
+    float th = fast_tanhf(GELU_K * (x + 0.044715f * x * x * x));
+    float sech2 = 1.f - th * th;
+    return 0.5f * (1.f + th) + 0.5f * x * sech2 * GELU_K * (1.f + 3.f * 0.044715f * x * x);
+}
+
 VEC_IMPL gelu_forward_range_impl(float *out, const float *inp, size_t lo, size_t hi) {
 #pragma omp simd
     for (size_t i = lo; i < hi; i++) {
-        float x = inp[i];
-        out[i] = 0.5f * x * (1.f + fast_tanhf(GELU_K * (x + 0.044715f * x * x * x)));
+        out[i] = gelu(inp[i]);
     }
 }
 VEC_DISPATCH(gelu_forward_range, (float *out, const float *inp, size_t lo, size_t hi),
@@ -425,11 +434,7 @@ VEC_IMPL gelu_backward_range_impl(float *dinp, const float *inp, const float *do
                                   size_t hi) {
 #pragma omp simd
     for (size_t i = lo; i < hi; i++) {
-        float x = inp[i];
-        float th = fast_tanhf(GELU_K * (x + 0.044715f * x * x * x));
-        float sech2 = 1.f - th * th;
-        float g = 0.5f * (1.f + th) + 0.5f * x * sech2 * GELU_K * (1.f + 3.f * 0.044715f * x * x);
-        dinp[i] += g * dout[i];
+        dinp[i] += gelu_grad(inp[i]) * dout[i];
     }
 }
 VEC_DISPATCH(gelu_backward_range,
@@ -449,11 +454,7 @@ VEC_IMPL gelu_backward_set_range_impl(float *dinp, const float *inp, const float
                                       size_t hi) {
 #pragma omp simd
     for (size_t i = lo; i < hi; i++) {
-        float x = inp[i];
-        float th = fast_tanhf(GELU_K * (x + 0.044715f * x * x * x));
-        float sech2 = 1.f - th * th;
-        float g = 0.5f * (1.f + th) + 0.5f * x * sech2 * GELU_K * (1.f + 3.f * 0.044715f * x * x);
-        dinp[i] = g * dout[i];
+        dinp[i] = gelu_grad(inp[i]) * dout[i];
     }
 }
 VEC_DISPATCH(gelu_backward_set_range,
@@ -474,7 +475,7 @@ VEC_IMPL bias_gelu_row_impl(float *pre, float *out, const float *bias, int F) {
     for (int j = 0; j < F; j++) {
         float x = pre[j] + bias[j];
         pre[j] = x;
-        out[j] = 0.5f * x * (1.f + fast_tanhf(GELU_K * (x + 0.044715f * x * x * x)));
+        out[j] = gelu(x);
     }
 }
 VEC_DISPATCH(bias_gelu_row, (float *pre, float *out, const float *bias, int F), (pre, out, bias, F))
