@@ -103,15 +103,19 @@ static void blis_gemm(int nt, int ta, int tb, int M, int N, int K, float alpha, 
  * threads' products overlap); one outside counts all of it. */
 static atomic_llong g_gemm_ns;
 
+static void count_ns(struct timespec t0, struct timespec t1) {
+    long long ns = (long long)(t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec);
+    if (omp_in_parallel()) ns /= omp_get_num_threads();
+    atomic_fetch_add_explicit(&g_gemm_ns, ns, memory_order_relaxed);
+}
+
 static void gemm_timed(int nt, int ta, int tb, int M, int N, int K, float alpha, const float *A,
                        int lda, const float *B, int ldb, float beta, float *C, int ldc) {
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     blis_gemm(nt, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    long long ns = (long long)(t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec);
-    if (omp_in_parallel()) ns /= omp_get_num_threads();
-    atomic_fetch_add_explicit(&g_gemm_ns, ns, memory_order_relaxed);
+    count_ns(t0, t1);
 }
 
 double kernels_gemm_seconds(void) {
@@ -126,6 +130,35 @@ void mm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int ld
 void mm1(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
          int ldb, float beta, float *C, int ldc) {
     gemm_timed(1, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* Matrix-vector products and rank-1 updates go to BLIS's level-2
+ * operations: sgemm would pack the whole matrix to multiply it by one
+ * column, reading it twice and writing it once for 2 flops an element. */
+void mv(int ta, int M, int N, float alpha, const float *A, int lda, const float *x, float beta,
+        float *y) {
+    const int ny = ta ? N : M, nx = ta ? M : N;
+    if (ny <= 0) return;
+    if (nx <= 0) {
+        for (int i = 0; i < ny; i++) y[i] = beta == 0.f ? 0.f : beta * y[i];
+        return;
+    }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    bli_sgemv(ta ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, BLIS_NO_CONJUGATE, M, N, &alpha, (float *)A,
+              lda, 1, (float *)x, 1, &beta, y, 1);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    count_ns(t0, t1);
+}
+
+void rank1(int M, int N, float alpha, const float *x, const float *y, float *A, int lda) {
+    if (M <= 0 || N <= 0) return;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    bli_sger(BLIS_NO_CONJUGATE, BLIS_NO_CONJUGATE, M, N, &alpha, (float *)x, 1, (float *)y, 1, A,
+             lda, 1);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    count_ns(t0, t1);
 }
 
 void mm_ref(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,

@@ -32,7 +32,7 @@ int kernels_blis_arch_id(void);
  * products over at least 0.2 s, with naps between rounds. */
 double kernels_measure_peak_gflops(void);
 
-/* The kernel timer: seconds spent in mm and mm1 since the start, as wall
+/* The kernel timer: seconds spent in mm, mm1, mv and rank1 since the start, as wall
  * time (a product made inside a parallel region of n threads counts a nth
  * of its time), for the step's split into sgemm and everything else. */
 double kernels_gemm_seconds(void);
@@ -44,6 +44,12 @@ void mm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int ld
 /* The same on one thread, for calls made inside a parallel region. */
 void mm1(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
          int ldb, float beta, float *C, int ldc);
+/* y = alpha * op(A) x + beta * y for A (M,N) row-major: y has N entries
+ * when ta, else M. On one thread, as BLIS's level-2 operations are. */
+void mv(int ta, int M, int N, float alpha, const float *A, int lda, const float *x, float beta,
+        float *y);
+/* A(M,N) += alpha * x y^T (x M entries, y N). */
+void rank1(int M, int N, float alpha, const float *x, const float *y, float *A, int lda);
 /* Naive triple loop in double; the tests' reference. */
 void mm_ref(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
             const float *B, int ldb, float beta, float *C, int ldc);

@@ -78,12 +78,12 @@ void mod_router_forward(Model *m, int l, const float *x, int N) {
     const BlockParams *p = &m->P.h[l];
     BlockActs *A = &m->cur->acts[l];
     const int C = d->C;
-    mm(0, 0, N, 1, C, 1.f, x, C, p->rw, 1, 0.f, A->r, 1);
+    mv(0, N, C, 1.f, x, C, p->rw, 0.f, A->r);
     for (int i = 0; i < N; i++) A->r[i] += p->rb[0];
     if (!d->predictor) return;
     linear_forward(A->ph, x, p->pw1, p->pb1, N, C, d->H);
     gelu_forward(A->phg, A->ph, (size_t)N * d->H);
-    mm(0, 0, N, 1, d->H, 1.f, A->phg, d->H, p->pw2, 1, 0.f, A->plogit, 1);
+    mv(0, N, d->H, 1.f, A->phg, d->H, p->pw2, 0.f, A->plogit);
     for (int i = 0; i < N; i++) A->plogit[i] += p->pb2[0];
 }
 
@@ -181,22 +181,23 @@ static void router_backward(Model *m, int l, const float *x, float *dres, int N,
         for (int t = 0; t < N; t++)
             S->dr[t] += aux_scale * (1.f / (1.f + expf(-A->r[t])) - (float)A->topk[t]);
     /* router: r = x . w + b */
-    mm(1, 0, C, 1, N, 1.f, x, C, S->dr, 1, 1.f, g->rw, 1);
+    mv(1, N, C, 1.f, x, C, S->dr, 1.f, g->rw);
     double db = 0;
     for (int t = 0; t < N; t++) db += S->dr[t];
     g->rb[0] += (float)db;
-    mm(0, 0, N, C, 1, 1.f, S->dr, 1, p->rw, C, 1.f, dres, C);
+    rank1(N, C, 1.f, S->dr, p->rw, dres, C);
     if (!d->predictor || !m->predictor_on) return;
     /* predictor: its own BCE, into its own weights only */
     float *dl = S->dr; /* reused: the router's gradient is spent */
     for (int t = 0; t < N; t++)
         dl[t] = pred_scale * (1.f / (1.f + expf(-A->plogit[t])) - (float)A->topk[t]);
-    mm(1, 0, d->H, 1, N, 1.f, A->phg, d->H, dl, 1, 1.f, g->pw2, 1);
+    mv(1, N, d->H, 1.f, A->phg, d->H, dl, 1.f, g->pw2);
     double db2 = 0;
     for (int t = 0; t < N; t++) db2 += dl[t];
     g->pb2[0] += (float)db2;
     float *dphg = S->dph + (size_t)N * d->H;
-    mm(0, 0, N, d->H, 1, 1.f, dl, 1, p->pw2, 1, 0.f, dphg, d->H);
+    memset(dphg, 0, (size_t)N * d->H * sizeof(float));
+    rank1(N, d->H, 1.f, dl, p->pw2, dphg, d->H);
     gelu_backward_set(S->dph, A->ph, dphg, (size_t)N * d->H);
     linear_backward(NULL, g->pw1, g->pb1, S->dph, x, p->pw1, N, C, d->H);
 }

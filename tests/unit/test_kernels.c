@@ -53,6 +53,54 @@ static void test_mm_matches_reference(void) {
             }
 }
 
+/* mv and rank1 (BLIS's level 2) against mm_ref on the same data as a
+ * one-column product: every transpose, beta 0 over NaN, strides, and
+ * zero sizes that touch nothing */
+static void test_mv_rank1_match_reference(void) {
+    const int M = 41, N = 23, lda = N + 5;
+    float *A = xmalloc((size_t)M * lda * 4), *A2 = xmalloc((size_t)M * lda * 4);
+    float x[41], y1[41], y2[41], u[23];
+    fill_normal(A, (size_t)M * lda, 5, 1.f);
+    fill_normal(x, 41, 6, 1.f);
+    fill_normal(u, 23, 7, 1.f);
+    for (int ta = 0; ta < 2; ta++)
+        for (int b = 0; b < 2; b++) {
+            const int ny = ta ? N : M, nx = ta ? M : N;
+            const float beta = b ? 0.6f : 0.f;
+            fill_normal(y2, (size_t)ny, 8, 1.f);
+            memcpy(y1, y2, sizeof y1);
+            if (!b) y1[0] = NAN; /* beta 0 overwrites */
+            mv(ta, M, N, 0.7f, A, lda, ta ? x : u, beta, y1);
+            /* y = op(A) x as a (ny x 1) product */
+            mm_ref(ta, 0, ny, 1, nx, 0.7f, A, lda, ta ? x : u, 1, beta, y2, 1);
+            double worst = 0;
+            for (int i = 0; i < ny; i++) worst = fmax(worst, fabs(y1[i] - y2[i]) / (1 + fabs(y2[i])));
+            CU_ASSERT(worst < 1e-5);
+        }
+    memcpy(A2, A, (size_t)M * lda * 4);
+    rank1(M, N, 0.7f, x, u, A, lda);
+    mm_ref(0, 0, M, N, 1, 0.7f, x, 1, u, N, 1.f, A2, lda);
+    double worst = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < lda; j++) {
+            size_t k = (size_t)i * lda + j;
+            double d = fabs(A[k] - A2[k]) / (1 + fabs(A2[k]));
+            if (j >= N) d = A[k] == A2[k] ? 0 : 1; /* padding untouched */
+            worst = fmax(worst, d);
+        }
+    CU_ASSERT(worst < 1e-5);
+    /* zero sizes: an empty inner size scales y by beta; nothing else moves */
+    y1[0] = 2.f;
+    mv(0, 1, 0, 1.f, A, lda, x, 0.5f, y1);
+    CU_ASSERT_EQUAL(y1[0], 1.f);
+    memcpy(A2, A, (size_t)M * lda * 4);
+    rank1(0, N, 1.f, x, u, A, lda);
+    rank1(M, 0, 1.f, x, u, A, lda);
+    CU_ASSERT(memcmp(A, A2, (size_t)M * lda * 4) == 0);
+    free(A);
+    free(A2);
+}
+
 static void test_mm_reference_is_a_product(void) {
     /* the reference itself, on a product known by hand */
     float A[] = {1, 2, 3, 4, 5, 6}; /* 2x3 */
@@ -465,6 +513,8 @@ int main(void) {
         {"BLIS sgemm matches the naive reference (all transposes, beta, strides)",
          test_mm_matches_reference},
         {"the reference is a matrix product", test_mm_reference_is_a_product},
+        {"BLIS matrix-vector products and rank-1 updates match the reference",
+         test_mv_rank1_match_reference},
         {"linear backward = finite differences", test_linear_backward},
         {"layernorm backward = finite differences", test_layernorm_backward},
         {"gelu backward = finite differences", test_gelu_backward},
