@@ -57,11 +57,39 @@ static int score_cmp(const void *a, const void *b) {
     return x->t - y->t;
 }
 
+static void swap_scores(Score *a, Score *b) {
+    Score t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* Marks the k best positions of r in score_cmp's order: a selection in
+ * O(T) expected time (Hoare's, median-of-three pivots) rather than a sort.
+ * score_cmp is a total order (positions differ), so the set is the one a
+ * sort would give. */
 static void topk_mark(unsigned char *member, const float *r, int T, int k, Score *buf) {
+    if (T <= 0) return;
     for (int t = 0; t < T; t++) buf[t] = (Score){r[t], t};
-    qsort(buf, (size_t)T, sizeof(Score), score_cmp);
-    memset(member, 0, (size_t)T);
-    for (int i = 0; i < k && i < T; i++) member[buf[i].t] = 1;
+    memset(member, k >= T, (size_t)T);
+    if (k >= T) return;
+    int lo = 0, hi = T - 1;
+    while (lo < hi) { /* buf[0 .. k) holds the best k when done */
+        const int mid = lo + (hi - lo) / 2;
+        if (score_cmp(&buf[mid], &buf[lo]) < 0) swap_scores(&buf[mid], &buf[lo]);
+        if (score_cmp(&buf[hi], &buf[lo]) < 0) swap_scores(&buf[hi], &buf[lo]);
+        if (score_cmp(&buf[hi], &buf[mid]) < 0) swap_scores(&buf[hi], &buf[mid]);
+        const Score pivot = buf[mid];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (score_cmp(&buf[i], &pivot) < 0) i++;
+            while (score_cmp(&pivot, &buf[j]) < 0) j--;
+            if (i <= j) swap_scores(&buf[i++], &buf[j--]);
+        }
+        if (k - 1 <= j) hi = j;
+        else if (k - 1 >= i) lo = i;
+        else break;
+    }
+    for (int i = 0; i < k; i++) member[buf[i].t] = 1;
 }
 
 void model_topk(unsigned char *member, const float *r, int T, int k) {

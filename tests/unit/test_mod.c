@@ -11,6 +11,7 @@
 
 #include "src/kernels.h"
 #include "src/model.h"
+#include "src/base/rng.h"
 #include "src/base/util.h"
 #include "testutil.h"
 
@@ -173,6 +174,28 @@ static void test_topk_selection(void) {
     float neg[4] = {-5, -1, -3, -2};
     model_topk(mem, neg, 4, 1);
     CU_ASSERT(!mem[0] && mem[1] && !mem[2] && !mem[3]);
+    /* the selection against the obvious rule (a position is chosen when
+     * fewer than k positions beat it: larger, or equal and earlier), on
+     * random scores with many ties, every k from 1 to T */
+    {
+        enum { TT = 97 };
+        float rr[TT];
+        unsigned char got[TT];
+        const uint64_t st = 12345;
+        int bad = 0;
+        for (int round = 0; round < 20; round++) {
+            for (int t = 0; t < TT; t++) rr[t] = (float)(rng_u64(st, (uint64_t)round, (uint64_t)t) % (round % 2 ? 7 : 1000)) - 3.f;
+            for (int kk = 1; kk <= TT; kk++) {
+                model_topk(got, rr, TT, kk);
+                for (int t = 0; t < TT; t++) {
+                    int beats = 0;
+                    for (int u = 0; u < TT; u++) beats += rr[u] > rr[t] || (rr[u] == rr[t] && u < t);
+                    bad += got[t] != (beats < kk);
+                }
+            }
+        }
+        CU_ASSERT_EQUAL(bad, 0);
+    }
 
     /* in the model: k per sequence, positions ascending, offsets per sequence */
     Model m;
