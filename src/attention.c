@@ -3,7 +3,7 @@
  *
  * The kernels training runs keep O(T) per head and row, never the T x T
  * probabilities (FlashAttention's idea, on CPU): queries go in tiles of
- * ATT_BR rows, keys in tiles of ATT_BC; scores, probabilities and their
+ * br rows, keys in tiles of bc (tile_shape); scores, probabilities and their
  * gradients live only in one tile per thread. The forward keeps an online
  * softmax (a running maximum and sum per row, the output rescaled as they
  * grow) and leaves each row's log-sum-exp; the backward recomputes a tile's
@@ -187,20 +187,24 @@ void attention_decode(float *out, float *p, const float *q, const float *kc, con
 
 /* ------------------------------------------------------ the O(T) kernels */
 
-/* A query tile meets key tiles [c0, c0 + ATT_BC) up to its last row, so
- * the tile above the diagonal is never formed. ATT_BC is a multiple of
- * ATT_BR: every row of a query tile reaches into every key tile it meets. */
-#ifndef ATT_BR
-#define ATT_BR 64
-#endif
-#ifndef ATT_BC
-#define ATT_BC 256
-#endif
+/* A query tile of br rows meets key tiles [c0, c0 + bc) up to its last
+ * row, so the tile above the diagonal is never formed. bc is a multiple of
+ * br: every row of a query tile reaches into every key tile it meets.
+ * Larger tiles pay BLIS's cost a call over more work but form more of the
+ * diagonal tile's upper triangle. Measured by tests/bench/attn_bench at
+ * GPT-2 small's heads against the kept kernels' time: 128 x 256 gives 1.02
+ * at T 256 (64 x 256: 1.10), 256 x 512 gives 0.94 at T 1024 (64 x 256:
+ * 1.10). */
+#define ATT_BR_MAX 256
+#define ATT_BC_MAX 512
+
+static void tile_shape(int T, int *br, int *bc) {
+    *br = T <= 256 ? 128 : ATT_BR_MAX;
+    *bc = T <= 256 ? 256 : ATT_BC_MAX;
+}
 
 /* Where sequence b, head h's row log-sum-exps start: a sequence's NH heads
  * of len rows each, sequences one after the other (N*NH floats in all). */
-_Static_assert(ATT_BC % ATT_BR == 0, "a query tile must reach into every key tile it meets");
-
 static size_t lse_offset(const int *off, int b, int h, int NH) {
     return (size_t)off[b] * NH + (size_t)h * (off[b + 1] - off[b]);
 }
@@ -227,27 +231,30 @@ VEC_IMPL online_softmax_row_impl(float *row, int n, int cb, float *mx, float *su
 VEC_DISPATCH(online_softmax_row, (float *row, int n, int cb, float *mx, float *sum, float *shrink),
              (row, n, cb, mx, sum, shrink))
 
-/* Head h of one sequence of T rows (q, k, v and y at their row strides). */
+/* Head h of one sequence of T rows (q, k, v and y at their row strides);
+ * s holds a br x bc tile. */
 static void attention_head_forward(float *y, float *lse, const float *q, const float *k, const float *v,
                          int T, int C3, int C, int hs, float *s) {
     const float scale = 1.f / sqrtf((float)hs);
-    float mx[ATT_BR], sum[ATT_BR];
-    for (int r0 = 0; r0 < T; r0 += ATT_BR) {
-        const int r1 = r0 + ATT_BR < T ? r0 + ATT_BR : T, rb = r1 - r0;
+    float mx[ATT_BR_MAX], sum[ATT_BR_MAX];
+    int br, bc;
+    tile_shape(T, &br, &bc);
+    for (int r0 = 0; r0 < T; r0 += br) {
+        const int r1 = r0 + br < T ? r0 + br : T, rb = r1 - r0;
         float *yr = y + (size_t)r0 * C;
         for (int i = 0; i < rb; i++) mx[i] = -INFINITY, sum[i] = 0.f;
-        for (int c0 = 0; c0 < r1; c0 += ATT_BC) {
-            const int cb = (c0 + ATT_BC < r1 ? c0 + ATT_BC : r1) - c0;
+        for (int c0 = 0; c0 < r1; c0 += bc) {
+            const int cb = (c0 + bc < r1 ? c0 + bc : r1) - c0;
             mm1(0, 1, rb, cb, hs, scale, q + (size_t)r0 * C3, C3, k + (size_t)c0 * C3, C3, 0.f,
-                s, ATT_BC);
+                s, bc);
             for (int i = 0; i < rb; i++) {
                 const int n = r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb;
                 float shrink;
-                online_softmax_row(s + (size_t)i * ATT_BC, n, cb, &mx[i], &sum[i], &shrink);
+                online_softmax_row(s + (size_t)i * bc, n, cb, &mx[i], &sum[i], &shrink);
                 if (c0 > 0)
                     for (int j = 0; j < hs; j++) yr[(size_t)i * C + j] *= shrink;
             }
-            mm1(0, 0, rb, hs, cb, 1.f, s, ATT_BC, v + (size_t)c0 * C3, C3, c0 > 0 ? 1.f : 0.f, yr,
+            mm1(0, 0, rb, hs, cb, 1.f, s, bc, v + (size_t)c0 * C3, C3, c0 > 0 ? 1.f : 0.f, yr,
                 C);
         }
         for (int i = 0; i < rb; i++) {
@@ -263,7 +270,7 @@ void attention_forward(float *out, float *lse, const float *qkv, int B, const in
     const int C = NH * hs, C3 = 3 * C;
 #pragma omp parallel
     {
-        float *s = thread_scratch((size_t)ATT_BR * ATT_BC);
+        float *s = thread_scratch((size_t)ATT_BR_MAX * ATT_BC_MAX);
 #pragma omp for schedule(static)
         for (int bh = 0; bh < B * NH; bh++) {
             const int b = bh / NH, h = bh % NH;
@@ -300,13 +307,15 @@ typedef struct {
 static void attention_head_backward(const HeadGrad *a, float *s, float *dp) {
     const int C3 = a->C3, C = a->C, hs = a->hs;
     const float scale = 1.f / sqrtf((float)hs);
-    float D[ATT_BR];
+    float D[ATT_BR_MAX];
+    int br, bc;
+    tile_shape(a->T, &br, &bc);
     for (int t = 0; t < a->T; t++) {
         memset(a->dk + (size_t)t * C3, 0, (size_t)hs * sizeof(float));
         memset(a->dv + (size_t)t * C3, 0, (size_t)hs * sizeof(float));
     }
-    for (int r0 = 0; r0 < a->T; r0 += ATT_BR) {
-        const int r1 = r0 + ATT_BR < a->T ? r0 + ATT_BR : a->T, rb = r1 - r0;
+    for (int r0 = 0; r0 < a->T; r0 += br) {
+        const int r1 = r0 + br < a->T ? r0 + br : a->T, rb = r1 - r0;
         const float *qr = a->q + (size_t)r0 * C3, *dyr = a->dy + (size_t)r0 * C;
         for (int i = 0; i < rb; i++) {
             float dot = 0.f;
@@ -314,21 +323,21 @@ static void attention_head_backward(const HeadGrad *a, float *s, float *dp) {
             for (int j = 0; j < hs; j++) dot += yi[j] * dyi[j];
             D[i] = dot;
         }
-        for (int c0 = 0; c0 < r1; c0 += ATT_BC) {
-            const int cb = (c0 + ATT_BC < r1 ? c0 + ATT_BC : r1) - c0;
+        for (int c0 = 0; c0 < r1; c0 += bc) {
+            const int cb = (c0 + bc < r1 ? c0 + bc : r1) - c0;
             const float *kc = a->k + (size_t)c0 * C3, *vc = a->v + (size_t)c0 * C3;
-            mm1(0, 1, rb, cb, hs, scale, qr, C3, kc, C3, 0.f, s, ATT_BC); /* S */
+            mm1(0, 1, rb, cb, hs, scale, qr, C3, kc, C3, 0.f, s, bc); /* S */
             for (int i = 0; i < rb; i++) {
                 const int n = r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb;
-                tile_probs_row(s + (size_t)i * ATT_BC, n, cb, a->lse[r0 + i]);
+                tile_probs_row(s + (size_t)i * bc, n, cb, a->lse[r0 + i]);
             }
-            mm1(1, 0, cb, hs, rb, 1.f, s, ATT_BC, dyr, C, 1.f, a->dv + (size_t)c0 * C3, C3);
-            mm1(0, 1, rb, cb, hs, 1.f, dyr, C, vc, C3, 0.f, dp, ATT_BC); /* dP = dY @ V^T */
+            mm1(1, 0, cb, hs, rb, 1.f, s, bc, dyr, C, 1.f, a->dv + (size_t)c0 * C3, C3);
+            mm1(0, 1, rb, cb, hs, 1.f, dyr, C, vc, C3, 0.f, dp, bc); /* dP = dY @ V^T */
             for (int i = 0; i < rb; i++)
-                tile_dscores_row(dp + (size_t)i * ATT_BC, s + (size_t)i * ATT_BC, cb, D[i], scale);
-            mm1(0, 0, rb, hs, cb, 1.f, dp, ATT_BC, kc, C3, c0 > 0 ? 1.f : 0.f,
+                tile_dscores_row(dp + (size_t)i * bc, s + (size_t)i * bc, cb, D[i], scale);
+            mm1(0, 0, rb, hs, cb, 1.f, dp, bc, kc, C3, c0 > 0 ? 1.f : 0.f,
                 a->dq + (size_t)r0 * C3, C3);
-            mm1(1, 0, cb, hs, rb, 1.f, dp, ATT_BC, qr, C3, 1.f, a->dk + (size_t)c0 * C3, C3);
+            mm1(1, 0, cb, hs, rb, 1.f, dp, bc, qr, C3, 1.f, a->dk + (size_t)c0 * C3, C3);
         }
     }
 }
@@ -338,7 +347,8 @@ void attention_backward(float *dqkv, const float *dout, const float *qkv, const 
     const int C = NH * hs, C3 = 3 * C;
 #pragma omp parallel
     {
-        float *s = thread_scratch((size_t)2 * ATT_BR * ATT_BC), *dp = s + ATT_BR * ATT_BC;
+        float *s = thread_scratch((size_t)2 * ATT_BR_MAX * ATT_BC_MAX),
+              *dp = s + ATT_BR_MAX * ATT_BC_MAX;
 #pragma omp for schedule(static)
         for (int bh = 0; bh < B * NH; bh++) {
             const int b = bh / NH, h = bh % NH;
