@@ -21,6 +21,8 @@
 
 static int g_threads = 1;
 int kernels_avx2 = 0;
+int kernels_avx512 = 0;
+static int g_vec_max = 0; /* the widest build this CPU runs */
 
 static inline float fast_tanhf(float u) { return 1.f - 2.f / (1.f + fast_expf(2.f * u)); }
 
@@ -69,9 +71,22 @@ void kernels_init(int threads, const char *blis_arch) {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
     kernels_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    kernels_avx512 = kernels_avx2 && __builtin_cpu_supports("avx512f") &&
+                     __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                     __builtin_cpu_supports("avx512bw");
 #endif
+    g_vec_max = kernels_avx512 ? 2 : kernels_avx2 ? 1 : 0;
     bli_thread_set_num_threads(g_threads);
     omp_set_num_threads(g_threads);
+}
+
+int kernels_vec_level(void) { return kernels_avx512 ? 2 : kernels_avx2 ? 1 : 0; }
+
+int kernels_set_vec_level(int level) {
+    level = level < 0 ? 0 : level > g_vec_max ? g_vec_max : level;
+    kernels_avx2 = level >= 1;
+    kernels_avx512 = level >= 2;
+    return level;
 }
 
 int kernels_threads(void) { return g_threads; }

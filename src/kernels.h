@@ -23,6 +23,11 @@ int kernels_threads(void);
 /* Whether blis_arch is "auto" or a configuration BLIS knows. Returns 0, or
  * -1 with err listing the names that would be right. */
 int kernels_check_arch(const char *blis_arch, Err *err);
+/* Which build of the elementwise loops runs: 0 the baseline, 1 AVX2+FMA,
+ * 2 AVX-512 (the widest the CPU has, from kernels_init). The tests set each
+ * level the CPU supports in turn; set returns the level taken. */
+int kernels_vec_level(void);
+int kernels_set_vec_level(int level);
 /* The BLIS configuration in use, for the run's log ("skx", "haswell", ...). */
 const char *kernels_blis_arch(void);
 /* Its id: what BLIS_ARCH_TYPE gives another program on the same BLIS

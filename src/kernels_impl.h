@@ -10,21 +10,28 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Hot elementwise loops are compiled twice, for AVX2+FMA and for the
- * baseline, and picked once at start, so one binary serves every node.
- * (GCC's target_clones("arch=haswell") tests the CPU model, not its
- * features, and took the slow clone on AMD EPYC.) */
-extern int kernels_avx2; /* set by kernels_init */
+/* Hot elementwise loops are compiled three times, for AVX-512, for
+ * AVX2+FMA and for the baseline, and picked once at start, so one binary
+ * serves every node. (GCC's target_clones("arch=haswell") tests the CPU
+ * model, not its features, and took the slow clone on AMD EPYC.) A
+ * reduction's lanes follow the vector width, so its last bits may differ
+ * between the builds; a machine always runs the same one. */
+extern int kernels_avx2;   /* set by kernels_init */
+extern int kernels_avx512; /* set by kernels_init */
 #if defined(__x86_64__) && defined(__GNUC__)
 #define VEC_TARGET __attribute__((target("avx2,fma")))
+#define VEC_TARGET512 __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")))
 #else
 #define VEC_TARGET
+#define VEC_TARGET512
 #endif
 #define VEC_DISPATCH(name, params, args)                                  \
+    VEC_TARGET512 static void name##_avx512 params { name##_impl args; }  \
     VEC_TARGET static void name##_avx2 params { name##_impl args; }       \
     static void name##_base params { name##_impl args; }                  \
     static void name params {                                             \
-        if (kernels_avx2) name##_avx2 args;                                     \
+        if (kernels_avx512) name##_avx512 args;                           \
+        else if (kernels_avx2) name##_avx2 args;                          \
         else name##_base args;                                            \
     }
 #define VEC_IMPL static inline __attribute__((always_inline)) void

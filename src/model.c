@@ -22,6 +22,7 @@
 #include "mpi/check.h"
 #include "src/config.h"
 #include "src/kernels.h"
+#include "src/kernels_impl.h"
 #include "src/base/rng.h"
 #include "src/base/util.h"
 
@@ -414,19 +415,38 @@ void route_stats_from_vec(RouteStats *st, const ModelDims *d, const double *v) {
     for (int i = 0; i < n; i++) st->moe[i] = (long long)v[ROUTE_STATS_FIXED + d->L + i];
 }
 
-/* Sum of squares of a block of at most SUMSQ_BLOCK floats in 8 lanes of
+/* Sum of squares of a block of at most SUMSQ_BLOCK floats in 16 lanes of
  * doubles, added up in a fixed order: the compiler vectorises across the
- * lanes, and the result depends on the block alone. */
+ * lanes (four independent chains of additions under AVX2), and the result
+ * depends on the block alone. The AVX2 build has no FMA, so nothing is
+ * fused and both builds give the same bits. */
 #define SUMSQ_BLOCK 8192
-static double block_sumsq(const float *g, size_t n) {
-    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#define SUMSQ_LANES 16
+VEC_IMPL block_sumsq_impl(const float *g, size_t n, double *out) {
+    double lane[SUMSQ_LANES] = {0};
     size_t j = 0;
-    for (; j + 8 <= n; j += 8)
+    for (; j + SUMSQ_LANES <= n; j += SUMSQ_LANES)
 #pragma omp simd
-        for (int k = 0; k < 8; k++) lane[k] += (double)g[j + (size_t)k] * g[j + (size_t)k];
+        for (int k = 0; k < SUMSQ_LANES; k++) lane[k] += (double)g[j + (size_t)k] * g[j + (size_t)k];
     for (int k = 0; j < n; j++, k++) lane[k] += (double)g[j] * g[j];
-    return ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
-           ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    for (int w = SUMSQ_LANES / 2; w >= 1; w /= 2) /* pairwise, in a fixed order */
+        for (int k = 0; k < w; k++) lane[k] += lane[k + w];
+    *out = lane[0];
+}
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2"))) static void block_sumsq_avx2(const float *g, size_t n,
+                                                              double *out) {
+    block_sumsq_impl(g, n, out);
+}
+#else
+static void block_sumsq_avx2(const float *g, size_t n, double *out) { block_sumsq_impl(g, n, out); }
+#endif
+static void block_sumsq_base(const float *g, size_t n, double *out) { block_sumsq_impl(g, n, out); }
+static double block_sumsq(const float *g, size_t n) {
+    double s;
+    if (kernels_avx2) block_sumsq_avx2(g, n, &s);
+    else block_sumsq_base(g, n, &s);
+    return s;
 }
 
 void model_grad_sumsq(const Model *m, double split[2], double replicated[2]) {

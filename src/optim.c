@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "src/base/util.h"
+#include "src/kernels_impl.h"
 
 void adamw_init(AdamW *o, const Model *model) {
     o->n = model->nparams;
@@ -32,11 +33,14 @@ double lr_at(const Config *c, int s) {
     return c->min_lr + 0.5 * (1.0 + cos(M_PI * progress)) * (c->lr - c->min_lr);
 }
 
-/* AdamW on [lo, hi) of one tensor, zeroing the gradient as it reads it
- * (memory-bound: an AVX2 build of it measured no faster). */
-static inline void adamw_range(float *w, float *g, float *m, float *v, size_t lo, size_t hi,
-                               float b1, float b2, float c1, float c2, float lr, float eps,
-                               float wd, float grad_scale) {
+/* AdamW on [lo, hi) of one tensor, zeroing the gradient as it reads it.
+ * Three divisions and a square root an element make it compute-bound on
+ * SSE2's four lanes, so it is compiled for AVX2's eight too, without FMA:
+ * IEEE division and square root round exactly and nothing can be fused,
+ * so both builds give adamw_step_ref's bits. */
+VEC_IMPL adamw_range_impl(float *w, float *g, float *m, float *v, size_t lo, size_t hi, float b1,
+                          float b2, float c1, float c2, float lr, float eps, float wd,
+                          float grad_scale) {
 #pragma omp simd
     for (size_t j = lo; j < hi; j++) {
         float gj = g[j] * grad_scale;
@@ -46,6 +50,22 @@ static inline void adamw_range(float *w, float *g, float *m, float *v, size_t lo
         w[j] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * w[j]);
         g[j] = 0.f; /* consumed: the next step's zeroing pass is saved */
     }
+}
+#define ADAMW_PARAMS                                                                         \
+    (float *w, float *g, float *m, float *v, size_t lo, size_t hi, float b1, float b2, float c1, \
+     float c2, float lr, float eps, float wd, float grad_scale)
+#define ADAMW_ARGS (w, g, m, v, lo, hi, b1, b2, c1, c2, lr, eps, wd, grad_scale)
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2"))) static void adamw_range_avx2 ADAMW_PARAMS {
+    adamw_range_impl ADAMW_ARGS;
+}
+#else
+static void adamw_range_avx2 ADAMW_PARAMS { adamw_range_impl ADAMW_ARGS; }
+#endif
+static void adamw_range_base ADAMW_PARAMS { adamw_range_impl ADAMW_ARGS; }
+static void adamw_range ADAMW_PARAMS {
+    if (kernels_avx2) adamw_range_avx2 ADAMW_ARGS;
+    else adamw_range_base ADAMW_ARGS;
 }
 
 void adamw_step(AdamW *o, Model *model, double lr, double beta1, double beta2, double eps,

@@ -529,5 +529,5 @@ int main(void) {
          test_fused_elementwise},
         {"linear backward overwriting = zeroing, then adding", test_linear_backward_set},
         CU_TEST_INFO_NULL};
-    return run_suite("kernels", tests);
+    return run_suite_each_vec("kernels", tests, kernels_vec_level(), kernels_set_vec_level);
 }

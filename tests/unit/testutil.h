@@ -7,6 +7,7 @@
 
 #include <CUnit/Basic.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "src/base/rng.h"
@@ -25,6 +26,24 @@ static inline int run_suite(const char *name, CU_TestInfo *tests) {
     unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
     CU_cleanup_registry();
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+/* Runs the suite once for each build of the elementwise loops this CPU
+ * runs (kernels_set_vec_level), the widest first; the kernels must be
+ * initialised. */
+#define VEC_NAMES {"baseline", "AVX2", "AVX-512"}
+static inline int run_suite_each_vec(const char *name, CU_TestInfo *tests, int top,
+                                     int (*set_level)(int)) {
+    static const char *names[] = VEC_NAMES;
+    int rc = EXIT_SUCCESS;
+    for (int level = top; level >= 0; level--) {
+        set_level(level);
+        printf("\n--- %s, %s loops ---\n", name, names[level]);
+        int r = run_suite(name, tests);
+        if (r != EXIT_SUCCESS) rc = r;
+    }
+    set_level(top);
+    return rc;
 }
 
 /* Fills x with N(0, scale) from a counter stream. */
