@@ -51,6 +51,53 @@ VEC_DISPATCH(softmax_causal_row_backward,
              (float *drow, const float *prow, int t, int T, float scale),
              (drow, prow, t, T, scale))
 
+/* C(M,N) = alpha * op(A) @ B + beta * C in plain vectorised loops: each row
+ * of C a sum of B's rows (contiguous, ldb apart) scaled by op(A)'s
+ * entries, in k order. */
+VEC_IMPL small_mm_impl(int ta, int M, int N, int K, float alpha, const float *A, int lda,
+                       const float *B, int ldb, float beta, float *C, int ldc) {
+    for (int i = 0; i < M; i++) {
+        float *c = C + (size_t)i * ldc;
+        if (beta == 0.f)
+            for (int j = 0; j < N; j++) c[j] = 0.f;
+        else if (beta != 1.f)
+            for (int j = 0; j < N; j++) c[j] *= beta;
+        for (int k = 0; k < K; k++) {
+            const float a = alpha * (ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k]);
+            const float *b = B + (size_t)k * ldb;
+#pragma omp simd
+            for (int j = 0; j < N; j++) c[j] += a * b[j];
+        }
+    }
+}
+VEC_DISPATCH(small_mm,
+             (int ta, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+              int ldb, float beta, float *C, int ldc),
+             (ta, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
+
+/* A tile's product (mm1's arguments). Short sequences make small tiles
+ * (a routed block sees its k tokens: 32 of 256 at capacity 1/8), where
+ * BLIS's cost a call (packing, its control tree) outweighs the work: those
+ * run small_mm, B transposed first when tb. SMALL_TILE (M N K) and
+ * SMALL_BT (B's floats) came from tests/bench/attn_bench. */
+#define SMALL_TILE (32 * 32 * 64)
+#define SMALL_BT (64 * 128)
+static void tile_mm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                    const float *B, int ldb, float beta, float *C, int ldc) {
+    if ((size_t)M * N * K > SMALL_TILE || (size_t)N * K > SMALL_BT) {
+        mm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    float bt[SMALL_BT];
+    if (tb) {
+        for (int k = 0; k < K; k++)
+            for (int j = 0; j < N; j++) bt[(size_t)k * N + j] = B[(size_t)j * ldb + k];
+        B = bt;
+        ldb = N;
+    }
+    small_mm(ta, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 /* A per-thread buffer kept between calls (a fresh T*T allocation per call
  * cost page faults on every step). */
 static float *thread_scratch(size_t n) {
@@ -179,9 +226,9 @@ void attention_decode(float *out, float *p, const float *q, const float *kc, con
                       int len, int NH, int hs, int ldkv) {
     const float scale = 1.f / sqrtf((float)hs);
     for (int h = 0; h < NH; h++) {
-        mm1(0, 1, 1, len, hs, scale, q + h * hs, hs, kc + h * hs, ldkv, 0.f, p, len);
+        mv(0, len, hs, scale, kc + h * hs, ldkv, q + h * hs, 0.f, p); /* one query: level 2 */
         softmax_causal_row(p, len - 1, len);
-        mm1(0, 0, 1, hs, len, 1.f, p, len, vc + h * hs, ldkv, 0.f, out + h * hs, hs);
+        mv(1, len, hs, 1.f, vc + h * hs, ldkv, p, 0.f, out + h * hs);
     }
 }
 
@@ -245,7 +292,7 @@ static void attention_head_forward(float *y, float *lse, const float *q, const f
         for (int i = 0; i < rb; i++) mx[i] = -INFINITY, sum[i] = 0.f;
         for (int c0 = 0; c0 < r1; c0 += bc) {
             const int cb = (c0 + bc < r1 ? c0 + bc : r1) - c0;
-            mm1(0, 1, rb, cb, hs, scale, q + (size_t)r0 * C3, C3, k + (size_t)c0 * C3, C3, 0.f,
+            tile_mm(0, 1, rb, cb, hs, scale, q + (size_t)r0 * C3, C3, k + (size_t)c0 * C3, C3, 0.f,
                 s, bc);
             for (int i = 0; i < rb; i++) {
                 const int n = r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb;
@@ -254,7 +301,7 @@ static void attention_head_forward(float *y, float *lse, const float *q, const f
                 if (c0 > 0)
                     for (int j = 0; j < hs; j++) yr[(size_t)i * C + j] *= shrink;
             }
-            mm1(0, 0, rb, hs, cb, 1.f, s, bc, v + (size_t)c0 * C3, C3, c0 > 0 ? 1.f : 0.f, yr,
+            tile_mm(0, 0, rb, hs, cb, 1.f, s, bc, v + (size_t)c0 * C3, C3, c0 > 0 ? 1.f : 0.f, yr,
                 C);
         }
         for (int i = 0; i < rb; i++) {
@@ -326,18 +373,18 @@ static void attention_head_backward(const HeadGrad *a, float *s, float *dp) {
         for (int c0 = 0; c0 < r1; c0 += bc) {
             const int cb = (c0 + bc < r1 ? c0 + bc : r1) - c0;
             const float *kc = a->k + (size_t)c0 * C3, *vc = a->v + (size_t)c0 * C3;
-            mm1(0, 1, rb, cb, hs, scale, qr, C3, kc, C3, 0.f, s, bc); /* S */
+            tile_mm(0, 1, rb, cb, hs, scale, qr, C3, kc, C3, 0.f, s, bc); /* S */
             for (int i = 0; i < rb; i++) {
                 const int n = r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb;
                 tile_probs_row(s + (size_t)i * bc, n, cb, a->lse[r0 + i]);
             }
-            mm1(1, 0, cb, hs, rb, 1.f, s, bc, dyr, C, 1.f, a->dv + (size_t)c0 * C3, C3);
-            mm1(0, 1, rb, cb, hs, 1.f, dyr, C, vc, C3, 0.f, dp, bc); /* dP = dY @ V^T */
+            tile_mm(1, 0, cb, hs, rb, 1.f, s, bc, dyr, C, 1.f, a->dv + (size_t)c0 * C3, C3);
+            tile_mm(0, 1, rb, cb, hs, 1.f, dyr, C, vc, C3, 0.f, dp, bc); /* dP = dY @ V^T */
             for (int i = 0; i < rb; i++)
                 tile_dscores_row(dp + (size_t)i * bc, s + (size_t)i * bc, cb, D[i], scale);
-            mm1(0, 0, rb, hs, cb, 1.f, dp, bc, kc, C3, c0 > 0 ? 1.f : 0.f,
+            tile_mm(0, 0, rb, hs, cb, 1.f, dp, bc, kc, C3, c0 > 0 ? 1.f : 0.f,
                 a->dq + (size_t)r0 * C3, C3);
-            mm1(1, 0, cb, hs, rb, 1.f, dp, bc, qr, C3, 1.f, a->dk + (size_t)c0 * C3, C3);
+            tile_mm(1, 0, cb, hs, rb, 1.f, dp, bc, qr, C3, 1.f, a->dk + (size_t)c0 * C3, C3);
         }
     }
 }

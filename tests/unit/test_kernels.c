@@ -311,17 +311,18 @@ static void check_attention_vs_full(int B, const int *off, int NH, int hs, uint6
 }
 
 static void test_attention_matches_full(void) {
-    /* T from 1 to 2048, odd sizes around the tiles (64 queries, 256 keys),
-     * head sizes 32 to 128 */
-    const int lens[][3] = {{1, 32, 1},    {63, 32, 2},  {65, 64, 1},  {257, 64, 2},
-                           {300, 128, 1}, {513, 96, 1}, {2048, 64, 1}};
+    /* T from 1 to 2048, odd sizes around the tiles (128 x 256 up to T 256,
+     * 256 x 512 beyond) and the small tiles' loops (T 17 and 32), head
+     * sizes 32 to 128 */
+    const int lens[][3] = {{1, 32, 1},   {17, 64, 2},   {32, 32, 1},  {63, 32, 2}, {65, 64, 1},
+                           {257, 64, 2}, {300, 128, 1}, {513, 96, 1}, {2048, 64, 1}};
     for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
         const int off[] = {0, lens[i][0]};
         check_attention_vs_full(1, off, lens[i][2], lens[i][1], 10 + i);
     }
-    /* unequal lengths, one empty, one of a single row */
-    const int off[] = {0, 150, 150, 187, 188, 700};
-    check_attention_vs_full(5, off, 2, 32, 20);
+    /* unequal lengths, one empty, one of a single row, one of 20 */
+    const int off[] = {0, 150, 150, 187, 188, 700, 720};
+    check_attention_vs_full(6, off, 2, 32, 20);
 }
 
 static void test_attention_matches_reference(void) {
