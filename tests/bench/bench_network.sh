@@ -1,0 +1,104 @@
+#!/bin/bash
+# Data parallelism through a real, throttled network on one machine (no
+# pass or fail; root). Open MPI's TCP transport over the loopback
+# (--mca btl tcp,self --mca btl_tcp_if_include lo: it leaves the loopback
+# out unless told), throttled by the kernel's tbf queueing discipline
+# (tc qdisc ... tbf rate R burst 256kb latency 100ms), against shared
+# memory (btl self,vader). Each run trains dp 2 (two ranks of one thread)
+# for --steps steps; per shape, link and variant it prints the mean over
+# steps 2.. of the step time and the dp_comm phase, the data-parallel bytes
+# modtrain counts a step, and the bytes the qdisc sent over the whole run
+# divided by the steps (start-up's traffic included), which prove the
+# traffic went through the throttled link. The pml is ob1, so that the btl
+# settings hold (another pml would bypass them).
+#   shapes:   d256  d_model 256, 4 layers, T 256, micro-batch 8 (V 256)
+#             gpt2  GPT-2 small (V 50257, d_model 768, 12 layers), T 256, micro-batch 4
+#   links:    shm, or a tbf rate (10gbit, 1gbit, 500mbit, ...)
+#   variants: dp2 (today's reduction after the backward)
+# The qdisc is removed on every exit path, and one left by a killed run is
+# removed at the start.
+# usage: tests/bench/bench_network.sh [--shapes "d256 gpt2"] [--links "shm 10gbit 1gbit"]
+#            [--steps N]
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+top=$(cd "$here/../.." && pwd)
+MODTRAIN=${MODTRAIN:-$top/modtrain}
+PYTHON=${PYTHON:-python3}
+shapes="d256 gpt2" links="shm 10gbit 1gbit" steps=4
+die() { echo "bench_network: $*" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+    [ $# -ge 2 ] || die "$1 needs a value"
+    case $1 in
+    --shapes) shapes=$2 ;;
+    --links) links=$2 ;;
+    --steps) steps=$2 ;;
+    *) die "unknown option '$1' (see the usage at the top of $0)" ;;
+    esac
+    shift 2
+done
+case $steps in '' | *[!0-9]* | 0*) die "--steps '$steps' is not a whole number >= 1" ;; esac
+[ "$steps" -ge 2 ] || die "--steps $steps: at least 2 (the first is left out)"
+for l in $links; do
+    case $l in shm | [1-9]*[0-9]gbit | [1-9]*[0-9]mbit | [1-9]gbit | [1-9]mbit) ;;
+    *) die "--links: '$l' is neither shm nor a rate like 10gbit or 500mbit" ;; esac
+done
+[ "$(id -u)" = 0 ] || die "needs root: it throttles the loopback with tc"
+command -v tc > /dev/null || die "tc is missing (apt-get install iproute2)"
+command -v mpirun > /dev/null || die "mpirun is missing (apt-get install openmpi-bin)"
+
+unthrottle() { tc qdisc del dev lo root 2> /dev/null || true; }
+unthrottle # one a killed run left behind
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/modtrain-bench.XXXXXX")
+trap 'unthrottle; rm -rf "$tmp"' EXIT
+trap 'exit 130' INT TERM # through the EXIT trap
+
+shape() { # NAME: sets model
+    case $1 in
+    d256) model="--vocab_size 256 --d_model 256 --n_head 8 --n_layer 4 --seq_len 256 --batch_size 16 --micro_batch 8" ;;
+    gpt2) model="--vocab_size 50257 --d_model 768 --n_head 12 --n_layer 12 --seq_len 256 --batch_size 8 --micro_batch 4" ;;
+    *) die "unknown shape '$1' (d256 or gpt2)" ;;
+    esac
+}
+for s in $shapes; do shape "$s"; done
+"$PYTHON" "$top/tests/scripts/make_shards.py" text "$tmp/train.bin" \
+    $(( (steps + 1) * 16 * 256 + 1 )) --vocab 256 --tokenizer 1
+
+sent() { tc -s qdisc show dev lo | awk '/Sent/ { print $2; exit }'; }
+# one LINK VARIANT: trains dp 2 and prints step_ms dp_comm_ms dp_MB qdisc_MB
+one() {
+    local link=$1 mca sent0=0 sent1=0
+    if [ "$link" = shm ]; then
+        mca="--mca pml ob1 --mca btl self,vader"
+        unthrottle
+    else
+        mca="--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo"
+        tc qdisc replace dev lo root tbf rate "$link" burst 256kb latency 100ms
+        sent0=$(sent)
+    fi
+    rm -rf "$tmp/run"
+    # shellcheck disable=SC2086 # the transport's and the model's keys
+    mpirun --allow-run-as-root --oversubscribe -np 2 $mca "$MODTRAIN" train $model --route_every 0 \
+        --steps "$steps" --threads 1 --train_data "$tmp/train.bin" --val_data "" \
+        --run_dir "$tmp/run" --resume never --ckpt_every 0 --log_every 1 > "$tmp/log" 2>&1 ||
+        { cat "$tmp/log" >&2; die "train over $link failed"; }
+    [ "$link" = shm ] || sent1=$(sent)
+    unthrottle
+    awk -v q=$((sent1 - sent0)) -v steps="$steps" '
+        function val(k,   i, r) { i = index($0, "\"" k "\":"); r = substr($0, i + length(k) + 3)
+                                  sub(/[,}].*/, "", r); return r }
+        /"loss"/ && val("step") + 0 > 1 { n++; t += val("step_time_ms"); c += val("dp_comm"); b += val("dp_bytes") }
+        END { printf "%.1f %.1f %.1f %.1f\n", t / n, c / n, b / n / 1e6, q / steps / 1e6 }' \
+        "$tmp/run/metrics.jsonl"
+}
+
+echo "dp 2 (two ranks of one thread), means over steps 2..$steps; MB a step"
+printf "%-6s %-8s %-8s %11s %11s %11s %11s\n" shape link variant "step ms" "dp_comm ms" "dp MB" "qdisc MB"
+for s in $shapes; do
+    shape "$s"
+    for l in $links; do
+        out=$(one "$l") # its exit status ends the benchmark here
+        read -r st dc db qb <<< "$out"
+        [ "$l" = shm ] && qb=-
+        printf "%-6s %-8s %-8s %11s %11s %11s %11s\n" "$s" "$l" dp2 "$st" "$dc" "$db" "$qb"
+    done
+done
