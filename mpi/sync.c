@@ -4,17 +4,27 @@
  */
 #include "mpi/sync.h"
 
+#include <assert.h>
 #include <math.h>
 
 #include "mpi/check.h"
 #include "mpi/dp.h"
 
 void grads_sync(float *grads, size_t n, size_t expert_n, float *tied, size_t tied_n,
-                const Grid *g) {
+                const Grid *g, DpOverlap *ov) {
     if (g->emb_comm != MPI_COMM_NULL && tied) dp_allreduce_sum(tied, tied_n, g->emb_comm);
     if (g->ep == 1) expert_n = 0; /* the experts' replicas are the dp group */
-    dp_allreduce_sum(grads, n - expert_n, g->dp_comm);
-    if (expert_n) dp_allreduce_sum(grads + (n - expert_n), expert_n, g->edp_comm);
+    const size_t shared = n - expert_n;
+    assert(!ov || ov->hi <= shared); /* the blocks' shared tensors, never the experts' */
+    if (ov) {
+        dp_overlap_start_rest(ov); /* every rank starts its collectives in one order */
+        dp_allreduce_sum(grads, ov->lo, g->dp_comm);
+        dp_allreduce_sum(grads + ov->hi, shared - ov->hi, g->dp_comm);
+    } else {
+        dp_allreduce_sum(grads, shared, g->dp_comm);
+    }
+    if (expert_n) dp_allreduce_sum(grads + shared, expert_n, g->edp_comm);
+    if (ov) dp_overlap_finish(ov);
 }
 
 double grads_norm(const double split[2], const double replicated[2], const Grid *g) {

@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 
+#include "mpi/dp.h"
 #include "mpi/grid.h"
 
 /* Completes the step's gradients in place: the tied embedding's two copies
@@ -19,9 +20,12 @@
  * summed over the embedding group, then every gradient over the
  * data-parallel group (each dp rank holds the gradient of its share of the
  * step's mean), in buckets; the last expert_n floats, the experts', only
- * over the ranks that hold the same experts (edp_comm) when ep > 1. */
+ * over the ranks that hold the same experts (edp_comm) when ep > 1. With
+ * ov (dp_overlap), the blocks' range is already in flight, bucket by
+ * bucket as the backward finished it: the rest is reduced here, then
+ * every bucket waited on. */
 void grads_sync(float *grads, size_t n, size_t expert_n, float *tied, size_t tied_n,
-                const Grid *g);
+                const Grid *g, DpOverlap *ov);
 /* The L2 norm of the whole model's gradients from this rank's sums of
  * squares ([0] of the shared tensors, [1] of this rank's experts): those of
  * tensors split across tp are summed over the tp group, replicated ones

@@ -107,6 +107,12 @@ static const KeySpec keys[] = {
     {"ep", K_INT, 0, OFF(ep), "1", 1, 4096, 0, NULL,
      "expert-parallel ranks: each MoE block's experts spread over ep data-parallel ranks"},
     {"schedule", K_ENUM, 0, OFF(schedule), "1f1b", 0, 0, 0, "1f1b|gpipe", "pipeline schedule"},
+    {"dp_overlap", K_INT, 0, OFF(dp_overlap), "1", 0, 1, 0, NULL,
+     "1 = each bucket of the blocks' gradients is all-reduced over dp as soon as the last "
+     "micro-batch's backward finishes it; 0 = everything after the backward"},
+    {"dp_bucket_mb", K_FLOAT, 0, OFF(dp_bucket_mb), "25", 0, 1 << 20, 0, NULL,
+     "MiB of gradients an overlapped all-reduce bucket holds at least, in whole blocks; "
+     "0 = a bucket a block"},
     {"recompute", K_ENUM, 0, OFF(recompute), "none", 0, 0, 0, "none|attention|block",
      "what the backward recomputes instead of keeping (none, attention, block): attention = "
      "each block's attention branch, block = whole blocks, each keeping only its output"},

@@ -56,6 +56,8 @@ typedef struct {
     /* parallel layout */
     int tp, pp, ep;
     Schedule schedule;
+    int dp_overlap;
+    double dp_bucket_mb;
     Recompute recompute;
     char stage_layers[CONFIG_STR]; /* "3,5": blocks per pipeline stage; "" balanced */
     /* checkpoints and output */

@@ -702,6 +702,7 @@ void model_backward(Model *m, float dloss, float aux_weight) {
         if (d->recompute == RECOMPUTE_BLOCK) block_recompute(m, l, x, B, T);
         if (model_is_routed(d, l)) routed_backward(m, l, x, m->s.dres, B, T, aux_scale, pred_scale);
         else block_branches_backward(m, l, x, N, B, m->s.off_dense, m->s.dres);
+        if (m->block_done) m->block_done(m->block_done_ctx, l);
     }
     if (model_first_stage(d)) {
         embed_backward(m->G.wte, m->s.dres, S->inputs, d->v0, d->Vl, N, d->C);

@@ -314,6 +314,10 @@ typedef struct {
      * of the tp group alike */
     int faulted;
     Err fault;
+    /* called after each block's backward with the block's index, when set
+     * (training's overlapped gradient reduction) */
+    void (*block_done)(void *ctx, int l);
+    void *block_done_ctx;
 } Model;
 
 /* Builds the registry and allocates parameters, gradients and activations

@@ -72,6 +72,8 @@ typedef struct {
     double save_estimate_s, last_eval_s;
     pthread_t watchdog;
     int watchdog_ready, resumed;
+    DpOverlap ov; /* dp_overlap: the blocks' buckets (overlap: in use) */
+    int overlap;
 } Run;
 
 /* What one step measured. */
@@ -431,6 +433,52 @@ static void run_resume_notice(const Run *r) {
 static int run_saves_async(const Config *c) {
     return c->ckpt_async && c->ckpt_every > 0 && c->ckpt_every < c->steps;
 }
+/* dp_overlap: this stage's blocks, the last first, as segments of the
+ * gradient buffer that the last micro-batch's backward finishes one by one
+ * (each block's shared tensors; its experts reduce after the backward over
+ * their own replicas). Without them in one range, the reduction waits for
+ * the backward, as with dp_overlap 0. */
+static void overlap_mark(void *ctx, int l) {
+    Run *r = ctx;
+    dp_overlap_mark(&r->ov, r->m.d.l1 - 1 - l);
+}
+
+static void run_overlap_setup(Run *r) {
+    Model *m = &r->m;
+    const ModelDims *d = &m->d;
+    const int nseg = d->l1 - d->l0;
+    if (nseg < 1) return;
+    size_t *lo = xmalloc((size_t)nseg * sizeof(size_t)), *hi = xmalloc((size_t)nseg * sizeof(size_t));
+    int ok = 1;
+    for (int i = 0; i < nseg && ok; i++) {
+        const int l = d->l1 - 1 - i;
+        size_t a = SIZE_MAX, b = 0, sum = 0;
+        for (int k = 0; k < m->nreg; k++) {
+            const ParamInfo *p = &m->reg[k];
+            if (p->layer != l || p->expert >= 0) continue;
+            const size_t end = p->offset + ((p->numel + 15) & ~(size_t)15);
+            a = p->offset < a ? p->offset : a;
+            b = end > b ? end : b;
+            sum += end - p->offset;
+        }
+        ok = a < b && sum == b - a; /* the block's tensors and nothing else */
+        lo[i] = a, hi[i] = b;
+    }
+    const size_t bucket = (size_t)(r->cfg.dp_bucket_mb * (1 << 18)); /* MiB in floats */
+    r->overlap = ok && dp_overlap_init(&r->ov, r->grid.dp_comm, m->grads, lo, hi, nseg, bucket,
+                                       r->n_micro) == 0;
+    free(lo);
+    free(hi);
+    if (r->overlap) {
+        m->block_done = overlap_mark;
+        m->block_done_ctx = r;
+    } else {
+        log0("train: dp_overlap: this stage's blocks are not one range of the gradients; they "
+             "are reduced after the backward\n");
+    }
+}
+
+
 
 /* This rank's stage of the model and its optimizer, restored from a
  * checkpoint or freshly initialised. Returns 0 or -1 (printed). */
@@ -487,6 +535,7 @@ static int run_setup_model(Run *r) {
     if (resumed == 0 && !c->init_from[0]) model_init_weights(&r->m, (uint64_t)c->seed);
     for (int l = 0; l < d.L; l++) r->n_routed += model_is_routed(&d, l);
     r->dense_fpt = model_flops_per_token(&d, r->T, NULL);
+    if (c->dp_overlap && g->dp > 1) run_overlap_setup(r);
     return 0;
 }
 
@@ -710,6 +759,7 @@ static void run_teardown(Run *r) {
     free(r->inputs);
     free(r->targets);
     free(r->frac);
+    if (r->overlap) dp_overlap_free(&r->ov);
     if (r->model_ready) {
         adamw_free(&r->opt);
         model_free(&r->m);
@@ -850,7 +900,7 @@ static void run_step(Run *r, int step, StepResult *out) {
     double t1 = now_s(), tp1 = tp_time_s;
     const ParamInfo *tied = model_tied_param(m);
     grads_sync(m->grads, m->nparams, m->expert_floats, tied ? m->grads + tied->offset : NULL,
-               tied ? tied->numel : 0, g);
+               tied ? tied->numel : 0, g, r->overlap ? &r->ov : NULL);
     double loss = reduce_step_stats(m, sc.loss_sum, g->dp_comm);
     if (g->pp > 1) {
         loss = reduce_step_stats(m, loss, g->pp_comm);

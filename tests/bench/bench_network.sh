@@ -14,23 +14,27 @@
 #   shapes:   d256  d_model 256, 4 layers, T 256, micro-batch 8 (V 256)
 #             gpt2  GPT-2 small (V 50257, d_model 768, 12 layers), T 256, micro-batch 4
 #   links:    shm, or a tbf rate (10gbit, 1gbit, 500mbit, ...)
-#   variants: dp2 (today's reduction after the backward)
+#   variants: after    dp_overlap 0: the reduction after the whole backward
+#             overlap  dp_overlap 1: each bucket as the backward finishes it
 # The qdisc is removed on every exit path, and one left by a killed run is
 # removed at the start.
 # usage: tests/bench/bench_network.sh [--shapes "d256 gpt2"] [--links "shm 10gbit 1gbit"]
-#            [--steps N]
+#            [--variants "after overlap"] [--bucket_mb MB] [--steps N]
+#   --bucket_mb: the overlap's dp_bucket_mb (default: train's, 25)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
 MODTRAIN=${MODTRAIN:-$top/modtrain}
 PYTHON=${PYTHON:-python3}
-shapes="d256 gpt2" links="shm 10gbit 1gbit" steps=4
+shapes="d256 gpt2" links="shm 10gbit 1gbit" variants="after overlap" bucket_mb="" steps=4
 die() { echo "bench_network: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     [ $# -ge 2 ] || die "$1 needs a value"
     case $1 in
     --shapes) shapes=$2 ;;
     --links) links=$2 ;;
+    --variants) variants=$2 ;;
+    --bucket_mb) bucket_mb=$2 ;;
     --steps) steps=$2 ;;
     *) die "unknown option '$1' (see the usage at the top of $0)" ;;
     esac
@@ -60,11 +64,20 @@ shape() { # NAME: sets model
     esac
 }
 for s in $shapes; do shape "$s"; done
+variant() { # NAME: sets keys
+    case $1 in
+    after) keys="--dp_overlap 0" ;;
+    overlap) keys="--dp_overlap 1 ${bucket_mb:+--dp_bucket_mb $bucket_mb}" ;;
+    *) die "unknown variant '$1' (after or overlap)" ;;
+    esac
+}
+for v in $variants; do variant "$v"; done
 "$PYTHON" "$top/tests/scripts/make_shards.py" text "$tmp/train.bin" \
     $(( (steps + 1) * 16 * 256 + 1 )) --vocab 256 --tokenizer 1
 
 sent() { tc -s qdisc show dev lo | awk '/Sent/ { print $2; exit }'; }
-# one LINK VARIANT: trains dp 2 and prints step_ms dp_comm_ms dp_MB qdisc_MB
+# one LINK: trains dp 2 with the variant's keys and prints step_ms dp_comm_ms
+# dp_MB qdisc_MB
 one() {
     local link=$1 mca sent0=0 sent1=0
     if [ "$link" = shm ]; then
@@ -77,7 +90,7 @@ one() {
     fi
     rm -rf "$tmp/run"
     # shellcheck disable=SC2086 # the transport's and the model's keys
-    mpirun --allow-run-as-root --oversubscribe -np 2 $mca "$MODTRAIN" train $model --route_every 0 \
+    mpirun --allow-run-as-root --oversubscribe -np 2 $mca "$MODTRAIN" train $model $keys --route_every 0 \
         --steps "$steps" --threads 1 --train_data "$tmp/train.bin" --val_data "" \
         --run_dir "$tmp/run" --resume never --ckpt_every 0 --log_every 1 > "$tmp/log" 2>&1 ||
         { cat "$tmp/log" >&2; die "train over $link failed"; }
@@ -96,9 +109,12 @@ printf "%-6s %-8s %-8s %11s %11s %11s %11s\n" shape link variant "step ms" "dp_c
 for s in $shapes; do
     shape "$s"
     for l in $links; do
-        out=$(one "$l") # its exit status ends the benchmark here
-        read -r st dc db qb <<< "$out"
-        [ "$l" = shm ] && qb=-
-        printf "%-6s %-8s %-8s %11s %11s %11s %11s\n" "$s" "$l" dp2 "$st" "$dc" "$db" "$qb"
+        for v in $variants; do
+            variant "$v"
+            out=$(one "$l") # its exit status ends the benchmark here
+            read -r st dc db qb <<< "$out"
+            [ "$l" = shm ] && qb=-
+            printf "%-6s %-8s %-8s %11s %11s %11s %11s\n" "$s" "$l" "$v" "$st" "$dc" "$db" "$qb"
+        done
     done
 done
