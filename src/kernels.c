@@ -91,6 +91,12 @@ int kernels_set_vec_level(int level) {
 
 int kernels_threads(void) { return g_threads; }
 
+void kernels_set_threads(int threads) {
+    g_threads = threads > 0 ? threads : 1;
+    bli_thread_set_num_threads(g_threads);
+    omp_set_num_threads(g_threads);
+}
+
 const char *kernels_blis_arch(void) { return bli_arch_string(bli_arch_query_id()); }
 
 int kernels_blis_arch_id(void) { return (int)bli_arch_query_id(); }

@@ -20,6 +20,8 @@
  * chooses skx on AVX-512 CPUs). Call before any other kernel. */
 void kernels_init(int threads, const char *blis_arch);
 int kernels_threads(void);
+/* Changes the thread count kernels_init set (BLIS's and OpenMP's). */
+void kernels_set_threads(int threads);
 /* Whether blis_arch is "auto" or a configuration BLIS knows. Returns 0, or
  * -1 with err listing the names that would be right. */
 int kernels_check_arch(const char *blis_arch, Err *err);

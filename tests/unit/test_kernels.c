@@ -530,5 +530,6 @@ int main(void) {
          test_fused_elementwise},
         {"linear backward overwriting = zeroing, then adding", test_linear_backward_set},
         CU_TEST_INFO_NULL};
-    return run_suite_each_vec("kernels", tests, kernels_vec_level(), kernels_set_vec_level);
+    return run_suite_each_vec("kernels", tests, kernels_vec_level(), kernels_set_vec_level,
+                              kernels_threads(), kernels_set_threads);
 }

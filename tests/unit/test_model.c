@@ -431,5 +431,6 @@ int main(void) {
                            {"model_logits = the reference's logits", test_head_logits_match_reference},
                            {"the head's memory is one chunk's logits", test_head_memory},
                            CU_TEST_INFO_NULL};
-    return run_suite_each_vec("model", tests, kernels_vec_level(), kernels_set_vec_level);
+    return run_suite_each_vec("model", tests, kernels_vec_level(), kernels_set_vec_level,
+                              kernels_threads(), kernels_set_threads);
 }

@@ -29,20 +29,26 @@ static inline int run_suite(const char *name, CU_TestInfo *tests) {
 }
 
 /* Runs the suite once for each build of the elementwise loops this CPU
- * runs (kernels_set_vec_level), the widest first; the kernels must be
- * initialised. */
+ * runs (kernels_set_vec_level): the widest on the threads the kernels were
+ * initialised with, the narrower ones on one thread (the builds differ in
+ * their loops, not their threading, and one thread keeps the extra runs
+ * quick beside other tests on a busy machine). */
 #define VEC_NAMES {"baseline", "AVX2", "AVX-512"}
 static inline int run_suite_each_vec(const char *name, CU_TestInfo *tests, int top,
-                                     int (*set_level)(int)) {
+                                     int (*set_level)(int), int threads,
+                                     void (*set_threads)(int)) {
     static const char *names[] = VEC_NAMES;
     int rc = EXIT_SUCCESS;
     for (int level = top; level >= 0; level--) {
         set_level(level);
-        printf("\n--- %s, %s loops ---\n", name, names[level]);
+        set_threads(level == top ? threads : 1);
+        printf("\n--- %s, %s loops, %d thread(s) ---\n", name, names[level],
+               level == top ? threads : 1);
         int r = run_suite(name, tests);
         if (r != EXIT_SUCCESS && rc != 99) rc = r; /* a hard error stays one */
     }
     set_level(top);
+    set_threads(threads);
     return rc;
 }
 
