@@ -75,9 +75,8 @@ void kernels_init(int threads, const char *blis_arch) {
                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                      __builtin_cpu_supports("avx512bw");
 #endif
-    g_vec_max = kernels_avx512 ? 2 : kernels_avx2 ? 1 : 0;
-    bli_thread_set_num_threads(g_threads);
-    omp_set_num_threads(g_threads);
+    g_vec_max = kernels_vec_level();
+    kernels_set_threads(g_threads);
 }
 
 int kernels_vec_level(void) { return kernels_avx512 ? 2 : kernels_avx2 ? 1 : 0; }

@@ -34,6 +34,21 @@ extern int kernels_avx512; /* set by kernels_init */
         else if (kernels_avx2) name##_avx2 args;                          \
         else name##_base args;                                            \
     }
+/* The same for loops that must give the baseline's bits: an AVX2 build
+ * without FMA (nothing can be fused; IEEE division and square root round
+ * exactly), and the baseline. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define VEC_TARGET_NOFMA __attribute__((target("avx2")))
+#else
+#define VEC_TARGET_NOFMA
+#endif
+#define VEC_DISPATCH_EXACT(name, params, args)                              \
+    VEC_TARGET_NOFMA static void name##_avx2 params { name##_impl args; }   \
+    static void name##_base params { name##_impl args; }                    \
+    static void name params {                                               \
+        if (kernels_avx2) name##_avx2 args;                                 \
+        else name##_base args;                                              \
+    }
 #define VEC_IMPL static inline __attribute__((always_inline)) void
 
 /* This thread's share [lo, hi) of n items inside a parallel region: a fixed

@@ -422,7 +422,7 @@ void route_stats_from_vec(RouteStats *st, const ModelDims *d, const double *v) {
  * fused and both builds give the same bits. */
 #define SUMSQ_BLOCK 8192
 #define SUMSQ_LANES 16
-VEC_IMPL block_sumsq_impl(const float *g, size_t n, double *out) {
+VEC_IMPL block_sumsq_v_impl(const float *g, size_t n, double *out) {
     double lane[SUMSQ_LANES] = {0};
     size_t j = 0;
     for (; j + SUMSQ_LANES <= n; j += SUMSQ_LANES)
@@ -433,19 +433,10 @@ VEC_IMPL block_sumsq_impl(const float *g, size_t n, double *out) {
         for (int k = 0; k < w; k++) lane[k] += lane[k + w];
     *out = lane[0];
 }
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx2"))) static void block_sumsq_avx2(const float *g, size_t n,
-                                                              double *out) {
-    block_sumsq_impl(g, n, out);
-}
-#else
-static void block_sumsq_avx2(const float *g, size_t n, double *out) { block_sumsq_impl(g, n, out); }
-#endif
-static void block_sumsq_base(const float *g, size_t n, double *out) { block_sumsq_impl(g, n, out); }
+VEC_DISPATCH_EXACT(block_sumsq_v, (const float *g, size_t n, double *out), (g, n, out))
 static double block_sumsq(const float *g, size_t n) {
     double s;
-    if (kernels_avx2) block_sumsq_avx2(g, n, &s);
-    else block_sumsq_base(g, n, &s);
+    block_sumsq_v(g, n, &s);
     return s;
 }
 

@@ -51,22 +51,10 @@ VEC_IMPL adamw_range_impl(float *w, float *g, float *m, float *v, size_t lo, siz
         g[j] = 0.f; /* consumed: the next step's zeroing pass is saved */
     }
 }
-#define ADAMW_PARAMS                                                                         \
-    (float *w, float *g, float *m, float *v, size_t lo, size_t hi, float b1, float b2, float c1, \
-     float c2, float lr, float eps, float wd, float grad_scale)
-#define ADAMW_ARGS (w, g, m, v, lo, hi, b1, b2, c1, c2, lr, eps, wd, grad_scale)
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx2"))) static void adamw_range_avx2 ADAMW_PARAMS {
-    adamw_range_impl ADAMW_ARGS;
-}
-#else
-static void adamw_range_avx2 ADAMW_PARAMS { adamw_range_impl ADAMW_ARGS; }
-#endif
-static void adamw_range_base ADAMW_PARAMS { adamw_range_impl ADAMW_ARGS; }
-static void adamw_range ADAMW_PARAMS {
-    if (kernels_avx2) adamw_range_avx2 ADAMW_ARGS;
-    else adamw_range_base ADAMW_ARGS;
-}
+VEC_DISPATCH_EXACT(adamw_range,
+                   (float *w, float *g, float *m, float *v, size_t lo, size_t hi, float b1,
+                    float b2, float c1, float c2, float lr, float eps, float wd, float grad_scale),
+                   (w, g, m, v, lo, hi, b1, b2, c1, c2, lr, eps, wd, grad_scale))
 
 void adamw_step(AdamW *o, Model *model, double lr, double beta1, double beta2, double eps,
                 double weight_decay, int t, float grad_scale) {
