@@ -32,6 +32,46 @@ void dp_allreduce_sum_d(double *buf, int n, MPI_Comm comm) {
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, n, MPI_DOUBLE, MPI_SUM, comm));
 }
 
+void dp_allreduce_sum_outside(float *buf, size_t n, const size_t *lo, const size_t *hi, int k,
+                              MPI_Comm comm) {
+    size_t at = 0;
+    for (;;) { /* the next excluded range at or above `at` */
+        size_t next = n, skip = n;
+        for (int i = 0; i < k; i++)
+            if (lo[i] >= at && lo[i] < next) next = lo[i], skip = hi[i];
+        dp_allreduce_sum(buf + at, next - at, comm);
+        if (next >= n) return;
+        at = skip;
+    }
+}
+
+void dp_rows_reduce_add(float *table, int V, int C, const int *slot, const float *rows,
+                        MPI_Comm comm) {
+    const size_t nb = ((size_t)V + 7) / 8;
+    unsigned char *map = xcalloc(nb, 1);
+    for (int v = 0; v < V; v++)
+        if (slot[v] >= 0) map[v >> 3] |= (unsigned char)(1u << (v & 7));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, map, (int)nb, MPI_UNSIGNED_CHAR, MPI_BOR, comm));
+    size_t u = 0;
+    for (int v = 0; v < V; v++) u += map[v >> 3] >> (v & 7) & 1;
+    float *pack = xmalloc((u ? u : 1) * (size_t)C * sizeof(float));
+    for (int v = 0, i = 0; v < V; v++) {
+        if (!(map[v >> 3] >> (v & 7) & 1)) continue;
+        float *dst = pack + (size_t)i++ * C;
+        if (slot[v] >= 0) memcpy(dst, rows + (size_t)slot[v] * C, (size_t)C * sizeof(float));
+        else memset(dst, 0, (size_t)C * sizeof(float));
+    }
+    dp_allreduce_sum(pack, u * (size_t)C, comm);
+    for (int v = 0, i = 0; v < V; v++) {
+        if (!(map[v >> 3] >> (v & 7) & 1)) continue;
+        float *dst = table + (size_t)v * C;
+        const float *src = pack + (size_t)i++ * C;
+        for (int c = 0; c < C; c++) dst[c] += src[c];
+    }
+    free(pack);
+    free(map);
+}
+
 static void *progress_main(void *arg) {
     DpOverlap *o = arg;
     pthread_mutex_lock(&o->mu);
@@ -58,10 +98,10 @@ int dp_overlap_init(DpOverlap *o, MPI_Comm comm, float *buf, const size_t *seg_l
     if (nseg < 1 || uses < 1) return -1;
     for (int i = 0; i < nseg; i++) {
         if (seg_lo[i] >= seg_hi[i]) return -1;
-        if (i > 0 && seg_hi[i] != seg_lo[i - 1]) return -1;
+        for (int j = 0; j < i; j++)
+            if (seg_lo[i] < seg_hi[j] && seg_lo[j] < seg_hi[i]) return -1;
     }
     o->comm = comm, o->buf = buf, o->nseg = nseg, o->uses = uses;
-    o->lo = seg_lo[nseg - 1], o->hi = seg_hi[0];
     o->blo = xmalloc((size_t)nseg * sizeof(size_t));
     o->bhi = xmalloc((size_t)nseg * sizeof(size_t));
     o->seg_bucket = xmalloc((size_t)nseg * sizeof(int));
@@ -69,7 +109,7 @@ int dp_overlap_init(DpOverlap *o, MPI_Comm comm, float *buf, const size_t *seg_l
     o->seg_left = xmalloc((size_t)nseg * sizeof(int));
     int b = -1;
     for (int i = 0; i < nseg; i++) { /* a new bucket once the last one holds enough */
-        if (b < 0 || o->bhi[b] - o->blo[b] >= bucket_floats) {
+        if (b < 0 || o->bhi[b] - o->blo[b] >= bucket_floats || seg_hi[i] != seg_lo[i - 1]) {
             b++;
             o->bhi[b] = seg_hi[i];
         }

@@ -19,22 +19,21 @@ void dp_allreduce_sum(float *buf, size_t n, MPI_Comm comm);
 void dp_allreduce_sum_d(double *buf, int n, MPI_Comm comm);
 
 /* Overlapped reduction (dp_overlap): a gradient buffer's segments become
- * final one by one (a stage's blocks as the backward finishes them, the
- * last first), each after `uses` marks (one per micro-batch's backward).
- * Consecutive segments form buckets of at least bucket_floats; a bucket is
- * summed over comm by non-blocking all-reduces (in place, DP_BUCKET floats
- * each) as soon as its last segment is final, and every later mark tests
- * the requests so the transport makes progress. Segments must be given in
- * the order they become final and lie one below the other in the buffer
- * (each ends where the one before it begins), so the buckets' union is one
- * range, [lo, hi). Every rank of comm declares the same segments and marks
- * them in the same order, so the collectives start in one order and sum in
- * fixed buckets: runs repeat bit for bit. */
+ * final one by one (the head's share of the tied embedding and ln_f, then a
+ * stage's blocks as the backward finishes them, the last first), each
+ * after `uses` marks (one per micro-batch's backward). Consecutive
+ * segments that lie one below the other (each ends where the one before it
+ * begins) form buckets of at least bucket_floats; one that does not starts
+ * a bucket of its own. A bucket is summed over comm by non-blocking
+ * all-reduces (in place, DP_BUCKET floats each) as soon as its last
+ * segment is final, and every later mark tests the requests so the
+ * transport makes progress. Every rank of comm declares the same segments
+ * and marks them in the same order, so the collectives start in one order
+ * and sum in fixed buckets: runs repeat bit for bit. */
 typedef struct {
     MPI_Comm comm;
     float *buf;
     int nseg, nbucket, uses;
-    size_t lo, hi;       /* the union of the segments */
     size_t *blo, *bhi;   /* (nbucket) each bucket's range */
     int *seg_bucket;     /* (nseg) */
     int *left;           /* (nbucket) marks still awaited this step */
@@ -52,8 +51,8 @@ typedef struct {
 } DpOverlap;
 
 /* Sets o up over buf; seg_lo/seg_hi (nseg) the segments in the order they
- * become final. Returns 0, or -1 when the segments are not contiguous as
- * described (o is then unusable; reduce after the backward instead). */
+ * become final, disjoint. Returns 0, or -1 when a segment is empty or two
+ * overlap (o is then unusable; reduce after the backward instead). */
 int dp_overlap_init(DpOverlap *o, MPI_Comm comm, float *buf, const size_t *seg_lo,
                     const size_t *seg_hi, int nseg, size_t bucket_floats, int uses);
 /* One use of segment seg is final: starts its bucket when that was the last
@@ -65,6 +64,20 @@ void dp_overlap_start_rest(DpOverlap *o);
  * then readies o for the next step. */
 void dp_overlap_finish(DpOverlap *o);
 void dp_overlap_free(DpOverlap *o);
+
+/* buf[0..n) summed over comm as dp_allreduce_sum does, except the
+ * ranges [lo[i], hi[i]) (k of them, disjoint, in any order): the gaps
+ * between them, in ascending order. */
+void dp_allreduce_sum_outside(float *buf, size_t n, const size_t *lo, const size_t *hi, int k,
+                              MPI_Comm comm);
+
+/* Sparse rows of a V x C table, summed over comm and added into it: rows
+ * holds this rank's row slot[v] for each v with slot[v] >= 0. The union of
+ * the ranks' rows (an all-reduce of a V-bit map) is summed in one packed
+ * all-reduce of |union| x C floats, in ascending row order, and added to
+ * table; a rank without a row sends zeros for it. Collective over comm. */
+void dp_rows_reduce_add(float *table, int V, int C, const int *slot, const float *rows,
+                        MPI_Comm comm);
 
 /* Bytes handed to data-parallel all-reduces since start (for benchmarks). */
 extern unsigned long long dp_bytes;

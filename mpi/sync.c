@@ -6,25 +6,37 @@
 
 #include <assert.h>
 #include <math.h>
+#include <stdlib.h>
 
 #include "mpi/check.h"
 #include "mpi/dp.h"
+#include "src/base/util.h"
 
-void grads_sync(float *grads, size_t n, size_t expert_n, float *tied, size_t tied_n,
-                const Grid *g, DpOverlap *ov) {
-    if (g->emb_comm != MPI_COMM_NULL && tied) dp_allreduce_sum(tied, tied_n, g->emb_comm);
+void grads_sync(float *grads, size_t n, size_t expert_n, const TiedGrad *tied, const Grid *g,
+                DpOverlap *ov) {
     if (g->ep == 1) expert_n = 0; /* the experts' replicas are the dp group */
     const size_t shared = n - expert_n;
-    assert(!ov || ov->hi <= shared); /* the blocks' shared tensors, never the experts' */
-    if (ov) {
-        dp_overlap_start_rest(ov); /* every rank starts its collectives in one order */
-        dp_allreduce_sum(grads, ov->lo, g->dp_comm);
-        dp_allreduce_sum(grads + ov->hi, shared - ov->hi, g->dp_comm);
-    } else {
-        dp_allreduce_sum(grads, shared, g->dp_comm);
+    const int rows_apart = tied && tied->rows;
+    /* what the overlap has in flight, and a stage's tied range without its
+     * head (zero but for the rows reduced apart), are left out of the rest */
+    const int k = (ov ? ov->nbucket : 0) + (rows_apart && !tied->head);
+    size_t *lo = xmalloc(((size_t)k + 1) * sizeof(size_t)), *hi = xmalloc(((size_t)k + 1) * sizeof(size_t));
+    for (int b = 0; ov && b < ov->nbucket; b++) {
+        assert(ov->bhi[b] <= shared); /* the shared tensors, never the experts' */
+        lo[b] = ov->blo[b], hi[b] = ov->bhi[b];
     }
+    if (rows_apart && !tied->head) lo[k - 1] = tied->offset, hi[k - 1] = tied->offset + tied->numel;
+    if (ov) dp_overlap_start_rest(ov); /* every rank starts its collectives in one order */
+    dp_allreduce_sum_outside(grads, shared, lo, hi, k, g->dp_comm);
+    free(lo);
+    free(hi);
     if (expert_n) dp_allreduce_sum(grads + shared, expert_n, g->edp_comm);
     if (ov) dp_overlap_finish(ov);
+    if (rows_apart)
+        dp_rows_reduce_add(grads + tied->offset, tied->Vl, tied->C, tied->slot, tied->rows,
+                           g->dp_comm);
+    if (g->emb_comm != MPI_COMM_NULL && tied)
+        dp_allreduce_sum(grads + tied->offset, tied->numel, g->emb_comm);
 }
 
 double grads_norm(const double split[2], const double replicated[2], const Grid *g) {

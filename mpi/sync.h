@@ -15,17 +15,33 @@
 #include "mpi/dp.h"
 #include "mpi/grid.h"
 
-/* Completes the step's gradients in place: the tied embedding's two copies
- * (first and last pipeline stage; tied may be NULL on other stages) are
- * summed over the embedding group, then every gradient over the
+/* The tied embedding's gradient on a stage that holds it: its range of the
+ * gradients, whether this stage's head adds to it (the last stage), and
+ * the embedding's rows when they are kept apart (dp > 1 on the first
+ * stage: EmbRows' slot and rows over the Vl x C table; rows NULL
+ * otherwise, when the embedding's backward added into the range). */
+typedef struct {
+    size_t offset, numel;
+    int head;
+    const int *slot;
+    const float *rows;
+    int Vl, C;
+} TiedGrad;
+
+/* Completes the step's gradients in place: every gradient over the
  * data-parallel group (each dp rank holds the gradient of its share of the
  * step's mean), in buckets; the last expert_n floats, the experts', only
- * over the ranks that hold the same experts (edp_comm) when ep > 1. With
- * ov (dp_overlap), the blocks' range is already in flight, bucket by
- * bucket as the backward finished it: the rest is reduced here, then
- * every bucket waited on. */
-void grads_sync(float *grads, size_t n, size_t expert_n, float *tied, size_t tied_n,
-                const Grid *g, DpOverlap *ov);
+ * over the ranks that hold the same experts (edp_comm) when ep > 1. The
+ * tied embedding (tied, NULL on stages without it): the head's share over
+ * dp with the rest, the embedding's rows kept apart over dp into the
+ * range (a stage without the head reduces only those rows), then the two
+ * stages' copies summed over the embedding group. With ov (dp_overlap),
+ * the segments ov was given are already in flight, bucket by bucket as
+ * the backward finished them: the rest is reduced here, then every bucket
+ * waited on. The order of the sums is the same with and without ov, so a
+ * dp 2 run gives the same bits either way. */
+void grads_sync(float *grads, size_t n, size_t expert_n, const TiedGrad *tied, const Grid *g,
+                DpOverlap *ov);
 /* The L2 norm of the whole model's gradients from this rank's sums of
  * squares ([0] of the shared tensors, [1] of this rank's experts): those of
  * tensors split across tp are summed over the tp group, replicated ones

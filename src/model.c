@@ -686,7 +686,10 @@ void model_backward(Model *m, float dloss, float aux_weight) {
     m->moe_scale = moe ? m->moe_aux_weight * dloss * (float)N / moe : 0.f;
 
     /* earlier stages: the caller put the next stage's input gradient in dres */
-    if (model_last_stage(d)) head_backward(m, dloss, N);
+    if (model_last_stage(d)) {
+        head_backward(m, dloss, N);
+        if (m->block_done) m->block_done(m->block_done_ctx, d->L);
+    }
     /* m->s.dres holds dL/d(residual stream) and moves back block by block */
     for (int l = d->l1 - 1; l >= d->l0; l--) {
         const float *x = l == d->l0 ? S->enc : S->acts[l - 1].res3;
@@ -696,9 +699,45 @@ void model_backward(Model *m, float dloss, float aux_weight) {
         if (m->block_done) m->block_done(m->block_done_ctx, l);
     }
     if (model_first_stage(d)) {
-        embed_backward(m->G.wte, m->s.dres, S->inputs, d->v0, d->Vl, N, d->C);
+        if (m->emb_rows) emb_rows_add(m->emb_rows, m->s.dres, S->inputs, d->v0, N);
+        else embed_backward(m->G.wte, m->s.dres, S->inputs, d->v0, d->Vl, N, d->C);
         pos_backward(m->G.wpe, m->s.dres, B, T, d->C);
     } /* later stages: m->s.dres is dL/d(stage input), for the previous stage */
+}
+
+void emb_rows_init(EmbRows *e, int Vl, int C, int cap) {
+    e->Vl = Vl, e->C = C, e->cap = cap < Vl ? cap : Vl, e->n = 0;
+    e->slot = xmalloc((size_t)Vl * sizeof(int));
+    for (int v = 0; v < Vl; v++) e->slot[v] = -1;
+    e->id = xmalloc((size_t)e->cap * sizeof(int));
+    e->rows = xcalloc((size_t)e->cap * C, sizeof(float));
+}
+
+void emb_rows_add(EmbRows *e, const float *dout, const int *tokens, int v0, int N) {
+    const int C = e->C;
+    for (int i = 0; i < N; i++) {
+        const int v = tokens[i] - v0;
+        if (v < 0 || v >= e->Vl) continue;
+        if (e->slot[v] < 0) {
+            assert(e->n < e->cap); /* the caller sized it for a step's tokens */
+            e->id[e->n] = v;
+            e->slot[v] = e->n++;
+        }
+        float *d = e->rows + (size_t)e->slot[v] * C;
+        const float *g = dout + (size_t)i * C;
+        for (int c = 0; c < C; c++) d[c] += g[c];
+    }
+}
+
+void emb_rows_clear(EmbRows *e) {
+    for (int s = 0; s < e->n; s++) e->slot[e->id[s]] = -1;
+    memset(e->rows, 0, (size_t)e->n * e->C * sizeof(float));
+    e->n = 0;
+}
+
+void emb_rows_free(EmbRows *e) {
+    free(e->slot), free(e->id), free(e->rows);
+    memset(e, 0, sizeof *e);
 }
 
 float *model_stage_output(const Model *m) {

@@ -248,6 +248,28 @@ typedef struct {
     float head_dloss;
 } ActSet;
 
+/* The embedding's gradient kept apart from G.wte, a row per distinct token
+ * (training at dp > 1): the head's share of the tied embedding's gradient
+ * is then final as soon as the last micro-batch's head backward is done and
+ * reduces over dp while the blocks' backward goes on; these rows, at most
+ * one per token of the step, reduce at the end (dp_rows_reduce_add). */
+typedef struct {
+    int *slot;   /* (Vl) each local row's slot, or -1 */
+    int *id;     /* (cap) the local row of each slot, in the order first touched */
+    float *rows; /* (cap, C) */
+    int n, cap, Vl, C;
+} EmbRows;
+
+/* Room for cap distinct rows of a Vl x C table; cap at most Vl. */
+void emb_rows_init(EmbRows *e, int Vl, int C, int cap);
+/* Adds dout's N rows to the rows of their tokens (v0..v0+Vl, others are
+ * another tp rank's), in token order as embed_backward adds them to G.wte. */
+void emb_rows_add(EmbRows *e, const float *dout, const int *tokens, int v0, int N);
+/* Empties e for the next step. */
+void emb_rows_clear(EmbRows *e);
+void emb_rows_free(EmbRows *e);
+
+
 /* Scratch that backward and decoding share across activation sets. */
 typedef struct {
     void *mem;
@@ -314,10 +336,15 @@ typedef struct {
      * of the tp group alike */
     int faulted;
     Err fault;
-    /* called after each block's backward with the block's index, when set
-     * (training's overlapped gradient reduction) */
+    /* called after each block's backward with the block's index, and after
+     * the head's with d.L (ln_f's gradients and the head's share of the
+     * tied embedding's are then this micro-batch's), when set (training's
+     * overlapped gradient reduction) */
     void (*block_done)(void *ctx, int l);
     void *block_done_ctx;
+    /* when set, the embedding's backward adds its rows here, not into
+     * G.wte (training at dp > 1: see EmbRows) */
+    EmbRows *emb_rows;
 } Model;
 
 /* Builds the registry and allocates parameters, gradients and activations

@@ -3,6 +3,7 @@
  */
 #include "src/plan.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +22,7 @@ static double allreduce_s(double n, int p, double alpha, double beta) {
 /* One stage's figures per micro-batch of B sequences on one rank. */
 typedef struct {
     double flops, tp_bytes;
-    int tp_calls;
+    double tp_calls; /* a count, in double: B T / rows of a big plan overflows an int */
     double ep_rows; /* expert slots (rows of C floats) the MoE blocks send out */
     int moe;        /* the stage's MoE blocks */
 } StageCost;
@@ -91,7 +92,7 @@ static StageCost stage_cost(const ModelDims *d, int B, int T) {
         /* the loss: a chunk's row maxima, then its sums with the target
          * logits; the head's backward: ln_f's input gradient */
         const int rows = d->head_rows > 0 ? d->head_rows : HEAD_ROWS;
-        s.tp_bytes += 3 * N + N * C, s.tp_calls += 2 * (B * T + rows - 1) / rows + 1;
+        s.tp_bytes += 3 * N + N * C, s.tp_calls += 2 * ceil(N / rows) + 1;
     }
     s.tp_bytes *= sizeof(float);
     return s;

@@ -72,8 +72,9 @@ typedef struct {
     double save_estimate_s, last_eval_s;
     pthread_t watchdog;
     int watchdog_ready, resumed;
-    DpOverlap ov; /* dp_overlap: the blocks' buckets (overlap: in use) */
-    int overlap;
+    DpOverlap ov; /* dp_overlap: the head's and the blocks' buckets (overlap: in use) */
+    int overlap, nhead_seg; /* nhead_seg: the head's segments, before the blocks' */
+    EmbRows emb_rows;       /* dp > 1 on the first stage: the embedding's rows apart */
 } Run;
 
 /* What one step measured. */
@@ -433,37 +434,53 @@ static void run_resume_notice(const Run *r) {
 static int run_saves_async(const Config *c) {
     return c->ckpt_async && c->ckpt_every > 0 && c->ckpt_every < c->steps;
 }
-/* dp_overlap: this stage's blocks, the last first, as segments of the
- * gradient buffer that the last micro-batch's backward finishes one by one
- * (each block's shared tensors; its experts reduce after the backward over
- * their own replicas). Without them in one range, the reduction waits for
- * the backward, as with dp_overlap 0. */
+/* dp_overlap: the segments of the gradient buffer that the last
+ * micro-batch's backward finishes one by one: on the last stage the
+ * head's share of the tied embedding and ln_f, then this stage's blocks,
+ * the last first (each block's shared tensors; its experts reduce after
+ * the backward over their own replicas). The embedding's rows are kept
+ * apart (EmbRows) and reduce at the end. A block whose tensors are not one
+ * range makes the reduction wait for the backward, as with dp_overlap 0. */
 static void overlap_mark(void *ctx, int l) {
     Run *r = ctx;
-    dp_overlap_mark(&r->ov, r->m.d.l1 - 1 - l);
+    if (l == r->m.d.L) {
+        for (int i = 0; i < r->nhead_seg; i++) dp_overlap_mark(&r->ov, i);
+    } else {
+        dp_overlap_mark(&r->ov, r->nhead_seg + r->m.d.l1 - 1 - l);
+    }
 }
+
+/* A tensor's range of the gradients, padded as the registry lays it out. */
+static size_t param_end(const ParamInfo *p) { return p->offset + ((p->numel + 15) & ~(size_t)15); }
 
 static void run_overlap_setup(Run *r) {
     Model *m = &r->m;
     const ModelDims *d = &m->d;
-    const int nseg = d->l1 - d->l0;
+    const int nhead = model_last_stage(d) ? 2 : 0, nseg = nhead + d->l1 - d->l0;
     if (nseg < 1) return;
     size_t *lo = xmalloc((size_t)nseg * sizeof(size_t)), *hi = xmalloc((size_t)nseg * sizeof(size_t));
     int ok = 1;
-    for (int i = 0; i < nseg && ok; i++) {
-        const int l = d->l1 - 1 - i;
+    if (nhead) { /* the tied embedding (its rows apart), then ln_f's weight and bias */
+        const ParamInfo *w = model_tied_param(m), *fw = model_find_param(m, "ln_f.weight"),
+                        *fb = model_find_param(m, "ln_f.bias");
+        lo[0] = w->offset, hi[0] = param_end(w);
+        lo[1] = fw->offset, hi[1] = param_end(fb);
+        ok = param_end(fw) == fb->offset;
+    }
+    for (int i = nhead; i < nseg && ok; i++) {
+        const int l = d->l1 - 1 - (i - nhead);
         size_t a = SIZE_MAX, b = 0, sum = 0;
         for (int k = 0; k < m->nreg; k++) {
             const ParamInfo *p = &m->reg[k];
             if (p->layer != l || p->expert >= 0) continue;
-            const size_t end = p->offset + ((p->numel + 15) & ~(size_t)15);
             a = p->offset < a ? p->offset : a;
-            b = end > b ? end : b;
-            sum += end - p->offset;
+            b = param_end(p) > b ? param_end(p) : b;
+            sum += param_end(p) - p->offset;
         }
         ok = a < b && sum == b - a; /* the block's tensors and nothing else */
         lo[i] = a, hi[i] = b;
     }
+    r->nhead_seg = nhead;
     const size_t bucket = (size_t)(r->cfg.dp_bucket_mb * (1 << 18)); /* MiB in floats */
     r->overlap = ok && dp_overlap_init(&r->ov, r->grid.dp_comm, m->grads, lo, hi, nseg, bucket,
                                        r->n_micro) == 0;
@@ -473,8 +490,8 @@ static void run_overlap_setup(Run *r) {
         m->block_done = overlap_mark;
         m->block_done_ctx = r;
     } else {
-        log0("train: dp_overlap: this stage's blocks are not one range of the gradients; they "
-             "are reduced after the backward\n");
+        log0("train: dp_overlap: a block's or ln_f's tensors are not one range of the "
+             "gradients; they are reduced after the backward\n");
     }
 }
 
@@ -535,6 +552,11 @@ static int run_setup_model(Run *r) {
     if (resumed == 0 && !c->init_from[0]) model_init_weights(&r->m, (uint64_t)c->seed);
     for (int l = 0; l < d.L; l++) r->n_routed += model_is_routed(&d, l);
     r->dense_fpt = model_flops_per_token(&d, r->T, NULL);
+    if (g->dp > 1 && model_first_stage(&d)) { /* a step's tokens: at most as many rows */
+        const size_t tokens = (size_t)r->local_batch * r->T;
+        emb_rows_init(&r->emb_rows, d.Vl, d.C, tokens < (size_t)d.Vl ? (int)tokens : d.Vl);
+        r->m.emb_rows = &r->emb_rows;
+    }
     if (c->dp_overlap && g->dp > 1) run_overlap_setup(r);
     return 0;
 }
@@ -760,6 +782,7 @@ static void run_teardown(Run *r) {
     free(r->targets);
     free(r->frac);
     if (r->overlap) dp_overlap_free(&r->ov);
+    if (r->emb_rows.slot) emb_rows_free(&r->emb_rows);
     if (r->model_ready) {
         adamw_free(&r->opt);
         model_free(&r->m);
@@ -899,8 +922,17 @@ static void run_step(Run *r, int step, StepResult *out) {
     fault_phase("gradient all-reduce");
     double t1 = now_s(), tp1 = tp_time_s;
     const ParamInfo *tied = model_tied_param(m);
-    grads_sync(m->grads, m->nparams, m->expert_floats, tied ? m->grads + tied->offset : NULL,
-               tied ? tied->numel : 0, g, r->overlap ? &r->ov : NULL);
+    const EmbRows *er = m->emb_rows;
+    const TiedGrad tg = {.offset = tied ? tied->offset : 0,
+                         .numel = tied ? tied->numel : 0,
+                         .head = model_last_stage(&m->d),
+                         .slot = er ? er->slot : NULL,
+                         .rows = er ? er->rows : NULL,
+                         .Vl = m->d.Vl,
+                         .C = m->d.C};
+    grads_sync(m->grads, m->nparams, m->expert_floats, tied ? &tg : NULL, g,
+               r->overlap ? &r->ov : NULL);
+    if (m->emb_rows) emb_rows_clear(m->emb_rows);
     double loss = reduce_step_stats(m, sc.loss_sum, g->dp_comm);
     if (g->pp > 1) {
         loss = reduce_step_stats(m, loss, g->pp_comm);
