@@ -113,6 +113,91 @@ static int model_slices(const Model *m, float *base, const char *prefix, const R
     return n;
 }
 
+/* A rectangle of registry row p's local rows [i0, i0 + nr) and columns
+ * [j0, j1), its first element at `data` (row stride p's local width), as
+ * global slices: one per tp block it touches, padded vocabulary rows left
+ * out. Returns the count added to out. */
+static int rect_slices(const Model *m, const ParamInfo *p, float *data, const char *prefix,
+                       int64_t i0, int64_t nr, int64_t j0, int64_t j1, CkSlice *out) {
+    const int blocks = p->split_dim < 0 ? 1 : p->split_blocks;
+    const int64_t ld = p->lshape[1];
+    int n = 0;
+    for (int b = 0; b < blocks; b++) {
+        int64_t r0 = i0, rn = nr, c0 = j0, cn = j1 - j0;
+        float *at = data;
+        if (p->split_dim == 0) { /* block b's local rows [b l, (b + 1) l) */
+            const int64_t l = p->lshape[0] / blocks, g = p->shape[0] / blocks;
+            const int64_t a = i0 > b * l ? i0 : b * l, e = i0 + nr < (b + 1) * l ? i0 + nr : (b + 1) * l;
+            if (a >= e) continue;
+            r0 = b * g + (int64_t)m->d.tp_rank * l + (a - b * l), rn = e - a;
+            at = data + (a - i0) * ld;
+        } else if (p->split_dim == 1) { /* block b's local columns */
+            const int64_t l = ld / blocks, g = p->shape[1] / blocks;
+            const int64_t a = j0 > b * l ? j0 : b * l, e = j1 < (b + 1) * l ? j1 : (b + 1) * l;
+            if (a >= e) continue;
+            c0 = b * g + (int64_t)m->d.tp_rank * l + (a - b * l), cn = e - a;
+            at = data + (a - j0);
+        }
+        if (r0 >= p->vocab_rows) continue; /* padded vocabulary rows are not saved */
+        if (r0 + rn > p->vocab_rows) rn = p->vocab_rows - r0;
+        CkSlice *s = &out[n++];
+        memset(s, 0, sizeof *s);
+        snprintf(s->name, sizeof s->name, "%s/%s", prefix, p->name);
+        s->ndim = p->ndim;
+        s->rows = p->vocab_rows;
+        s->cols = p->shape[1];
+        s->ld = ld;
+        s->r0 = r0, s->nr = rn, s->c0 = c0, s->nc = cn;
+        s->data = at;
+    }
+    return n;
+}
+
+/* This rank's pieces of a buffer sharded as sh (ZeRO-1's moments: sh's
+ * ranges of the flat buffer back to back in `base`), named prefix/name:
+ * each range's part of each tensor as rectangles (a partial first row,
+ * whole rows, a partial last row), with w, each says who shares its
+ * writing: nobody over dp (the shards are disjoint), the tp ranks of a
+ * replicated tensor and the tied embedding's two copies as usual. Returns
+ * the count; out holds at most shard_slices_cap. */
+static int shard_slices(const Model *m, float *base, const char *prefix, const ZeroShard *sh,
+                        int with_share, CkSlice *out) {
+    int n = 0;
+    size_t at = 0;
+    for (int k = 0; k < sh->n; k++) {
+        for (int i = 0; i < m->nreg; i++) {
+            const ParamInfo *p = &m->reg[i];
+            const size_t a = p->offset > sh->lo[k] ? p->offset : sh->lo[k];
+            const size_t e = p->offset + p->numel < sh->hi[k] ? p->offset + p->numel : sh->hi[k];
+            if (a >= e) continue;
+            const int64_t ld = p->lshape[1], x0 = (int64_t)(a - p->offset), x1 = (int64_t)(e - p->offset);
+            float *d = base + at + (a - sh->lo[k]);
+            const int first = n;
+            int64_t x = x0;
+            if (x % ld) { /* the partial first row */
+                const int64_t j1 = x1 - x / ld * ld < ld ? x1 - x / ld * ld : ld;
+                n += rect_slices(m, p, d, prefix, x / ld, 1, x % ld, j1, out + n);
+                d += j1 - x % ld, x += j1 - x % ld;
+            }
+            if (x1 / ld > x / ld) { /* whole rows */
+                const int64_t rows = x1 / ld - x / ld;
+                n += rect_slices(m, p, d, prefix, x / ld, rows, 0, ld, out + n);
+                d += rows * ld, x += rows * ld;
+            }
+            if (x < x1) n += rect_slices(m, p, d, prefix, x / ld, 1, 0, x1 - x, out + n);
+            const Replicas solo = {p->expert >= 0 ? m->d.ep : 1, 0};
+            for (int q = first; q < n && with_share; q++) share_of(m, p, &solo, &out[q]);
+        }
+        at += sh->hi[k] - sh->lo[k];
+    }
+    return n;
+}
+
+/* Room for shard_slices of sh: 3 rectangles of 3 blocks a range's part of a tensor. */
+static size_t shard_slices_cap(const Model *m, const ZeroShard *sh) {
+    return 9 * ((size_t)m->nreg + (size_t)sh->n);
+}
+
 /* ------------------------------------------------------------------ save */
 
 /* The names in a ckpt_dir that are not checkpoints but what a save, a
@@ -430,20 +515,25 @@ typedef struct {
     CkWriteOpts wo;
 } SaveJob;
 
-/* The save of weights `params` and moments `mom_m`, `mom_v` (NULL: none)
- * of model m after `step`. */
+/* The save of weights `params` and moments `mom_m`, `mom_v` (NULL: none;
+ * laid out as sh shards them, or like the weights when sh is NULL) of
+ * model m after `step`. */
 static void job_init(SaveJob *j, const char *ckpt_dir, const Model *m, float *params, float *mom_m,
-                     float *mom_v, const Config *cfg, int step, const CkptRunState *rs,
-                     MPI_Comm comm, const Replicas *r) {
+                     float *mom_v, const ZeroShard *sh, const Config *cfg, int step,
+                     const CkptRunState *rs, MPI_Comm comm, const Replicas *r) {
     int world = 1;
     MPI_CHECK(MPI_Comm_size(comm, &world));
     memset(j, 0, sizeof *j);
     snprintf(j->ckpt_dir, sizeof j->ckpt_dir, "%s", ckpt_dir);
     j->step = step;
     j->keep = cfg->ckpt_keep;
-    j->slices = xcalloc((size_t)(3 * 3 * m->nreg), sizeof(CkSlice));
+    j->slices = xcalloc((size_t)(3 * 3 * m->nreg) + (sh ? 2 * shard_slices_cap(m, sh) : 0),
+                        sizeof(CkSlice));
     j->n += model_slices(m, params, "param", r, j->slices + j->n);
-    if (mom_m) {
+    if (mom_m && sh) {
+        j->n += shard_slices(m, mom_m, "adam_m", sh, 1, j->slices + j->n);
+        j->n += shard_slices(m, mom_v, "adam_v", sh, 1, j->slices + j->n);
+    } else if (mom_m) {
         j->n += model_slices(m, mom_m, "adam_m", r, j->slices + j->n);
         j->n += model_slices(m, mom_v, "adam_v", r, j->slices + j->n);
     }
@@ -500,8 +590,8 @@ int ckpt_save(const char *ckpt_dir, const Model *m, const AdamW *opt, const Conf
               const CkptRunState *rs, MPI_Comm comm, int dp, int dp_rank, CkStats *st, Err *err) {
     SaveJob j;
     const Replicas r = {dp, dp_rank};
-    job_init(&j, ckpt_dir, m, m->params, opt ? opt->m : NULL, opt ? opt->v : NULL, cfg, step, rs,
-             comm, &r);
+    job_init(&j, ckpt_dir, m, m->params, opt ? opt->m : NULL, opt ? opt->v : NULL,
+             opt ? opt->shard : NULL, cfg, step, rs, comm, &r);
     int rc = job_run(&j, comm, st, err);
     free(j.slices);
     free(j.kv);
@@ -612,7 +702,7 @@ void ckpt_async_start(CkptAsync *a, const char *ckpt_dir, const Model *m, const 
                       const Config *cfg, int step, const CkptRunState *rs, int dp, int dp_rank,
                       int threads) {
     if (a->busy) abort(); /* the caller waits first: at most one save in flight */
-    const size_t n = m->nparams, need = opt ? 3 * n : n;
+    const size_t n = m->nparams, mn = opt ? opt->n : 0, need = n + 2 * mn;
     a->t0 = now_s();
     if (threads < 1) threads = 1;
     if (a->cap < need) {
@@ -622,12 +712,12 @@ void ckpt_async_start(CkptAsync *a, const char *ckpt_dir, const Model *m, const 
     }
     copy_floats(a->stage, m->params, n, threads);
     if (opt) {
-        copy_floats(a->stage + n, opt->m, n, threads);
-        copy_floats(a->stage + 2 * n, opt->v, n, threads);
+        copy_floats(a->stage + n, opt->m, mn, threads);
+        copy_floats(a->stage + n + mn, opt->v, mn, threads);
     }
     const Replicas r = {dp, dp_rank};
     job_init(&a->job, ckpt_dir, m, a->stage, opt ? a->stage + n : NULL,
-             opt ? a->stage + 2 * n : NULL, cfg, step, rs, a->comm, &r);
+             opt ? a->stage + n + mn : NULL, opt ? opt->shard : NULL, cfg, step, rs, a->comm, &r);
     a->job.wo.threads = threads;
     a->job.wo.background = 1;
     fault_set_step(step);
@@ -813,15 +903,19 @@ int ckpt_load(const char *stepdir, Model *m, AdamW *opt, int *had_moments, Err *
     int have_m = 0;
     for (int i = 0; i < ix.nchunks && !have_m; i++)
         have_m = strncmp(ix.chunks[i].name, "adam_m/", 7) == 0;
-    int cap = 3 * 3 * m->nreg, n = 0;
-    CkSlice *slices = xcalloc((size_t)cap, sizeof(CkSlice));
+    const size_t cap = (size_t)(3 * 3 * m->nreg) + (opt && opt->shard ? 2 * shard_slices_cap(m, opt->shard) : 0);
+    int n = 0;
+    CkSlice *slices = xcalloc(cap, sizeof(CkSlice));
     /* padded vocabulary rows are in no chunk: they start at zero */
     memset(m->params, 0, m->nparams * sizeof(float));
     n += model_slices(m, m->params, "param", NULL, slices + n);
     if (opt) {
         memset(opt->m, 0, opt->n * sizeof(float));
         memset(opt->v, 0, opt->n * sizeof(float));
-        if (have_m) {
+        if (have_m && opt->shard) {
+            n += shard_slices(m, opt->m, "adam_m", opt->shard, 0, slices + n);
+            n += shard_slices(m, opt->v, "adam_v", opt->shard, 0, slices + n);
+        } else if (have_m) {
             n += model_slices(m, opt->m, "adam_m", NULL, slices + n);
             n += model_slices(m, opt->v, "adam_v", NULL, slices + n);
         }

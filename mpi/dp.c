@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "mpi/check.h"
+#include "mpi/zero.h"
 #include "src/base/util.h"
 
 unsigned long long dp_bytes = 0;
@@ -130,12 +131,25 @@ int dp_overlap_init(DpOverlap *o, MPI_Comm comm, float *buf, const size_t *seg_l
     return 0;
 }
 
+void dp_overlap_set_zero(DpOverlap *o, int p, int r) {
+    o->zero_p = p, o->zero_r = r;
+    free(o->counts);
+    o->counts = xmalloc((size_t)o->capreq * (size_t)p * sizeof(int));
+}
+
 /* Under o->mu. */
 static void start_bucket(DpOverlap *o, int b) {
     for (size_t off = o->blo[b]; off < o->bhi[b]; off += DP_BUCKET) {
         const int cnt = (int)(o->bhi[b] - off < DP_BUCKET ? o->bhi[b] - off : DP_BUCKET);
-        MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, o->buf + off, cnt, MPI_FLOAT, MPI_SUM, o->comm,
-                                 &o->req[o->nreq++]));
+        if (o->zero_p > 1) {
+            int *counts = o->counts + (size_t)o->nreq * (size_t)o->zero_p;
+            zero_counts(off, off + (size_t)cnt, o->zero_p, counts);
+            MPI_CHECK(MPI_Ireduce_scatter(MPI_IN_PLACE, o->buf + off, counts, MPI_FLOAT, MPI_SUM,
+                                          o->comm, &o->req[o->nreq++]));
+        } else {
+            MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, o->buf + off, cnt, MPI_FLOAT, MPI_SUM, o->comm,
+                                     &o->req[o->nreq++]));
+        }
         dp_bytes += (unsigned long long)cnt * sizeof(float);
     }
     o->in_flight = 1;
@@ -167,6 +181,10 @@ void dp_overlap_finish(DpOverlap *o) {
     dp_overlap_start_rest(o);
     pthread_mutex_lock(&o->mu);
     if (o->nreq > 0) MPI_CHECK(MPI_Waitall(o->nreq, o->req, MPI_STATUSES_IGNORE));
+    for (int b = 0; b < o->nbucket && o->nreq > 0 && o->zero_p > 1; b++)
+        for (size_t off = o->blo[b]; off < o->bhi[b]; off += DP_BUCKET)
+            zero_place(o->buf, off, o->bhi[b] - off < DP_BUCKET ? o->bhi[b] : off + DP_BUCKET,
+                       o->zero_p, o->zero_r);
     o->nreq = 0, o->next = 0, o->in_flight = 0;
     pthread_mutex_unlock(&o->mu);
     for (int b = 0; b < o->nbucket; b++) o->left[b] = 0;
@@ -189,6 +207,6 @@ void dp_overlap_free(DpOverlap *o) {
         pthread_cond_destroy(&o->wake);
     }
     free(o->blo), free(o->bhi), free(o->seg_bucket), free(o->left), free(o->seg_left);
-    free(o->req);
+    free(o->req), free(o->counts);
     memset(o, 0, sizeof *o);
 }

@@ -48,6 +48,10 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t wake;
     int in_flight, stop, threaded;
+    /* ZeRO-1 (zero_p > 1): each request reduce-scatters its piece over the
+     * zero_p ranks (this one zero_r), with its counts at counts[i * zero_p] */
+    int zero_p, zero_r;
+    int *counts;
 } DpOverlap;
 
 /* Sets o up over buf; seg_lo/seg_hi (nseg) the segments in the order they
@@ -55,6 +59,11 @@ typedef struct {
  * overlap (o is then unusable; reduce after the backward instead). */
 int dp_overlap_init(DpOverlap *o, MPI_Comm comm, float *buf, const size_t *seg_lo,
                     const size_t *seg_hi, int nseg, size_t bucket_floats, int uses);
+/* Makes o reduce-scatter its buckets' pieces (DP_BUCKET floats from each
+ * bucket's start, ZeRO-1's pieces: zero.h) over its p ranks, this one r,
+ * instead of all-reducing them; dp_overlap_finish moves each part's sums
+ * to where the part lies. Before the first mark. */
+void dp_overlap_set_zero(DpOverlap *o, int p, int r);
 /* One use of segment seg is final: starts its bucket when that was the last
  * mark it awaited, then progresses what is in flight. */
 void dp_overlap_mark(DpOverlap *o, int seg);

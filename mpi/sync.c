@@ -13,7 +13,7 @@
 #include "src/base/util.h"
 
 void grads_sync(float *grads, size_t n, size_t expert_n, const TiedGrad *tied, const Grid *g,
-                DpOverlap *ov) {
+                DpOverlap *ov, const Zero *z) {
     if (g->ep == 1) expert_n = 0; /* the experts' replicas are the dp group */
     const size_t shared = n - expert_n;
     const int rows_apart = tied && tied->rows;
@@ -27,16 +27,36 @@ void grads_sync(float *grads, size_t n, size_t expert_n, const TiedGrad *tied, c
     }
     if (rows_apart && !tied->head) lo[k - 1] = tied->offset, hi[k - 1] = tied->offset + tied->numel;
     if (ov) dp_overlap_start_rest(ov); /* every rank starts its collectives in one order */
-    dp_allreduce_sum_outside(grads, shared, lo, hi, k, g->dp_comm);
+    if (z) {
+        zero_reduce_scatter(z, grads, lo, hi, k);
+    } else {
+        dp_allreduce_sum_outside(grads, shared, lo, hi, k, g->dp_comm);
+        if (expert_n) dp_allreduce_sum(grads + shared, expert_n, g->edp_comm);
+    }
     free(lo);
     free(hi);
-    if (expert_n) dp_allreduce_sum(grads + shared, expert_n, g->edp_comm);
     if (ov) dp_overlap_finish(ov);
     if (rows_apart)
         dp_rows_reduce_add(grads + tied->offset, tied->Vl, tied->C, tied->slot, tied->rows,
                            g->dp_comm);
-    if (g->emb_comm != MPI_COMM_NULL && tied)
+    if (g->emb_comm == MPI_COMM_NULL || !tied) return;
+    if (!z) {
         dp_allreduce_sum(grads + tied->offset, tied->numel, g->emb_comm);
+        return;
+    }
+    for (int i = 0; i < z->shard.n; i++) { /* both copies cut the range alike */
+        const size_t a = z->shard.lo[i] > tied->offset ? z->shard.lo[i] : tied->offset;
+        const size_t e = tied->offset + tied->numel;
+        const size_t b = z->shard.hi[i] < e ? z->shard.hi[i] : e;
+        if (a < b) dp_allreduce_sum(grads + a, b - a, g->emb_comm);
+    }
+}
+
+void zero_sumsq_reduce(double split[2], double replicated[2], const Zero *z) {
+    double v[4] = {split[0], replicated[0], split[1], replicated[1]};
+    if (z->size[0] > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_DOUBLE, MPI_SUM, z->comm[0]));
+    if (z->size[1] > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v + 2, 2, MPI_DOUBLE, MPI_SUM, z->comm[1]));
+    split[0] = v[0], replicated[0] = v[1], split[1] = v[2], replicated[1] = v[3];
 }
 
 double grads_norm(const double split[2], const double replicated[2], const Grid *g) {

@@ -14,6 +14,7 @@
 
 #include "mpi/dp.h"
 #include "mpi/grid.h"
+#include "mpi/zero.h"
 
 /* The tied embedding's gradient on a stage that holds it: its range of the
  * gradients, whether this stage's head adds to it (the last stage), and
@@ -39,9 +40,16 @@ typedef struct {
  * the segments ov was given are already in flight, bucket by bucket as
  * the backward finished them: the rest is reduced here, then every bucket
  * waited on. The order of the sums is the same with and without ov, so a
- * dp 2 run gives the same bits either way. */
+ * dp 2 run gives the same bits either way. With z (ZeRO-1), every
+ * reduction over dp and edp is z's reduce-scatter instead: only this
+ * rank's parts hold the sums after (the tied embedding's too, summed over
+ * the embedding group part by part). */
 void grads_sync(float *grads, size_t n, size_t expert_n, const TiedGrad *tied, const Grid *g,
-                DpOverlap *ov);
+                DpOverlap *ov, const Zero *z);
+/* ZeRO-1's sums of squares (model_grad_sumsq_ranges over z's shard)
+ * completed over the parts' groups: [0] over dp, [1] (the experts') over
+ * edp. Then grads_norm as without ZeRO. */
+void zero_sumsq_reduce(double split[2], double replicated[2], const Zero *z);
 /* The L2 norm of the whole model's gradients from this rank's sums of
  * squares ([0] of the shared tensors, [1] of this rank's experts): those of
  * tensors split across tp are summed over the tp group, replicated ones

@@ -110,6 +110,9 @@ static const KeySpec keys[] = {
     {"dp_overlap", K_INT, 0, OFF(dp_overlap), "1", 0, 1, 0, NULL,
      "1 = each bucket of the blocks' gradients is all-reduced over dp as soon as the last "
      "micro-batch's backward finishes it; 0 = everything after the backward"},
+    {"zero", K_INT, 0, OFF(zero), "0", 0, 1, 0, NULL,
+     "1 = ZeRO-1: AdamW's moments and update sharded over dp (reduce-scatter the "
+     "gradients, all-gather the parameters); 0 = replicated"},
     {"dp_bucket_mb", K_FLOAT, 0, OFF(dp_bucket_mb), "25", 0, 1 << 20, 0, NULL,
      "MiB of gradients an overlapped all-reduce bucket holds at least, in whole blocks; "
      "0 = a bucket a block"},

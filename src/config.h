@@ -57,6 +57,7 @@ typedef struct {
     int tp, pp, ep;
     Schedule schedule;
     int dp_overlap;
+    int zero; /* ZeRO-1: the optimizer's state sharded over dp */
     double dp_bucket_mb;
     Recompute recompute;
     char stage_layers[CONFIG_STR]; /* "3,5": blocks per pipeline stage; "" balanced */

@@ -441,42 +441,51 @@ static double block_sumsq(const float *g, size_t n) {
 }
 
 void model_grad_sumsq(const Model *m, double split[2], double replicated[2]) {
+    model_grad_sumsq_ranges(m, NULL, NULL, -1, split, replicated);
+}
+
+/* A piece of a tensor the sums of squares cover: [lo, hi) of the buffer. */
+typedef struct {
+    size_t lo, hi;
+    int tensor, expert, split;
+} SumsqPiece;
+
+void model_grad_sumsq_ranges(const Model *m, const size_t *rlo, const size_t *rhi, int nr,
+                             double split[2], double replicated[2]) {
     /* the last stage's copy of the tied wte is counted on the first */
     const int tied_elsewhere = m->d.pp > 1 && !model_first_stage(&m->d);
-    /* every tensor in blocks of SUMSQ_BLOCK, summed on all threads, then the
-     * blocks of each tensor in order: the same bits on any thread count */
-#define BLOCKS(p) (tied_elsewhere && (p)->tied ? 0 : ((p)->numel + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK)
-    size_t nblocks = 0;
-    for (int i = 0; i < m->nreg; i++) nblocks += BLOCKS(&m->reg[i]);
-    double *part = xmalloc((nblocks + 1) * sizeof(double));
-#pragma omp parallel
-    {
-        size_t b0 = 0;
-        for (int i = 0; i < m->nreg; i++) {
-            const ParamInfo *p = &m->reg[i];
-            const size_t nb = BLOCKS(p);
-            const float *g = m->grads + p->offset;
-#pragma omp for schedule(static) nowait
-            for (size_t b = 0; b < nb; b++) {
-                const size_t lo = b * SUMSQ_BLOCK;
-                const size_t n = p->numel - lo < SUMSQ_BLOCK ? p->numel - lo : SUMSQ_BLOCK;
-                part[b0 + b] = block_sumsq(g + lo, n);
-            }
-            b0 += nb;
-        }
-    }
-    double s[2][2] = {{0, 0}, {0, 0}}; /* [expert][split]: a fixed order of sums */
-    size_t b0 = 0;
+    /* each tensor's pieces (the whole of it, or its parts in the ranges) in
+     * blocks of SUMSQ_BLOCK, summed on all threads, then the blocks in
+     * order: the same bits on any thread count */
+    size_t cap = 0, np = 0;
+    for (int i = 0; i < m->nreg; i++)
+        cap += (m->reg[i].numel + SUMSQ_BLOCK - 1) / SUMSQ_BLOCK + (nr > 0 ? (size_t)nr : 1);
+    SumsqPiece *piece = xmalloc((cap + 1) * sizeof *piece);
     for (int i = 0; i < m->nreg; i++) {
         const ParamInfo *p = &m->reg[i];
-        const size_t nb = BLOCKS(p);
-        double t = 0;
-        for (size_t b = 0; b < nb; b++) t += part[b0 + b];
-        b0 += nb;
-        s[p->expert >= 0][p->split_dim >= 0] += t;
+        if (tied_elsewhere && p->tied) continue;
+        const size_t t0 = p->offset, t1 = p->offset + p->numel;
+        for (int k = 0; k < (nr < 0 ? 1 : nr); k++) {
+            const size_t a = nr < 0 || rlo[k] < t0 ? t0 : rlo[k];
+            const size_t b = nr < 0 || rhi[k] > t1 ? t1 : rhi[k];
+            for (size_t x = a; x < b; x += SUMSQ_BLOCK)
+                piece[np++] = (SumsqPiece){x, b - x < SUMSQ_BLOCK ? b : x + SUMSQ_BLOCK, i,
+                                           p->expert >= 0, p->split_dim >= 0};
+        }
     }
-#undef BLOCKS
+    double *part = xmalloc((np + 1) * sizeof(double));
+#pragma omp parallel for schedule(static)
+    for (size_t b = 0; b < np; b++)
+        part[b] = block_sumsq(m->grads + piece[b].lo, piece[b].hi - piece[b].lo);
+    double s[2][2] = {{0, 0}, {0, 0}}; /* [expert][split]: a fixed order of sums */
+    for (size_t b = 0; b < np;) { /* a tensor's blocks in order, then into its class */
+        const size_t b0 = b;
+        double t = 0;
+        while (b < np && piece[b].tensor == piece[b0].tensor) t += part[b++];
+        s[piece[b0].expert][piece[b0].split] += t;
+    }
     free(part);
+    free(piece);
     for (int e = 0; e < 2; e++) {
         replicated[e] = s[e][0];
         split[e] = s[e][1];

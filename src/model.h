@@ -441,6 +441,10 @@ void route_stats_from_vec(RouteStats *st, const ModelDims *d, const double *v);
  * and of replicated ones, [1] of the experts' (this rank's share of them);
  * a later stage's copy of the tied embedding is left to the first stage. */
 void model_grad_sumsq(const Model *m, double split[2], double replicated[2]);
+/* The same over the ranges [lo[k], hi[k]) of the buffer only (ZeRO-1: a
+ * rank's shard); nr < 0: the whole buffer, as model_grad_sumsq. */
+void model_grad_sumsq_ranges(const Model *m, const size_t *lo, const size_t *hi, int nr,
+                             double split[2], double replicated[2]);
 /* n activation sets (micro-batches in flight); all are freed with the model.
  * model_use_slot makes set k the one forward and backward use (m->cur). */
 void model_set_slots(Model *m, int n);

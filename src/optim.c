@@ -11,10 +11,13 @@
 #include "src/base/util.h"
 #include "src/kernels_impl.h"
 
-void adamw_init(AdamW *o, const Model *model) {
-    o->n = model->nparams;
-    o->m = xcalloc(o->n, sizeof(float));
-    o->v = xcalloc(o->n, sizeof(float));
+void adamw_init(AdamW *o, const Model *model) { adamw_init_shard(o, model, NULL); }
+
+void adamw_init_shard(AdamW *o, const Model *model, const ZeroShard *shard) {
+    o->shard = shard;
+    o->n = shard ? shard->floats : model->nparams;
+    o->m = xcalloc(o->n ? o->n : 1, sizeof(float));
+    o->v = xcalloc(o->n ? o->n : 1, sizeof(float));
 }
 
 void adamw_free(AdamW *o) {
@@ -56,10 +59,45 @@ VEC_DISPATCH_EXACT(adamw_range,
                     float b2, float c1, float c2, float lr, float eps, float wd, float grad_scale),
                    (w, g, m, v, lo, hi, b1, b2, c1, c2, lr, eps, wd, grad_scale))
 
+/* The update on a shard's ranges: each range's pieces in each tensor (for
+ * its weight decay), the pieces split over the threads. */
+static void adamw_step_shard(AdamW *o, Model *model, float lr, float b1, float b2, float c1,
+                             float c2, float eps, float wd, float grad_scale) {
+    const ZeroShard *sh = o->shard;
+    size_t at = 0;
+    for (int k = 0; k < sh->n; k++) {
+        const size_t lo = sh->lo[k], hi = sh->hi[k];
+        for (int i = 0; i < model->nreg; i++) {
+            const ParamInfo *p = &model->reg[i];
+            const size_t a = p->offset > lo ? p->offset : lo;
+            const size_t b = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+            if (a >= b) continue;
+            float *m = o->m + at + (a - lo), *v = o->v + at + (a - lo);
+#pragma omp parallel
+            {
+                const size_t nt = (size_t)omp_get_num_threads(), th = (size_t)omp_get_thread_num();
+                const size_t chunks = (b - a + 15) / 16;
+                const size_t x = chunks * th / nt * 16, y0 = chunks * (th + 1) / nt * 16;
+                const size_t y = y0 < b - a ? y0 : b - a;
+                if (x < y)
+                    adamw_range(model->params + a, model->grads + a, m, v, x, y, b1, b2, c1, c2,
+                                lr, eps, p->decay ? wd : 0.f, grad_scale);
+            }
+        }
+        at += hi - lo;
+    }
+    model->grads_zeroed = 0; /* the other ranks' ranges were not consumed */
+}
+
 void adamw_step(AdamW *o, Model *model, double lr, double beta1, double beta2, double eps,
                 double weight_decay, int t, float grad_scale) {
     const float b1 = (float)beta1, b2 = (float)beta2;
     const float c1 = (float)(1.0 - pow(beta1, t)), c2 = (float)(1.0 - pow(beta2, t));
+    if (o->shard) {
+        adamw_step_shard(o, model, (float)lr, b1, b2, c1, c2, (float)eps, (float)weight_decay,
+                         grad_scale);
+        return;
+    }
     /* one parallel region for every tensor (no fork and join a tensor), each
      * tensor split over the threads in chunks of 16 elements (whole cache
      * lines); elementwise, so any split gives the same bits */

@@ -12,12 +12,25 @@
 #include "src/config.h"
 #include "src/model.h"
 
+/* A rank's share of the flat parameter buffer under ZeRO-1: ranges
+ * [lo[i], hi[i]) of it, ascending and disjoint. */
 typedef struct {
-    float *m, *v; /* (nparams) each, same layout as Model.params */
+    int n;
+    size_t *lo, *hi;
+    size_t floats; /* their total */
+} ZeroShard;
+
+typedef struct {
+    /* (n) each: laid out like Model.params, or, with a shard, its ranges
+     * back to back */
+    float *m, *v;
     size_t n;
+    const ZeroShard *shard; /* NULL: the whole buffer */
 } AdamW;
 
 void adamw_init(AdamW *o, const Model *model);
+/* The moments of shard's ranges only (shard outlives o); NULL: adamw_init. */
+void adamw_init_shard(AdamW *o, const Model *model, const ZeroShard *shard);
 void adamw_free(AdamW *o);
 /* Zeroes the moments, as adamw_init leaves them. */
 void adamw_reset(AdamW *o);
@@ -27,7 +40,8 @@ double lr_at(const Config *cfg, int s);
 
 /* One update at 1-based step t; gradients are multiplied by grad_scale
  * first (clipping), and left zero (model->grads_zeroed: the next
- * model_zero_grad skips its pass). */
+ * model_zero_grad skips its pass). With a shard, only its ranges are
+ * read and updated (the caller gathers the parameters after). */
 void adamw_step(AdamW *o, Model *model, double lr, double beta1, double beta2, double eps,
                 double weight_decay, int t, float grad_scale);
 /* The same update as plain loops, one tensor after another on one thread,

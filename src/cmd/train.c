@@ -75,12 +75,15 @@ typedef struct {
     DpOverlap ov; /* dp_overlap: the head's and the blocks' buckets (overlap: in use) */
     int overlap, nhead_seg; /* nhead_seg: the head's segments, before the blocks' */
     EmbRows emb_rows;       /* dp > 1 on the first stage: the embedding's rows apart */
+    Zero zero;              /* zero 1 at dp > 1 (use_zero): ZeRO-1's pieces and shard */
+    int use_zero;
 } Run;
 
 /* What one step measured. */
 typedef struct {
     double loss, grad_norm, lr, dt, bubble, fpt;
     unsigned long long tp_bytes, dp_bytes, pp_bytes, ep_bytes;
+    unsigned long long dp_gather_bytes; /* zero 1: the parameters all-gathered */
     int live;
     int nonfinite;  /* the loss or gradient was not finite: no update made */
     int data_error; /* a read failed (printed): no step made */
@@ -495,6 +498,26 @@ static void run_overlap_setup(Run *r) {
     }
 }
 
+/* zero 1: ZeRO-1's pieces, cut where the overlap's buckets and the tied
+ * embedding's range begin and end (so that a bucket in flight is whole
+ * pieces, and both stages' copies of the embedding are cut alike). */
+static void run_zero_setup(Run *r) {
+    const Model *m = &r->m;
+    const Grid *g = &r->grid;
+    const int nb = r->overlap ? r->ov.nbucket : 0;
+    size_t *cut = xmalloc((2 * (size_t)nb + 2) * sizeof(size_t));
+    int n = 0;
+    for (int b = 0; b < nb; b++) cut[n++] = r->ov.blo[b], cut[n++] = r->ov.bhi[b];
+    const ParamInfo *tied = model_tied_param(m);
+    if (tied) cut[n++] = tied->offset, cut[n++] = tied->offset + tied->numel;
+    const size_t shared = m->nparams - (g->ep > 1 ? m->expert_floats : 0);
+    zero_init(&r->zero, m->nparams, shared, cut, n, g->dp_comm,
+              g->ep > 1 ? g->edp_comm : MPI_COMM_NULL);
+    free(cut);
+    if (r->overlap) dp_overlap_set_zero(&r->ov, g->dp, g->dp_rank);
+    r->use_zero = 1;
+}
+
 
 
 /* This rank's stage of the model and its optimizer, restored from a
@@ -514,6 +537,10 @@ static int run_setup_model(Run *r) {
     const int slots = pp_slots(r->sched, r->n_micro, g->pp_rank, g->pp);
     Err err;
     model_memory(&d, r->micro, slots, 1, &r->mem);
+    if (c->zero && g->dp > 1) { /* ZeRO-1: about a dp rank's share (set exactly below) */
+        r->mem.total -= r->mem.moments - r->mem.moments / (size_t)g->dp;
+        r->mem.moments /= (size_t)g->dp;
+    }
     if (run_saves_async(c)) { /* the copy an asynchronous save writes from */
         r->mem.staging = sat_add(r->mem.params, r->mem.moments);
         r->mem.total = sat_add(r->mem.total, r->mem.staging);
@@ -536,7 +563,21 @@ static int run_setup_model(Run *r) {
     r->m.pp_comm = g->pp > 1 ? g->pp_comm : MPI_COMM_NULL;
     model_set_slots(&r->m, slots);
     r->m.check_routing = c->debug_checks;
-    adamw_init(&r->opt, &r->m);
+    if (g->dp > 1 && model_first_stage(&d)) { /* a step's tokens: at most as many rows */
+        const size_t tokens = (size_t)r->local_batch * r->T;
+        emb_rows_init(&r->emb_rows, d.Vl, d.C, tokens < (size_t)d.Vl ? (int)tokens : d.Vl);
+        r->m.emb_rows = &r->emb_rows;
+    }
+    if (c->dp_overlap && g->dp > 1) run_overlap_setup(r);
+    if (c->zero && g->dp > 1) run_zero_setup(r);
+    adamw_init_shard(&r->opt, &r->m, r->use_zero ? &r->zero.shard : NULL);
+    if (r->use_zero) { /* the moments as allocated: this rank's shard */
+        const size_t real = 2 * r->opt.n * sizeof(float);
+        r->mem.total = r->mem.total - r->mem.moments + real;
+        if (r->mem.staging) r->mem.total = r->mem.total - r->mem.staging + r->mem.params + real;
+        if (r->mem.staging) r->mem.staging = r->mem.params + real;
+        r->mem.moments = real;
+    }
     r->model_ready = 1;
     if (init_from_check(c, r->ckpt_dir, g->world) != 0) return -1;
     int resumed = resume_run(c, r->ckpt_dir, &r->m, &r->opt, &r->start, &r->rs, g->world);
@@ -552,12 +593,6 @@ static int run_setup_model(Run *r) {
     if (resumed == 0 && !c->init_from[0]) model_init_weights(&r->m, (uint64_t)c->seed);
     for (int l = 0; l < d.L; l++) r->n_routed += model_is_routed(&d, l);
     r->dense_fpt = model_flops_per_token(&d, r->T, NULL);
-    if (g->dp > 1 && model_first_stage(&d)) { /* a step's tokens: at most as many rows */
-        const size_t tokens = (size_t)r->local_batch * r->T;
-        emb_rows_init(&r->emb_rows, d.Vl, d.C, tokens < (size_t)d.Vl ? (int)tokens : d.Vl);
-        r->m.emb_rows = &r->emb_rows;
-    }
-    if (c->dp_overlap && g->dp > 1) run_overlap_setup(r);
     return 0;
 }
 
@@ -751,7 +786,7 @@ static int run_setup(Run *r, int argc, char **argv) {
     run_banner(r);
     if (run_open_metrics(r) != 0) return EXIT_USAGE;
     if (run_saves_async(&r->cfg)) {
-        r->async = ckpt_async_new(r->grid.world, 3 * r->m.nparams, r->threads, &err);
+        r->async = ckpt_async_new(r->grid.world, r->m.nparams + 2 * r->opt.n, r->threads, &err);
         if (!r->async && r->grid.world_rank == 0) err_print(&err);
     }
     run_time_limit_auto(r);
@@ -783,6 +818,7 @@ static void run_teardown(Run *r) {
     free(r->frac);
     if (r->overlap) dp_overlap_free(&r->ov);
     if (r->emb_rows.slot) emb_rows_free(&r->emb_rows);
+    if (r->use_zero) zero_free(&r->zero);
     if (r->model_ready) {
         adamw_free(&r->opt);
         model_free(&r->m);
@@ -899,7 +935,8 @@ static void run_step(Run *r, int step, StepResult *out) {
     Model *m = &r->m;
     const Grid *g = &r->grid;
     const double t0 = now_s(), wait0 = pp_wait_s, tp_s0 = tp_time_s, ep_s0 = ep_time_s;
-    const unsigned long long tp0 = tp_bytes, dp0 = dp_bytes, pp0 = pp_bytes, ep0 = ep_bytes;
+    const unsigned long long tp0 = tp_bytes, dp0 = dp_bytes, pp0 = pp_bytes, ep0 = ep_bytes,
+                             ag0 = dp_gather_bytes;
     if (run_read_batch(r, &out->data_hash) != 0) {
         out->data_error = 1;
         return;
@@ -931,7 +968,7 @@ static void run_step(Run *r, int step, StepResult *out) {
                          .Vl = m->d.Vl,
                          .C = m->d.C};
     grads_sync(m->grads, m->nparams, m->expert_floats, tied ? &tg : NULL, g,
-               r->overlap ? &r->ov : NULL);
+               r->overlap ? &r->ov : NULL, r->use_zero ? &r->zero : NULL);
     if (m->emb_rows) emb_rows_clear(m->emb_rows);
     double loss = reduce_step_stats(m, sc.loss_sum, g->dp_comm);
     if (g->pp > 1) {
@@ -944,7 +981,13 @@ static void run_step(Run *r, int step, StepResult *out) {
     t1 = now_s(), tp1 = tp_time_s;
     /* clip */
     double split[2], replicated[2];
-    model_grad_sumsq(m, split, replicated);
+    if (r->use_zero) { /* this rank's parts, then over their groups */
+        model_grad_sumsq_ranges(m, r->zero.shard.lo, r->zero.shard.hi, r->zero.shard.n, split,
+                                replicated);
+        zero_sumsq_reduce(split, replicated, &r->zero);
+    } else {
+        model_grad_sumsq(m, split, replicated);
+    }
     out->grad_norm = grads_norm(split, replicated, g);
     const Config *c = &r->cfg;
     /* a non-finite loss or gradient: no update, so the weights stay those
@@ -960,12 +1003,18 @@ static void run_step(Run *r, int step, StepResult *out) {
     adamw_step(&r->opt, m, out->lr, c->beta1, c->beta2, c->adam_eps, c->weight_decay, step + 1,
                scale);
     phases_add(&r->ph, PH_OPTIMIZER, now_s() - t1 - (tp_time_s - tp1));
+    if (r->use_zero) { /* every rank's updated parts, to every rank */
+        t1 = now_s();
+        zero_gather(&r->zero, m->params);
+        phases_add(&r->ph, PH_DP, now_s() - t1);
+    }
     phases_add(&r->ph, PH_TP, tp_time_s - tp_s0);
     phases_add(&r->ph, PH_EP, ep_time_s - ep_s0);
     phases_add(&r->ph, PH_PP_WAIT, pp_wait_s - wait0);
     out->dt = now_s() - t0;
     out->tp_bytes = tp_bytes - tp0;
     out->dp_bytes = dp_bytes - dp0;
+    out->dp_gather_bytes = dp_gather_bytes - ag0;
     out->pp_bytes = pp_bytes - pp0;
     out->ep_bytes = ep_bytes - ep0;
     /* the pipeline bubble: the share of the step each stage spent waiting on
@@ -1048,6 +1097,7 @@ static void run_log(Run *r, int step, const StepResult *s) {
             s->lr, s->grad_norm, tps, s->dt * 1e3, mfu, s->fpt, s->fpt / r->dense_fpt, s->tp_bytes,
             s->dp_bytes, s->pp_bytes, s->ep_bytes, s->live, s->bubble);
     /* above 100%: the peak was measured too low (outside load), never clamped */
+    if (r->use_zero) mprintf(r->metrics, ",\"dp_gather_bytes\":%llu", s->dp_gather_bytes);
     if (mfu > 1) mprintf(r->metrics, ",\"peak_mismeasured\":true");
     phases_json(&r->ph, r->grid.world, r->metrics);
     mprintf(r->metrics, "}\n");

@@ -30,7 +30,7 @@ same() { # A B WHAT: the final checkpoints' bytes are equal
 run dp2_after 2 --dp_overlap 0
 run dp2_overlap 2 --dp_overlap 1
 same dp2_after dp2_overlap "dp 2, dp_overlap 1 against 0"
-grep -q "dp_overlap: this stage's blocks are not one range" dp2_overlap.log &&
+grep -q "dp_overlap: a block's or ln_f's tensors are not one range" dp2_overlap.log &&
     fail "dp 2: the overlap fell back to the reduction after the backward"
 run pp2_after 4 --pp 2 --dp_overlap 0
 run pp2_overlap 4 --pp 2

@@ -1,0 +1,126 @@
+/*
+ * zero: ZeRO-1's pieces, parts and collectives.
+ */
+#include "mpi/zero.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "mpi/check.h"
+#include "mpi/dp.h"
+#include "src/base/util.h"
+
+unsigned long long dp_gather_bytes = 0;
+
+void zero_part(size_t lo, size_t hi, int p, int r, size_t *a, size_t *b) {
+    const size_t len = hi - lo, q = ((len + (size_t)p - 1) / (size_t)p + 15) & ~(size_t)15;
+    const size_t x = (size_t)r * q, y = (size_t)(r + 1) * q;
+    *a = lo + (x < len ? x : len);
+    *b = lo + (y < len ? y : len);
+}
+
+void zero_counts(size_t lo, size_t hi, int p, int *counts) {
+    for (int r = 0; r < p; r++) {
+        size_t a, b;
+        zero_part(lo, hi, p, r, &a, &b);
+        counts[r] = (int)(b - a);
+    }
+}
+
+void zero_place(float *buf, size_t lo, size_t hi, int p, int r) {
+    size_t a, b;
+    zero_part(lo, hi, p, r, &a, &b);
+    if (a != lo && b > a) memmove(buf + a, buf + lo, (b - a) * sizeof(float));
+}
+
+static int cmp_size(const void *x, const void *y) {
+    const size_t a = *(const size_t *)x, b = *(const size_t *)y;
+    return a < b ? -1 : a > b;
+}
+
+void zero_init(Zero *z, size_t n, size_t shared, const size_t *cut, int ncut, MPI_Comm dp,
+               MPI_Comm edp) {
+    memset(z, 0, sizeof *z);
+    z->comm[0] = dp, z->comm[1] = edp != MPI_COMM_NULL ? edp : dp;
+    for (int g = 0; g < 2; g++) {
+        MPI_CHECK(MPI_Comm_size(z->comm[g], &z->size[g]));
+        MPI_CHECK(MPI_Comm_rank(z->comm[g], &z->rank[g]));
+    }
+    /* the cuts, sorted, with 0, shared and n */
+    size_t *c = xmalloc(((size_t)ncut + 3) * sizeof(size_t));
+    int nc = 0;
+    c[nc++] = 0, c[nc++] = shared, c[nc++] = n;
+    for (int i = 0; i < ncut; i++)
+        if (cut[i] < n) c[nc++] = cut[i];
+    qsort(c, (size_t)nc, sizeof(size_t), cmp_size);
+    size_t cap = 0;
+    for (int i = 0; i + 1 < nc; i++) cap += (c[i + 1] - c[i] + DP_BUCKET - 1) / DP_BUCKET;
+    z->lo = xmalloc((cap + 1) * sizeof(size_t));
+    z->hi = xmalloc((cap + 1) * sizeof(size_t));
+    z->grp = xmalloc((cap + 1) * sizeof(int));
+    z->shard.lo = xmalloc((cap + 1) * sizeof(size_t));
+    z->shard.hi = xmalloc((cap + 1) * sizeof(size_t));
+    for (int i = 0; i + 1 < nc; i++)
+        for (size_t a = c[i]; a < c[i + 1]; a += DP_BUCKET) {
+            const int k = z->npiece++, g = a >= shared && edp != MPI_COMM_NULL;
+            z->lo[k] = a;
+            z->hi[k] = c[i + 1] - a < DP_BUCKET ? c[i + 1] : a + DP_BUCKET;
+            z->grp[k] = g;
+            size_t x, y;
+            zero_part(z->lo[k], z->hi[k], z->size[g], z->rank[g], &x, &y);
+            if (x < y) {
+                z->shard.lo[z->shard.n] = x, z->shard.hi[z->shard.n++] = y;
+                z->shard.floats += y - x;
+            }
+        }
+    free(c);
+}
+
+void zero_free(Zero *z) {
+    free(z->lo), free(z->hi), free(z->grp);
+    free(z->shard.lo), free(z->shard.hi);
+    memset(z, 0, sizeof *z);
+}
+
+/* Whether [lo, hi) lies inside one of the ranges. */
+static int inside(size_t lo, size_t hi, const size_t *slo, const size_t *shi, int n) {
+    for (int i = 0; i < n; i++)
+        if (lo >= slo[i] && hi <= shi[i]) return 1;
+    return 0;
+}
+
+void zero_reduce_scatter(const Zero *z, float *buf, const size_t *skip_lo,
+                         const size_t *skip_hi, int nskip) {
+    int *counts = xmalloc((size_t)(z->size[0] > z->size[1] ? z->size[0] : z->size[1]) *
+                          sizeof(int));
+    for (int k = 0; k < z->npiece; k++) {
+        if (inside(z->lo[k], z->hi[k], skip_lo, skip_hi, nskip)) continue;
+        const int g = z->grp[k];
+        if (z->size[g] == 1) continue;
+        zero_counts(z->lo[k], z->hi[k], z->size[g], counts);
+        MPI_CHECK(MPI_Reduce_scatter(MPI_IN_PLACE, buf + z->lo[k], counts, MPI_FLOAT, MPI_SUM,
+                                     z->comm[g]));
+        zero_place(buf, z->lo[k], z->hi[k], z->size[g], z->rank[g]);
+        dp_bytes += (unsigned long long)(z->hi[k] - z->lo[k]) * sizeof(float);
+    }
+    free(counts);
+}
+
+void zero_gather(const Zero *z, float *buf) {
+    const int most = z->size[0] > z->size[1] ? z->size[0] : z->size[1];
+    int *counts = xmalloc((size_t)most * sizeof(int)), *displs = xmalloc((size_t)most * sizeof(int));
+    for (int k = 0; k < z->npiece; k++) {
+        const int g = z->grp[k], p = z->size[g];
+        if (p == 1) continue;
+        for (int r = 0; r < p; r++) {
+            size_t a, b;
+            zero_part(z->lo[k], z->hi[k], p, r, &a, &b);
+            counts[r] = (int)(b - a), displs[r] = (int)(a - z->lo[k]);
+        }
+        MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf + z->lo[k], counts,
+                                 displs, MPI_FLOAT, z->comm[g]));
+        dp_gather_bytes += (unsigned long long)(z->hi[k] - z->lo[k]) * sizeof(float);
+    }
+    free(counts);
+    free(displs);
+}

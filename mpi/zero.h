@@ -1,0 +1,60 @@
+/*
+ * zero: ZeRO-1 (Megatron's distributed optimizer). The flat gradient buffer
+ * is cut into pieces of at most DP_BUCKET floats (never across a cut the
+ * caller gives: the overlap's buckets, the tied embedding's range, the
+ * experts' start), and each piece into one part per rank of its group,
+ * on 16 floats: dp for the shared tensors, the experts' replicas (edp) for
+ * the experts at ep > 1. A rank reduce-scatters each piece (in place: its
+ * part's sum is then where the part lies), updates only its parts
+ * (ZeroShard: AdamW's moments hold them back to back) and all-gathers the
+ * parameters. The pieces depend only on the buffer's layout and the cuts,
+ * so every rank of a group, and both copies of the tied embedding, cut
+ * alike, and a run repeats bit for bit.
+ */
+#ifndef MODTRAIN_ZERO_H
+#define MODTRAIN_ZERO_H
+
+#include <mpi.h>
+#include <stddef.h>
+
+#include "src/optim.h"
+
+typedef struct {
+    int npiece;
+    size_t *lo, *hi; /* (npiece) the pieces, ascending, tiling [0, n) */
+    int *grp;        /* (npiece) 0: over comm[0] (dp), 1: over comm[1] (edp) */
+    MPI_Comm comm[2];
+    int size[2], rank[2];
+    ZeroShard shard; /* this rank's non-empty parts, ascending */
+} Zero;
+
+/* Rank r of p's part of the piece [lo, hi): [*a, *b), perhaps empty. */
+void zero_part(size_t lo, size_t hi, int p, int r, size_t *a, size_t *b);
+
+/* Cuts [0, n) into pieces: [0, shared) over dp, [shared, n) over edp
+ * (edp MPI_COMM_NULL: over dp as well), each also cut at cut[0..ncut).
+ * Local. */
+void zero_init(Zero *z, size_t n, size_t shared, const size_t *cut, int ncut, MPI_Comm dp,
+               MPI_Comm edp);
+void zero_free(Zero *z);
+
+/* Reduce-scatters every piece of buf in order, in place (each rank's part
+ * then holds its sums), but those inside one of the ranges [skip_lo[i],
+ * skip_hi[i]) (in flight already, or left out). Collective over both
+ * groups. */
+void zero_reduce_scatter(const Zero *z, float *buf, const size_t *skip_lo,
+                         const size_t *skip_hi, int nskip);
+/* After a non-blocking reduce-scatter of piece [lo, hi) over a group of p
+ * (MPI_IN_PLACE: rank r's sums land at lo): moves them to its part. */
+void zero_place(float *buf, size_t lo, size_t hi, int p, int r);
+/* The counts of a reduce-scatter of piece [lo, hi) over p ranks. */
+void zero_counts(size_t lo, size_t hi, int p, int *counts);
+/* Gathers every rank's parts of buf (the updated parameters), piece by
+ * piece. Collective over both groups. */
+void zero_gather(const Zero *z, float *buf);
+
+/* Parameters gathered since start (bytes; dp_bytes counts the gradients
+ * reduce-scattered). */
+extern unsigned long long dp_gather_bytes;
+
+#endif
