@@ -211,6 +211,10 @@ static int plan_stages(const Config *cfg, const Cluster *cl, PlanRow *r, MicroTi
         ModelMemory mm;
         const int slots = pp_slots(sched, r->n_micro, s, r->pp);
         model_memory_units(&u, &d, slots, 1, &mm);
+        if (cfg->zero && r->dp > 1) { /* ZeRO-1: a dp rank's share of the moments */
+            mm.total -= mm.moments - mm.moments / (size_t)r->dp;
+            mm.moments /= (size_t)r->dp;
+        }
         if (cfg->ckpt_async && cfg->ckpt_every > 0 && cfg->ckpt_every < cfg->steps) {
             mm.staging = sat_add(mm.params, mm.moments);
             mm.total = sat_add(mm.total, mm.staging);
@@ -353,8 +357,23 @@ static int layout_row(const Config *cfg, const Cluster *cl, const Whole *w, int 
         link(cl, pp_spans(cl, row), &a, &b);
         row->t_dp += allreduce_s((double)d.Vl * d.C * sizeof(float), 2, a, b);
     }
+    /* what the backward hides: with dp_overlap, the blocks' buckets reduce
+     * while the last micro-batch's backward (two thirds of its compute)
+     * goes on, all but the last bucket's; zero 1's all-gather (half of the
+     * traffic) follows the optimizer */
+    const int zero = cfg->zero && dp > 1;
+    row->t_dp_all = row->t_dp;
+    if (cfg->dp_overlap && dp > 1) {
+        link(cl, cl->nodes > 1 && tp * dp > ranks_per_node, &a, &b);
+        const double want = cfg->dp_bucket_mb > 0 ? cfg->dp_bucket_mb * 1048576.0
+                                                   : row->dp_bytes * pp / cfg->n_layer; /* a block */
+        const double bucket = want < row->dp_bytes ? want : row->dp_bytes;
+        const double tail = dp_time(bucket, dp, a, b), window = 2.0 / 3.0 * mt.compute;
+        const double reduce = zero ? row->t_dp / 2 : row->t_dp;
+        row->t_dp = (reduce - window > tail ? reduce - window : tail) + (zero ? row->t_dp / 2 : 0);
+    }
     const double nparams = (double)row->mem.params / sizeof(float);
-    row->t_optimizer = nparams * 28.0 / (cl->mem_bw_gbs * 1e9 / ranks_per_node);
+    row->t_optimizer = nparams * 28.0 / (cl->mem_bw_gbs * 1e9 / ranks_per_node) / (zero ? dp : 1);
     row->t_step = row->t_compute + row->t_tp + row->t_pp + row->t_bubble + row->t_dp +
                   row->t_optimizer + row->t_ep;
     row->tokens_per_s = (double)cfg->batch_size * cfg->seq_len / row->t_step;

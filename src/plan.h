@@ -56,6 +56,9 @@ typedef struct {
     double dp_expert_bytes; /* the part of dp_bytes reduced over the experts' dp / ep replicas */
     double t_compute, t_tp, t_pp, t_bubble, t_dp, t_optimizer, t_step; /* seconds */
     double t_ep; /* the all-to-alls (in t_step after the optimizer) */
+    /* the dp reduction's own time; t_dp is what of it the step waits for
+     * (all of it with dp_overlap 0) */
+    double t_dp_all;
     double tokens_per_s;
     double ckpt_bytes, ckpt_s; /* stored size (at the measured ratio 1.2) and save time */
 } PlanRow;

@@ -16,17 +16,21 @@
 #   links:    shm, or a tbf rate (10gbit, 1gbit, 500mbit, ...)
 #   variants: after    dp_overlap 0: the reduction after the whole backward
 #             overlap  dp_overlap 1: each bucket as the backward finishes it
+#             zero1    dp_overlap 1 and zero 1 (ZeRO-1: reduce-scatter, a
+#                      rank's half of the moments, all-gather)
+# Beside them: the backward's time a step (what an overlap can hide behind),
+# and each rank's peak RSS (/usr/bin/time), the larger of the two.
 # The qdisc is removed on every exit path, and one left by a killed run is
 # removed at the start.
 # usage: tests/bench/bench_network.sh [--shapes "d256 gpt2"] [--links "shm 10gbit 1gbit"]
-#            [--variants "after overlap"] [--bucket_mb MB] [--steps N]
+#            [--variants "after overlap zero1"] [--bucket_mb MB] [--steps N]
 #   --bucket_mb: the overlap's dp_bucket_mb (default: train's, 25)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
 MODTRAIN=${MODTRAIN:-$top/modtrain}
 PYTHON=${PYTHON:-python3}
-shapes="d256 gpt2" links="shm 10gbit 1gbit" variants="after overlap" bucket_mb="" steps=4
+shapes="d256 gpt2" links="shm 10gbit 1gbit" variants="after overlap zero1" bucket_mb="" steps=4
 die() { echo "bench_network: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     [ $# -ge 2 ] || die "$1 needs a value"
@@ -47,6 +51,7 @@ for l in $links; do
     *) die "--links: '$l' is neither shm nor a rate like 10gbit or 500mbit" ;; esac
 done
 [ "$(id -u)" = 0 ] || die "needs root: it throttles the loopback with tc"
+[ -x /usr/bin/time ] || die "/usr/bin/time is missing (apt-get install time)"
 command -v tc > /dev/null || die "tc is missing (apt-get install iproute2)"
 command -v mpirun > /dev/null || die "mpirun is missing (apt-get install openmpi-bin)"
 
@@ -68,7 +73,8 @@ variant() { # NAME: sets keys
     case $1 in
     after) keys="--dp_overlap 0" ;;
     overlap) keys="--dp_overlap 1 ${bucket_mb:+--dp_bucket_mb $bucket_mb}" ;;
-    *) die "unknown variant '$1' (after or overlap)" ;;
+    zero1) keys="--dp_overlap 1 --zero 1 ${bucket_mb:+--dp_bucket_mb $bucket_mb}" ;;
+    *) die "unknown variant '$1' (after, overlap or zero1)" ;;
     esac
 }
 for v in $variants; do variant "$v"; done
@@ -90,31 +96,41 @@ one() {
     fi
     rm -rf "$tmp/run"
     # shellcheck disable=SC2086 # the transport's and the model's keys
-    mpirun --allow-run-as-root --oversubscribe -np 2 $mca "$MODTRAIN" train $model $keys --route_every 0 \
+    rm -f "$tmp"/rss.*
+    # each rank under /usr/bin/time, its peak RSS into rss.RANK
+    mpirun --allow-run-as-root --oversubscribe -np 2 $mca sh -c \
+        '/usr/bin/time -f %M -o "$0.$OMPI_COMM_WORLD_RANK" "$@"' "$tmp/rss" \
+        "$MODTRAIN" train $model $keys --route_every 0 \
         --steps "$steps" --threads 1 --train_data "$tmp/train.bin" --val_data "" \
         --run_dir "$tmp/run" --resume never --ckpt_every 0 --log_every 1 > "$tmp/log" 2>&1 ||
         { cat "$tmp/log" >&2; die "train over $link failed"; }
+    rss=$(cat "$tmp"/rss.* | sort -n | tail -n 1)
     [ "$link" = shm ] || sent1=$(sent)
     unthrottle
-    awk -v q=$((sent1 - sent0)) -v steps="$steps" '
-        function val(k,   i, r) { i = index($0, "\"" k "\":"); r = substr($0, i + length(k) + 3)
-                                  sub(/[,}].*/, "", r); return r }
-        /"loss"/ && val("step") + 0 > 1 { n++; t += val("step_time_ms"); c += val("dp_comm"); b += val("dp_bytes") }
-        END { printf "%.1f %.1f %.1f %.1f\n", t / n, c / n, b / n / 1e6, q / steps / 1e6 }' \
+    awk -v q=$((sent1 - sent0)) -v steps="$steps" -v rss="$rss" '
+        function val(k,   i, r) { i = index($0, "\"" k "\":"); if (!i) return 0
+                                  r = substr($0, i + length(k) + 3); sub(/[,}].*/, "", r); return r }
+        /"loss"/ && val("step") + 0 > 1 { n++; t += val("step_time_ms"); c += val("dp_comm")
+                                          bw += val("backward"); b += val("dp_bytes") + val("dp_gather_bytes") }
+        END { printf "%.1f %.1f %.1f %.1f %.1f %.0f\n", t / n, c / n, bw / n, b / n / 1e6, q / steps / 1e6,
+                     rss / 1024 }' \
         "$tmp/run/metrics.jsonl"
 }
 
-echo "dp 2 (two ranks of one thread), means over steps 2..$steps; MB a step"
-printf "%-6s %-8s %-8s %11s %11s %11s %11s\n" shape link variant "step ms" "dp_comm ms" "dp MB" "qdisc MB"
+echo "dp 2 (two ranks of one thread), means over steps 2..$steps; MB a step (zero1: the"
+echo "gradients reduce-scattered plus the parameters gathered); peak RSS of the larger rank"
+printf "%-6s %-8s %-8s %11s %11s %11s %9s %9s %9s\n" shape link variant "step ms" "dp_comm ms" \
+    "backward" "dp MB" "qdisc MB" "RSS MiB"
 for s in $shapes; do
     shape "$s"
     for l in $links; do
         for v in $variants; do
             variant "$v"
             out=$(one "$l") # its exit status ends the benchmark here
-            read -r st dc db qb <<< "$out"
+            read -r st dc bw db qb rs <<< "$out"
             [ "$l" = shm ] && qb=-
-            printf "%-6s %-8s %-8s %11s %11s %11s %11s\n" "$s" "$l" "$v" "$st" "$dc" "$db" "$qb"
+            printf "%-6s %-8s %-8s %11s %11s %11s %9s %9s %9s\n" "$s" "$l" "$v" "$st" "$dc" "$bw" "$db" \
+                "$qb" "$rs"
         done
     done
 done

@@ -8,7 +8,8 @@
  * that do; cluster files are read strictly, naming the line. A stage's
  * memory measured from a block's parts equals its registry's (MoE blocks
  * and ep too); an MoE model's memory, FLOPs, all-to-all bytes and time and
- * ep layouts (test_moe_*) are counted by hand; and the
+ * ep layouts (test_moe_*) are counted by hand; dp_overlap's hidden
+ * reduction and zero 1's moments and all-gather follow their rules; and the
  * planner's work does not grow with the layers per layout (a node of 55440
  * cores and 4096 blocks: 16247 layouts, planned without building a
  * registry for each stage).
@@ -335,6 +336,39 @@ static void test_recompute(void) {
     CU_ASSERT(e[0].ep_bytes > 0 && e[2].t_ep > e[0].t_ep);
 }
 
+/* dp's reduction: dp_overlap 0 waits for all of it; dp_overlap 1 hides up
+ * to the last micro-batch's backward (two thirds of its compute), never
+ * the last bucket; zero 1 holds a dp rank's share of the moments, updates
+ * its share, and waits for the all-gather (half the traffic) besides. */
+static void test_dp_overlap_zero(void) {
+    Config c = small();
+    c.batch_size = 16, c.micro_batch = 4;
+    Cluster cl;
+    cluster_defaults(&cl);
+    cl.cores_per_node = 4;
+    PlanRow after, over, zero;
+    c.dp_overlap = 0;
+    CU_ASSERT_EQUAL_FATAL(plan_layout(&c, &cl, 1, 1, 4, &after, NULL, NULL), 0);
+    CU_ASSERT_EQUAL(after.dp, 4);
+    CU_ASSERT(after.t_dp > 0 && after.t_dp == after.t_dp_all);
+    c.dp_overlap = 1;
+    CU_ASSERT_EQUAL_FATAL(plan_layout(&c, &cl, 1, 1, 4, &over, NULL, NULL), 0);
+    CU_ASSERT(over.t_dp == after.t_dp); /* one 25 MiB bucket holds every gradient: nothing hides */
+    c.dp_bucket_mb = 0; /* a bucket a block */
+    CU_ASSERT_EQUAL_FATAL(plan_layout(&c, &cl, 1, 1, 4, &over, NULL, NULL), 0);
+    const double window = 2.0 / 3.0 * over.t_compute / over.n_micro;
+    CU_ASSERT_DOUBLE_EQUAL(over.t_dp_all, after.t_dp_all, 1e-15);
+    CU_ASSERT(over.t_dp > 0 && over.t_dp >= after.t_dp - window - 1e-12);
+    CU_ASSERT(over.t_dp < after.t_dp);
+    CU_ASSERT_DOUBLE_EQUAL(over.t_step, after.t_step - (after.t_dp - over.t_dp), 1e-12);
+    c.zero = 1;
+    CU_ASSERT_EQUAL_FATAL(plan_layout(&c, &cl, 1, 1, 4, &zero, NULL, NULL), 0);
+    CU_ASSERT_EQUAL(zero.mem.moments, over.mem.moments / 4);
+    CU_ASSERT_EQUAL(zero.mem.total, over.mem.total - (over.mem.moments - over.mem.moments / 4));
+    CU_ASSERT_DOUBLE_EQUAL(zero.t_optimizer, over.t_optimizer / 4, 1e-15);
+    CU_ASSERT(zero.t_dp >= zero.t_dp_all / 2); /* the all-gather is never hidden */
+}
+
 /* The candidates of an MoE config: ep over the divisors of dp that divide
  * n_expert (1 always); the config's ep above 1 keeps its own. */
 static void test_moe_candidates(void) {
@@ -399,6 +433,7 @@ int main(void) {
         {"MoE FLOPs: one expert a slot and the router", test_moe_flops},
         {"MoE all-to-all bytes and time by hand", test_moe_alltoall},
         {"MoE candidates search ep", test_moe_candidates},
+        {"dp_overlap hides the reduction, zero 1 shards the moments", test_dp_overlap_zero},
         CU_TEST_INFO_NULL};
     return run_suite("plan", tests);
 }
