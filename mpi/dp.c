@@ -73,17 +73,51 @@ void dp_rows_reduce_add(float *table, int V, int C, const int *slot, const float
     free(map);
 }
 
+/* Under o->mu: tests the requests in flight, finishes those done, and
+ * starts queued chunks, in order, into the free ones. Returns whether any
+ * chunk is queued or in flight. */
+static int pump(DpOverlap *o) {
+    for (int k = 0; k < DP_INFLIGHT; k++) {
+        if (o->req_chunk[k] < 0) continue;
+        int done = 0;
+        MPI_CHECK(MPI_Test(&o->req[k], &done, MPI_STATUS_IGNORE));
+        if (!done) continue;
+        const int c = o->req_chunk[k];
+        if (o->zero_p > 1) zero_place(o->buf, o->clo[c], o->chi[c], o->zero_p, o->zero_r);
+        o->req_chunk[k] = -1;
+    }
+    /* in order: a chunk starts only into the lowest free request, after
+     * every chunk before it */
+    for (int k = 0; k < DP_INFLIGHT && o->started < o->queued; k++) {
+        if (o->req_chunk[k] >= 0) continue;
+        const int c = o->started++;
+        const size_t off = o->clo[c];
+        const int cnt = (int)(o->chi[c] - off);
+        if (o->zero_p > 1) {
+            int *counts = o->counts + (size_t)k * (size_t)o->zero_p;
+            zero_counts(off, o->chi[c], o->zero_p, counts);
+            MPI_CHECK(MPI_Ireduce_scatter(MPI_IN_PLACE, o->buf + off, counts, MPI_FLOAT, MPI_SUM,
+                                          o->comm, &o->req[k]));
+        } else {
+            MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, o->buf + off, cnt, MPI_FLOAT, MPI_SUM, o->comm,
+                                     &o->req[k]));
+        }
+        o->req_chunk[k] = c;
+        dp_bytes += (unsigned long long)cnt * sizeof(float);
+    }
+    int busy = o->started < o->queued;
+    for (int k = 0; k < DP_INFLIGHT; k++) busy |= o->req_chunk[k] >= 0;
+    return busy;
+}
+
 static void *progress_main(void *arg) {
     DpOverlap *o = arg;
     pthread_mutex_lock(&o->mu);
     while (!o->stop) {
-        if (!o->in_flight) {
+        if (!pump(o)) {
             pthread_cond_wait(&o->wake, &o->mu);
             continue;
         }
-        int flag = 0;
-        MPI_CHECK(MPI_Testall(o->nreq, o->req, &flag, MPI_STATUSES_IGNORE));
-        if (flag) o->in_flight = 0;
         pthread_mutex_unlock(&o->mu);
         const struct timespec nap = {0, 100 * 1000};
         nanosleep(&nap, NULL);
@@ -108,6 +142,7 @@ int dp_overlap_init(DpOverlap *o, MPI_Comm comm, float *buf, const size_t *seg_l
     o->seg_bucket = xmalloc((size_t)nseg * sizeof(int));
     o->left = xmalloc((size_t)nseg * sizeof(int));
     o->seg_left = xmalloc((size_t)nseg * sizeof(int));
+    o->bucket_end = xmalloc((size_t)nseg * sizeof(int));
     int b = -1;
     for (int i = 0; i < nseg; i++) { /* a new bucket once the last one holds enough */
         if (b < 0 || o->bhi[b] - o->blo[b] >= bucket_floats || seg_hi[i] != seg_lo[i - 1]) {
@@ -118,9 +153,18 @@ int dp_overlap_init(DpOverlap *o, MPI_Comm comm, float *buf, const size_t *seg_l
         o->seg_bucket[i] = b;
     }
     o->nbucket = b + 1;
-    for (size_t k = 0; k < (size_t)o->nbucket; k++) /* its requests, DP_BUCKET floats each */
-        o->capreq += (int)((o->bhi[k] - o->blo[k] + DP_BUCKET - 1) / DP_BUCKET);
-    o->req = xmalloc((size_t)o->capreq * sizeof(MPI_Request));
+    size_t chunks = 0;
+    for (int k = 0; k < o->nbucket; k++) chunks += (o->bhi[k] - o->blo[k] + DP_BUCKET - 1) / DP_BUCKET;
+    o->clo = xmalloc(chunks * sizeof(size_t));
+    o->chi = xmalloc(chunks * sizeof(size_t));
+    for (int k = 0; k < o->nbucket; k++) {
+        for (size_t off = o->blo[k]; off < o->bhi[k]; off += DP_BUCKET) {
+            o->clo[o->nchunk] = off;
+            o->chi[o->nchunk++] = o->bhi[k] - off < DP_BUCKET ? o->bhi[k] : off + DP_BUCKET;
+        }
+        o->bucket_end[k] = o->nchunk;
+    }
+    for (int k = 0; k < DP_INFLIGHT; k++) o->req_chunk[k] = -1, o->req[k] = MPI_REQUEST_NULL;
     pthread_mutex_init(&o->mu, NULL);
     pthread_cond_init(&o->wake, NULL);
     int level = MPI_THREAD_SINGLE;
@@ -134,26 +178,7 @@ int dp_overlap_init(DpOverlap *o, MPI_Comm comm, float *buf, const size_t *seg_l
 void dp_overlap_set_zero(DpOverlap *o, int p, int r) {
     o->zero_p = p, o->zero_r = r;
     free(o->counts);
-    o->counts = xmalloc((size_t)o->capreq * (size_t)p * sizeof(int));
-}
-
-/* Under o->mu. */
-static void start_bucket(DpOverlap *o, int b) {
-    for (size_t off = o->blo[b]; off < o->bhi[b]; off += DP_BUCKET) {
-        const int cnt = (int)(o->bhi[b] - off < DP_BUCKET ? o->bhi[b] - off : DP_BUCKET);
-        if (o->zero_p > 1) {
-            int *counts = o->counts + (size_t)o->nreq * (size_t)o->zero_p;
-            zero_counts(off, off + (size_t)cnt, o->zero_p, counts);
-            MPI_CHECK(MPI_Ireduce_scatter(MPI_IN_PLACE, o->buf + off, counts, MPI_FLOAT, MPI_SUM,
-                                          o->comm, &o->req[o->nreq++]));
-        } else {
-            MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, o->buf + off, cnt, MPI_FLOAT, MPI_SUM, o->comm,
-                                     &o->req[o->nreq++]));
-        }
-        dp_bytes += (unsigned long long)cnt * sizeof(float);
-    }
-    o->in_flight = 1;
-    pthread_cond_signal(&o->wake);
+    o->counts = xmalloc((size_t)DP_INFLIGHT * (size_t)p * sizeof(int));
 }
 
 void dp_overlap_mark(DpOverlap *o, int seg) {
@@ -162,30 +187,23 @@ void dp_overlap_mark(DpOverlap *o, int seg) {
     o->seg_left[seg]--;
     o->left[b]--;
     pthread_mutex_lock(&o->mu);
-    /* buckets start in order: one is started only once those before it were */
-    while (o->next < o->nbucket && o->left[o->next] == 0) start_bucket(o, o->next++);
-    if (o->nreq > 0 && !o->threaded) {
-        int flag;
-        MPI_CHECK(MPI_Testall(o->nreq, o->req, &flag, MPI_STATUSES_IGNORE));
-    }
-    pthread_mutex_unlock(&o->mu);
-}
-
-void dp_overlap_start_rest(DpOverlap *o) {
-    pthread_mutex_lock(&o->mu);
-    while (o->next < o->nbucket) start_bucket(o, o->next++);
+    /* buckets are queued in order: one only once those before it were */
+    while (o->next < o->nbucket && o->left[o->next] == 0) o->queued = o->bucket_end[o->next++];
+    pump(o);
+    pthread_cond_signal(&o->wake);
     pthread_mutex_unlock(&o->mu);
 }
 
 void dp_overlap_finish(DpOverlap *o) {
-    dp_overlap_start_rest(o);
     pthread_mutex_lock(&o->mu);
-    if (o->nreq > 0) MPI_CHECK(MPI_Waitall(o->nreq, o->req, MPI_STATUSES_IGNORE));
-    for (int b = 0; b < o->nbucket && o->nreq > 0 && o->zero_p > 1; b++)
-        for (size_t off = o->blo[b]; off < o->bhi[b]; off += DP_BUCKET)
-            zero_place(o->buf, off, o->bhi[b] - off < DP_BUCKET ? o->bhi[b] : off + DP_BUCKET,
-                       o->zero_p, o->zero_r);
-    o->nreq = 0, o->next = 0, o->in_flight = 0;
+    o->next = o->nbucket, o->queued = o->nchunk;
+    while (pump(o)) { /* testing is what moves them (one thread at a time) */
+        pthread_mutex_unlock(&o->mu);
+        const struct timespec nap = {0, 20 * 1000};
+        nanosleep(&nap, NULL);
+        pthread_mutex_lock(&o->mu);
+    }
+    o->queued = o->started = o->next = 0;
     pthread_mutex_unlock(&o->mu);
     for (int b = 0; b < o->nbucket; b++) o->left[b] = 0;
     for (int i = 0; i < o->nseg; i++) {
@@ -202,11 +220,11 @@ void dp_overlap_free(DpOverlap *o) {
         pthread_mutex_unlock(&o->mu);
         pthread_join(o->progress, NULL);
     }
-    if (o->req) {
+    if (o->blo) {
         pthread_mutex_destroy(&o->mu);
         pthread_cond_destroy(&o->wake);
     }
     free(o->blo), free(o->bhi), free(o->seg_bucket), free(o->left), free(o->seg_left);
-    free(o->req), free(o->counts);
+    free(o->bucket_end), free(o->clo), free(o->chi), free(o->counts);
     memset(o, 0, sizeof *o);
 }

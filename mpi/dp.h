@@ -18,18 +18,24 @@ void dp_allreduce_sum(float *buf, size_t n, MPI_Comm comm);
 /* The same for doubles (loss sums, routing counters), unbucketed. */
 void dp_allreduce_sum_d(double *buf, int n, MPI_Comm comm);
 
+/* Collectives an overlap keeps in flight at once: each holds a temporary
+ * of its chunk in the non-blocking collectives (libnbc), so at most
+ * DP_INFLIGHT x DP_BUCKET floats beside the gradients. */
+#define DP_INFLIGHT 2
+
 /* Overlapped reduction (dp_overlap): a gradient buffer's segments become
  * final one by one (the head's share of the tied embedding and ln_f, then a
  * stage's blocks as the backward finishes them, the last first), each
  * after `uses` marks (one per micro-batch's backward). Consecutive
  * segments that lie one below the other (each ends where the one before it
  * begins) form buckets of at least bucket_floats; one that does not starts
- * a bucket of its own. A bucket is summed over comm by non-blocking
- * all-reduces (in place, DP_BUCKET floats each) as soon as its last
- * segment is final, and every later mark tests the requests so the
- * transport makes progress. Every rank of comm declares the same segments
- * and marks them in the same order, so the collectives start in one order
- * and sum in fixed buckets: runs repeat bit for bit. */
+ * a bucket of its own. Once a bucket's last segment is final its chunks
+ * (DP_BUCKET floats from its start) join a queue, and are summed over comm
+ * in that order by non-blocking all-reduces (in place), at most
+ * DP_INFLIGHT at once; every mark, and a thread of its own, test them and
+ * start the next. Every rank of comm declares the same segments and marks
+ * them in the same order, so the collectives start in one order and sum
+ * in fixed chunks: runs repeat bit for bit. */
 typedef struct {
     MPI_Comm comm;
     float *buf;
@@ -38,18 +44,22 @@ typedef struct {
     int *seg_bucket;     /* (nseg) */
     int *left;           /* (nbucket) marks still awaited this step */
     int *seg_left;       /* (nseg) */
-    int next;            /* buckets started this step, in order */
-    MPI_Request *req;    /* the started buckets' requests */
-    int nreq, capreq;
-    /* a thread that tests the requests every 100 us while any is in
-     * flight (the transport moves only inside MPI calls), under mu with
-     * the thread that starts them */
+    int next;            /* buckets queued this step, in order */
+    int nchunk;          /* every bucket's chunks, in order: */
+    size_t *clo, *chi;   /* (nchunk) */
+    int *bucket_end;     /* (nbucket) the chunks of buckets 0..b end here */
+    int queued, started; /* chunks queued and started this step */
+    MPI_Request req[DP_INFLIGHT];
+    int req_chunk[DP_INFLIGHT]; /* the chunk of each request, -1: free */
+    /* a thread that tests the requests every 100 us while any chunk is
+     * queued or in flight (the transport moves only inside MPI calls),
+     * under mu with the thread that marks */
     pthread_t progress;
     pthread_mutex_t mu;
     pthread_cond_t wake;
-    int in_flight, stop, threaded;
-    /* ZeRO-1 (zero_p > 1): each request reduce-scatters its piece over the
-     * zero_p ranks (this one zero_r), with its counts at counts[i * zero_p] */
+    int stop, threaded;
+    /* ZeRO-1 (zero_p > 1): each chunk is reduce-scattered over the zero_p
+     * ranks (this one zero_r), its request's counts at counts[i * zero_p] */
     int zero_p, zero_r;
     int *counts;
 } DpOverlap;
@@ -59,18 +69,17 @@ typedef struct {
  * overlap (o is then unusable; reduce after the backward instead). */
 int dp_overlap_init(DpOverlap *o, MPI_Comm comm, float *buf, const size_t *seg_lo,
                     const size_t *seg_hi, int nseg, size_t bucket_floats, int uses);
-/* Makes o reduce-scatter its buckets' pieces (DP_BUCKET floats from each
- * bucket's start, ZeRO-1's pieces: zero.h) over its p ranks, this one r,
- * instead of all-reducing them; dp_overlap_finish moves each part's sums
- * to where the part lies. Before the first mark. */
+/* Makes o reduce-scatter its chunks (ZeRO-1's pieces: zero.h) over its p
+ * ranks, this one r, instead of all-reducing them; each part's sums are
+ * moved to where the part lies as its chunk completes. Before the first
+ * mark. */
 void dp_overlap_set_zero(DpOverlap *o, int p, int r);
-/* One use of segment seg is final: starts its bucket when that was the last
- * mark it awaited, then progresses what is in flight. */
+/* One use of segment seg is final: queues its bucket when that was the
+ * last mark it awaited (and every bucket before it was), then progresses
+ * what is in flight. */
 void dp_overlap_mark(DpOverlap *o, int seg);
-/* Starts any bucket not yet started, in order. */
-void dp_overlap_start_rest(DpOverlap *o);
-/* Starts any bucket not yet started (in order) and waits for every one;
- * then readies o for the next step. */
+/* Queues every bucket, and waits until each is summed; then readies o for
+ * the next step. Nothing else may use comm until it returns. */
 void dp_overlap_finish(DpOverlap *o);
 void dp_overlap_free(DpOverlap *o);
 

@@ -26,7 +26,9 @@ void grads_sync(float *grads, size_t n, size_t expert_n, const TiedGrad *tied, c
         lo[b] = ov->blo[b], hi[b] = ov->bhi[b];
     }
     if (rows_apart && !tied->head) lo[k - 1] = tied->offset, hi[k - 1] = tied->offset + tied->numel;
-    if (ov) dp_overlap_start_rest(ov); /* every rank starts its collectives in one order */
+    /* the buckets first: every rank starts its collectives on dp_comm in
+     * one order, and the queue's last ones may not have started yet */
+    if (ov) dp_overlap_finish(ov);
     if (z) {
         zero_reduce_scatter(z, grads, lo, hi, k);
     } else {
@@ -35,7 +37,6 @@ void grads_sync(float *grads, size_t n, size_t expert_n, const TiedGrad *tied, c
     }
     free(lo);
     free(hi);
-    if (ov) dp_overlap_finish(ov);
     if (rows_apart)
         dp_rows_reduce_add(grads + tied->offset, tied->Vl, tied->C, tied->slot, tied->rows,
                            g->dp_comm);

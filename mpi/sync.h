@@ -37,9 +37,9 @@ typedef struct {
  * dp with the rest, the embedding's rows kept apart over dp into the
  * range (a stage without the head reduces only those rows), then the two
  * stages' copies summed over the embedding group. With ov (dp_overlap),
- * the segments ov was given are already in flight, bucket by bucket as
- * the backward finished them: the rest is reduced here, then every bucket
- * waited on. The order of the sums is the same with and without ov, so a
+ * the segments ov was given are queued or in flight already, bucket by
+ * bucket as the backward finished them: every bucket is waited on, then
+ * the rest reduced here. The order of the sums is the same with and without ov, so a
  * dp 2 run gives the same bits either way. With z (ZeRO-1), every
  * reduction over dp and edp is z's reduce-scatter instead: only this
  * rank's parts hold the sums after (the tied embedding's too, summed over

@@ -17,7 +17,14 @@
 #include <mpi.h>
 #include <stddef.h>
 
-#include "src/optim.h"
+/* A rank's share of the flat parameter buffer under ZeRO-1: ranges
+ * [lo[i], hi[i]) of it, ascending and disjoint (AdamW's moments hold them
+ * back to back: src/optim.h). */
+typedef struct {
+    int n;
+    size_t *lo, *hi;
+    size_t floats; /* their total */
+} ZeroShard;
 
 typedef struct {
     int npiece;

@@ -9,16 +9,9 @@
 
 #include <stddef.h>
 
+#include "mpi/zero.h"
 #include "src/config.h"
 #include "src/model.h"
-
-/* A rank's share of the flat parameter buffer under ZeRO-1: ranges
- * [lo[i], hi[i]) of it, ascending and disjoint. */
-typedef struct {
-    int n;
-    size_t *lo, *hi;
-    size_t floats; /* their total */
-} ZeroShard;
 
 typedef struct {
     /* (n) each: laid out like Model.params, or, with a shard, its ranges

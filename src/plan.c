@@ -169,14 +169,26 @@ static MicroTime stage_time(const Cluster *cl, PlanRow *r, const ModelDims *d, i
 
 /* dp: every gradient float (the experts' over their dp / ep replicas only),
  * and the tied embedding between the end stages; the busiest rank's. */
-static void stage_dp(PlanRow *r, const ModelDims *d, const ModelMemory *mm, int s) {
+/* A stage's dp bytes: its gradients (the experts' over their own
+ * replicas); at dp > 1 the first stage keeps the embedding's rows apart:
+ * at most one per token of the step over dp (dp_rows_bytes, an upper
+ * bound: the rows are the distinct tokens), and without the head (pp > 1)
+ * it reduces only those, not the table; the tied embedding's two copies
+ * are summed between the first and last stage. */
+static void stage_dp(PlanRow *r, const ModelDims *d, const ModelMemory *mm, int s, int T) {
     int both;
     const double experts =
         r->ep > 1 ? model_stage_moe(d, &both) * (d->El * expert_floats(d) * sizeof(float)) : 0;
     const double ex = r->dp / r->ep > 1 ? experts : 0;
-    double dpb = r->dp > 1 ? (double)mm->params - experts + ex : 0;
-    if (r->pp > 1 && (s == 0 || s == r->pp - 1)) dpb += (double)d->Vl * d->C * sizeof(float);
-    if (dpb > r->dp_bytes) r->dp_bytes = dpb, r->dp_expert_bytes = ex;
+    const double table = (double)d->Vl * d->C * sizeof(float);
+    double dpb = r->dp > 1 ? (double)mm->params - experts + ex : 0, rows = 0;
+    if (r->dp > 1 && s == 0) {
+        const double tokens = (double)r->dp * r->micro * r->n_micro * T;
+        rows = (tokens < d->Vl ? tokens : d->Vl) * d->C * sizeof(float);
+        dpb += rows - (r->pp > 1 ? table : 0);
+    }
+    if (r->pp > 1 && (s == 0 || s == r->pp - 1)) dpb += table;
+    if (dpb > r->dp_bytes) r->dp_bytes = dpb, r->dp_expert_bytes = ex, r->dp_rows_bytes = rows;
 }
 
 /* Per stage: memory, the micro-batch's time, and the busiest rank's bytes.
@@ -211,6 +223,11 @@ static int plan_stages(const Config *cfg, const Cluster *cl, PlanRow *r, MicroTi
         ModelMemory mm;
         const int slots = pp_slots(sched, r->n_micro, s, r->pp);
         model_memory_units(&u, &d, slots, 1, &mm);
+        if (cfg->dp_overlap && r->dp > 1) { /* the collectives in flight: a chunk each */
+            const size_t chunk = (size_t)DP_BUCKET * sizeof(float), grads = mm.grads;
+            const size_t tmp = DP_INFLIGHT * (grads < chunk ? grads : chunk);
+            mm.scratch = sat_add(mm.scratch, tmp), mm.total = sat_add(mm.total, tmp);
+        }
         if (cfg->zero && r->dp > 1) { /* ZeRO-1: a dp rank's share of the moments */
             mm.total -= mm.moments - mm.moments / (size_t)r->dp;
             mm.moments /= (size_t)r->dp;
@@ -231,7 +248,7 @@ static int plan_stages(const Config *cfg, const Cluster *cl, PlanRow *r, MicroTi
         all += t.compute + t.tp + t.pp + t.ep;
         if (t.compute + t.tp + t.pp + t.ep > slow->compute + slow->tp + slow->pp + slow->ep)
             *slow = t;
-        stage_dp(r, &d, &mm, s);
+        stage_dp(r, &d, &mm, s, T);
     }
     slow->all = all;
     free(layers);

@@ -54,6 +54,7 @@ typedef struct {
     double tp_bytes, dp_bytes, pp_bytes; /* per step, by the busiest rank of each */
     double ep_bytes;        /* the experts' all-to-alls' rows a rank sends to others per step */
     double dp_expert_bytes; /* the part of dp_bytes reduced over the experts' dp / ep replicas */
+    double dp_rows_bytes;   /* the part of dp_bytes for the embedding's rows: at most this */
     double t_compute, t_tp, t_pp, t_bubble, t_dp, t_optimizer, t_step; /* seconds */
     double t_ep; /* the all-to-alls (in t_step after the optimizer) */
     /* the dp reduction's own time; t_dp is what of it the step waits for

@@ -165,6 +165,8 @@ static void print_parts(const PlanRow *one, const size_t *stage, int pp, int moe
            b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8]);
     printf("bytes per step of the busiest rank: tp %.0f, dp %.0f, pp %.0f", one->tp_bytes,
            one->dp_bytes, one->pp_bytes);
+    if (one->dp_rows_bytes > 0) /* an upper bound: the rows are the step's distinct tokens */
+        printf(" (dp: the embedding's rows at most %.0f of it)", one->dp_rows_bytes);
     if (moe) printf(", ep %.0f (dp of the experts %.0f)", one->ep_bytes, one->dp_expert_bytes);
     printf("\nstep %.6f s: compute %.6f, tp %.6f, pp %.6f, bubble %.6f, dp %.6f, optimizer %.6f",
            one->t_step, one->t_compute, one->t_tp, one->t_pp, one->t_bubble, one->t_dp,

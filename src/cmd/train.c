@@ -930,6 +930,21 @@ static double run_step_flops(Run *r) {
     return fpt;
 }
 
+/* The whole model's gradient norm: this rank's sums of squares (under
+ * zero 1 of its parts, completed over their groups), then over tp, ep and
+ * pp. */
+static double run_grad_norm(Run *r) {
+    double split[2], replicated[2];
+    if (r->use_zero) {
+        model_grad_sumsq_ranges(&r->m, r->zero.shard.lo, r->zero.shard.hi, r->zero.shard.n,
+                                split, replicated);
+        zero_sumsq_reduce(split, replicated, &r->zero);
+    } else {
+        model_grad_sumsq(&r->m, split, replicated);
+    }
+    return grads_norm(split, replicated, &r->grid);
+}
+
 /* One optimizer step: schedule -> sync -> clip -> optimizer. */
 static void run_step(Run *r, int step, StepResult *out) {
     Model *m = &r->m;
@@ -980,15 +995,7 @@ static void run_step(Run *r, int step, StepResult *out) {
     phases_add(&r->ph, PH_DP, now_s() - t1 - (tp_time_s - tp1));
     t1 = now_s(), tp1 = tp_time_s;
     /* clip */
-    double split[2], replicated[2];
-    if (r->use_zero) { /* this rank's parts, then over their groups */
-        model_grad_sumsq_ranges(m, r->zero.shard.lo, r->zero.shard.hi, r->zero.shard.n, split,
-                                replicated);
-        zero_sumsq_reduce(split, replicated, &r->zero);
-    } else {
-        model_grad_sumsq(m, split, replicated);
-    }
-    out->grad_norm = grads_norm(split, replicated, g);
+    out->grad_norm = run_grad_norm(r);
     const Config *c = &r->cfg;
     /* a non-finite loss or gradient: no update, so the weights stay those
      * of the last good step (every rank sees the same reduced values) */

@@ -7,16 +7,48 @@
 # every layout of 1, 2 and 4 ranks; for each, the plan's step time beside
 # the measured mean (steps 2..N). Goal: within 25% where ranks x threads fit
 # the cores; the oversubscribed layouts (4 ranks on 2 cores) are reported
-# apart. usage: tests/bench/bench_plan.sh [STEPS]
+# apart.
+#
+# --network LINKS (root): instead, data parallelism through a network, as
+# tests/bench/bench_network.sh makes one (Open MPI's TCP over the loopback,
+# throttled by tc's tbf to each rate of LINKS, e.g. "10gbit 1gbit"; shm is
+# shared memory). The plan is told of 2 nodes of one core and one rank
+# each, with the link `plan --calibrate` measures over that same transport
+# as the network; dp 2 of the same model runs with dp_overlap 0, with
+# dp_overlap 1 and with zero 1, and the plan's step time is printed beside
+# each (the goal: within 25%). The qdisc is removed on every exit path.
+# usage: tests/bench/bench_plan.sh [STEPS] [--network LINKS]
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
-steps=${1:-6}
+steps=6 links=""
+while [ $# -gt 0 ]; do
+    case $1 in
+    --network) [ $# -ge 2 ] || { echo "bench_plan: --network needs links" >&2; exit 2; }
+        links=$2
+        shift ;;
+    *[!0-9]* | "") echo "bench_plan: '$1' is neither STEPS nor --network (see the usage at the top)" >&2
+        exit 2 ;;
+    *) steps=$1 ;;
+    esac
+    shift
+done
+for l in $links; do
+    case $l in shm | [1-9]*[0-9]gbit | [1-9]*[0-9]mbit | [1-9]gbit | [1-9]mbit) ;;
+    *) echo "bench_plan: --network: '$l' is neither shm nor a rate like 10gbit" >&2; exit 2 ;; esac
+done
+if [ -n "$links" ]; then
+    [ "$(id -u)" = 0 ] || { echo "bench_plan: --network needs root: it throttles the loopback" >&2; exit 2; }
+    command -v tc > /dev/null || { echo "bench_plan: tc is missing (apt-get install iproute2)" >&2; exit 2; }
+fi
 MODTRAIN=${MODTRAIN:-$top/modtrain}
 MPIRUN=${MPIRUN:-mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader}
 cores=$(nproc)
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/modtrain-bench.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+unthrottle() { [ -z "$links" ] || tc qdisc del dev lo root 2> /dev/null || true; }
+unthrottle # one a killed run left behind
+trap 'unthrottle; rm -rf "$tmp"' EXIT
+trap 'exit 130' INT TERM # through the EXIT trap
 MODTRAIN=$MODTRAIN "$top/jobs/prep_fortunes.sh" "$tmp/data" > /dev/null
 cd "$tmp"
 $MPIRUN -np 2 "$MODTRAIN" plan --calibrate --out cluster.conf
@@ -46,6 +78,50 @@ ckpt_every = 0
 log_every = 1000
 resume = never
 CONF
+if [ -n "$links" ]; then
+    # dp 2, a rank a node of one core, over each link
+    printf '%-8s %-22s %10s %10s %8s %12s %12s\n' link variant "plan ms" "measured" "error" \
+        "plan t_dp" "dp_comm ms"
+    worst=0
+    for l in $links; do
+        if [ "$l" = shm ]; then
+            mca="--mca pml ob1 --mca btl self,vader"
+            tc qdisc del dev lo root 2> /dev/null || true
+        else
+            mca="--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo"
+            tc qdisc replace dev lo root tbf rate "$l" burst 256kb latency 100ms
+        fi
+        # shellcheck disable=SC2086 # the transport's keys
+        mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 $mca "$MODTRAIN" plan --calibrate \
+            --out net.conf > /dev/null
+        lat=$(sed -n 's/^shm_latency_us *= *\([0-9.e+-]*\).*/\1/p' net.conf)
+        bw=$(sed -n 's/^shm_bw_gbs *= *\([0-9.e+-]*\).*/\1/p' net.conf)
+        sed -e "s/^nodes *=.*/nodes = 2/" -e "s/^cores_per_node *=.*/cores_per_node = 1/" \
+            -e "s/^net_latency_us *=.*/net_latency_us = $lat/" -e "s/^net_bw_gbs *=.*/net_bw_gbs = $bw/" \
+            cluster.conf > c-net.conf
+        for v in "--dp_overlap 0" "--dp_overlap 1" "--dp_overlap 1 --zero 1"; do
+            # shellcheck disable=SC2086 # the variant's keys
+            plan=$("$MODTRAIN" plan --config model.conf $v --cluster c-net.conf --layout "1,1,1" 2>&1) ||
+                { echo "($l, $v: $plan)"; continue; }
+            est=$(echo "$plan" | sed -n 's/^step \([0-9.]*\) s:.*/\1/p' | awk '{ printf "%.1f", $1 * 1000 }')
+            tdp=$(echo "$plan" | sed -n 's/^step .* dp \([0-9.]*\),.*/\1/p' | awk '{ printf "%.1f", $1 * 1000 }')
+            run="n-$l-$(echo "$v" | tr -d ' -')"
+            # shellcheck disable=SC2086 # the transport's and the variant's keys
+            mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 $mca "$MODTRAIN" train \
+                --config model.conf $v --steps "$steps" --threads 1 --run_dir "$run" > "$run.log" 2>&1 ||
+                { cat "$run.log"; exit 1; }
+            got=$(mean_ms "$run")
+            dc=$(grep '"loss"' "$run/metrics.jsonl" | awk -F'"dp_comm":' 'NR > 1 { split($2, a, ","); t += a[1]; n++ }
+                END { printf "%.1f", t / n }')
+            e=$(awk -v a="$est" -v b="$got" 'BEGIN { printf "%+.1f", 100 * (a - b) / b }')
+            printf '%-8s %-22s %10s %10s %7s%% %12s %12s\n' "$l" "$v" "$est" "$got" "$e" "$tdp" "$dc"
+            worst=$(awk -v e="$e" -v w="$worst" 'BEGIN { a = e < 0 ? -e : e; print (a > w ? a : w) }')
+        done
+    done
+    unthrottle
+    echo "worst |error|: $worst% (goal 25%)"
+    exit 0
+fi
 printf '%-6s %-4s %-4s %-4s %-5s %10s %10s %8s %s\n' ranks tp pp dp thr "plan ms" "measured" "error" ""
 worst=0
 worst_over=0
