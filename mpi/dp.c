@@ -80,30 +80,29 @@ static int pump(DpOverlap *o) {
     for (int k = 0; k < DP_INFLIGHT; k++) {
         if (o->req_chunk[k] < 0) continue;
         int done = 0;
-        MPI_CHECK(MPI_Test(&o->req[k], &done, MPI_STATUS_IGNORE));
-        if (!done) continue;
-        const int c = o->req_chunk[k];
-        if (o->zero_p > 1) zero_place(o->buf, o->clo[c], o->chi[c], o->zero_p, o->zero_r);
-        o->req_chunk[k] = -1;
+        MPI_CHECK(MPI_Testall(o->nreq, o->req + (size_t)k * o->nreq, &done, MPI_STATUSES_IGNORE));
+        if (done) o->req_chunk[k] = -1;
     }
-    /* in order: a chunk starts only into the lowest free request, after
-     * every chunk before it */
+    /* in order: a chunk starts only after every chunk before it */
     for (int k = 0; k < DP_INFLIGHT && o->started < o->queued; k++) {
         if (o->req_chunk[k] >= 0) continue;
         const int c = o->started++;
         const size_t off = o->clo[c];
-        const int cnt = (int)(o->chi[c] - off);
-        if (o->zero_p > 1) {
-            int *counts = o->counts + (size_t)k * (size_t)o->zero_p;
-            zero_counts(off, o->chi[c], o->zero_p, counts);
-            MPI_CHECK(MPI_Ireduce_scatter(MPI_IN_PLACE, o->buf + off, counts, MPI_FLOAT, MPI_SUM,
-                                          o->comm, &o->req[k]));
+        MPI_Request *rq = o->req + (size_t)k * o->nreq;
+        if (o->zero_p > 1) { /* each part reduced to its owner, in place there */
+            for (int r = 0; r < o->zero_p; r++) {
+                size_t a, b;
+                zero_part(off, o->chi[c], o->zero_p, r, &a, &b);
+                MPI_CHECK(MPI_Ireduce(r == o->zero_r ? MPI_IN_PLACE : o->buf + a,
+                                      r == o->zero_r ? o->buf + a : NULL, (int)(b - a), MPI_FLOAT,
+                                      MPI_SUM, r, o->comm, &rq[r]));
+            }
         } else {
-            MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, o->buf + off, cnt, MPI_FLOAT, MPI_SUM, o->comm,
-                                     &o->req[k]));
+            MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, o->buf + off, (int)(o->chi[c] - off), MPI_FLOAT,
+                                     MPI_SUM, o->comm, &rq[0]));
         }
         o->req_chunk[k] = c;
-        dp_bytes += (unsigned long long)cnt * sizeof(float);
+        dp_bytes += (unsigned long long)(o->chi[c] - off) * sizeof(float);
     }
     int busy = o->started < o->queued;
     for (int k = 0; k < DP_INFLIGHT; k++) busy |= o->req_chunk[k] >= 0;
@@ -164,6 +163,8 @@ int dp_overlap_init(DpOverlap *o, MPI_Comm comm, float *buf, const size_t *seg_l
         }
         o->bucket_end[k] = o->nchunk;
     }
+    o->nreq = 1;
+    o->req = xmalloc(DP_INFLIGHT * sizeof(MPI_Request));
     for (int k = 0; k < DP_INFLIGHT; k++) o->req_chunk[k] = -1, o->req[k] = MPI_REQUEST_NULL;
     pthread_mutex_init(&o->mu, NULL);
     pthread_cond_init(&o->wake, NULL);
@@ -177,8 +178,10 @@ int dp_overlap_init(DpOverlap *o, MPI_Comm comm, float *buf, const size_t *seg_l
 
 void dp_overlap_set_zero(DpOverlap *o, int p, int r) {
     o->zero_p = p, o->zero_r = r;
-    free(o->counts);
-    o->counts = xmalloc((size_t)DP_INFLIGHT * (size_t)p * sizeof(int));
+    o->nreq = p > 1 ? p : 1;
+    free(o->req);
+    o->req = xmalloc((size_t)DP_INFLIGHT * (size_t)o->nreq * sizeof(MPI_Request));
+    for (int k = 0; k < DP_INFLIGHT * o->nreq; k++) o->req[k] = MPI_REQUEST_NULL;
 }
 
 void dp_overlap_mark(DpOverlap *o, int seg) {
@@ -225,6 +228,6 @@ void dp_overlap_free(DpOverlap *o) {
         pthread_cond_destroy(&o->wake);
     }
     free(o->blo), free(o->bhi), free(o->seg_bucket), free(o->left), free(o->seg_left);
-    free(o->bucket_end), free(o->clo), free(o->chi), free(o->counts);
+    free(o->bucket_end), free(o->clo), free(o->chi), free(o->req);
     memset(o, 0, sizeof *o);
 }

@@ -49,8 +49,11 @@ typedef struct {
     size_t *clo, *chi;   /* (nchunk) */
     int *bucket_end;     /* (nbucket) the chunks of buckets 0..b end here */
     int queued, started; /* chunks queued and started this step */
-    MPI_Request req[DP_INFLIGHT];
-    int req_chunk[DP_INFLIGHT]; /* the chunk of each request, -1: free */
+    /* (DP_INFLIGHT x nreq) the requests of each chunk in flight: one
+     * all-reduce, or under ZeRO-1 one reduce a part, to the part's owner */
+    MPI_Request *req;
+    int nreq;
+    int req_chunk[DP_INFLIGHT]; /* the chunk of each slot, -1: free */
     /* a thread that tests the requests every 100 us while any chunk is
      * queued or in flight (the transport moves only inside MPI calls),
      * under mu with the thread that marks */
@@ -59,9 +62,8 @@ typedef struct {
     pthread_cond_t wake;
     int stop, threaded;
     /* ZeRO-1 (zero_p > 1): each chunk is reduce-scattered over the zero_p
-     * ranks (this one zero_r), its request's counts at counts[i * zero_p] */
+     * ranks (this one zero_r) */
     int zero_p, zero_r;
-    int *counts;
 } DpOverlap;
 
 /* Sets o up over buf; seg_lo/seg_hi (nseg) the segments in the order they
@@ -70,9 +72,10 @@ typedef struct {
 int dp_overlap_init(DpOverlap *o, MPI_Comm comm, float *buf, const size_t *seg_lo,
                     const size_t *seg_hi, int nseg, size_t bucket_floats, int uses);
 /* Makes o reduce-scatter its chunks (ZeRO-1's pieces: zero.h) over its p
- * ranks, this one r, instead of all-reducing them; each part's sums are
- * moved to where the part lies as its chunk completes. Before the first
- * mark. */
+ * ranks, this one r, instead of all-reducing them: a non-blocking reduce
+ * of each part to its owner, in place there (Open MPI's non-blocking
+ * reduce-scatter reduces the whole chunk to one rank and scatters it: half
+ * as many bytes again at dp 2). Before the first mark. */
 void dp_overlap_set_zero(DpOverlap *o, int p, int r);
 /* One use of segment seg is final: queues its bucket when that was the
  * last mark it awaited (and every bucket before it was), then progresses

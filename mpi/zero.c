@@ -19,7 +19,8 @@ void zero_part(size_t lo, size_t hi, int p, int r, size_t *a, size_t *b) {
     *b = lo + (y < len ? y : len);
 }
 
-void zero_counts(size_t lo, size_t hi, int p, int *counts) {
+/* The counts of a reduce-scatter of piece [lo, hi) over p ranks. */
+static void zero_counts(size_t lo, size_t hi, int p, int *counts) {
     for (int r = 0; r < p; r++) {
         size_t a, b;
         zero_part(lo, hi, p, r, &a, &b);
@@ -27,7 +28,9 @@ void zero_counts(size_t lo, size_t hi, int p, int *counts) {
     }
 }
 
-void zero_place(float *buf, size_t lo, size_t hi, int p, int r) {
+/* After a reduce-scatter of piece [lo, hi) over p ranks in place (rank
+ * r's sums land at lo): moves them to its part. */
+static void zero_place(float *buf, size_t lo, size_t hi, int p, int r) {
     size_t a, b;
     zero_part(lo, hi, p, r, &a, &b);
     if (a != lo && b > a) memmove(buf + a, buf + lo, (b - a) * sizeof(float));

@@ -51,11 +51,6 @@ void zero_free(Zero *z);
  * groups. */
 void zero_reduce_scatter(const Zero *z, float *buf, const size_t *skip_lo,
                          const size_t *skip_hi, int nskip);
-/* After a non-blocking reduce-scatter of piece [lo, hi) over a group of p
- * (MPI_IN_PLACE: rank r's sums land at lo): moves them to its part. */
-void zero_place(float *buf, size_t lo, size_t hi, int p, int r);
-/* The counts of a reduce-scatter of piece [lo, hi) over p ranks. */
-void zero_counts(size_t lo, size_t hi, int p, int *counts);
 /* Gathers every rank's parts of buf (the updated parameters), piece by
  * piece. Collective over both groups. */
 void zero_gather(const Zero *z, float *buf);
