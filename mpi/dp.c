@@ -113,7 +113,7 @@ static void *progress_main(void *arg) {
     DpOverlap *o = arg;
     pthread_mutex_lock(&o->mu);
     while (!o->stop) {
-        if (!pump(o)) {
+        if (o->draining || !pump(o)) {
             pthread_cond_wait(&o->wake, &o->mu);
             continue;
         }
@@ -200,12 +200,20 @@ void dp_overlap_mark(DpOverlap *o, int seg) {
 void dp_overlap_finish(DpOverlap *o) {
     pthread_mutex_lock(&o->mu);
     o->next = o->nbucket, o->queued = o->nchunk;
-    while (pump(o)) { /* testing is what moves them (one thread at a time) */
+    /* the requests are this thread's now: a blocking wait progresses them
+     * at once, where tests 100 us apart move a segmented collective (a
+     * non-blocking reduce on shared memory) one segment a test */
+    o->draining = 1;
+    while (pump(o)) {
+        int k = -1; /* the chunk in flight longest */
+        for (int q = 0; q < DP_INFLIGHT; q++)
+            if (o->req_chunk[q] >= 0 && (k < 0 || o->req_chunk[q] < o->req_chunk[k])) k = q;
         pthread_mutex_unlock(&o->mu);
-        const struct timespec nap = {0, 20 * 1000};
-        nanosleep(&nap, NULL);
+        MPI_CHECK(MPI_Waitall(o->nreq, o->req + (size_t)k * o->nreq, MPI_STATUSES_IGNORE));
         pthread_mutex_lock(&o->mu);
+        o->req_chunk[k] = -1;
     }
+    o->draining = 0;
     o->queued = o->started = o->next = 0;
     pthread_mutex_unlock(&o->mu);
     for (int b = 0; b < o->nbucket; b++) o->left[b] = 0;

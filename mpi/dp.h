@@ -61,6 +61,7 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t wake;
     int stop, threaded;
+    int draining; /* dp_overlap_finish waits on the requests itself */
     /* ZeRO-1 (zero_p > 1): each chunk is reduce-scattered over the zero_p
      * ranks (this one zero_r) */
     int zero_p, zero_r;

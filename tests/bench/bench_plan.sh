@@ -120,7 +120,7 @@ if [ -n "$links" ]; then
                 END { printf "%.1f", t / n }')
             e=$(awk -v a="$est" -v b="$got" 'BEGIN { printf "%+.1f", 100 * (a - b) / b }')
             printf '%-8s %-22s %10s %10s %7s%% %12s %12s\n' "$l" "$v" "$est" "$got" "$e" "$tdp" "$dc"
-            worst=$(awk -v e="$e" -v w="$worst" 'BEGIN { a = e < 0 ? -e : e; print (a > w ? a : w) }')
+            worst=$(awk -v e="$e" -v w="$worst" 'BEGIN { a = e < 0 ? -e : e + 0; print (a > w + 0 ? a : w) }')
         done
     done
     unthrottle
