@@ -960,7 +960,7 @@ int ckpt_open_model(const char *ckpt_arg, Model *m, Config *cfg, int maxB, int *
     }
     ModelDims d;
     model_dims_config(&d, cfg, tp ? tp->size : 1, tp ? tp->rank : 0);
-    if (pp > d.L || model_dims_stage(&d, pp, pp_rank, NULL) != 0)
+    if (pp > d.L || model_dims_stage(&d, pp, 1, pp_rank, NULL) != 0)
         return err_set(err,
                        "ckpt: the model's n_layer = %d blocks cannot be split over pp = %d "
                        "stages (choose pp <= %d)",
@@ -1147,7 +1147,7 @@ int ckpt_check_safetensors(const StFile *f, const ModelDims *d, Err *err) {
 
 int ckpt_load_safetensors(const StFile *f, Model *m, Err *err) {
     ModelDims whole = m->d; /* the file holds every stage: check the whole model */
-    whole.pp = 1, whole.pp_rank = 0, whole.l0 = 0, whole.l1 = whole.L;
+    model_dims_whole(&whole);
     if (ckpt_check_safetensors(f, &whole, err) != 0) return -1;
     for (int i = 0; i < m->nreg; i++) {
         const ParamInfo *p = &m->reg[i];

@@ -14,115 +14,175 @@
 double pp_wait_s = 0;
 unsigned long long pp_bytes = 0;
 
-static int stage_of(MPI_Comm comm) {
-    int r = 0;
+/* The stage `step` after this one, round the ring (interleaved chunks
+ * hand on from the last stage to the first). */
+static int stage_after(MPI_Comm comm, int step) {
+    int r = 0, n = 1;
     MPI_CHECK(MPI_Comm_rank(comm, &r));
-    return r;
+    MPI_CHECK(MPI_Comm_size(comm, &n));
+    return (r + step + n) % n;
 }
 
 void pp_recv_prev(float *buf, size_t n, int tag, MPI_Comm comm) {
-    MPI_CHECK(MPI_Recv(buf, (int)n, MPI_FLOAT, stage_of(comm) - 1, tag, comm, MPI_STATUS_IGNORE));
+    MPI_CHECK(MPI_Recv(buf, (int)n, MPI_FLOAT, stage_after(comm, -1), tag, comm, MPI_STATUS_IGNORE));
 }
 
 void pp_send_next(const float *buf, size_t n, int tag, MPI_Comm comm) {
-    MPI_CHECK(MPI_Send(buf, (int)n, MPI_FLOAT, stage_of(comm) + 1, tag, comm));
+    MPI_CHECK(MPI_Send(buf, (int)n, MPI_FLOAT, stage_after(comm, 1), tag, comm));
+}
+
+int pp_order(PpSchedule s, int m, int v, int stage, int stages, PpOp *ops) {
+    int n = 0;
+    if (v < 1) v = 1;
+    const int total = m * v, group = stages * v;
+    /* the k-th forward (backward) of the rank: Megatron's order, groups of
+     * `stages` micro-batches through each chunk in turn (backwards through
+     * the chunks from the last); plain 1F1B and GPipe at v = 1 */
+#define OP(f, k)                                                                            \
+    ops[n++] = (PpOp){(f), (f) ? (k) % group / stages : v - 1 - (k) % group / stages,      \
+                      v == 1 ? (k) : (k) / group * stages + (k) % stages}
+    if (s == PP_GPIPE) {
+        for (int k = 0; k < total; k++) OP(1, k);
+        for (int k = 0; k < total; k++) OP(0, k);
+        return n;
+    }
+    /* warm up with the forwards that reach the last stage's first backward,
+     * then one forward and one backward in turn, then drain */
+    int warm = v == 1 ? stages - stage - 1 : (stages - stage - 1) * 2 + (v - 1) * stages;
+    if (warm > total) warm = total;
+    for (int k = 0; k < warm; k++) OP(1, k);
+    for (int i = 0; i < total - warm; i++) {
+        OP(1, warm + i);
+        OP(0, i);
+    }
+    for (int k = total - warm; k < total; k++) OP(0, k);
+#undef OP
+    return n;
+}
+
+int pp_chunk_slots(PpSchedule s, int m, int v, int stage, int stages, int *per_chunk) {
+    if (v < 1) v = 1;
+    PpOp *ops = xmalloc(2 * (size_t)m * v * sizeof(PpOp));
+    int *live = xcalloc((size_t)v, sizeof(int)), total = 0;
+    const int n = pp_order(s, m, v, stage, stages, ops);
+    for (int c = 0; c < v; c++) per_chunk[c] = 0;
+    for (int i = 0; i < n; i++) {
+        const int c = ops[i].chunk;
+        live[c] += ops[i].fwd ? 1 : -1;
+        if (live[c] > per_chunk[c]) per_chunk[c] = live[c];
+    }
+    for (int c = 0; c < v; c++) total += per_chunk[c];
+    free(live);
+    free(ops);
+    return total;
 }
 
 int pp_slots(PpSchedule s, int n_micro, int stage, int stages) {
-    if (s == PP_GPIPE) return n_micro;
-    int k = stages - stage;
-    return k < n_micro ? k : n_micro;
+    int n = 0;
+    return pp_chunk_slots(s, n_micro, 1, stage, stages, &n);
 }
+
+long long pp_tags(int n_micro, int v) { return 2LL * (v < 1 ? 1 : v) * n_micro; }
 
 typedef struct {
     const PpStage *st;
     MPI_Comm comm;
-    int stage, stages, slots, live, max_live;
-    MPI_Request *fwd_req;  /* (slots) the send of each slot's output */
-    MPI_Request *bwd_req;  /* (slots) the send of each gradient buffer */
-    float **bwd_buf;       /* (slots) */
+    int stage, stages, v, m, live, max_live;
+    int *per, *base;       /* (v) each chunk's sets, (v + 1) where they start */
+    MPI_Request *fwd_req;  /* (sets) the send of each set's output */
+    MPI_Request *bwd_req;  /* (sets) the send of each gradient buffer */
+    float **bwd_buf;       /* (sets) */
 } PpRun;
 
 static void wait_req(MPI_Request *r) {
     if (*r != MPI_REQUEST_NULL) MPI_CHECK(MPI_Wait(r, MPI_STATUS_IGNORE));
 }
 
-static void do_forward(PpRun *r, int mb) {
+/* A message into virtual stage t's chunk for micro-batch mb: forward
+ * activations (bwd 0) or a gradient (1). Virtual stage t is chunk
+ * t / stages of rank t % stages. */
+static int tag_of(const PpRun *r, int t, int mb, int bwd) {
+    return mb + r->m * (2 * (t / r->stages) + bwd);
+}
+
+static void do_forward(PpRun *r, int c, int mb) {
     const PpStage *st = r->st;
-    int slot = mb % r->slots;
+    const int slot = r->base[c] + mb % r->per[c], t = c * r->stages + r->stage;
     wait_req(&r->fwd_req[slot]); /* its previous output has left */
-    if (r->stage > 0) {
+    if (t > 0) {
         double t0 = now_s();
-        MPI_CHECK(MPI_Recv(st->input(st->ctx, slot), (int)st->count, MPI_FLOAT, r->stage - 1, mb,
-                           r->comm, MPI_STATUS_IGNORE));
+        MPI_CHECK(MPI_Recv(st->input(st->ctx, slot), (int)st->count, MPI_FLOAT,
+                           (r->stage + r->stages - 1) % r->stages, tag_of(r, t, mb, 0), r->comm,
+                           MPI_STATUS_IGNORE));
         pp_wait_s += now_s() - t0;
     }
     st->forward(st->ctx, mb, slot);
     if (++r->live > r->max_live) r->max_live = r->live;
-    if (r->stage < r->stages - 1) {
-        MPI_CHECK(MPI_Isend(st->output(st->ctx, slot), (int)st->count, MPI_FLOAT, r->stage + 1, mb,
-                            r->comm, &r->fwd_req[slot]));
+    if (t < r->stages * r->v - 1) {
+        MPI_CHECK(MPI_Isend(st->output(st->ctx, slot), (int)st->count, MPI_FLOAT,
+                            (r->stage + 1) % r->stages, tag_of(r, t + 1, mb, 0), r->comm,
+                            &r->fwd_req[slot]));
         pp_bytes += st->count * sizeof(float);
     }
 }
 
-static void do_backward(PpRun *r, int mb) {
+static void do_backward(PpRun *r, int c, int mb) {
     const PpStage *st = r->st;
-    int slot = mb % r->slots;
-    if (r->stage < r->stages - 1) {
+    const int slot = r->base[c] + mb % r->per[c], t = c * r->stages + r->stage;
+    if (t < r->stages * r->v - 1) {
         double t0 = now_s();
-        MPI_CHECK(MPI_Recv(st->grad_out(st->ctx), (int)st->count, MPI_FLOAT, r->stage + 1, mb,
-                           r->comm, MPI_STATUS_IGNORE));
+        MPI_CHECK(MPI_Recv(st->grad_out(st->ctx), (int)st->count, MPI_FLOAT,
+                           (r->stage + 1) % r->stages, tag_of(r, t, mb, 1), r->comm,
+                           MPI_STATUS_IGNORE));
         pp_wait_s += now_s() - t0;
     }
     st->backward(st->ctx, mb, slot);
     r->live--;
-    if (r->stage > 0) {
+    if (t > 0) {
         wait_req(&r->bwd_req[slot]);
         memcpy(r->bwd_buf[slot], st->grad_in(st->ctx), st->count * sizeof(float));
-        MPI_CHECK(MPI_Isend(r->bwd_buf[slot], (int)st->count, MPI_FLOAT, r->stage - 1, mb,
+        MPI_CHECK(MPI_Isend(r->bwd_buf[slot], (int)st->count, MPI_FLOAT,
+                            (r->stage + r->stages - 1) % r->stages, tag_of(r, t - 1, mb, 1),
                             r->comm, &r->bwd_req[slot]));
         pp_bytes += st->count * sizeof(float);
     }
 }
 
 void pp_run(PpSchedule s, int m, MPI_Comm comm, const PpStage *st, int *max_live) {
-    PpRun r = {st, comm, 0, 1, 0, 0, 0, NULL, NULL, NULL};
+    PpRun r = {.st = st, .comm = comm, .stages = 1, .v = st->chunks > 1 ? st->chunks : 1, .m = m};
     if (comm != MPI_COMM_NULL) {
         MPI_CHECK(MPI_Comm_rank(comm, &r.stage));
         MPI_CHECK(MPI_Comm_size(comm, &r.stages));
     }
-    r.slots = pp_slots(s, m, r.stage, r.stages);
-    r.fwd_req = xmalloc((size_t)r.slots * sizeof(MPI_Request));
-    r.bwd_req = xmalloc((size_t)r.slots * sizeof(MPI_Request));
-    r.bwd_buf = xcalloc((size_t)r.slots, sizeof(float *));
-    for (int k = 0; k < r.slots; k++) {
+    r.per = xmalloc((size_t)r.v * sizeof(int));
+    r.base = xmalloc(((size_t)r.v + 1) * sizeof(int));
+    const int sets = pp_chunk_slots(s, m, r.v, r.stage, r.stages, r.per);
+    r.base[0] = 0;
+    for (int c = 0; c < r.v; c++) r.base[c + 1] = r.base[c] + r.per[c];
+    r.fwd_req = xmalloc((size_t)sets * sizeof(MPI_Request));
+    r.bwd_req = xmalloc((size_t)sets * sizeof(MPI_Request));
+    r.bwd_buf = xcalloc((size_t)sets, sizeof(float *));
+    for (int k = 0; k < sets; k++) {
         r.fwd_req[k] = r.bwd_req[k] = MPI_REQUEST_NULL;
-        if (r.stage > 0) r.bwd_buf[k] = xmalloc(st->count * sizeof(float));
+        if (r.stage > 0 || r.v > 1) r.bwd_buf[k] = xmalloc(st->count * sizeof(float));
     }
-    if (s == PP_GPIPE) {
-        for (int mb = 0; mb < m; mb++) do_forward(&r, mb);
-        for (int mb = 0; mb < m; mb++) do_backward(&r, mb);
-    } else {
-        /* 1F1B: warm up with as many forwards as stages after this one,
-         * then one forward and one backward in turn, then drain */
-        int warm = r.stages - r.stage - 1;
-        if (warm > m) warm = m;
-        for (int mb = 0; mb < warm; mb++) do_forward(&r, mb);
-        for (int i = 0; i < m - warm; i++) {
-            do_forward(&r, warm + i);
-            do_backward(&r, i);
-        }
-        for (int mb = m - warm; mb < m; mb++) do_backward(&r, mb);
+    PpOp *ops = xmalloc(2 * (size_t)m * r.v * sizeof(PpOp));
+    const int n = pp_order(s, m, r.v, r.stage, r.stages, ops);
+    for (int i = 0; i < n; i++) {
+        if (ops[i].fwd) do_forward(&r, ops[i].chunk, ops[i].mb);
+        else do_backward(&r, ops[i].chunk, ops[i].mb);
     }
-    for (int k = 0; k < r.slots; k++) {
+    for (int k = 0; k < sets; k++) {
         wait_req(&r.fwd_req[k]);
         wait_req(&r.bwd_req[k]);
         free(r.bwd_buf[k]);
     }
+    free(ops);
     free(r.fwd_req);
     free(r.bwd_req);
     free(r.bwd_buf);
+    free(r.per);
+    free(r.base);
     if (max_live) *max_live = r.max_live;
 }
 

@@ -1,10 +1,19 @@
 /*
- * pipeline: every stage-to-stage transfer, and the GPipe and 1F1B schedules
- * over the micro-batches of a step. It knows nothing of the model: a stage
- * is a set of callbacks (forward and backward of micro-batch mb in
- * activation slot s) and four buffers; the schedule moves activations
- * forward and their gradients back with MPI point-to-point messages over the
- * pipeline communicator. Nothing outside this file calls MPI point-to-point.
+ * pipeline: every stage-to-stage transfer, and the GPipe, 1F1B and
+ * interleaved 1F1B schedules over the micro-batches of a step. It knows
+ * nothing of the model: a stage is a set of callbacks (forward and backward
+ * of micro-batch mb in activation slot s) and four buffers; the schedule
+ * moves activations forward and their gradients back with MPI
+ * point-to-point messages over the pipeline communicator. Nothing outside
+ * this file calls MPI point-to-point.
+ *
+ * Interleaved 1F1B (Megatron-LM's): each of the p ranks holds v chunks of
+ * blocks, rank s's chunk k being virtual stage k * p + s of p * v. A
+ * micro-batch goes around the ranks v times (rank p - 1's chunk k hands on
+ * to rank 0's chunk k + 1), and the bubble shrinks from (p - 1) / (m + p - 1)
+ * to (p - 1) / (v * m + p - 1) of the step, for v times the messages. Each
+ * chunk's forwards and backwards still run in micro-batch order, so every
+ * gradient sums in the same order as under plain 1F1B.
  */
 #ifndef MODTRAIN_PIPELINE_H
 #define MODTRAIN_PIPELINE_H
@@ -14,8 +23,27 @@
 
 typedef enum { PP_1F1B = 0, PP_GPIPE = 1 } PpSchedule;
 
+/* One operation of a rank's schedule: the forward (fwd 1) or backward of
+ * micro-batch mb through the rank's chunk `chunk`. */
+typedef struct {
+    int fwd, chunk, mb;
+} PpOp;
+
+/* The operations rank `stage` of `stages` runs in a step of n_micro
+ * micro-batches over v chunks (v > 1: 1F1B only, n_micro a multiple of
+ * stages), in order, into ops (room for 2 * n_micro * v); returns their
+ * count. */
+int pp_order(PpSchedule s, int n_micro, int v, int stage, int stages, PpOp *ops);
+
+/* Activation sets each of the rank's v chunks needs (per_chunk[v], the most
+ * of its micro-batches in flight at once; micro-batch mb takes set mb % n
+ * of its chunk's n); returns their sum. */
+int pp_chunk_slots(PpSchedule s, int n_micro, int v, int stage, int stages, int *per_chunk);
+
 typedef struct {
     void *ctx;
+    /* slot: the activation set, numbered over the chunks (chunk k's sets
+     * follow chunk k - 1's, pp_chunk_slots of each) */
     void (*forward)(void *ctx, int mb, int slot);
     void (*backward)(void *ctx, int mb, int slot);
     /* where slot's input goes before its forward (stages after the first) */
@@ -27,15 +55,17 @@ typedef struct {
     float *(*grad_out)(void *ctx);
     float *(*grad_in)(void *ctx);
     size_t count; /* floats in one activation message */
+    int chunks;   /* v: chunks of blocks this rank holds (0 is taken as 1) */
 } PpStage;
 
 /* Message tags of the transfers outside a training step's schedule (whose
- * tags are micro-batch numbers, >= 0 ... n_micro - 1, on the same
- * communicator but never in flight at the same time). */
+ * tags are 0 ... 2 * v * n_micro - 1, on the same communicator but never in
+ * flight at the same time). */
 enum { PP_TAG_EVAL = 0, PP_TAG_DECODE = 1 };
 
 /* Blocking receive of n floats from the previous stage / send to the next
- * stage of pp_comm (rank = stage). */
+ * stage of pp_comm (rank = stage; the last stage's next is the first, as
+ * interleaved chunks go round). */
 void pp_recv_prev(float *buf, size_t n, int tag, MPI_Comm pp_comm);
 void pp_send_next(const float *buf, size_t n, int tag, MPI_Comm pp_comm);
 
@@ -43,10 +73,13 @@ void pp_send_next(const float *buf, size_t n, int tag, MPI_Comm pp_comm);
  * batches at once, GPipe all of them. */
 int pp_slots(PpSchedule s, int n_micro, int stage, int stages);
 
-/* Runs one step's forwards and backwards in the schedule's order; backwards
- * always run in micro-batch order, so both schedules accumulate gradients
- * identically. *max_live gets the most activation slots in use at once.
- * Collective over pp_comm (rank = stage). */
+/* The tags a step of n_micro micro-batches over v chunks uses: 2 v n_micro. */
+long long pp_tags(int n_micro, int v);
+
+/* Runs one step's forwards and backwards in the schedule's order; a
+ * chunk's backwards always run in micro-batch order, so every schedule
+ * accumulates gradients identically. *max_live gets the most activation
+ * slots in use at once. Collective over pp_comm (rank = stage). */
 void pp_run(PpSchedule s, int n_micro, MPI_Comm pp_comm, const PpStage *st, int *max_live);
 
 /* Seconds this rank spent waiting for its neighbours in pp_run (benchmarks). */

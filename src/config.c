@@ -107,6 +107,9 @@ static const KeySpec keys[] = {
     {"ep", K_INT, 0, OFF(ep), "1", 1, 4096, 0, NULL,
      "expert-parallel ranks: each MoE block's experts spread over ep data-parallel ranks"},
     {"schedule", K_ENUM, 0, OFF(schedule), "1f1b", 0, 0, 0, "1f1b|gpipe", "pipeline schedule"},
+    {"virtual_stages", K_INT, 0, OFF(virtual_stages), "1", 1, CONFIG_MAX_VIRTUAL_STAGES, 0, NULL,
+     "chunks of blocks each pipeline rank holds (interleaved 1F1B, as Megatron's): rank s "
+     "holds virtual stages s, s + pp, ...; the bubble shrinks by this factor"},
     {"dp_overlap", K_INT, 0, OFF(dp_overlap), "1", 0, 1, 0, NULL,
      "1 = each bucket of the blocks' gradients is all-reduced over dp as soon as the last "
      "micro-batch's backward finishes it; 0 = everything after the backward"},
@@ -120,7 +123,8 @@ static const KeySpec keys[] = {
      "what the backward recomputes instead of keeping (none, attention, block): attention = "
      "each block's attention branch, block = whole blocks, each keeping only its output"},
     {"stage_layers", K_STR, 0, OFF(stage_layers), "", 0, 0, 0, NULL,
-     "blocks per pipeline stage, e.g. 3,5; empty = balanced"},
+     "blocks per pipeline stage (per virtual stage under virtual_stages > 1), e.g. 3,5; "
+     "empty = balanced"},
     {"ckpt_dir", K_STR, 0, OFF(ckpt_dir), "", 0, 0, 0, NULL, "checkpoints; empty = run_dir/ckpt"},
     {"ckpt_every", K_INT, 0, OFF(ckpt_every), "500", 0, 1 << 30, 0, NULL,
      "checkpoint every n steps; 0 = only at the end"},
@@ -518,7 +522,12 @@ int config_validate(const Config *c, Err *err) {
             c->route_every, c->n_layer, c->n_layer);
     }
     if (validate_moe(c, err) != 0) return -1;
-    int *layers = xcalloc((size_t)c->pp, sizeof(int));
+    if (c->virtual_stages > 1 && (c->pp < 2 || c->schedule != SCHED_1F1B))
+        return err_set(err,
+                       "config: virtual_stages = %d interleaves a 1F1B pipeline, not %s (set "
+                       "pp >= 2 and schedule 1f1b, or virtual_stages 1)",
+                       c->virtual_stages, c->pp < 2 ? "pp = 1" : "schedule gpipe");
+    int *layers = xcalloc((size_t)c->pp * c->virtual_stages, sizeof(int));
     int split = config_stage_layers(c, layers, err);
     free(layers);
     if (split != 0) return -1;
@@ -546,13 +555,20 @@ int config_validate(const Config *c, Err *err) {
 }
 
 int config_stage_layers(const Config *c, int *layers, Err *err) {
-    if (c->pp > c->n_layer) {
+    const int nv = c->pp * c->virtual_stages;
+    const char *what = c->virtual_stages > 1 ? "pp x virtual_stages" : "pp";
+    if (nv > c->n_layer) {
+        if (c->virtual_stages > 1)
+            return err_set(err,
+                           "config: pp = %d x virtual_stages = %d = %d virtual stages cannot "
+                           "split n_layer = %d blocks (choose pp x virtual_stages <= %d)",
+                           c->pp, c->virtual_stages, nv, c->n_layer, c->n_layer);
         return err_set(err,
                        "config: pp = %d stages cannot split n_layer = %d blocks (choose pp <= %d)",
                        c->pp, c->n_layer, c->n_layer);
     }
     if (!c->stage_layers[0]) {
-        for (int s = 0; s < c->pp; s++) layers[s] = c->n_layer / c->pp + (s < c->n_layer % c->pp);
+        for (int s = 0; s < nv; s++) layers[s] = c->n_layer / nv + (s < c->n_layer % nv);
         return 0;
     }
     /* counts between commas, each parsed strictly: a huge or negative
@@ -564,7 +580,7 @@ int config_stage_layers(const Config *c, int *layers, Err *err) {
     char *save = NULL;
     for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         long long v;
-        if (n == c->pp || parse_i64(tok, 1, c->n_layer, &v) != 0) {
+        if (n == nv || parse_i64(tok, 1, c->n_layer, &v) != 0) {
             n = -1;
             break;
         }
@@ -573,15 +589,17 @@ int config_stage_layers(const Config *c, int *layers, Err *err) {
     }
     if (strstr(c->stage_layers, ",,") || c->stage_layers[strlen(c->stage_layers) - 1] == ',')
         n = -1;
-    if (n != c->pp || sum != c->n_layer) {
+    if (n != nv || sum != c->n_layer) {
         char eg[256];
-        int k = snprintf(eg, sizeof eg, "%d", c->n_layer - (c->pp - 1));
-        for (int i = 1; i < c->pp && k < (int)sizeof eg - 4; i++) k += snprintf(eg + k, sizeof eg - k, ",1");
+        int k = snprintf(eg, sizeof eg, "%d", c->n_layer - (nv - 1));
+        for (int i = 1; i < nv && k < (int)sizeof eg - 4; i++) k += snprintf(eg + k, sizeof eg - k, ",1");
         return err_set(
             err,
-            "config: stage_layers = '%s' does not split n_layer = %d over pp = %d stages "
+            "config: stage_layers = '%s' does not split n_layer = %d over %s = %d %s "
             "(give %d counts >= 1 that sum to %d, e.g. '%s')",
-            c->stage_layers, c->n_layer, c->pp, c->pp, c->n_layer, eg);
+            c->stage_layers, c->n_layer, what, nv,
+            c->virtual_stages > 1 ? "virtual stages, rank s's chunk k at k x pp + s" : "stages",
+            nv, c->n_layer, eg);
     }
     return 0;
 }

@@ -56,6 +56,7 @@ typedef struct {
     /* parallel layout */
     int tp, pp, ep;
     Schedule schedule;
+    int virtual_stages; /* interleaved 1F1B: chunks of blocks per pipeline rank */
     int dp_overlap;
     int zero; /* ZeRO-1: the optimizer's state sharded over dp */
     double dp_bucket_mb;
@@ -127,8 +128,12 @@ int config_model_key_optional(const char *key);
  * 256 the byte tokenizer, 50257 GPT-2's (llm.c's shards), else none. */
 Tokenizer config_tokenizer_for_vocab(int V);
 
-/* Blocks per pipeline stage from stage_layers (or balanced) into
- * layers[0 .. pp). Returns 0, or -1 with err saying what would fit. */
+/* The most virtual_stages a pipeline rank may hold. */
+enum { CONFIG_MAX_VIRTUAL_STAGES = 8 };
+
+/* Blocks per virtual pipeline stage from stage_layers (or balanced) into
+ * layers[0 .. pp * virtual_stages): virtual stage k * pp + s is chunk k of
+ * rank s. Returns 0, or -1 with err saying what would fit. */
 int config_stage_layers(const Config *c, int *layers, Err *err);
 
 /* Levenshtein distance; exposed for the tests and the command options. */

@@ -54,7 +54,7 @@ const float *decode_step(Model *m, DecodeState *s, int tok, int pos) {
         pp_recv_prev(x, (size_t)C, PP_TAG_DECODE, m->pp_comm);
     }
     s->steps++;
-    for (int l = d->l0; l < d->l1; l++) {
+    for (int l = d->c0[0]; l < d->c1[0]; l++) { /* one chunk: decoding is not interleaved */
         const BlockActs *A = &m->cur->acts[l];
         const int routed = model_is_routed(d, l);
         if (routed) {

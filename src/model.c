@@ -47,27 +47,45 @@ void model_dims(ModelDims *d, int V, int maxT, int L, int NH, int C, int tp, int
     d->moe_every = 1;
     d->cf = 1.0;
     d->ep = 1;
-    d->pp = 1;
-    d->l0 = 0;
-    d->l1 = L;
+    model_dims_whole(d);
     d->head_rows = HEAD_ROWS;
 }
 
-int model_dims_stage(ModelDims *d, int pp, int pp_rank, const int *layers) {
+void model_dims_whole(ModelDims *d) {
+    d->pp = 1, d->pp_rank = 0, d->nchunk = 1;
+    d->c0[0] = 0, d->c1[0] = d->L;
+}
+
+int model_dims_stage(ModelDims *d, int pp, int vs, int pp_rank, const int *layers) {
+    if (vs < 1 || vs > MODEL_MAX_CHUNKS || pp < 1) return -1;
+    const int nv = pp * vs;
     int l0 = 0;
-    for (int s = 0; s < pp; s++) {
-        int n = layers ? layers[s] : d->L / pp + (s < d->L % pp);
+    for (int s = 0; s < nv; s++) { /* virtual stage s = chunk * pp + rank */
+        const int n = layers ? layers[s] : d->L / nv + (s < d->L % nv);
         if (n < 1) return -1;
-        if (s == pp_rank) {
-            d->l0 = l0;
-            d->l1 = l0 + n;
+        if (s % pp == pp_rank) {
+            d->c0[s / pp] = l0;
+            d->c1[s / pp] = l0 + n;
         }
         l0 += n;
     }
     if (l0 != d->L) return -1;
     d->pp = pp;
     d->pp_rank = pp_rank;
+    d->nchunk = vs;
     return 0;
+}
+
+int model_holds(const ModelDims *d, int l) {
+    for (int k = 0; k < d->nchunk; k++)
+        if (l >= d->c0[k] && l < d->c1[k]) return 1;
+    return 0;
+}
+
+int model_stage_blocks(const ModelDims *d) {
+    int n = 0;
+    for (int k = 0; k < d->nchunk; k++) n += d->c1[k] - d->c0[k];
+    return n;
 }
 
 void model_dims_mod(ModelDims *d, int route_every, double capacity, RouterGate gate, int predictor,
@@ -116,9 +134,16 @@ int model_is_routed(const ModelDims *d, int l) {
     return d->route_every > 0 && l % d->route_every == d->route_every - 1;
 }
 
+/* Blocks l of the stage's chunks with l % g == g - 1 (blocks l < x: x / g
+ * of them). */
+static int stage_every(const ModelDims *d, long g) {
+    int n = 0;
+    for (int k = 0; k < d->nchunk; k++) n += (int)(d->c1[k] / g - d->c0[k] / g);
+    return n;
+}
+
 int model_stage_routed(const ModelDims *d) {
-    /* blocks l < x with l % r == r - 1: x / r of them */
-    return d->route_every > 0 ? d->l1 / d->route_every - d->l0 / d->route_every : 0;
+    return d->route_every > 0 ? stage_every(d, d->route_every) : 0;
 }
 
 int model_stage_moe(const ModelDims *d, int *routed) {
@@ -132,9 +157,9 @@ int model_stage_moe(const ModelDims *d, int *routed) {
             a = b, b = t;
         }
         const long g = d->route_every / a * m;
-        *routed = (int)(d->l1 / g - d->l0 / g);
+        *routed = stage_every(d, g);
     }
-    return (int)(d->l1 / m - d->l0 / m);
+    return stage_every(d, m);
 }
 
 int model_capacity_k(const ModelDims *d, int T) {
@@ -198,8 +223,8 @@ static void expert_rows(RegBuilder *rb) {
     const int C = d->C, F = d->Fe;
     char n[48];
 #define EXP(f) offsetof(ExpertParams, f)
-    for (int l = d->l0; l < d->l1; l++) {
-        if (!model_is_moe(d, l)) continue;
+    for (int l = 0; l < d->L; l++) {
+        if (!model_is_moe(d, l) || !model_holds(d, l)) continue;
         /* measured: one expert's rows stand for all El (the planner measures
          * thousands of stages, and n_expert goes to 4096) */
         const int n_ex = rb->measure && d->El > 0 ? 1 : d->El;
@@ -236,7 +261,8 @@ void model_build_registry(Model *m, int measure) {
     }
     if (model_first_stage(d))
         reg_add(&rb, -1, TOP(wpe), "wpe.weight", 2, d->maxT, C, -1, 1, INIT_NORMAL);
-    for (int l = d->l0; l < d->l1; l++) {
+    for (int l = 0; l < d->L; l++) {
+        if (!model_holds(d, l)) continue;
         reg_add(&rb, l, BLK(ln1w), "ln_1.weight", 1, C, 0, -1, 1, INIT_ONE);
         reg_add(&rb, l, BLK(ln1b), "ln_1.bias", 1, C, 0, -1, 1, INIT_ZERO);
         reg_add(&rb, l, BLK(qkvw), "attn.c_attn.weight", 2, C, 3 * C, 1, 3, INIT_NORMAL);
@@ -318,8 +344,8 @@ void model_init(Model *m, const ModelDims *d, int maxB, const TpGroup *tp) {
     m->grads = xcalloc(m->nparams, sizeof(float));
     m->P.h = xcalloc((size_t)d->L, sizeof(BlockParams));
     m->G.h = xcalloc((size_t)d->L, sizeof(BlockParams));
-    for (int l = d->l0; l < d->l1; l++)
-        if (model_is_moe(d, l)) {
+    for (int l = 0; l < d->L; l++)
+        if (model_is_moe(d, l) && model_holds(d, l)) {
             m->P.h[l].ex = xcalloc((size_t)d->El, sizeof(ExpertParams));
             m->G.h[l].ex = xcalloc((size_t)d->El, sizeof(ExpertParams));
         }
@@ -651,30 +677,30 @@ float model_forward(Model *m, const int *inputs, const int *targets, int B, int 
     if (targets) memcpy(S->targets, targets, (size_t)N * sizeof(int));
     for (int b = 0; b <= B; b++) m->s.off_dense[b] = b * T;
     /* later stages: the caller put the previous stage's output in S->enc */
-    if (model_first_stage(d)) embed_stage_input(m, B, T);
+    const int embeds = model_set_embeds(m), c0 = d->c0[S->chunk], c1 = d->c1[S->chunk];
+    if (embeds) embed_stage_input(m, B, T);
 
     const float *x = S->enc;
-    int routed = 0;
-    for (int l = d->l0; l < d->l1; l++) {
+    int routed = 0, moe = 0;
+    for (int l = c0; l < c1; l++) {
         if (block_forward(m, l, x, S->acts[l].res3, B, T) != 0) return NAN;
         routed += model_is_routed(d, l);
+        moe += model_is_moe(d, l);
         x = S->acts[l].res3;
     }
-    if (model_first_stage(d)) m->stats.tokens += N; /* counted once per pipeline */
+    if (embeds) m->stats.tokens += N; /* counted once per pipeline */
     /* the load-balancing loss, as the objective weighs it: per micro-batch
      * by its tokens */
-    int moe = 0;
-    for (int l = d->l0; l < d->l1; l++) moe += model_is_moe(d, l);
     m->stats.moe_aux_sum += (double)S->moe_aux * N;
     m->stats.moe_forwards += (long long)moe * N;
     if (routed) {
         S->aux_loss /= (float)N * routed;
         S->pred_loss /= (float)N * routed;
     }
-    /* the mean over the model's MoE blocks (a stage's share of it), as
+    /* the mean over the model's MoE blocks (a chunk's share of it), as
      * model_backward weighs each block's load-balancing loss */
     if (model_moe_blocks(d) > 0) S->moe_aux /= (float)model_moe_blocks(d);
-    if (!model_last_stage(d)) return 0.f; /* the output is model_stage_output() */
+    if (!model_set_heads(m)) return 0.f; /* the output is model_stage_output() */
     head_forward(m, x, N);
     if (m->ref_logits) return head_reference_forward(m, N, targets != NULL);
     if (!targets) return 0.f; /* the logits are model_logits()'s to make */
@@ -695,19 +721,20 @@ void model_backward(Model *m, float dloss, float aux_weight) {
     m->moe_scale = moe ? m->moe_aux_weight * dloss * (float)N / moe : 0.f;
 
     /* earlier stages: the caller put the next stage's input gradient in dres */
-    if (model_last_stage(d)) {
+    if (model_set_heads(m)) {
         head_backward(m, dloss, N);
         if (m->block_done) m->block_done(m->block_done_ctx, d->L);
     }
     /* m->s.dres holds dL/d(residual stream) and moves back block by block */
-    for (int l = d->l1 - 1; l >= d->l0; l--) {
-        const float *x = l == d->l0 ? S->enc : S->acts[l - 1].res3;
+    const int c0 = d->c0[S->chunk], c1 = d->c1[S->chunk];
+    for (int l = c1 - 1; l >= c0; l--) {
+        const float *x = l == c0 ? S->enc : S->acts[l - 1].res3;
         if (d->recompute == RECOMPUTE_BLOCK) block_recompute(m, l, x, B, T);
         if (model_is_routed(d, l)) routed_backward(m, l, x, m->s.dres, B, T, aux_scale, pred_scale);
         else block_branches_backward(m, l, x, N, B, m->s.off_dense, m->s.dres);
         if (m->block_done) m->block_done(m->block_done_ctx, l);
     }
-    if (model_first_stage(d)) {
+    if (model_set_embeds(m)) {
         if (m->emb_rows) emb_rows_add(m->emb_rows, m->s.dres, S->inputs, d->v0, N);
         else embed_backward(m->G.wte, m->s.dres, S->inputs, d->v0, d->Vl, N, d->C);
         pos_backward(m->G.wpe, m->s.dres, B, T, d->C);
@@ -750,5 +777,12 @@ void emb_rows_free(EmbRows *e) {
 }
 
 float *model_stage_output(const Model *m) {
-    return m->d.l1 > m->d.l0 ? m->cur->acts[m->d.l1 - 1].res3 : m->cur->enc;
+    const int c0 = m->d.c0[m->cur->chunk], c1 = m->d.c1[m->cur->chunk];
+    return c1 > c0 ? m->cur->acts[c1 - 1].res3 : m->cur->enc;
+}
+
+int model_set_embeds(const Model *m) { return model_first_stage(&m->d) && m->cur->chunk == 0; }
+
+int model_set_heads(const Model *m) {
+    return model_last_stage(&m->d) && m->cur->chunk == m->d.nchunk - 1;
 }

@@ -24,6 +24,9 @@
 #include "src/base/util.h"
 #include "src/config.h"
 
+/* Chunks of blocks a pipeline rank may hold (virtual_stages at most). */
+enum { MODEL_MAX_CHUNKS = CONFIG_MAX_VIRTUAL_STAGES };
+
 typedef struct {
     int V;    /* real vocabulary */
     int Vp;   /* padded to a multiple of tp */
@@ -39,9 +42,13 @@ typedef struct {
     RouterGate gate;
     int predictor; /* 1: causal_router = predictor (an MLP of width H) */
     int H;
-    /* pipeline stage: this rank holds blocks [l0, l1); the first stage also
-     * wte and wpe, the last ln_f and the head (wte again, tied) */
-    int pp, pp_rank, l0, l1;
+    /* pipeline stage: this rank holds nchunk chunks of blocks, chunk k the
+     * blocks [c0[k], c1[k]), virtual stage k * pp + pp_rank of pp * nchunk
+     * (one chunk but under interleaved 1F1B, virtual_stages); the first
+     * stage also wte and wpe (its chunk 0 looks them up), the last ln_f and
+     * the head (after its last chunk; wte again, tied) */
+    int pp, pp_rank, nchunk;
+    int c0[MODEL_MAX_CHUNKS], c1[MODEL_MAX_CHUNKS];
     /* Mixture-of-Experts: block l's MLP is E experts when E > 0 and
      * l % moe_every == moe_every - 1 */
     int E, Nn, ek, Fe, Fel, moe_every;
@@ -83,18 +90,25 @@ int model_is_moe(const ModelDims *d, int l);
 int model_moe_blocks(const ModelDims *d);
 /* Rows an expert takes of N in a micro-batch: max(1, floor(cf * N * k / E)). */
 int model_expert_capacity(const ModelDims *d, int N);
-/* Makes d the pipeline stage pp_rank of pp: blocks split as layers[] says
- * (counts per stage, NULL: balanced, the first stages one more when L % pp).
- * Returns 0, or -1 when a stage would hold no block. */
-int model_dims_stage(ModelDims *d, int pp, int pp_rank, const int *layers);
+/* Makes d the pipeline stage pp_rank of pp, holding vs chunks (virtual
+ * stages k * pp + pp_rank, k < vs): blocks split over the pp * vs virtual
+ * stages as layers[] says (counts per virtual stage, NULL: balanced, the
+ * first ones one more when L % (pp * vs)). Returns 0, or -1 when a virtual
+ * stage would hold no block or vs is out of [1, MODEL_MAX_CHUNKS]. */
+int model_dims_stage(ModelDims *d, int pp, int vs, int pp_rank, const int *layers);
+/* Makes d the whole model: one stage, one chunk of every block. */
+void model_dims_whole(ModelDims *d);
 static inline int model_first_stage(const ModelDims *d) { return d->pp_rank == 0; }
 static inline int model_last_stage(const ModelDims *d) { return d->pp_rank == d->pp - 1; }
+/* Whether this rank holds block l; how many blocks it holds. */
+int model_holds(const ModelDims *d, int l);
+int model_stage_blocks(const ModelDims *d);
 /* All of the above but the stage and ep from a config (its vocab_size
  * must be resolved). */
 void model_dims_config(ModelDims *d, const Config *cfg, int tp, int tp_rank);
 /* Whether block l is routed. */
 int model_is_routed(const ModelDims *d, int l);
-/* How many of the stage's blocks [l0, l1) are routed. */
+/* How many of the stage's blocks (its chunks') are routed. */
 int model_stage_routed(const ModelDims *d);
 /* How many of the stage's blocks are MoE blocks, and *routed of them also
  * routed (in a few operations). */
@@ -242,6 +256,7 @@ typedef struct {
     float *losses;                    /* (B,T) */
     int *inputs, *targets;            /* (B,T) */
     int B, T;                         /* the shape of the last forward */
+    int chunk;                        /* the chunk of blocks the set is for */
     float aux_loss, pred_loss;        /* mean BCEs of the last forward */
     float moe_aux;                    /* mean load-balancing loss over MoE blocks */
     int head_fused;                   /* the loss forward did the head's backward, with: */
@@ -309,6 +324,7 @@ typedef struct {
     int maxB;
     ActSet *slots; /* (nslots) */
     int nslots;
+    int chunk_set[MODEL_MAX_CHUNKS + 1]; /* chunk k's sets are [chunk_set[k], chunk_set[k+1]) */
     ActSet *cur; /* the set forward and backward use: model_use_slot() */
     Scratch s;
     /* recompute != none: the buffers of a block that no set keeps, sized
@@ -445,10 +461,20 @@ void model_grad_sumsq(const Model *m, double split[2], double replicated[2]);
  * rank's shard); nr < 0: the whole buffer, as model_grad_sumsq. */
 void model_grad_sumsq_ranges(const Model *m, const size_t *lo, const size_t *hi, int nr,
                              double split[2], double replicated[2]);
-/* n activation sets (micro-batches in flight); all are freed with the model.
- * model_use_slot makes set k the one forward and backward use (m->cur). */
+/* n activation sets (micro-batches in flight) for each chunk; all are
+ * freed with the model. model_use_slot makes set k the one forward and
+ * backward use (m->cur): chunk c's sets are k = chunk_set[c] .. chunk_set[c+1]
+ * - 1, each laid out for its chunk's blocks. A forward runs the set's
+ * chunk: the embedding before chunk 0 on the first stage, the head after
+ * the last chunk on the last. */
 void model_set_slots(Model *m, int n);
+/* The same with per_chunk[k] sets for chunk k (interleaved 1F1B). */
+void model_set_chunk_slots(Model *m, const int *per_chunk);
 void model_use_slot(Model *m, int k);
+/* Whether the current set's forward begins with the embedding (chunk 0 of
+ * the first stage), ends with the head (the last chunk of the last). */
+int model_set_embeds(const Model *m);
+int model_set_heads(const Model *m);
 /* The residual stream this stage hands to the next: (B,T,C) of the current
  * set's last forward. A later stage's input goes in m->cur->enc before its
  * forward, and the gradient of its output in m->s.dres before its

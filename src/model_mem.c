@@ -212,9 +212,10 @@ static size_t actset_layout(const Model *m, ActSet *s, char *base) {
     size_t at = round64((size_t)m->d.L * sizeof(BlockActs));
     if (base) s->acts = (BlockActs *)(void *)base;
     at = lay_out(m, set_rows, NROWS(set_rows), -1, 1, s, base, at);
-    for (int l = m->d.l0; l < m->d.l1; l++)
+    const int c0 = m->d.c0[s->chunk], c1 = m->d.c1[s->chunk];
+    for (int l = c0; l < c1; l++)
         at = lay_out(m, block_rows, NROWS(block_rows), l, 1, base ? &s->acts[l] : NULL, base, at);
-    for (int l = m->d.l0; base && l < m->d.l1; l++)
+    for (int l = c0; base && l < c1; l++)
         lay_out(m, block_rows, NROWS(block_rows), l, 0, &s->acts[l], m->work, 0);
     return at;
 }
@@ -241,7 +242,7 @@ static size_t stage_floats(const ModelDims *d, int first, int last, int l0, int 
     m.d = *d;
     m.d.pp = 3, m.d.pp_rank = first ? 0 : last ? 2 : 1; /* first, last or a middle stage */
     if (first && last) m.d.pp = 1;
-    m.d.l0 = l0, m.d.l1 = l1;
+    m.d.nchunk = 1, m.d.c0[0] = l0, m.d.c1[0] = l1;
     model_build_registry(&m, 1);
     return m.nparams;
 }
@@ -262,7 +263,7 @@ void model_units(const ModelDims *d, int maxB, ModelUnits *u) {
     /* the first block of each kind the model has (counted in a few
      * operations, so that the scan stops at the last kind's first) */
     ModelDims whole = *d;
-    whole.l0 = 0, whole.l1 = d->L;
+    model_dims_whole(&whole);
     int both;
     const int moe = model_stage_moe(&whole, &both), routed = model_stage_routed(&whole);
     int left = (d->L - routed - moe + both > 0) + (routed > both) + (moe > both) + (both > 0);
@@ -292,7 +293,7 @@ void model_memory_units(const ModelUnits *u, const ModelDims *d, int slots, int 
     kinds[3] = (size_t)both;
     kinds[2] = (size_t)(moe - both);
     kinds[1] = (size_t)(routed - both);
-    kinds[0] = (size_t)(d->l1 - d->l0 - routed - moe + both);
+    kinds[0] = (size_t)(model_stage_blocks(d) - routed - moe + both);
     size_t nparams = u->top_floats[model_first_stage(d)][model_last_stage(d)];
     size_t set = u->set_bytes[model_last_stage(d)], work = 0;
     for (int k = 0; k < (d->E > 0 ? 4 : 2); k++) {
@@ -300,6 +301,10 @@ void model_memory_units(const ModelUnits *u, const ModelDims *d, int slots, int 
         set = sat_add(set, sat_mul(kinds[k], u->block_acts[k]));
         if (kinds[k] > 0 && u->work_acts[k] > work) work = u->work_acts[k];
     }
+    /* a set holds one chunk's blocks: the stage's over its chunks (equal
+     * chunks of blocks; each set's own rows whole) */
+    if (d->nchunk > 1) set = u->set_bytes[model_last_stage(d)] +
+                             (set - u->set_bytes[model_last_stage(d)]) / (size_t)d->nchunk;
     const size_t param_bytes = sat_mul(nparams, sizeof(float));
     memset(mm, 0, sizeof *mm);
     mm->params = param_bytes;
@@ -343,18 +348,44 @@ int model_memory_check(const ModelMemory *mm, size_t budget, int ranks, Err *err
                    mm->staging ? ", or save synchronously (ckpt_async 0)" : "");
 }
 
-static void actset_alloc(const Model *m, ActSet *s) {
+static void actset_alloc(const Model *m, ActSet *s, int chunk) {
     memset(s, 0, sizeof *s);
+    s->chunk = chunk;
     s->mem = xcalloc(1, actset_layout(m, s, NULL));
     actset_layout(m, s, s->mem);
 }
 
-void model_set_slots(Model *m, int n) {
-    for (int k = n; k < m->nslots; k++) free(m->slots[k].mem);
-    m->slots = xrealloc(m->slots, (size_t)n * sizeof(ActSet));
-    for (int k = m->nslots; k < n; k++) actset_alloc(m, &m->slots[k]);
+void model_set_chunk_slots(Model *m, const int *per_chunk) {
+    int n = 0, chunk[MODEL_MAX_CHUNKS + 1];
+    for (int c = 0; c < m->d.nchunk; c++) {
+        chunk[c] = n;
+        n += per_chunk[c];
+    }
+    chunk[m->d.nchunk] = n;
+    /* a set that keeps its index and chunk stays as it is */
+    ActSet *old = m->slots;
+    const int nold = m->nslots;
+    m->slots = xcalloc((size_t)n, sizeof(ActSet));
+    for (int c = 0; c < m->d.nchunk; c++)
+        for (int k = chunk[c]; k < chunk[c + 1]; k++) {
+            if (k < nold && old[k].chunk == c && old[k].mem) {
+                m->slots[k] = old[k];
+                old[k].mem = NULL;
+            } else {
+                actset_alloc(m, &m->slots[k], c);
+            }
+        }
+    for (int k = 0; k < nold; k++) free(old[k].mem);
+    free(old);
+    memcpy(m->chunk_set, chunk, sizeof chunk);
     m->nslots = n;
     m->cur = &m->slots[0];
+}
+
+void model_set_slots(Model *m, int n) {
+    int per[MODEL_MAX_CHUNKS];
+    for (int c = 0; c < m->d.nchunk; c++) per[c] = n;
+    model_set_chunk_slots(m, per);
 }
 
 void model_use_slot(Model *m, int k) { m->cur = &m->slots[k]; }
@@ -366,7 +397,8 @@ void model_alloc_scratch(Model *m) {
 
 void model_alloc_work(Model *m) {
     size_t bytes = 0;
-    for (int l = m->d.l0; l < m->d.l1; l++) {
+    for (int l = 0; l < m->d.L; l++) {
+        if (!model_holds(&m->d, l)) continue;
         const size_t b = work_layout(m, l);
         bytes = b > bytes ? b : bytes;
     }

@@ -75,7 +75,7 @@ static void recompute_cost(const ModelDims *d, int B, int T, int dense, int rout
 static StageCost stage_cost(const ModelDims *d, int B, int T) {
     const double C = d->C, N = (double)B * T, tp = d->tp;
     const double K = model_capacity_k(d, T), f = K / T;
-    int routed = model_stage_routed(d), dense = d->l1 - d->l0 - routed;
+    int routed = model_stage_routed(d), dense = model_stage_blocks(d) - routed;
     StageCost s = {0, 0, 0, 0, 0};
     if (model_first_stage(d)) s.tp_bytes += N * C, s.tp_calls++; /* the embedding */
     if (d->E > 0) moe_cost(d, B, T, &s, &dense, &routed);
@@ -150,7 +150,11 @@ static MicroTime stage_time(const Cluster *cl, PlanRow *r, const ModelDims *d, i
         t.tp = sc.tp_calls * 2.0 * (r->tp - 1) * ta + 2.0 * (r->tp - 1) / r->tp * sc.tp_bytes / tb;
         if (sc.tp_bytes * r->n_micro > r->tp_bytes) r->tp_bytes = sc.tp_bytes * r->n_micro;
     }
-    const double sends = (s > 0) + (s < r->pp - 1); /* activations one way, gradients back */
+    double sends = 0; /* activations one way, gradients back, each chunk's */
+    for (int k = 0; k < r->vs; k++) {
+        const int v = k * r->pp + s;
+        sends += (v > 0) + (v < r->pp * r->vs - 1);
+    }
     t.pp = sends * (pa + act / pb);
     if (r->pp > 1 && sends * act * r->n_micro > r->pp_bytes) r->pp_bytes = sends * act * r->n_micro;
     if (r->ep > 1 && sc.moe > 0) {
@@ -197,9 +201,10 @@ static int plan_stages(const Config *cfg, const Cluster *cl, PlanRow *r, MicroTi
                        size_t *stage_bytes) {
     const int T = cfg->seq_len;
     const PpSchedule sched = cfg->schedule == SCHED_GPIPE ? PP_GPIPE : PP_1F1B;
-    int *layers = xcalloc((size_t)r->pp, sizeof(int));
+    int *layers = xcalloc((size_t)r->pp * r->vs, sizeof(int));
     Config c = *cfg;
     c.pp = r->pp;
+    c.virtual_stages = r->vs;
     int rc = config_stage_layers(&c, layers, NULL);
     const double act = (double)r->micro * T * cfg->d_model * sizeof(float);
     *slow = (MicroTime){0, 0, 0, 0, 0};
@@ -211,17 +216,13 @@ static int plan_stages(const Config *cfg, const Cluster *cl, PlanRow *r, MicroTi
     model_dims_ep(&d, r->ep, 0); /* every ep rank holds as many experts */
     d.recompute = cfg->recompute; /* what the sets keep, and the working copy */
     if (rc == 0) model_units(&d, r->micro, &u);
-    d.pp = r->pp;
     /* the data path's memory is every stage's alike: the spec parsed once */
     const size_t data_mem = ds_memory(cfg->train_data, r->micro * r->n_micro, T, 0);
-    for (int s = 0, l0 = 0; s < r->pp && rc == 0; l0 += layers[s++]) {
-        if (layers[s] < 1 || l0 + layers[s] > cfg->n_layer) {
-            rc = -1;
-            break;
-        }
-        d.pp_rank = s, d.l0 = l0, d.l1 = l0 + layers[s];
+    int per_chunk[MODEL_MAX_CHUNKS];
+    for (int s = 0; s < r->pp && rc == 0; s++) {
+        if ((rc = model_dims_stage(&d, r->pp, r->vs, s, layers)) != 0) break;
         ModelMemory mm;
-        const int slots = pp_slots(sched, r->n_micro, s, r->pp);
+        const int slots = pp_chunk_slots(sched, r->n_micro, r->vs, s, r->pp, per_chunk);
         model_memory_units(&u, &d, slots, 1, &mm);
         if (cfg->dp_overlap && r->dp > 1) { /* the collectives in flight: a chunk each */
             const size_t chunk = (size_t)DP_BUCKET * sizeof(float), grads = mm.grads;
@@ -328,9 +329,12 @@ static int layout_row(const Config *cfg, const Cluster *cl, const Whole *w, int 
     if (tp < 1 || pp < 1 || world % ((long long)tp * pp) != 0)
         return err_set(err, "plan: tp %d x pp %d does not divide %lld ranks", tp, pp, world);
     const int dp = (int)(world / ((long long)tp * pp));
-    if (cfg->n_head % tp != 0 || pp > cfg->n_layer)
-        return err_set(err, "plan: tp %d or pp %d does not split n_head %d, n_layer %d", tp, pp,
-                       cfg->n_head, cfg->n_layer);
+    const int vs = pp > 1 ? cfg->virtual_stages : 1;
+    if (cfg->n_head % tp != 0 || (long long)pp * vs > cfg->n_layer)
+        return err_set(err,
+                       "plan: tp %d or pp %d (x virtual_stages %d) does not split n_head %d, "
+                       "n_layer %d",
+                       tp, pp, vs, cfg->n_head, cfg->n_layer);
     if (cfg->batch_size % dp != 0)
         return err_set(err, "plan: batch_size %d does not split over dp %d", cfg->batch_size, dp);
     if (cfg->n_expert > 0 && (dp % ep != 0 || cfg->n_expert % ep != 0))
@@ -342,8 +346,14 @@ static int layout_row(const Config *cfg, const Cluster *cl, const Whole *w, int 
     if (local % micro != 0)
         return err_set(err, "plan: dp %d leaves %d sequences, not a multiple of micro_batch %d", dp,
                        local, micro);
+    if (vs > 1 && local / micro % pp != 0)
+        return err_set(err,
+                       "plan: virtual_stages %d needs the %d micro-batches of a dp rank to be a "
+                       "multiple of pp %d",
+                       vs, local / micro, pp);
     *row = (PlanRow){.tp = tp,
                      .pp = pp,
+                     .vs = vs,
                      .dp = dp,
                      .ep = cfg->n_expert > 0 ? ep : 1,
                      .ranks_per_node = ranks_per_node,
@@ -362,8 +372,9 @@ static int layout_row(const Config *cfg, const Cluster *cl, const Whole *w, int 
     const int m = row->n_micro;
     row->t_compute = mt.compute * m, row->t_tp = mt.tp * m, row->t_pp = mt.pp * m;
     row->t_ep = mt.ep * m;
-    /* the other stages' micro-batches fill and drain the pipeline once */
-    row->t_bubble = mt.all - (mt.compute + mt.tp + mt.pp + mt.ep);
+    /* the other stages' micro-batches fill and drain the pipeline once:
+     * a chunk's, 1/vs of a stage's, under interleaving */
+    row->t_bubble = (mt.all - (mt.compute + mt.tp + mt.pp + mt.ep)) / row->vs;
     /* the gradients go in DP_BUCKET-float all-reduces: one latency term
      * each; the experts' over their dp / ep replicas (as spread as dp's) */
     row->t_dp = dp_time(row->dp_bytes - row->dp_expert_bytes, dp, a, b) +

@@ -13,8 +13,11 @@
  * the group is on one node, of the network otherwise); a pipeline of m
  * micro-batches takes m of its slowest stage's micro-batch plus one of
  * every other stage's (the fill and drain: the bubble, (pp - 1) / (m + pp
- * - 1) of the step when the stages are balanced); AdamW streams 28 bytes per
- * parameter through memory.
+ * - 1) of the step when the stages are balanced); under interleaved 1F1B
+ * (virtual_stages v, its chunks each 1/v of a stage's work) the fill and
+ * drain shrink to 1/v of that ((pp - 1) / (v m + pp - 1)) and each
+ * micro-batch crosses v times as many stage boundaries; AdamW streams 28
+ * bytes per parameter through memory.
  *
  * Mixture-of-Experts: an MoE block costs one expert per slot (expert_top_k
  * a token, none dropped) and its router C (E + Nn) a token; under ep each
@@ -44,6 +47,7 @@
 
 typedef struct {
     int tp, pp, dp, ranks_per_node, threads;
+    int vs;                              /* virtual stages: the config's at pp > 1, else 1 */
     int ep;                              /* expert-parallel ranks (1 without experts) */
     int micro, n_micro;                  /* per dp rank and step */
     ModelMemory mem;                     /* the largest stage's model (staging included) */

@@ -3,6 +3,7 @@
  * across ranks, step statistics, and evaluation over a dataset (through the
  * pipeline when there is one).
  */
+#include <assert.h>
 #include <limits.h>
 #include <math.h>
 #include <sched.h>
@@ -143,7 +144,8 @@ double evaluate(Model *m, Dataset *ds, int part, int micro, size_t n_seqs, Route
     m->route = mode;
     model_stats_reset(m);
     model_use_slot(m, 0);
-    const int pp = m->d.pp, first = model_first_stage(&m->d), last = model_last_stage(&m->d);
+    const int pp = m->d.pp;
+    assert(!backward || m->d.nchunk == 1); /* `modtrain eval --grads` has one chunk */
     double total = 0;
     *failed = 0;
     for (size_t w = 0; w < n_seqs;) {
@@ -160,20 +162,26 @@ double evaluate(Model *m, Dataset *ds, int part, int micro, size_t n_seqs, Route
             break;
         }
         const size_t count = (size_t)B * T * m->d.C;
-        /* a pipeline runs the forward stage after stage; the last has the loss */
-        if (pp > 1 && !first) pp_recv_prev(m->cur->enc, count, PP_TAG_EVAL, m->pp_comm);
-        if (backward) model_expect_backward(m, (float)(1.0 / tokens));
-        model_forward(m, inputs, targets, B, T);
-        /* each sequence's token losses, then the sequences, in order: the
-         * same sum whatever micro-batches they came in */
-        for (int b = 0; last && b < B; b++) {
-            double seq = 0;
-            for (int t = 0; t < T; t++) seq += m->cur->losses[(size_t)b * T + t];
-            total += seq;
+        /* a pipeline runs the forward stage after stage, round the ranks
+         * once per chunk (interleaved); the last has the loss */
+        for (int c = 0; c < m->d.nchunk; c++) {
+            model_use_slot(m, m->chunk_set[c]);
+            if (pp > 1 && !model_set_embeds(m))
+                pp_recv_prev(m->cur->enc, count, PP_TAG_EVAL, m->pp_comm);
+            if (backward) model_expect_backward(m, (float)(1.0 / tokens));
+            model_forward(m, inputs, targets, B, T);
+            /* each sequence's token losses, then the sequences, in order:
+             * the same sum whatever micro-batches they came in */
+            for (int b = 0; model_set_heads(m) && b < B; b++) {
+                double seq = 0;
+                for (int t = 0; t < T; t++) seq += m->cur->losses[(size_t)b * T + t];
+                total += seq;
+            }
+            fault_progress(); /* the watchdog's: a long validation is no hang */
+            check_model_fault(m);
+            if (pp > 1 && !model_set_heads(m))
+                pp_send_next(model_stage_output(m), count, PP_TAG_EVAL, m->pp_comm);
         }
-        fault_progress(); /* the watchdog's: a long validation is no hang */
-        check_model_fault(m);
-        if (pp > 1 && !last) pp_send_next(model_stage_output(m), count, PP_TAG_EVAL, m->pp_comm);
         if (backward) model_backward(m, (float)(1.0 / tokens), aux_weight);
     }
     if (pp > 1 && !*failed) total = reduce_step_stats(m, total, m->pp_comm);

@@ -199,7 +199,7 @@ static int init_check_st(const StFile *f, const Config *run, const ModelDims *d,
     }
     if (init_same_model(&src, run, f->path, err) != 0) return -1;
     ModelDims whole = *d;
-    whole.pp = 1, whole.pp_rank = 0, whole.l0 = 0, whole.l1 = whole.L;
+    model_dims_whole(&whole);
     Err why;
     if (ckpt_check_safetensors(f, &whole, &why) == 0) return 0;
     return err_set(err, "init_from: %s", why.msg);

@@ -74,6 +74,7 @@ typedef struct {
     int watchdog_ready, resumed;
     DpOverlap ov; /* dp_overlap: the head's and the blocks' buckets (overlap: in use) */
     int overlap, nhead_seg; /* nhead_seg: the head's segments, before the blocks' */
+    int *seg_of;            /* (L) each held block's segment of the overlap */
     EmbRows emb_rows;       /* dp > 1 on the first stage: the embedding's rows apart */
     Zero zero;              /* zero 1 at dp > 1 (use_zero): ZeRO-1's pieces and shard */
     int use_zero;
@@ -211,6 +212,20 @@ static int layout_check(const Config *c, const Grid *g, Err *err) {
                        "of micro_batch = %d (--micro_batch %s would do)",
                        dp, local, c->micro_batch, alts);
     }
+    const int n_micro = local / micro, vs = c->virtual_stages;
+    if (vs > 1 && n_micro % g->pp != 0)
+        return err_set(err,
+                       "layout: virtual_stages = %d sends the micro-batches round the pp = %d "
+                       "ranks in groups of %d, but each dp rank has %d a step (make batch_size "
+                       "/ (dp x micro_batch) a multiple of %d)",
+                       vs, g->pp, g->pp, n_micro, g->pp);
+    int *ub = NULL, flag = 0;
+    MPI_CHECK(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag));
+    if (g->pp > 1 && flag && pp_tags(n_micro, vs) - 1 > *ub)
+        return err_set(err,
+                       "layout: %d micro-batches a step over %d chunks need %lld message tags "
+                       "between pipeline stages, more than MPI's %d (raise micro_batch)",
+                       n_micro, vs, pp_tags(n_micro, vs), *ub);
     return 0;
 }
 
@@ -449,7 +464,7 @@ static void overlap_mark(void *ctx, int l) {
     if (l == r->m.d.L) {
         for (int i = 0; i < r->nhead_seg; i++) dp_overlap_mark(&r->ov, i);
     } else {
-        dp_overlap_mark(&r->ov, r->nhead_seg + r->m.d.l1 - 1 - l);
+        dp_overlap_mark(&r->ov, r->seg_of[l]);
     }
 }
 
@@ -459,8 +474,12 @@ static size_t param_end(const ParamInfo *p) { return p->offset + ((p->numel + 15
 static void run_overlap_setup(Run *r) {
     Model *m = &r->m;
     const ModelDims *d = &m->d;
-    const int nhead = model_last_stage(d) ? 2 : 0, nseg = nhead + d->l1 - d->l0;
+    const int nhead = model_last_stage(d) ? 2 : 0, nseg = nhead + model_stage_blocks(d);
     if (nseg < 1) return;
+    /* the blocks the last first: under interleaved 1F1B too, the last
+     * micro-batch leaves a later chunk's blocks before an earlier one's */
+    r->seg_of = xmalloc((size_t)d->L * sizeof(int));
+    for (int l = d->L - 1, i = nhead; l >= 0; l--) r->seg_of[l] = model_holds(d, l) ? i++ : -1;
     size_t *lo = xmalloc((size_t)nseg * sizeof(size_t)), *hi = xmalloc((size_t)nseg * sizeof(size_t));
     int ok = 1;
     if (nhead) { /* the tied embedding (its rows apart), then ln_f's weight and bias */
@@ -470,8 +489,9 @@ static void run_overlap_setup(Run *r) {
         lo[1] = fw->offset, hi[1] = param_end(fb);
         ok = param_end(fw) == fb->offset;
     }
-    for (int i = nhead; i < nseg && ok; i++) {
-        const int l = d->l1 - 1 - (i - nhead);
+    for (int l = d->L - 1; l >= 0 && ok; l--) {
+        const int i = r->seg_of[l];
+        if (i < 0) continue;
         size_t a = SIZE_MAX, b = 0, sum = 0;
         for (int k = 0; k < m->nreg; k++) {
             const ParamInfo *p = &m->reg[k];
@@ -529,12 +549,14 @@ static int run_setup_model(Run *r) {
     model_dims_config(&d, c, g->tp, g->tp_rank);
     model_dims_ep(&d, g->ep, g->ep_rank);
     d.recompute = c->recompute;
-    int *layers = xcalloc((size_t)g->pp, sizeof(int));
+    const int vs = c->virtual_stages;
+    int *layers = xcalloc((size_t)g->pp * vs, sizeof(int));
     int rc = config_stage_layers(c, layers, NULL); /* validated with the config */
-    if (rc == 0) rc = model_dims_stage(&d, g->pp, g->pp_rank, layers);
+    if (rc == 0) rc = model_dims_stage(&d, g->pp, vs, g->pp_rank, layers);
     free(layers);
     if (rc != 0) return -1; /* config_validate checked the split: not reached */
-    const int slots = pp_slots(r->sched, r->n_micro, g->pp_rank, g->pp);
+    int per_chunk[MODEL_MAX_CHUNKS];
+    const int slots = pp_chunk_slots(r->sched, r->n_micro, vs, g->pp_rank, g->pp, per_chunk);
     Err err;
     model_memory(&d, r->micro, slots, 1, &r->mem);
     if (c->zero && g->dp > 1) { /* ZeRO-1: about a dp rank's share (set exactly below) */
@@ -561,7 +583,7 @@ static int run_setup_model(Run *r) {
     r->m.ep = (EpGroup){g->ep_comm, g->ep, g->ep_rank};
     r->m.moe_aux_weight = (float)c->moe_aux_weight;
     r->m.pp_comm = g->pp > 1 ? g->pp_comm : MPI_COMM_NULL;
-    model_set_slots(&r->m, slots);
+    model_set_chunk_slots(&r->m, per_chunk);
     r->m.check_routing = c->debug_checks;
     if (g->dp > 1 && model_first_stage(&d)) { /* a step's tokens: at most as many rows */
         const size_t tokens = (size_t)r->local_batch * r->T;
@@ -817,6 +839,7 @@ static void run_teardown(Run *r) {
     free(r->targets);
     free(r->frac);
     if (r->overlap) dp_overlap_free(&r->ov);
+    free(r->seg_of);
     if (r->emb_rows.slot) emb_rows_free(&r->emb_rows);
     if (r->use_zero) zero_free(&r->zero);
     if (r->model_ready) {
@@ -967,7 +990,8 @@ static void run_step(Run *r, int step, StepResult *out) {
                   .output = step_output,
                   .grad_out = step_grad,
                   .grad_in = step_grad,
-                  .count = (size_t)r->micro * r->T * m->d.C};
+                  .count = (size_t)r->micro * r->T * m->d.C,
+                  .chunks = m->d.nchunk};
     pp_run(r->sched, r->n_micro, g->pp > 1 ? g->pp_comm : MPI_COMM_NULL, &st, &out->live);
     fault_rank_exit(g->world_rank, step + 1);
     /* sync: gradients, then the loss and routing counters */

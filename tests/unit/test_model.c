@@ -396,7 +396,7 @@ static void test_head_memory(void) {
     model_dims(&big, 50257, 1024, 2, 12, 768, 1, 0);
     model_dims(&small, 1024, 1024, 2, 12, 768, 1, 0);
     first = big;
-    CU_ASSERT_EQUAL(model_dims_stage(&first, 2, 0, NULL), 0);
+    CU_ASSERT_EQUAL(model_dims_stage(&first, 2, 1, 0, NULL), 0);
     ModelMemory mb, ms, mf, mt;
     model_memory(&big, 4, 1, 1, &mb);
     model_memory(&small, 4, 1, 1, &ms);
