@@ -1,0 +1,106 @@
+#!/bin/sh
+# Interleaved 1F1B (virtual_stages) on real ranks (Open MPI, oversubscribed,
+# an 8-block model, 8 micro-batches a step). Each chunk runs its
+# micro-batches in order, so every gradient sums as under plain 1F1B:
+# - dense and MoD, (pp 2, v 2), (pp 2, v 4) and (pp 4, v 2) train bit for
+#   bit as plain 1F1B at the same pp (every loss, val_loss and the
+#   checkpoints); so do (pp 2, v 2) with tp 2, with dp 2 (the overlapped
+#   reduction), with zero 1, and with recompute = block;
+# - a rank holds at most (pp - s - 1) * 2 + (v - 1) * pp + 1 micro-batch
+#   chunks of activations (Megatron's warm-up and one more);
+# - checkpoints reshard: step 6 of (pp 2, v 2) loads exactly under pp 1 and
+#   under (pp 4, v 2), step 6 of plain pp 4 under (pp 2, v 2), and the
+#   resumed runs' step 12 equals the uninterrupted run's;
+# - layouts it cannot run are one-line errors.
+. "$(dirname "$0")/../scripts/lib.sh"
+prep_fortunes
+MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
+cd "$TMP"
+common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
+    --n_layer 8 --micro_batch 2 --steps 12 --ckpt_every 6 --ckpt_keep 5 --eval_every 6 \
+    --log_every 1000 --threads 1 --debug_checks 1 --peak_gflops 50 --resume never"
+train() { # NAME NP [--key value ...]
+    name=$1 np=$2
+    shift 2
+    timeout 300 $MPIRUN -np "$np" "$MODTRAIN" train $common --run_dir "$name" "$@" > "$name.log" 2>&1 ||
+        { cat "$name.log"; fail "$name: training failed"; }
+}
+# every loss and val_loss of a run, in order
+curve() { grep -o '"\(val_\)*loss":[^,}]*' "$1/metrics.jsonl"; }
+same() { # A B: the same curve and checkpoints, bit for bit
+    [ "$(curve "$1" | wc -l)" -ge 14 ] && [ "$(curve "$1")" = "$(curve "$2")" ] &&
+        "$MODTRAIN" ckpt diff --a "$1/ckpt" --b "$2/ckpt" > diff.txt
+}
+live() { grep -o '"pp_live":[0-9]*' "$1/metrics.jsonl" | cut -d: -f2 | sort -n | tail -n 1; }
+check() { # A B WHAT
+    if same "$1" "$2"; then ok "$3: bit for bit as $1"; else cat diff.txt; fail "$3 differs from $1"; fi
+}
+
+for model in dense mod; do
+    extra=""
+    [ "$model" = mod ] && extra="--route_every 2 --capacity 0.25"
+    for pp in 2 4; do
+        train "$model-pp$pp" $pp --pp $pp $extra
+        for v in 2 4; do
+            [ $((pp * v)) -le 8 ] || continue
+            name="$model-pp$pp-v$v"
+            train "$name" $pp --pp $pp --virtual_stages $v $extra
+            check "$model-pp$pp" "$name" "$model (pp $pp, virtual_stages $v)"
+            bound=$(((pp - 1) * 2 + (v - 1) * pp + 1))
+            l=$(live "$name")
+            [ "$l" -le "$bound" ] && [ "$l" -gt "$(live "$model-pp$pp")" ] &&
+                ok "$model (pp $pp, v $v): at most $l chunks of activations in flight (bound $bound)" ||
+                fail "$model (pp $pp, v $v): $l chunks in flight, bound $bound"
+        done
+    done
+done
+for lay in "tp 2" "dp 2" "zero 1" "recompute block"; do
+    set -- $lay
+    key=$1 val=$2
+    args="--pp 2 --route_every 2 --capacity 0.25"
+    case $key in
+    tp) np=4 args="$args --tp 2" ;;
+    dp) np=4 ;;
+    zero) np=4 args="$args --zero 1" ;;
+    recompute) np=2 args="$args --recompute block" ;;
+    esac
+    train "plain-$key" $np $args
+    train "v2-$key" $np $args --virtual_stages 2
+    check "plain-$key" "v2-$key" "mod (pp 2, v 2, $key $val)"
+done
+
+# resharding: (pp 2, v 2) -> pp 1 and (pp 4, v 2); plain pp 4 -> (pp 2, v 2)
+reshard() { # FROM NP NAME ARGS...: loaded and saved at once, then on to step 12
+    src=$1 n=$2 dst=$3
+    shift 3
+    train "$dst-6" "$n" --route_every 2 --capacity 0.25 --resume "$src/ckpt/step-00000006" --steps 6 "$@"
+    "$MODTRAIN" ckpt diff --a "$src/ckpt/step-00000006" --b "$dst-6/ckpt/step-00000006" > diff.txt ||
+        { cat diff.txt; fail "$src -> $dst: the state did not load exactly"; }
+    train "$dst" "$n" --route_every 2 --capacity 0.25 --resume "$src/ckpt/step-00000006" "$@"
+    "$MODTRAIN" ckpt diff --a "$src/ckpt/step-00000012" --b "$dst/ckpt/step-00000012" --tol 2e-5 > diff.txt &&
+        ok "$src -> $dst: loads exactly; step 12 $(tail -n 1 diff.txt | sed 's/ckpt diff: //')" ||
+        { cat diff.txt; fail "$src -> $dst: step 12 differs"; }
+}
+reshard mod-pp2-v2 1 to-pp1
+reshard mod-pp2-v2 4 to-pp4-v2 --pp 4 --virtual_stages 2
+reshard mod-pp4 2 to-pp2-v2 --pp 2 --virtual_stages 2
+
+expect_error() { # NP PATTERN ARGS...
+    np=$1 pattern=$2
+    shift 2
+    set +e
+    timeout 120 $MPIRUN -np "$np" "$MODTRAIN" train $common --run_dir bad "$@" > bad.log 2>&1
+    rc=$?
+    set -e
+    n=$(grep -c "^modtrain: " bad.log)
+    [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$n" -eq 1 ] && grep -q -- "$pattern" bad.log &&
+        ok "$(grep '^modtrain: ' bad.log)" || { cat bad.log; fail "expected one line matching /$pattern/"; }
+}
+expect_error 1 "virtual_stages = 2 interleaves a 1F1B pipeline, not pp = 1" --virtual_stages 2
+expect_error 2 "not schedule gpipe" --pp 2 --virtual_stages 2 --schedule gpipe
+expect_error 2 "pp = 2 x virtual_stages = 8 = 16 virtual stages cannot split n_layer = 8" --pp 2 --virtual_stages 8
+expect_error 2 "each dp rank has 3 a step" --pp 2 --virtual_stages 2 --batch_size 6
+expect_error 2 "stage_layers = '4,4' does not split n_layer = 8 over pp x virtual_stages = 4" \
+    --pp 2 --virtual_stages 2 --stage_layers 4,4
+expect_error 2 "virtual_stages = 9" --pp 2 --virtual_stages 9
+finish
