@@ -346,6 +346,8 @@ static int layout_row(const Config *cfg, const Cluster *cl, const Whole *w, int 
     if (local % micro != 0)
         return err_set(err, "plan: dp %d leaves %d sequences, not a multiple of micro_batch %d", dp,
                        local, micro);
+    if (vs > 1 && cfg->schedule != SCHED_1F1B)
+        return err_set(err, "plan: virtual_stages %d interleaves 1F1B, not schedule gpipe", vs);
     if (vs > 1 && local / micro % pp != 0)
         return err_set(err,
                        "plan: virtual_stages %d needs the %d micro-batches of a dp rank to be a "

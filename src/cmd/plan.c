@@ -168,6 +168,7 @@ static void print_parts(const PlanRow *one, const size_t *stage, int pp, int moe
     if (one->dp_rows_bytes > 0) /* an upper bound: the rows are the step's distinct tokens */
         printf(" (dp: the embedding's rows at most %.0f of it)", one->dp_rows_bytes);
     if (moe) printf(", ep %.0f (dp of the experts %.0f)", one->ep_bytes, one->dp_expert_bytes);
+    if (one->vs > 1) printf(" (interleaved: virtual_stages %d, %d chunks a rank)", one->vs, one->vs);
     printf("\nstep %.6f s: compute %.6f, tp %.6f, pp %.6f, bubble %.6f, dp %.6f, optimizer %.6f",
            one->t_step, one->t_compute, one->t_tp, one->t_pp, one->t_bubble, one->t_dp,
            one->t_optimizer);
@@ -314,7 +315,11 @@ int plan_main(int argc, char **argv) {
                    "--d_model N ...); without them plan would plan the default model");
         return EXIT_USAGE;
     }
-    if (config_from_args(&c, argc, argv, &err) != 0 || config_validate(&c, &err) != 0 ||
+    /* virtual_stages holds for each layout of pp > 1 (plan_layout checks it
+     * there), whatever pp the config names */
+    Config checked;
+    if (config_from_args(&c, argc, argv, &err) != 0 ||
+        (checked = c, checked.virtual_stages = 1, config_validate(&checked, &err)) != 0 ||
         (a.cluster && cluster_load(&cl, a.cluster, &err) != 0)) {
         if (rank == 0) err_print(&err);
         return EXIT_USAGE;

@@ -4,9 +4,11 @@
 # (--mca btl tcp,self --mca btl_tcp_if_include lo: it leaves the loopback
 # out unless told), throttled by the kernel's tbf queueing discipline
 # (tc qdisc ... tbf rate R burst 256kb latency 100ms), against shared
-# memory (btl self,vader). Each run trains dp 2 (two ranks of one thread)
-# for --steps steps; per shape, link and variant it prints the mean over
-# steps 2.. of the step time and the dp_comm phase, the data-parallel bytes
+# memory (btl self,vader). Each run trains two ranks of one thread (dp 2,
+# or pp 2) for --steps steps; per shape, link and variant it prints the
+# mean over steps 2.. of the step time, the dp_comm and pp_wait phases, the
+# pipeline's bubble (pp_wait over the step, averaged over the stages) beside
+# the ideal (p - 1) / (v m + p - 1), the data-parallel bytes
 # modtrain counts a step, and the bytes the qdisc sent over the whole run
 # divided by the steps (start-up's traffic included), which prove the
 # traffic went through the throttled link. The pml is ob1, so that the btl
@@ -18,19 +20,23 @@
 #             overlap  dp_overlap 1: each bucket as the backward finishes it
 #             zero1    dp_overlap 1 and zero 1 (ZeRO-1: reduce-scatter, a
 #                      rank's half of the moments, all-gather)
+#             pp2v1    pp 2, plain 1F1B, 8 micro-batches a step (a quarter
+#                      of the shape's micro-batch)
+#             pp2v2    the same interleaved: virtual_stages 2
 # Beside them: the backward's time a step (what an overlap can hide behind),
 # and each rank's peak RSS (/usr/bin/time), the larger of the two.
 # The qdisc is removed on every exit path, and one left by a killed run is
 # removed at the start.
 # usage: tests/bench/bench_network.sh [--shapes "d256 gpt2"] [--links "shm 10gbit 1gbit"]
-#            [--variants "after overlap zero1"] [--bucket_mb MB] [--steps N]
+#            [--variants "after overlap zero1 pp2v1 pp2v2"] [--bucket_mb MB] [--steps N]
 #   --bucket_mb: the overlap's dp_bucket_mb (default: train's, 25)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
 MODTRAIN=${MODTRAIN:-$top/modtrain}
 PYTHON=${PYTHON:-python3}
-shapes="d256 gpt2" links="shm 10gbit 1gbit" variants="after overlap zero1" bucket_mb="" steps=4
+shapes="d256 gpt2" links="shm 10gbit 1gbit" variants="after overlap zero1 pp2v1 pp2v2" bucket_mb=""
+steps=4
 die() { echo "bench_network: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     [ $# -ge 2 ] || die "$1 needs a value"
@@ -61,20 +67,26 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/modtrain-bench.XXXXXX")
 trap 'unthrottle; rm -rf "$tmp"' EXIT
 trap 'exit 130' INT TERM # through the EXIT trap
 
-shape() { # NAME: sets model
+shape() { # NAME: sets model, and pp_micro (a pipeline's micro-batch: 8 a step)
     case $1 in
-    d256) model="--vocab_size 256 --d_model 256 --n_head 8 --n_layer 4 --seq_len 256 --batch_size 16 --micro_batch 8" ;;
-    gpt2) model="--vocab_size 50257 --d_model 768 --n_head 12 --n_layer 12 --seq_len 256 --batch_size 8 --micro_batch 4" ;;
+    d256) model="--vocab_size 256 --d_model 256 --n_head 8 --n_layer 4 --seq_len 256 --batch_size 16 --micro_batch 8"
+          pp_micro=2 ;;
+    gpt2) model="--vocab_size 50257 --d_model 768 --n_head 12 --n_layer 12 --seq_len 256 --batch_size 8 --micro_batch 4"
+          pp_micro=1 ;;
     *) die "unknown shape '$1' (d256 or gpt2)" ;;
     esac
 }
 for s in $shapes; do shape "$s"; done
-variant() { # NAME: sets keys
+variant() { # NAME: sets keys, and ideal (the bubble's, or -)
+    ideal=-
     case $1 in
     after) keys="--dp_overlap 0" ;;
     overlap) keys="--dp_overlap 1 ${bucket_mb:+--dp_bucket_mb $bucket_mb}" ;;
     zero1) keys="--dp_overlap 1 --zero 1 ${bucket_mb:+--dp_bucket_mb $bucket_mb}" ;;
-    *) die "unknown variant '$1' (after, overlap or zero1)" ;;
+    pp2v[12]) # 8 micro-batches over 2 stages: (2 - 1) / (8 v + 1)
+        keys="--pp 2 --virtual_stages ${1#pp2v} --micro_batch $pp_micro"
+        ideal=$(awk -v v="${1#pp2v}" 'BEGIN { printf "%.1f", 100 / (8 * v + 1) }') ;;
+    *) die "unknown variant '$1' (after, overlap, zero1, pp2v1 or pp2v2)" ;;
     esac
 }
 for v in $variants; do variant "$v"; done
@@ -111,26 +123,28 @@ one() {
         function val(k,   i, r) { i = index($0, "\"" k "\":"); if (!i) return 0
                                   r = substr($0, i + length(k) + 3); sub(/[,}].*/, "", r); return r }
         /"loss"/ && val("step") + 0 > 1 { n++; t += val("step_time_ms"); c += val("dp_comm")
+                                          w += val("pp_wait"); bb += val("pp_bubble")
                                           bw += val("backward"); b += val("dp_bytes") + val("dp_gather_bytes") }
-        END { printf "%.1f %.1f %.1f %.1f %.1f %.0f\n", t / n, c / n, bw / n, b / n / 1e6, q / steps / 1e6,
-                     rss / 1024 }' \
+        END { printf "%.1f %.1f %.1f %.1f %.1f %.1f %.1f %.0f\n", t / n, c / n, w / n, 100 * bb / n, bw / n,
+                     b / n / 1e6, q / steps / 1e6, rss / 1024 }' \
         "$tmp/run/metrics.jsonl"
 }
 
-echo "dp 2 (two ranks of one thread), means over steps 2..$steps; MB a step (zero1: the"
-echo "gradients reduce-scattered plus the parameters gathered); peak RSS of the larger rank"
-printf "%-6s %-8s %-8s %11s %11s %11s %9s %9s %9s\n" shape link variant "step ms" "dp_comm ms" \
-    "backward" "dp MB" "qdisc MB" "RSS MiB"
+echo "dp 2 or pp 2 (two ranks of one thread), means over steps 2..$steps; bubble and ideal in %"
+echo "of the step; MB a step (zero1: the gradients reduce-scattered plus the parameters"
+echo "gathered); peak RSS of the larger rank"
+printf "%-6s %-8s %-8s %10s %10s %9s %7s %6s %10s %8s %9s %8s\n" shape link variant "step ms" \
+    "dp_comm ms" "pp_wait" bubble ideal backward "dp MB" "qdisc MB" "RSS MiB"
 for s in $shapes; do
     shape "$s"
     for l in $links; do
         for v in $variants; do
             variant "$v"
             out=$(one "$l") # its exit status ends the benchmark here
-            read -r st dc bw db qb rs <<< "$out"
+            read -r st dc pw bu bw db qb rs <<< "$out"
             [ "$l" = shm ] && qb=-
-            printf "%-6s %-8s %-8s %11s %11s %11s %9s %9s %9s\n" "$s" "$l" "$v" "$st" "$dc" "$bw" "$db" \
-                "$qb" "$rs"
+            printf "%-6s %-8s %-8s %10s %10s %9s %7s %6s %10s %8s %9s %8s\n" "$s" "$l" "$v" "$st" "$dc" \
+                "$pw" "$bu" "$ideal" "$bw" "$db" "$qb" "$rs"
         done
     done
 done

@@ -4,7 +4,8 @@
 # model (d_model 384, 6 layers, GPT-2's vocabulary, 1 rank x all cores)
 # gives the efficiency (its MFU). Checked: a model whose state
 # dominates the baseline (d_model 512, 8 layers, vocabulary 50257) under
-# every layout of 1, 2 and 4 ranks; for each, the plan's step time beside
+# every layout of 1, 2 and 4 ranks (pp > 1 also interleaved, virtual_stages
+# 2); for each, the plan's step time beside
 # the measured mean (steps 2..N). Goal: within 25% where ranks x threads fit
 # the cores; the oversubscribed layouts (4 ranks on 2 cores) are reported
 # apart.
@@ -17,8 +18,9 @@
 # as the network (half its bandwidth: both ranks send through the one
 # loopback queue at once, where each node of a cluster has a link of its
 # own); dp 2 of the same model runs with dp_overlap 0, with
-# dp_overlap 1 and with zero 1, and the plan's step time is printed beside
-# each (the goal: within 25%). The qdisc is removed on every exit path.
+# dp_overlap 1 and with zero 1, then pp 2 plain and interleaved
+# (virtual_stages 2), and the plan's step time is printed beside each (the
+# goal: within 25%). The qdisc is removed on every exit path.
 # usage: tests/bench/bench_plan.sh [STEPS] [--network LINKS]
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
@@ -104,9 +106,12 @@ if [ -n "$links" ]; then
         sed -e "s/^nodes *=.*/nodes = 2/" -e "s/^cores_per_node *=.*/cores_per_node = 1/" \
             -e "s/^net_latency_us *=.*/net_latency_us = $lat/" -e "s/^net_bw_gbs *=.*/net_bw_gbs = $bw/" \
             cluster.conf > c-net.conf
-        for v in "--dp_overlap 0" "--dp_overlap 1" "--dp_overlap 1 --zero 1"; do
+        for v in "--dp_overlap 0" "--dp_overlap 1" "--dp_overlap 1 --zero 1" "--pp 2" \
+            "--pp 2 --virtual_stages 2"; do
+            lay=1,1,1
+            case $v in --pp*) lay=1,2,1 ;; esac
             # shellcheck disable=SC2086 # the variant's keys
-            plan=$("$MODTRAIN" plan --config model.conf $v --cluster c-net.conf --layout "1,1,1" 2>&1) ||
+            plan=$("$MODTRAIN" plan --config model.conf $v --cluster c-net.conf --layout "$lay" 2>&1) ||
                 { echo "($l, $v: $plan)"; continue; }
             est=$(echo "$plan" | sed -n 's/^step \([0-9.]*\) s:.*/\1/p' | awk '{ printf "%.1f", $1 * 1000 }')
             tdp=$(echo "$plan" | sed -n 's/^step .* dp \([0-9.]*\),.*/\1/p' | awk '{ printf "%.1f", $1 * 1000 }')
@@ -127,12 +132,14 @@ if [ -n "$links" ]; then
     echo "worst |error|: $worst% (goal 25%)"
     exit 0
 fi
-printf '%-6s %-4s %-4s %-4s %-5s %10s %10s %8s %s\n' ranks tp pp dp thr "plan ms" "measured" "error" ""
+printf '%-6s %-4s %-4s %-3s %-4s %-5s %10s %10s %8s %s\n' ranks tp pp v dp thr "plan ms" "measured" "error" ""
 worst=0
 worst_over=0
 for n in 1 2 4; do
     for tp in 1 2 4; do
-        for pp in 1 2 4; do
+        for ppv in 1 2 2v2 4 4v2; do
+            pp=${ppv%v2} v=1
+            [ "$ppv" = "$pp" ] || v=2
             [ $((n % (tp * pp))) -eq 0 ] || continue
             dp=$((n / (tp * pp)))
             thr=$((cores / n))
@@ -141,15 +148,16 @@ for n in 1 2 4; do
             # all ranks on this node; oversubscribed, the plan is told of a
             # core a rank (what oversubscription pretends)
             sed "s/^cores_per_node *=.*/cores_per_node = $((n * thr))/" cluster.conf > c-$n.conf
-            plan=$("$MODTRAIN" plan --config model.conf --cluster c-$n.conf --layout "$tp,$pp,$n" 2>&1) ||
-                { echo "($n ranks, tp $tp, pp $pp: $plan)"; continue; }
+            plan=$("$MODTRAIN" plan --config model.conf --virtual_stages "$v" --cluster c-$n.conf \
+                --layout "$tp,$pp,$n" 2>&1) || { echo "($n ranks, tp $tp, pp $pp, v $v: $plan)"; continue; }
             est=$(echo "$plan" | sed -n 's/^step \([0-9.]*\) s:.*/\1/p' | awk '{ printf "%.1f", $1 * 1000 }')
-            run="r-$tp-$pp-$dp"
-            $MPIRUN -np "$n" "$MODTRAIN" train --config model.conf --tp "$tp" --pp "$pp" --steps "$steps" \
-                --threads "$thr" --run_dir "$run" > "$run.log" 2>&1 || { cat "$run.log"; exit 1; }
+            run="r-$tp-$pp-$v-$dp"
+            $MPIRUN -np "$n" "$MODTRAIN" train --config model.conf --tp "$tp" --pp "$pp" --virtual_stages "$v" \
+                --steps "$steps" --threads "$thr" --run_dir "$run" > "$run.log" 2>&1 || { cat "$run.log"; exit 1; }
             got=$(mean_ms "$run")
             e=$(awk -v a="$est" -v b="$got" 'BEGIN { printf "%+.1f", 100 * (a - b) / b }')
-            printf '%-6s %-4s %-4s %-4s %-5s %10s %10s %7s%% %s\n' "$n" "$tp" "$pp" "$dp" "$thr" "$est" "$got" "$e" "$over"
+            printf '%-6s %-4s %-4s %-3s %-4s %-5s %10s %10s %7s%% %s\n' "$n" "$tp" "$pp" "$v" "$dp" "$thr" "$est" \
+                "$got" "$e" "$over"
             a=$(awk -v e="$e" 'BEGIN { print (e < 0 ? -e : e) }')
             if [ -n "$over" ]; then
                 worst_over=$(awk -v a="$a" -v b="$worst_over" 'BEGIN { print (a > b ? a : b) }')

@@ -358,6 +358,48 @@ static void test_moe_flops(void) {
     CU_ASSERT_DOUBLE_EQUAL(r.t_compute * rate, r.flops_step, 1e-9 * r.flops_step);
 }
 
+/* Interleaved 1F1B in the plan: at pp 2 over 4 micro-batches, v = 2 halves
+ * the fill and drain (the same blocks a rank, in two chunks), crosses three
+ * boundaries a micro-batch on each rank where plain 1F1B crosses one, and
+ * keeps the sets pp_chunk_slots counts, each of a chunk's blocks; gpipe,
+ * and micro-batches that are not a multiple of pp, are refused. */
+static void test_interleaved(void) {
+    Config c = small();
+    c.batch_size = 8, c.micro_batch = 2, c.vocab_size = 64, c.route_every = 0;
+    Cluster cl;
+    cluster_defaults(&cl);
+    cl.cores_per_node = 2;
+    PlanRow one, two;
+    CU_ASSERT_EQUAL_FATAL(plan_layout(&c, &cl, 1, 2, 2, &one, NULL, NULL), 0);
+    c.virtual_stages = 2;
+    CU_ASSERT_EQUAL_FATAL(plan_layout(&c, &cl, 1, 2, 2, &two, NULL, NULL), 0);
+    CU_ASSERT(one.vs == 1 && two.vs == 2 && one.n_micro == 4);
+    CU_ASSERT(one.t_bubble > 0);
+    /* the other stage's micro-batch over 2, its three sends a micro-batch
+     * where plain 1F1B has one */
+    CU_ASSERT_DOUBLE_EQUAL(2 * two.t_bubble, one.t_bubble + 2 * one.t_pp / 4, 1e-12);
+    CU_ASSERT_DOUBLE_EQUAL(two.t_compute, one.t_compute, 1e-12);
+    CU_ASSERT_DOUBLE_EQUAL(two.pp_bytes, 3 * one.pp_bytes, 1e-6);
+    CU_ASSERT_DOUBLE_EQUAL(two.t_pp, 3 * one.t_pp, 1e-12 + 1e-9 * two.t_pp);
+    /* rank 0 has at most 5 chunks of micro-batches in flight, 4 of chunk
+     * 0 and 2 of chunk 1 at most: 6 sets of 1 block against 2 of 2 */
+    int per[2];
+    CU_ASSERT_EQUAL(pp_chunk_slots(PP_1F1B, 4, 2, 0, 2, per), 6);
+    CU_ASSERT(per[0] == 4 && per[1] == 2);
+    CU_ASSERT(two.mem.acts > one.mem.acts);
+    /* pp 1: no interleaving to do */
+    CU_ASSERT_EQUAL_FATAL(plan_layout(&c, &cl, 1, 1, 2, &one, NULL, NULL), 0);
+    CU_ASSERT_EQUAL(one.vs, 1);
+    Err err;
+    c.batch_size = 6;
+    CU_ASSERT_EQUAL(plan_layout(&c, &cl, 1, 2, 2, &two, NULL, &err), -1);
+    CU_ASSERT(strstr(err.msg, "multiple of pp 2") != NULL);
+    c.batch_size = 8, c.schedule = SCHED_GPIPE;
+    CU_ASSERT_EQUAL(plan_layout(&c, &cl, 1, 2, 2, &two, NULL, &err), -1);
+    c.schedule = SCHED_1F1B, c.virtual_stages = 4; /* 8 virtual stages of 4 blocks */
+    CU_ASSERT_EQUAL(plan_layout(&c, &cl, 1, 2, 2, &two, NULL, &err), -1);
+}
+
 static void test_moe_alltoall(void) {
     Config c = moe_config();
     Cluster cl;
@@ -522,6 +564,7 @@ int main(void) {
         {"cluster files: strict, line by line, round trip", test_cluster_file},
         {"stage memory from its parts is the registry's", test_units_match_registry},
         {"pipeline schedules: complete, in order, the bubble", test_pp_schedules},
+        {"interleaved 1F1B: the bubble over v, v times the boundaries", test_interleaved},
         {"the planner's work does not grow with the layers", test_plan_work_bounded},
         {"--layout: exactly three whole numbers", test_parse_layout},
         {"MoE under ep 2: memory is model_memory's and model_init's", test_moe_memory},
