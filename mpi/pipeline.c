@@ -5,6 +5,7 @@
  */
 #include "mpi/pipeline.h"
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,26 +61,21 @@ int pp_order(PpSchedule s, int m, int v, int stage, int stages, PpOp *ops) {
     return n;
 }
 
-int pp_chunk_slots(PpSchedule s, int m, int v, int stage, int stages, int *per_chunk) {
+int pp_sets(PpSchedule s, int m, int v, int stage, int stages) {
     if (v < 1) v = 1;
     PpOp *ops = xmalloc(2 * (size_t)m * v * sizeof(PpOp));
-    int *live = xcalloc((size_t)v, sizeof(int)), total = 0;
     const int n = pp_order(s, m, v, stage, stages, ops);
-    for (int c = 0; c < v; c++) per_chunk[c] = 0;
+    int live = 0, most = 0;
     for (int i = 0; i < n; i++) {
-        const int c = ops[i].chunk;
-        live[c] += ops[i].fwd ? 1 : -1;
-        if (live[c] > per_chunk[c]) per_chunk[c] = live[c];
+        live += ops[i].fwd ? 1 : -1;
+        if (live > most) most = live;
     }
-    for (int c = 0; c < v; c++) total += per_chunk[c];
-    free(live);
     free(ops);
-    return total;
+    return most;
 }
 
 int pp_slots(PpSchedule s, int n_micro, int stage, int stages) {
-    int n = 0;
-    return pp_chunk_slots(s, n_micro, 1, stage, stages, &n);
+    return pp_sets(s, n_micro, 1, stage, stages);
 }
 
 long long pp_tags(int n_micro, int v) { return 2LL * (v < 1 ? 1 : v) * n_micro; }
@@ -87,8 +83,9 @@ long long pp_tags(int n_micro, int v) { return 2LL * (v < 1 ? 1 : v) * n_micro; 
 typedef struct {
     const PpStage *st;
     MPI_Comm comm;
-    int stage, stages, v, m, live, max_live;
-    int *per, *base;       /* (v) each chunk's sets, (v + 1) where they start */
+    int stage, stages, v, m, live, max_live, sets;
+    int *set_of;           /* (v * m) the set of chunk c's micro-batch mb in flight */
+    char *busy;            /* (sets) */
     MPI_Request *fwd_req;  /* (sets) the send of each set's output */
     MPI_Request *bwd_req;  /* (sets) the send of each gradient buffer */
     float **bwd_buf;       /* (sets) */
@@ -107,7 +104,12 @@ static int tag_of(const PpRun *r, int t, int mb, int bwd) {
 
 static void do_forward(PpRun *r, int c, int mb) {
     const PpStage *st = r->st;
-    const int slot = r->base[c] + mb % r->per[c], t = c * r->stages + r->stage;
+    const int t = c * r->stages + r->stage;
+    int slot = 0;
+    while (r->busy[slot]) slot++;
+    assert(slot < r->sets); /* pp_sets counted the most in flight */
+    r->busy[slot] = 1;
+    r->set_of[c * r->m + mb] = slot;
     wait_req(&r->fwd_req[slot]); /* its previous output has left */
     if (t > 0) {
         double t0 = now_s();
@@ -116,7 +118,7 @@ static void do_forward(PpRun *r, int c, int mb) {
                            MPI_STATUS_IGNORE));
         pp_wait_s += now_s() - t0;
     }
-    st->forward(st->ctx, mb, slot);
+    st->forward(st->ctx, c, mb, slot);
     if (++r->live > r->max_live) r->max_live = r->live;
     if (t < r->stages * r->v - 1) {
         MPI_CHECK(MPI_Isend(st->output(st->ctx, slot), (int)st->count, MPI_FLOAT,
@@ -128,7 +130,7 @@ static void do_forward(PpRun *r, int c, int mb) {
 
 static void do_backward(PpRun *r, int c, int mb) {
     const PpStage *st = r->st;
-    const int slot = r->base[c] + mb % r->per[c], t = c * r->stages + r->stage;
+    const int slot = r->set_of[c * r->m + mb], t = c * r->stages + r->stage;
     if (t < r->stages * r->v - 1) {
         double t0 = now_s();
         MPI_CHECK(MPI_Recv(st->grad_out(st->ctx), (int)st->count, MPI_FLOAT,
@@ -137,6 +139,7 @@ static void do_backward(PpRun *r, int c, int mb) {
         pp_wait_s += now_s() - t0;
     }
     st->backward(st->ctx, mb, slot);
+    r->busy[slot] = 0;
     r->live--;
     if (t > 0) {
         wait_req(&r->bwd_req[slot]);
@@ -154,11 +157,9 @@ void pp_run(PpSchedule s, int m, MPI_Comm comm, const PpStage *st, int *max_live
         MPI_CHECK(MPI_Comm_rank(comm, &r.stage));
         MPI_CHECK(MPI_Comm_size(comm, &r.stages));
     }
-    r.per = xmalloc((size_t)r.v * sizeof(int));
-    r.base = xmalloc(((size_t)r.v + 1) * sizeof(int));
-    const int sets = pp_chunk_slots(s, m, r.v, r.stage, r.stages, r.per);
-    r.base[0] = 0;
-    for (int c = 0; c < r.v; c++) r.base[c + 1] = r.base[c] + r.per[c];
+    const int sets = r.sets = pp_sets(s, m, r.v, r.stage, r.stages);
+    r.set_of = xmalloc((size_t)r.v * m * sizeof(int));
+    r.busy = xcalloc((size_t)sets, 1);
     r.fwd_req = xmalloc((size_t)sets * sizeof(MPI_Request));
     r.bwd_req = xmalloc((size_t)sets * sizeof(MPI_Request));
     r.bwd_buf = xcalloc((size_t)sets, sizeof(float *));
@@ -181,8 +182,8 @@ void pp_run(PpSchedule s, int m, MPI_Comm comm, const PpStage *st, int *max_live
     free(r.fwd_req);
     free(r.bwd_req);
     free(r.bwd_buf);
-    free(r.per);
-    free(r.base);
+    free(r.set_of);
+    free(r.busy);
     if (max_live) *max_live = r.max_live;
 }
 

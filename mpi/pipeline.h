@@ -35,18 +35,19 @@ typedef struct {
  * count. */
 int pp_order(PpSchedule s, int n_micro, int v, int stage, int stages, PpOp *ops);
 
-/* Activation sets each of the rank's v chunks needs (per_chunk[v], the most
- * of its micro-batches in flight at once; micro-batch mb takes set mb % n
- * of its chunk's n); returns their sum. */
-int pp_chunk_slots(PpSchedule s, int n_micro, int v, int stage, int stages, int *per_chunk);
+/* Activation sets the rank needs: the most micro-batches (of any of its v
+ * chunks) it has in flight at once under the schedule. A forward takes the
+ * lowest free set, for whichever chunk; its backward frees it. */
+int pp_sets(PpSchedule s, int n_micro, int v, int stage, int stages);
 
 typedef struct {
     void *ctx;
-    /* slot: the activation set, numbered over the chunks (chunk k's sets
-     * follow chunk k - 1's, pp_chunk_slots of each) */
-    void (*forward)(void *ctx, int mb, int slot);
+    /* the forward of micro-batch mb through the rank's chunk `chunk`, in
+     * activation set `slot` (which the backward then names) */
+    void (*forward)(void *ctx, int chunk, int mb, int slot);
     void (*backward)(void *ctx, int mb, int slot);
-    /* where slot's input goes before its forward (stages after the first) */
+    /* where slot's input goes before its forward (stages after the first;
+     * the same buffer whatever chunk the set is for) */
     float *(*input)(void *ctx, int slot);
     /* slot's output after its forward (stages before the last) */
     float *(*output)(void *ctx, int slot);

@@ -324,7 +324,6 @@ typedef struct {
     int maxB;
     ActSet *slots; /* (nslots) */
     int nslots;
-    int chunk_set[MODEL_MAX_CHUNKS + 1]; /* chunk k's sets are [chunk_set[k], chunk_set[k+1]) */
     ActSet *cur; /* the set forward and backward use: model_use_slot() */
     Scratch s;
     /* recompute != none: the buffers of a block that no set keeps, sized
@@ -461,16 +460,17 @@ void model_grad_sumsq(const Model *m, double split[2], double replicated[2]);
  * rank's shard); nr < 0: the whole buffer, as model_grad_sumsq. */
 void model_grad_sumsq_ranges(const Model *m, const size_t *lo, const size_t *hi, int nr,
                              double split[2], double replicated[2]);
-/* n activation sets (micro-batches in flight) for each chunk; all are
- * freed with the model. model_use_slot makes set k the one forward and
- * backward use (m->cur): chunk c's sets are k = chunk_set[c] .. chunk_set[c+1]
- * - 1, each laid out for its chunk's blocks. A forward runs the set's
+/* n activation sets (micro-batches in flight); all are freed with the
+ * model. Each is sized for the largest of the stage's chunks and laid out
+ * for one chunk at a time (chunk 0 at first). model_use_slot makes set k
+ * the one forward and backward use (m->cur); model_use_chunk the same,
+ * laying it out for chunk c first (only its pointers move: the set's own
+ * rows, enc among them, stay where they are). A forward runs the set's
  * chunk: the embedding before chunk 0 on the first stage, the head after
  * the last chunk on the last. */
 void model_set_slots(Model *m, int n);
-/* The same with per_chunk[k] sets for chunk k (interleaved 1F1B). */
-void model_set_chunk_slots(Model *m, const int *per_chunk);
 void model_use_slot(Model *m, int k);
+void model_use_chunk(Model *m, int k, int c);
 /* Whether the current set's forward begins with the embedding (chunk 0 of
  * the first stage), ends with the head (the last chunk of the last). */
 int model_set_embeds(const Model *m);

@@ -284,27 +284,38 @@ void model_units(const ModelDims *d, int maxB, ModelUnits *u) {
     }
 }
 
-void model_memory_units(const ModelUnits *u, const ModelDims *d, int slots, int optimizer,
-                        ModelMemory *mm) {
-    /* in a few operations: the planner measures thousands of stages */
-    size_t kinds[4] = {0, 0, 0, 0};
+/* The stage's blocks by kind (routed + 2 * MoE), in a few operations. */
+static void stage_kinds(const ModelDims *d, size_t kinds[4]) {
     int both = 0;
     const int moe = d->E > 0 ? model_stage_moe(d, &both) : 0, routed = model_stage_routed(d);
     kinds[3] = (size_t)both;
     kinds[2] = (size_t)(moe - both);
     kinds[1] = (size_t)(routed - both);
     kinds[0] = (size_t)(model_stage_blocks(d) - routed - moe + both);
-    size_t nparams = u->top_floats[model_first_stage(d)][model_last_stage(d)];
-    size_t set = u->set_bytes[model_last_stage(d)], work = 0;
-    for (int k = 0; k < (d->E > 0 ? 4 : 2); k++) {
+}
+
+void model_memory_units(const ModelUnits *u, const ModelDims *d, int slots, int optimizer,
+                        ModelMemory *mm) {
+    /* in a few operations: the planner measures thousands of stages */
+    size_t kinds[4];
+    stage_kinds(d, kinds);
+    const int nk = d->E > 0 ? 4 : 2;
+    size_t nparams = u->top_floats[model_first_stage(d)][model_last_stage(d)], work = 0;
+    for (int k = 0; k < nk; k++) {
         nparams = sat_add(nparams, sat_mul(kinds[k], u->block_floats[k]));
-        set = sat_add(set, sat_mul(kinds[k], u->block_acts[k]));
         if (kinds[k] > 0 && u->work_acts[k] > work) work = u->work_acts[k];
     }
-    /* a set holds one chunk's blocks: the stage's over its chunks (equal
-     * chunks of blocks; each set's own rows whole) */
-    if (d->nchunk > 1) set = u->set_bytes[model_last_stage(d)] +
-                             (set - u->set_bytes[model_last_stage(d)]) / (size_t)d->nchunk;
+    /* a set holds the largest chunk's blocks (the stage's, but under
+     * interleaving) */
+    size_t set = 0;
+    for (int c = 0; c < d->nchunk; c++) {
+        ModelDims one = *d;
+        one.nchunk = 1, one.c0[0] = d->c0[c], one.c1[0] = d->c1[c];
+        stage_kinds(&one, kinds);
+        size_t b = u->set_bytes[model_last_stage(d)];
+        for (int k = 0; k < nk; k++) b = sat_add(b, sat_mul(kinds[k], u->block_acts[k]));
+        set = b > set ? b : set;
+    }
     const size_t param_bytes = sat_mul(nparams, sizeof(float));
     memset(mm, 0, sizeof *mm);
     mm->params = param_bytes;
@@ -348,44 +359,38 @@ int model_memory_check(const ModelMemory *mm, size_t budget, int ranks, Err *err
                    mm->staging ? ", or save synchronously (ckpt_async 0)" : "");
 }
 
-static void actset_alloc(const Model *m, ActSet *s, int chunk) {
+/* Bytes a set takes for the largest of the stage's chunks. */
+static size_t actset_bytes(const Model *m) {
+    size_t most = 0;
+    for (int c = 0; c < m->d.nchunk; c++) {
+        ActSet probe = {.chunk = c};
+        const size_t b = actset_layout(m, &probe, NULL);
+        most = b > most ? b : most;
+    }
+    return most;
+}
+
+static void actset_alloc(const Model *m, ActSet *s) {
     memset(s, 0, sizeof *s);
-    s->chunk = chunk;
-    s->mem = xcalloc(1, actset_layout(m, s, NULL));
+    s->mem = xcalloc(1, actset_bytes(m));
     actset_layout(m, s, s->mem);
 }
 
-void model_set_chunk_slots(Model *m, const int *per_chunk) {
-    int n = 0, chunk[MODEL_MAX_CHUNKS + 1];
-    for (int c = 0; c < m->d.nchunk; c++) {
-        chunk[c] = n;
-        n += per_chunk[c];
-    }
-    chunk[m->d.nchunk] = n;
-    /* a set that keeps its index and chunk stays as it is */
-    ActSet *old = m->slots;
-    const int nold = m->nslots;
-    m->slots = xcalloc((size_t)n, sizeof(ActSet));
-    for (int c = 0; c < m->d.nchunk; c++)
-        for (int k = chunk[c]; k < chunk[c + 1]; k++) {
-            if (k < nold && old[k].chunk == c && old[k].mem) {
-                m->slots[k] = old[k];
-                old[k].mem = NULL;
-            } else {
-                actset_alloc(m, &m->slots[k], c);
-            }
-        }
-    for (int k = 0; k < nold; k++) free(old[k].mem);
-    free(old);
-    memcpy(m->chunk_set, chunk, sizeof chunk);
+void model_set_slots(Model *m, int n) {
+    for (int k = n; k < m->nslots; k++) free(m->slots[k].mem);
+    m->slots = xrealloc(m->slots, (size_t)n * sizeof(ActSet));
+    for (int k = m->nslots; k < n; k++) actset_alloc(m, &m->slots[k]);
     m->nslots = n;
     m->cur = &m->slots[0];
 }
 
-void model_set_slots(Model *m, int n) {
-    int per[MODEL_MAX_CHUNKS];
-    for (int c = 0; c < m->d.nchunk; c++) per[c] = n;
-    model_set_chunk_slots(m, per);
+void model_use_chunk(Model *m, int k, int c) {
+    ActSet *s = &m->slots[k];
+    if (s->chunk != c) {
+        s->chunk = c;
+        actset_layout(m, s, s->mem);
+    }
+    m->cur = s;
 }
 
 void model_use_slot(Model *m, int k) { m->cur = &m->slots[k]; }

@@ -218,11 +218,10 @@ static int plan_stages(const Config *cfg, const Cluster *cl, PlanRow *r, MicroTi
     if (rc == 0) model_units(&d, r->micro, &u);
     /* the data path's memory is every stage's alike: the spec parsed once */
     const size_t data_mem = ds_memory(cfg->train_data, r->micro * r->n_micro, T, 0);
-    int per_chunk[MODEL_MAX_CHUNKS];
     for (int s = 0; s < r->pp && rc == 0; s++) {
         if ((rc = model_dims_stage(&d, r->pp, r->vs, s, layers)) != 0) break;
         ModelMemory mm;
-        const int slots = pp_chunk_slots(sched, r->n_micro, r->vs, s, r->pp, per_chunk);
+        const int slots = pp_sets(sched, r->n_micro, r->vs, s, r->pp);
         model_memory_units(&u, &d, slots, 1, &mm);
         if (cfg->dp_overlap && r->dp > 1) { /* the collectives in flight: a chunk each */
             const size_t chunk = (size_t)DP_BUCKET * sizeof(float), grads = mm.grads;

@@ -165,7 +165,7 @@ double evaluate(Model *m, Dataset *ds, int part, int micro, size_t n_seqs, Route
         /* a pipeline runs the forward stage after stage, round the ranks
          * once per chunk (interleaved); the last has the loss */
         for (int c = 0; c < m->d.nchunk; c++) {
-            model_use_slot(m, m->chunk_set[c]);
+            model_use_chunk(m, 0, c);
             if (pp > 1 && !model_set_embeds(m))
                 pp_recv_prev(m->cur->enc, count, PP_TAG_EVAL, m->pp_comm);
             if (backward) model_expect_backward(m, (float)(1.0 / tokens));

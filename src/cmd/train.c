@@ -555,8 +555,7 @@ static int run_setup_model(Run *r) {
     if (rc == 0) rc = model_dims_stage(&d, g->pp, vs, g->pp_rank, layers);
     free(layers);
     if (rc != 0) return -1; /* config_validate checked the split: not reached */
-    int per_chunk[MODEL_MAX_CHUNKS];
-    const int slots = pp_chunk_slots(r->sched, r->n_micro, vs, g->pp_rank, g->pp, per_chunk);
+    const int slots = pp_sets(r->sched, r->n_micro, vs, g->pp_rank, g->pp);
     Err err;
     model_memory(&d, r->micro, slots, 1, &r->mem);
     if (c->zero && g->dp > 1) { /* ZeRO-1: about a dp rank's share (set exactly below) */
@@ -583,7 +582,7 @@ static int run_setup_model(Run *r) {
     r->m.ep = (EpGroup){g->ep_comm, g->ep, g->ep_rank};
     r->m.moe_aux_weight = (float)c->moe_aux_weight;
     r->m.pp_comm = g->pp > 1 ? g->pp_comm : MPI_COMM_NULL;
-    model_set_chunk_slots(&r->m, per_chunk);
+    model_set_slots(&r->m, slots);
     r->m.check_routing = c->debug_checks;
     if (g->dp > 1 && model_first_stage(&d)) { /* a step's tokens: at most as many rows */
         const size_t tokens = (size_t)r->local_batch * r->T;
@@ -854,13 +853,13 @@ static void run_teardown(Run *r) {
 
 /* ------------------------------------------------------------------- step */
 
-static void step_forward(void *p, int mb, int slot) {
+static void step_forward(void *p, int chunk, int mb, int slot) {
     StepCtx *c = p;
     Run *r = c->r;
     const int T = r->T;
     const double t0 = now_s(), tp0 = tp_time_s + ep_time_s;
     const size_t at = (size_t)mb * r->micro * T;
-    model_use_slot(&r->m, slot);
+    model_use_chunk(&r->m, slot, chunk);
     fault_phase("forward");
     /* step_backward follows with this dloss: the head does its backward in
      * the forward, without the logits' product a second time */

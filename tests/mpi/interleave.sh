@@ -5,7 +5,8 @@
 # - dense and MoD, (pp 2, v 2), (pp 2, v 4) and (pp 4, v 2) train bit for
 #   bit as plain 1F1B at the same pp (every loss, val_loss and the
 #   checkpoints); so do (pp 2, v 2) with tp 2, with dp 2 (the overlapped
-#   reduction), with zero 1, and with recompute = block;
+#   reduction), with zero 1, with recompute = block, with chunks of
+#   unequal size (7 blocks; stage_layers 1,3,3,1);
 # - a rank holds at most (pp - s - 1) * 2 + (v - 1) * pp + 1 micro-batch
 #   chunks of activations (Megatron's warm-up and one more);
 # - checkpoints reshard: step 6 of (pp 2, v 2) loads exactly under pp 1 and
@@ -68,6 +69,14 @@ for lay in "tp 2" "dp 2" "zero 1" "recompute block"; do
     train "v2-$key" $np $args --virtual_stages 2
     check "plain-$key" "v2-$key" "mod (pp 2, v 2, $key $val)"
 done
+
+# chunks of unequal size share the sets: 7 blocks (2, 2, 2, 1), and
+# stage_layers' counts per virtual stage
+train dense-l7 2 --pp 2 --n_layer 7
+train dense-l7-v2 2 --pp 2 --n_layer 7 --virtual_stages 2
+check dense-l7 dense-l7-v2 "dense, 7 blocks (pp 2, v 2)"
+train dense-pp2-v2-uneven 2 --pp 2 --virtual_stages 2 --stage_layers 1,3,3,1
+check dense-pp2 dense-pp2-v2-uneven "dense (pp 2, v 2), stage_layers 1,3,3,1"
 
 # resharding: (pp 2, v 2) -> pp 1 and (pp 4, v 2); plain pp 4 -> (pp 2, v 2)
 reshard() { # FROM NP NAME ARGS...: loaded and saved at once, then on to step 12

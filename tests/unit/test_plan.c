@@ -175,7 +175,7 @@ static void test_units_match_registry(void) {
  * costs tf / v and its backward tb / v. Every schedule completes (no rank
  * waits for an operation that never comes), each chunk runs each
  * micro-batch forward then backward once, in micro-batch order, with at
- * most pp_chunk_slots of them in flight; virtual stages take the blocks in
+ * most pp_sets of them in flight, reached; virtual stages take the blocks in
  * order, every block once; the bubble (idle over the step) is within 2
  * points of (p - 1) / (v m + p - 1), and exact for plain 1F1B. */
 static double simulate(int p, int v, int m, double tf, double tb) {
@@ -183,14 +183,14 @@ static double simulate(int p, int v, int m, double tf, double tb) {
     static PpOp ops[MAXP][2 * MAXM * MAXV];
     static double fdone[MAXP * MAXV][MAXM], bdone[MAXP * MAXV][MAXM];
     int n[MAXP], pos[MAXP] = {0}, left = 0, next_f[MAXP][MAXV] = {{0}}, next_b[MAXP][MAXV] = {{0}};
-    int live[MAXP][MAXV] = {{0}}, per[MAXP][MAXV];
+    int live[MAXP] = {0}, most[MAXP] = {0}, sets[MAXP];
     double clock[MAXP] = {0};
     for (int t = 0; t < p * v; t++)
         for (int mb = 0; mb < m; mb++) fdone[t][mb] = bdone[t][mb] = -1;
     for (int r = 0; r < p; r++) {
         n[r] = pp_order(PP_1F1B, m, v, r, p, ops[r]);
         CU_ASSERT_EQUAL(n[r], 2 * m * v);
-        pp_chunk_slots(PP_1F1B, m, v, r, p, per[r]);
+        sets[r] = pp_sets(PP_1F1B, m, v, r, p);
         left += n[r];
     }
     while (left > 0) {
@@ -207,8 +207,8 @@ static double simulate(int p, int v, int m, double tf, double tb) {
                 int *next = o.fwd ? &next_f[r][o.chunk] : &next_b[r][o.chunk];
                 CU_ASSERT_EQUAL(o.mb, *next); /* in micro-batch order */
                 (*next)++;
-                live[r][o.chunk] += o.fwd ? 1 : -1;
-                CU_ASSERT(live[r][o.chunk] >= 0 && live[r][o.chunk] <= per[r][o.chunk]);
+                live[r] += o.fwd ? 1 : -1;
+                if (live[r] > most[r]) most[r] = live[r];
                 clock[r] = (clock[r] > in ? clock[r] : in) + (o.fwd ? tf : tb) / v;
                 (o.fwd ? fdone : bdone)[t][o.mb] = clock[r];
                 pos[r]++, left--, moved = 1;
@@ -219,7 +219,13 @@ static double simulate(int p, int v, int m, double tf, double tb) {
         }
     }
     double span = 0;
-    for (int r = 0; r < p; r++) span = clock[r] > span ? clock[r] : span;
+    for (int r = 0; r < p; r++) {
+        span = clock[r] > span ? clock[r] : span;
+        CU_ASSERT(live[r] == 0 && most[r] == sets[r]);
+        /* Megatron's warm-up and one more; plain 1F1B's pp - r */
+        const int want = v == 1 ? p - r : (p - r - 1) * 2 + (v - 1) * p + 1;
+        CU_ASSERT_EQUAL(sets[r], want < m * v ? want : m * v);
+    }
     return 1 - m * (tf + tb) / span; /* every rank computes m (tf + tb) */
 }
 
@@ -361,7 +367,7 @@ static void test_moe_flops(void) {
 /* Interleaved 1F1B in the plan: at pp 2 over 4 micro-batches, v = 2 halves
  * the fill and drain (the same blocks a rank, in two chunks), crosses three
  * boundaries a micro-batch on each rank where plain 1F1B crosses one, and
- * keeps the sets pp_chunk_slots counts, each of a chunk's blocks; gpipe,
+ * keeps the sets pp_sets counts, each of a chunk's blocks; gpipe,
  * and micro-batches that are not a multiple of pp, are refused. */
 static void test_interleaved(void) {
     Config c = small();
@@ -381,11 +387,9 @@ static void test_interleaved(void) {
     CU_ASSERT_DOUBLE_EQUAL(two.t_compute, one.t_compute, 1e-12);
     CU_ASSERT_DOUBLE_EQUAL(two.pp_bytes, 3 * one.pp_bytes, 1e-6);
     CU_ASSERT_DOUBLE_EQUAL(two.t_pp, 3 * one.t_pp, 1e-12 + 1e-9 * two.t_pp);
-    /* rank 0 has at most 5 chunks of micro-batches in flight, 4 of chunk
-     * 0 and 2 of chunk 1 at most: 6 sets of 1 block against 2 of 2 */
-    int per[2];
-    CU_ASSERT_EQUAL(pp_chunk_slots(PP_1F1B, 4, 2, 0, 2, per), 6);
-    CU_ASSERT(per[0] == 4 && per[1] == 2);
+    /* rank 0 has at most 5 chunks of micro-batches in flight: 5 sets of
+     * a block (and a set's own rows) against 2 sets of 2 blocks */
+    CU_ASSERT_EQUAL(pp_sets(PP_1F1B, 4, 2, 0, 2), 5);
     CU_ASSERT(two.mem.acts > one.mem.acts);
     /* pp 1: no interleaving to do */
     CU_ASSERT_EQUAL_FATAL(plan_layout(&c, &cl, 1, 1, 2, &one, NULL, NULL), 0);
