@@ -23,6 +23,9 @@
 #             pp2v1    pp 2, plain 1F1B, 8 micro-batches a step (a quarter
 #                      of the shape's micro-batch)
 #             pp2v2    the same interleaved: virtual_stages 2
+#             GPT-2's head (V x C) costs 5.5 of its blocks, so its pipelines
+#             balance the ranks by stage_layers: 9 blocks against 3 and the
+#             head (v 1: 9,3; v 2: 5,2,4,1); d256's head is small: balanced
 # Beside them: the backward's time a step (what an overlap can hide behind),
 # and each rank's peak RSS (/usr/bin/time), the larger of the two.
 # The qdisc is removed on every exit path, and one left by a killed run is
@@ -67,12 +70,13 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/modtrain-bench.XXXXXX")
 trap 'unthrottle; rm -rf "$tmp"' EXIT
 trap 'exit 130' INT TERM # through the EXIT trap
 
-shape() { # NAME: sets model, and pp_micro (a pipeline's micro-batch: 8 a step)
+shape() { # NAME: sets model, pp_micro (a pipeline's micro-batch: 8 a step) and
+          # pp_layers1, pp_layers2 (its stage_layers at v 1 and 2)
     case $1 in
     d256) model="--vocab_size 256 --d_model 256 --n_head 8 --n_layer 4 --seq_len 256 --batch_size 16 --micro_batch 8"
-          pp_micro=2 ;;
+          pp_micro=2 pp_layers1="" pp_layers2="" ;;
     gpt2) model="--vocab_size 50257 --d_model 768 --n_head 12 --n_layer 12 --seq_len 256 --batch_size 8 --micro_batch 4"
-          pp_micro=1 ;;
+          pp_micro=1 pp_layers1=9,3 pp_layers2=5,2,4,1 ;;
     *) die "unknown shape '$1' (d256 or gpt2)" ;;
     esac
 }
@@ -85,6 +89,8 @@ variant() { # NAME: sets keys, and ideal (the bubble's, or -)
     zero1) keys="--dp_overlap 1 --zero 1 ${bucket_mb:+--dp_bucket_mb $bucket_mb}" ;;
     pp2v[12]) # 8 micro-batches over 2 stages: (2 - 1) / (8 v + 1)
         keys="--pp 2 --virtual_stages ${1#pp2v} --micro_batch $pp_micro"
+        lay=pp_layers${1#pp2v}
+        [ -z "${!lay}" ] || keys="$keys --stage_layers ${!lay}"
         ideal=$(awk -v v="${1#pp2v}" 'BEGIN { printf "%.1f", 100 / (8 * v + 1) }') ;;
     *) die "unknown variant '$1' (after, overlap, zero1, pp2v1 or pp2v2)" ;;
     esac
