@@ -700,8 +700,10 @@ static void run_banner(const Run *r) {
         snprintf(how, sizeof how, " (%s's gflops_per_core x %d threads)", c->calibration,
                  r->threads);
     else snprintf(how, sizeof how, " (measured on rank 0)");
-    char ep[32] = "";
+    char ep[64] = "";
     if (r->grid.ep > 1) snprintf(ep, sizeof ep, " ep=%d", r->grid.ep);
+    if (c->virtual_stages > 1) /* interleaved 1F1B */
+        snprintf(ep + strlen(ep), sizeof ep - strlen(ep), " (%d chunks a rank)", c->virtual_stages);
     log0("layout dp=%d tp=%d pp=%d%s | %d thread%s a rank | BLIS %s kernels | "
          "sgemm peak %.1f GFLOP/s%s, %.1f over the job\n",
          r->grid.dp, r->grid.tp, r->grid.pp, ep, r->threads, r->threads == 1 ? "" : "s",

@@ -51,6 +51,8 @@ for model in $models; do
             name="$model-pp$pp-v$v"
             train "$name" $pp --pp $pp --virtual_stages $v $extra
             check "$model-pp$pp" "$name" "$model (pp $pp, virtual_stages $v)"
+            grep -q "^layout dp=1 tp=1 pp=$pp ($v chunks a rank)" "$name.log" ||
+                fail "$name: the banner does not say the pipeline is interleaved"
             bound=$(((pp - 1) * 2 + (v - 1) * pp + 1))
             l=$(live "$name")
             [ "$l" -le "$bound" ] && [ "$l" -gt "$(live "$model-pp$pp")" ] &&
