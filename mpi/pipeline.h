@@ -11,7 +11,8 @@
  * blocks, rank s's chunk k being virtual stage k * p + s of p * v. A
  * micro-batch goes around the ranks v times (rank p - 1's chunk k hands on
  * to rank 0's chunk k + 1), and the bubble shrinks from (p - 1) / (m + p - 1)
- * to (p - 1) / (v * m + p - 1) of the step, for v times the messages. Each
+ * to (p - 1) / (v * m + p - 1) of the step, for more messages (p v - 1
+ * boundaries a micro-batch crosses each way, against p - 1). Each
  * chunk's forwards and backwards still run in micro-batch order, so every
  * gradient sums in the same order as under plain 1F1B.
  */
