@@ -32,6 +32,15 @@ void pp_send_next(const float *buf, size_t n, int tag, MPI_Comm comm) {
     MPI_CHECK(MPI_Send(buf, (int)n, MPI_FLOAT, stage_after(comm, 1), tag, comm));
 }
 
+/* 1F1B's warm-up: the forwards before the first backward (Megatron's
+ * count under interleaving), at most all of them. */
+static long long warmup(int m, int v, int stage, int stages) {
+    const long long total = (long long)m * v;
+    const long long warm = v == 1 ? stages - stage - 1
+                                  : (stages - stage - 1) * 2LL + (v - 1LL) * stages;
+    return warm < total ? warm : total;
+}
+
 int pp_order(PpSchedule s, int m, int v, int stage, int stages, PpOp *ops) {
     int n = 0;
     if (v < 1) v = 1;
@@ -49,8 +58,7 @@ int pp_order(PpSchedule s, int m, int v, int stage, int stages, PpOp *ops) {
     }
     /* warm up with the forwards that reach the last stage's first backward,
      * then one forward and one backward in turn, then drain */
-    int warm = v == 1 ? stages - stage - 1 : (stages - stage - 1) * 2 + (v - 1) * stages;
-    if (warm > total) warm = total;
+    const int warm = (int)warmup(m, v, stage, stages);
     for (int k = 0; k < warm; k++) OP(1, k);
     for (int i = 0; i < total - warm; i++) {
         OP(1, warm + i);
@@ -62,16 +70,11 @@ int pp_order(PpSchedule s, int m, int v, int stage, int stages, PpOp *ops) {
 }
 
 int pp_sets(PpSchedule s, int m, int v, int stage, int stages) {
+    /* GPipe: every forward before any backward; 1F1B: the warm-up, then
+     * one more before each backward (test_plan checks it on pp_order) */
     if (v < 1) v = 1;
-    PpOp *ops = xmalloc(2 * (size_t)m * v * sizeof(PpOp));
-    const int n = pp_order(s, m, v, stage, stages, ops);
-    int live = 0, most = 0;
-    for (int i = 0; i < n; i++) {
-        live += ops[i].fwd ? 1 : -1;
-        if (live > most) most = live;
-    }
-    free(ops);
-    return most;
+    const long long total = (long long)m * v, warm = warmup(m, v, stage, stages);
+    return (int)(s == PP_GPIPE || warm + 1 > total ? total : warm + 1);
 }
 
 int pp_slots(PpSchedule s, int n_micro, int stage, int stages) {

@@ -56,24 +56,48 @@ void model_dims_whole(ModelDims *d) {
     d->c0[0] = 0, d->c1[0] = d->L;
 }
 
-int model_dims_stage(ModelDims *d, int pp, int vs, int pp_rank, const int *layers) {
+int model_stage_starts(const ModelDims *d, int pp, int vs, const int *layers, int *starts) {
     if (vs < 1 || vs > MODEL_MAX_CHUNKS || pp < 1) return -1;
     const int nv = pp * vs;
-    int l0 = 0;
-    for (int s = 0; s < nv; s++) { /* virtual stage s = chunk * pp + rank */
-        const int n = layers ? layers[s] : d->L / nv + (s < d->L % nv);
-        if (n < 1) return -1;
-        if (s % pp == pp_rank) {
-            d->c0[s / pp] = l0;
-            d->c1[s / pp] = l0 + n;
-        }
-        l0 += n;
+    starts[0] = 0;
+    for (int t = 0; t < nv; t++) { /* virtual stage t = chunk * pp + rank */
+        const int n = layers ? layers[t] : d->L / nv + (t < d->L % nv);
+        if (n < 1 || n > d->L - starts[t]) return -1;
+        starts[t + 1] = starts[t] + n;
     }
-    if (l0 != d->L) return -1;
+    return starts[nv] == d->L ? 0 : -1;
+}
+
+void model_dims_stage_at(ModelDims *d, int pp, int vs, int pp_rank, const int *starts) {
+    for (int k = 0; k < vs; k++) {
+        d->c0[k] = starts[k * pp + pp_rank];
+        d->c1[k] = starts[k * pp + pp_rank + 1];
+    }
     d->pp = pp;
     d->pp_rank = pp_rank;
     d->nchunk = vs;
-    return 0;
+}
+
+int model_dims_stage(ModelDims *d, int pp, int vs, int pp_rank, const int *layers) {
+    if (vs < 1 || vs > MODEL_MAX_CHUNKS || pp < 1) return -1;
+    int *starts = xmalloc(((size_t)pp * vs + 1) * sizeof(int));
+    const int rc = model_stage_starts(d, pp, vs, layers, starts);
+    if (rc == 0) model_dims_stage_at(d, pp, vs, pp_rank, starts);
+    free(starts);
+    return rc;
+}
+
+/* The first block at or after l this rank holds, or L: a loop over the
+ * held blocks costs their count, not L (the planner measures stages of
+ * models of thousands of blocks). */
+static int next_held(const ModelDims *d, int l) {
+    int best = d->L;
+    for (int k = 0; k < d->nchunk; k++)
+        if (d->c1[k] > l) {
+            const int at = d->c0[k] > l ? d->c0[k] : l;
+            best = at < best ? at : best;
+        }
+    return best;
 }
 
 int model_holds(const ModelDims *d, int l) {
@@ -223,8 +247,8 @@ static void expert_rows(RegBuilder *rb) {
     const int C = d->C, F = d->Fe;
     char n[48];
 #define EXP(f) offsetof(ExpertParams, f)
-    for (int l = 0; l < d->L; l++) {
-        if (!model_is_moe(d, l) || !model_holds(d, l)) continue;
+    for (int l = next_held(d, 0); l < d->L; l = next_held(d, l + 1)) {
+        if (!model_is_moe(d, l)) continue;
         /* measured: one expert's rows stand for all El (the planner measures
          * thousands of stages, and n_expert goes to 4096) */
         const int n_ex = rb->measure && d->El > 0 ? 1 : d->El;
@@ -261,8 +285,7 @@ void model_build_registry(Model *m, int measure) {
     }
     if (model_first_stage(d))
         reg_add(&rb, -1, TOP(wpe), "wpe.weight", 2, d->maxT, C, -1, 1, INIT_NORMAL);
-    for (int l = 0; l < d->L; l++) {
-        if (!model_holds(d, l)) continue;
+    for (int l = next_held(d, 0); l < d->L; l = next_held(d, l + 1)) {
         reg_add(&rb, l, BLK(ln1w), "ln_1.weight", 1, C, 0, -1, 1, INIT_ONE);
         reg_add(&rb, l, BLK(ln1b), "ln_1.bias", 1, C, 0, -1, 1, INIT_ZERO);
         reg_add(&rb, l, BLK(qkvw), "attn.c_attn.weight", 2, C, 3 * C, 1, 3, INIT_NORMAL);
@@ -344,8 +367,8 @@ void model_init(Model *m, const ModelDims *d, int maxB, const TpGroup *tp) {
     m->grads = xcalloc(m->nparams, sizeof(float));
     m->P.h = xcalloc((size_t)d->L, sizeof(BlockParams));
     m->G.h = xcalloc((size_t)d->L, sizeof(BlockParams));
-    for (int l = 0; l < d->L; l++)
-        if (model_is_moe(d, l) && model_holds(d, l)) {
+    for (int l = next_held(d, 0); l < d->L; l = next_held(d, l + 1))
+        if (model_is_moe(d, l)) {
             m->P.h[l].ex = xcalloc((size_t)d->El, sizeof(ExpertParams));
             m->G.h[l].ex = xcalloc((size_t)d->El, sizeof(ExpertParams));
         }

@@ -96,6 +96,11 @@ int model_expert_capacity(const ModelDims *d, int N);
  * first ones one more when L % (pp * vs)). Returns 0, or -1 when a virtual
  * stage would hold no block or vs is out of [1, MODEL_MAX_CHUNKS]. */
 int model_dims_stage(ModelDims *d, int pp, int vs, int pp_rank, const int *layers);
+/* The same in two parts, for the planner's every stage in O(pp vs): the
+ * first block of each virtual stage into starts[0 .. pp * vs] (the last
+ * L; returns 0, or -1 as above), then a rank's stage from them in O(vs). */
+int model_stage_starts(const ModelDims *d, int pp, int vs, const int *layers, int *starts);
+void model_dims_stage_at(ModelDims *d, int pp, int vs, int pp_rank, const int *starts);
 /* Makes d the whole model: one stage, one chunk of every block. */
 void model_dims_whole(ModelDims *d);
 static inline int model_first_stage(const ModelDims *d) { return d->pp_rank == 0; }

@@ -218,8 +218,10 @@ static int plan_stages(const Config *cfg, const Cluster *cl, PlanRow *r, MicroTi
     if (rc == 0) model_units(&d, r->micro, &u);
     /* the data path's memory is every stage's alike: the spec parsed once */
     const size_t data_mem = ds_memory(cfg->train_data, r->micro * r->n_micro, T, 0);
+    int *starts = xmalloc(((size_t)r->pp * r->vs + 1) * sizeof(int));
+    if (rc == 0) rc = model_stage_starts(&d, r->pp, r->vs, layers, starts);
     for (int s = 0; s < r->pp && rc == 0; s++) {
-        if ((rc = model_dims_stage(&d, r->pp, r->vs, s, layers)) != 0) break;
+        model_dims_stage_at(&d, r->pp, r->vs, s, starts);
         ModelMemory mm;
         const int slots = pp_sets(sched, r->n_micro, r->vs, s, r->pp);
         model_memory_units(&u, &d, slots, 1, &mm);
@@ -251,6 +253,7 @@ static int plan_stages(const Config *cfg, const Cluster *cl, PlanRow *r, MicroTi
         stage_dp(r, &d, &mm, s, T);
     }
     slow->all = all;
+    free(starts);
     free(layers);
     return rc;
 }
