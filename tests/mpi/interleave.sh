@@ -6,7 +6,7 @@
 #   bit as plain 1F1B at the same pp (every loss, val_loss and the
 #   checkpoints); so do (pp 2, v 2) with tp 2, with dp 2 (the overlapped
 #   reduction), with zero 1, with recompute = block, with chunks of
-#   unequal size (7 blocks; stage_layers 1,3,3,1);
+#   unequal size (7 blocks; stage_layers 1,3,3,1); MoDE at ep 2 x dp 2;
 # - a rank holds at most (pp - s - 1) * 2 + (v - 1) * pp + 1 micro-batch
 #   chunks of activations (Megatron's warm-up and one more);
 # - checkpoints reshard: step 6 of (pp 2, v 2) loads exactly under pp 1 and
@@ -75,6 +75,13 @@ for lay in "tp 2" "dp 2" "zero 1" "recompute block"; do
     train "v2-$key" $np $args --virtual_stages 2
     check "plain-$key" "v2-$key" "mod (pp 2, v 2, $key $val)"
 done
+
+# MoDE (MoE blocks beside routed ones) under ep 2 x dp 2: every rank of an
+# expert group runs the same chunks' blocks in the same order
+moe="--n_expert 4 --ep 2 --moe_every 2 --route_every 2 --capacity 0.5"
+train mode-pp2 4 --pp 2 $moe
+train mode-pp2-v2 4 --pp 2 --virtual_stages 2 $moe
+check mode-pp2 mode-pp2-v2 "MoDE (pp 2, v 2, ep 2 x dp 2)"
 
 # chunks of unequal size share the sets: 7 blocks (2, 2, 2, 1), and
 # stage_layers' counts per virtual stage
