@@ -7,8 +7,11 @@
  * gradients live only in one tile per thread. The forward keeps an online
  * softmax (a running maximum and sum per row, the output rescaled as they
  * grow) and leaves each row's log-sum-exp; the backward recomputes a tile's
- * probabilities from it. Tiles above the causal diagonal are never formed.
- * Heads run one per OpenMP thread, each product on single-threaded BLIS.
+ * probabilities from it. Tiles above the causal diagonal are never formed,
+ * and inside a diagonal tile the products skip the micro-tiles and k ranges
+ * the causal mask makes zero. Heads run one per OpenMP thread, each tile
+ * product on BLIS's micro-kernel (mm_tile: heads of 32 make products too
+ * small for a whole sgemm call).
  *
  * The earlier kernels, which keep the probabilities, stay as the tests'
  * reference, with a slow, obvious one in double beside them.
@@ -50,53 +53,6 @@ VEC_IMPL softmax_causal_row_backward_impl(float *drow, const float *prow, int t,
 VEC_DISPATCH(softmax_causal_row_backward,
              (float *drow, const float *prow, int t, int T, float scale),
              (drow, prow, t, T, scale))
-
-/* C(M,N) = alpha * op(A) @ B + beta * C in plain vectorised loops: each row
- * of C a sum of B's rows (contiguous, ldb apart) scaled by op(A)'s
- * entries, in k order. */
-VEC_IMPL small_mm_impl(int ta, int M, int N, int K, float alpha, const float *A, int lda,
-                       const float *B, int ldb, float beta, float *C, int ldc) {
-    for (int i = 0; i < M; i++) {
-        float *c = C + (size_t)i * ldc;
-        if (beta == 0.f)
-            for (int j = 0; j < N; j++) c[j] = 0.f;
-        else if (beta != 1.f)
-            for (int j = 0; j < N; j++) c[j] *= beta;
-        for (int k = 0; k < K; k++) {
-            const float a = alpha * (ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k]);
-            const float *b = B + (size_t)k * ldb;
-#pragma omp simd
-            for (int j = 0; j < N; j++) c[j] += a * b[j];
-        }
-    }
-}
-VEC_DISPATCH(small_mm,
-             (int ta, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
-              int ldb, float beta, float *C, int ldc),
-             (ta, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))
-
-/* A tile's product (mm1's arguments). Short sequences make small tiles
- * (a routed block sees its k tokens: 32 of 256 at capacity 1/8), where
- * BLIS's cost a call (packing, its control tree) outweighs the work: those
- * run small_mm, B transposed first when tb. SMALL_TILE (M N K) and
- * SMALL_BT (B's floats) came from tests/bench/attn_bench. */
-#define SMALL_TILE (32 * 32 * 64)
-#define SMALL_BT (64 * 128)
-static void tile_mm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
-                    const float *B, int ldb, float beta, float *C, int ldc) {
-    if ((size_t)M * N * K > SMALL_TILE || (size_t)N * K > SMALL_BT) {
-        mm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
-    float bt[SMALL_BT];
-    if (tb) {
-        for (int k = 0; k < K; k++)
-            for (int j = 0; j < N; j++) bt[(size_t)k * N + j] = B[(size_t)j * ldb + k];
-        B = bt;
-        ldb = N;
-    }
-    small_mm(ta, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
 
 /* A per-thread buffer kept between calls (a fresh T*T allocation per call
  * cost page faults on every step). */
@@ -237,11 +193,11 @@ void attention_decode(float *out, float *p, const float *q, const float *kc, con
 /* A query tile of br rows meets key tiles [c0, c0 + bc) up to its last
  * row, so the tile above the diagonal is never formed. bc is a multiple of
  * br: every row of a query tile reaches into every key tile it meets.
- * Larger tiles pay BLIS's cost a call over more work but form more of the
- * diagonal tile's upper triangle. Measured by tests/bench/attn_bench at
- * GPT-2 small's heads against the kept kernels' time: 128 x 256 gives 1.02
- * at T 256 (64 x 256: 1.10), 256 x 512 gives 0.94 at T 1024 (64 x 256:
- * 1.10). */
+ * The shapes were chosen when each tile product was a whole sgemm call
+ * (128 x 256 gave 1.02 of the kept kernels' time at T 256, 64 x 256 1.10;
+ * 256 x 512 gave 0.94 at T 1024). On the micro-kernel (mm_tile), which
+ * skips the diagonal tile's upper triangle, 64 x 256 measured the same as
+ * 128 x 256 within this VM's noise (tests/bench/attn_bench). */
 #define ATT_BR_MAX 256
 #define ATT_BC_MAX 512
 
@@ -292,8 +248,8 @@ static void attention_head_forward(float *y, float *lse, const float *q, const f
         for (int i = 0; i < rb; i++) mx[i] = -INFINITY, sum[i] = 0.f;
         for (int c0 = 0; c0 < r1; c0 += bc) {
             const int cb = (c0 + bc < r1 ? c0 + bc : r1) - c0;
-            tile_mm(0, 1, rb, cb, hs, scale, q + (size_t)r0 * C3, C3, k + (size_t)c0 * C3, C3, 0.f,
-                s, bc);
+            mm_tile(0, 1, rb, cb, hs, scale, q + (size_t)r0 * C3, C3, k + (size_t)c0 * C3, C3, 0.f,
+                s, bc, MASK_BELOW, r0 - c0);
             for (int i = 0; i < rb; i++) {
                 const int n = r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb;
                 float shrink;
@@ -301,8 +257,8 @@ static void attention_head_forward(float *y, float *lse, const float *q, const f
                 if (c0 > 0)
                     for (int j = 0; j < hs; j++) yr[(size_t)i * C + j] *= shrink;
             }
-            tile_mm(0, 0, rb, hs, cb, 1.f, s, bc, v + (size_t)c0 * C3, C3, c0 > 0 ? 1.f : 0.f, yr,
-                C);
+            mm_tile(0, 0, rb, hs, cb, 1.f, s, bc, v + (size_t)c0 * C3, C3, c0 > 0 ? 1.f : 0.f, yr,
+                C, MASK_K_UPTO, r0 - c0);
         }
         for (int i = 0; i < rb; i++) {
             const float inv = 1.f / sum[i];
@@ -337,12 +293,14 @@ VEC_IMPL tile_probs_row_impl(float *row, int n, int cb, float lse) {
     for (int j = n; j < cb; j++) row[j] = 0.f;
 }
 VEC_DISPATCH(tile_probs_row, (float *row, int n, int cb, float lse), (row, n, cb, lse))
-VEC_IMPL tile_dscores_row_impl(float *drow, const float *prow, int cb, float D, float scale) {
+VEC_IMPL tile_dscores_row_impl(float *drow, const float *prow, int n, int cb, float D,
+                               float scale) {
 #pragma omp simd
-    for (int j = 0; j < cb; j++) drow[j] = prow[j] * (drow[j] - D) * scale;
+    for (int j = 0; j < n; j++) drow[j] = prow[j] * (drow[j] - D) * scale;
+    for (int j = n; j < cb; j++) drow[j] = 0.f;
 }
-VEC_DISPATCH(tile_dscores_row, (float *drow, const float *prow, int cb, float D, float scale),
-             (drow, prow, cb, D, scale))
+VEC_DISPATCH(tile_dscores_row, (float *drow, const float *prow, int n, int cb, float D, float scale),
+             (drow, prow, n, cb, D, scale))
 
 /* The operands of one head of one sequence in the backward. */
 typedef struct {
@@ -373,18 +331,23 @@ static void attention_head_backward(const HeadGrad *a, float *s, float *dp) {
         for (int c0 = 0; c0 < r1; c0 += bc) {
             const int cb = (c0 + bc < r1 ? c0 + bc : r1) - c0;
             const float *kc = a->k + (size_t)c0 * C3, *vc = a->v + (size_t)c0 * C3;
-            tile_mm(0, 1, rb, cb, hs, scale, qr, C3, kc, C3, 0.f, s, bc); /* S */
+            const int d = r0 - c0;
+            mm_tile(0, 1, rb, cb, hs, scale, qr, C3, kc, C3, 0.f, s, bc, MASK_BELOW, d); /* S */
             for (int i = 0; i < rb; i++) {
                 const int n = r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb;
                 tile_probs_row(s + (size_t)i * bc, n, cb, a->lse[r0 + i]);
             }
-            tile_mm(1, 0, cb, hs, rb, 1.f, s, bc, dyr, C, 1.f, a->dv + (size_t)c0 * C3, C3);
-            tile_mm(0, 1, rb, cb, hs, 1.f, dyr, C, vc, C3, 0.f, dp, bc); /* dP = dY @ V^T */
-            for (int i = 0; i < rb; i++)
-                tile_dscores_row(dp + (size_t)i * bc, s + (size_t)i * bc, cb, D[i], scale);
-            tile_mm(0, 0, rb, hs, cb, 1.f, dp, bc, kc, C3, c0 > 0 ? 1.f : 0.f,
-                a->dq + (size_t)r0 * C3, C3);
-            tile_mm(1, 0, cb, hs, rb, 1.f, dp, bc, qr, C3, 1.f, a->dk + (size_t)c0 * C3, C3);
+            mm_tile(1, 0, cb, hs, rb, 1.f, s, bc, dyr, C, 1.f, a->dv + (size_t)c0 * C3, C3,
+                MASK_K_FROM, d); /* dV += P^T @ dY */
+            mm_tile(0, 1, rb, cb, hs, 1.f, dyr, C, vc, C3, 0.f, dp, bc, MASK_BELOW, d); /* dP */
+            for (int i = 0; i < rb; i++) {
+                const int n = r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb;
+                tile_dscores_row(dp + (size_t)i * bc, s + (size_t)i * bc, n, cb, D[i], scale);
+            }
+            mm_tile(0, 0, rb, hs, cb, 1.f, dp, bc, kc, C3, c0 > 0 ? 1.f : 0.f,
+                a->dq + (size_t)r0 * C3, C3, MASK_K_UPTO, d); /* dQ += dS @ K */
+            mm_tile(1, 0, cb, hs, rb, 1.f, dp, bc, qr, C3, 1.f, a->dk + (size_t)c0 * C3, C3,
+                MASK_K_FROM, d); /* dK += dS^T @ Q */
         }
     }
 }

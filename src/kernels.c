@@ -7,8 +7,12 @@
 #include "src/kernels.h"
 
 #include <blis.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -177,6 +181,176 @@ void rank1(int M, int N, float alpha, const float *x, const float *y, float *A, 
     clock_gettime(CLOCK_MONOTONIC, &t0);
     bli_sger(BLIS_NO_CONJUGATE, BLIS_NO_CONJUGATE, M, N, &alpha, (float *)x, 1, (float *)y, 1, A,
              lda, 1);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    count_ns(t0, t1);
+}
+
+/* ------------------------------------- tile products on BLIS's micro-kernel
+ *
+ * Attention's tiles are small (a head of 32 makes K = 32) and many: a
+ * bli_sgemm_ex call spends more on its control tree, its pack buffers and
+ * its edge logic than on such a product. mm_tile packs both operands into
+ * BLIS's micro-panels itself and calls BLIS's own micro-kernel for the
+ * configuration in use (skx's 32 x 12, haswell's 6 x 16, ...) on each
+ * MR x NR block of C, skipping the blocks and the k ranges a causal mask
+ * makes zero. */
+typedef void (*SgemmUkr)(dim_t m, dim_t n, dim_t k, float *alpha, float *a, float *b, float *beta,
+                         float *c, inc_t rs_c, inc_t cs_c, auxinfo_t *data, cntx_t *cntx);
+static struct {
+    SgemmUkr f;
+    cntx_t *cntx;
+    int mr, nr, row_pref;
+} g_ukr;
+static pthread_once_t g_ukr_once = PTHREAD_ONCE_INIT;
+static int g_orient = -1; /* the tests' choice of storage for C, -1 the kernel's */
+
+void mm_tile_orientation(int row_pref) { g_orient = row_pref; }
+
+static void ukr_init(void) {
+    g_ukr.cntx = bli_gks_query_cntx();
+    g_ukr.f = (SgemmUkr)bli_cntx_get_l3_nat_ukr_dt(BLIS_FLOAT, BLIS_GEMM_UKR, g_ukr.cntx);
+    g_ukr.mr = (int)bli_cntx_get_blksz_def_dt(BLIS_FLOAT, BLIS_MR, g_ukr.cntx);
+    g_ukr.nr = (int)bli_cntx_get_blksz_def_dt(BLIS_FLOAT, BLIS_NR, g_ukr.cntx);
+    g_ukr.row_pref = bli_cntx_get_l3_nat_ukr_prefs_dt(BLIS_FLOAT, BLIS_GEMM_UKR, g_ukr.cntx);
+}
+
+/* out[k R + i] = x[i rs + k] for i < r, k < K: r rows, each contiguous
+ * along k, into one panel (a transpose). */
+static void pack_rows_base(int r, int K, const float *x, size_t rs, int R, float *o) {
+    for (int i = 0; i < r; i++)
+        for (int k = 0; k < K; k++) o[(size_t)k * R + i] = x[i * rs + k];
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/* The same in 8 x 8 blocks transposed in AVX registers (a scalar
+ * transpose was a third of attention's time at heads of 32). */
+VEC_TARGET static void pack_rows_avx2(int r, int K, const float *x, size_t rs, int R, float *o) {
+    int i = 0;
+    for (; i + 8 <= r; i += 8) {
+        const float *xi = x + i * rs;
+        int k = 0;
+        for (; k + 8 <= K; k += 8) {
+            __m256 a[8], t[8], u[8];
+            for (int j = 0; j < 8; j++) a[j] = _mm256_loadu_ps(xi + j * rs + k);
+            for (int j = 0; j < 8; j += 2) {
+                t[j] = _mm256_unpacklo_ps(a[j], a[j + 1]);
+                t[j + 1] = _mm256_unpackhi_ps(a[j], a[j + 1]);
+            }
+            for (int j = 0; j < 8; j += 4) {
+                u[j] = _mm256_shuffle_ps(t[j], t[j + 2], _MM_SHUFFLE(1, 0, 1, 0));
+                u[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], _MM_SHUFFLE(3, 2, 3, 2));
+                u[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], _MM_SHUFFLE(1, 0, 1, 0));
+                u[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], _MM_SHUFFLE(3, 2, 3, 2));
+            }
+            for (int j = 0; j < 4; j++) {
+                _mm256_storeu_ps(o + (size_t)(k + j) * R + i, _mm256_permute2f128_ps(u[j], u[j + 4], 0x20));
+                _mm256_storeu_ps(o + (size_t)(k + j + 4) * R + i,
+                                 _mm256_permute2f128_ps(u[j], u[j + 4], 0x31));
+            }
+        }
+        for (; k < K; k++)
+            for (int j = 0; j < 8; j++) o[(size_t)k * R + i + j] = xi[j * rs + k];
+    }
+    if (i < r) pack_rows_base(r - i, K, x + i * rs, rs, R, o + i);
+}
+#endif
+
+/* X (P,K) at strides (rsx, csx) into panels of R rows, each K columns of R
+ * floats, the last panel's missing rows zero. */
+static void pack_panels(int P, int K, const float *X, size_t rsx, size_t csx, int R, float *out) {
+    for (int p0 = 0; p0 < P; p0 += R) {
+        const int r = P - p0 < R ? P - p0 : R;
+        float *o = out + (size_t)p0 * K;
+        const float *x = X + (size_t)p0 * rsx;
+        if (csx == 1) {
+#if defined(__x86_64__) && defined(__GNUC__)
+            if (kernels_avx2) pack_rows_avx2(r, K, x, rsx, R, o);
+            else
+#endif
+                pack_rows_base(r, K, x, rsx, R, o);
+        } else {
+            for (int k = 0; k < K; k++)
+                for (int i = 0; i < r; i++) o[(size_t)k * R + i] = x[i * rsx + k * csx];
+        }
+        if (r < R)
+            for (int k = 0; k < K; k++)
+                for (int i = r; i < R; i++) o[(size_t)k * R + i] = 0.f;
+    }
+}
+
+/* The packed operands of one thread, kept between calls. */
+static float *ukr_scratch(size_t n) {
+    static _Thread_local float *buf = NULL;
+    static _Thread_local size_t cap = 0;
+    if (n > cap) {
+        free(buf);
+        buf = xmalloc(n * sizeof(float)); /* 64-byte aligned, as BLIS packs */
+        cap = n;
+    }
+    return buf;
+}
+
+/* Which k of C's block [i0, i1) x [j0, j1) the mask needs: [*klo, *khi);
+ * returns 0 when the block is skipped whole (left as it is). */
+static int mask_range(int mask, int d, int K, int i0, int i1, int j0, int *klo, int *khi) {
+    *klo = 0;
+    *khi = K;
+    switch (mask) {
+    case MASK_BELOW:
+        return j0 <= i1 - 1 + d;
+    case MASK_K_UPTO:
+        *khi = i1 + d < K ? i1 + d : K;
+        break;
+    case MASK_K_FROM:
+        *klo = i0 - d > 0 ? i0 - d : 0;
+        break;
+    }
+    return 1;
+}
+
+void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+             const float *B, int ldb, float beta, float *C, int ldc, int mask, int d) {
+    if (M <= 0 || N <= 0) return;
+    pthread_once(&g_ukr_once, ukr_init);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    /* C = X (P,K) @ Y (K,Q) in the micro-kernel's preferred storage: C
+     * itself for a row-preferring kernel, C^T (B^T A^T) for one that
+     * prefers columns. */
+    const int rp = g_orient >= 0 ? g_orient : g_ukr.row_pref, MR = g_ukr.mr, NR = g_ukr.nr;
+    const int P = rp ? M : N, Q = rp ? N : M;
+    const float *X = rp ? A : B, *Y = rp ? B : A;
+    const int tx = rp ? ta : !tb, ty = rp ? tb : !ta, ldx = rp ? lda : ldb, ldy = rp ? ldb : lda;
+    const size_t rsz = rp ? (size_t)ldc : 1, csz = rp ? 1 : (size_t)ldc;
+    const int Pp = (P + MR - 1) / MR * MR, Qp = (Q + NR - 1) / NR * NR;
+    float *xp = ukr_scratch((size_t)(Pp + Qp) * K), *yp = xp + (size_t)Pp * K;
+    pack_panels(P, K, X, tx ? 1 : (size_t)ldx, tx ? (size_t)ldx : 1, MR, xp);
+    /* Y (K,Q) packs as Y^T (Q,K) in panels of NR */
+    pack_panels(Q, K, Y, ty ? (size_t)ldy : 1, ty ? 1 : (size_t)ldy, NR, yp);
+    auxinfo_t aux;
+    memset(&aux, 0, sizeof aux);
+    for (int q0 = 0; q0 < Q; q0 += NR) {
+        const int n = Q - q0 < NR ? Q - q0 : NR;
+        for (int p0 = 0; p0 < P; p0 += MR) {
+            const int m = P - p0 < MR ? P - p0 : MR;
+            const int i0 = rp ? p0 : q0, i1 = i0 + (rp ? m : n), j0 = rp ? q0 : p0;
+            int klo, khi;
+            if (!mask_range(mask, d, K, i0, i1, j0, &klo, &khi)) continue;
+            float *c = C + (size_t)p0 * rsz + (size_t)q0 * csz;
+            if (khi <= klo) {
+                for (int a = 0; a < m; a++)
+                    for (int b = 0; b < n; b++) {
+                        float *e = c + (size_t)a * rsz + (size_t)b * csz;
+                        *e = beta == 0.f ? 0.f : beta * *e;
+                    }
+                continue;
+            }
+            float *a = xp + (size_t)p0 * K + (size_t)klo * MR, *b = yp + (size_t)q0 * K + (size_t)klo * NR;
+            aux.a_next = a;
+            aux.b_next = b;
+            g_ukr.f(m, n, khi - klo, &alpha, a, b, &beta, c, (inc_t)rsz, (inc_t)csz, &aux, g_ukr.cntx);
+        }
+    }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     count_ns(t0, t1);
 }

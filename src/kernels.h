@@ -57,6 +57,24 @@ void mv(int ta, int M, int N, float alpha, const float *A, int lda, const float 
         float *y);
 /* A(M,N) += alpha * x y^T (x M entries, y N). */
 void rank1(int M, int N, float alpha, const float *x, const float *y, float *A, int lda);
+/* A small product on one thread through BLIS's micro-kernel (packing its
+ * operands here, none of sgemm's per-call set-up), for attention's tiles.
+ * The mask leaves out what a causal tile makes zero, with d the tile's
+ * query offset less its key offset (row i of a scores tile sees columns
+ * j <= i + d):
+ *   MASK_NONE    the whole product;
+ *   MASK_BELOW   C = scores: blocks wholly above the diagonal are left
+ *                unwritten (only j <= i + d is ever read);
+ *   MASK_K_UPTO  K runs over keys: row i sums k <= i + d only (P V, dS K);
+ *   MASK_K_FROM  C's rows are keys, K runs over queries: row j sums
+ *                k >= j - d only (P^T dY, dS^T Q). */
+enum { MASK_NONE, MASK_BELOW, MASK_K_UPTO, MASK_K_FROM };
+void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+             const float *B, int ldb, float beta, float *C, int ldc, int mask, int d);
+/* For the tests: 1 or 0 has mm_tile store C by rows or by columns in the
+ * micro-kernel's view whatever the kernel prefers (both are correct, one
+ * is slower); -1 goes back to the kernel's preference. */
+void mm_tile_orientation(int row_pref);
 /* Naive triple loop in double; the tests' reference. */
 void mm_ref(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
             const float *B, int ldb, float beta, float *C, int ldc);

@@ -38,9 +38,13 @@ check() { # A B WHAT
 }
 
 # MODTRAIN_SKIP_SLOW (the sanitizer pass, after a first pass of all of
-# it): MoD alone here, v 2 alone
-models="dense mod" vs="2 4"
-[ -z "${MODTRAIN_SKIP_SLOW:-}" ] || models=mod vs=2
+# it): MoD alone here, v 2 alone; below, tp 2 and recompute alone, one
+# reshard, no MoDE and no 7 blocks (moe_layouts.sh, dp_overlap.sh and
+# zero.sh run those paths under it)
+slow=1
+[ -z "${MODTRAIN_SKIP_SLOW:-}" ] || slow=0
+models="dense mod" vs="2 4" lays="tp dp zero recompute"
+[ $slow = 1 ] || models=mod vs=2 lays="tp recompute"
 for model in $models; do
     extra=""
     [ "$model" = mod ] && extra="--route_every 2 --capacity 0.25"
@@ -61,15 +65,13 @@ for model in $models; do
         done
     done
 done
-for lay in "tp 2" "dp 2" "zero 1" "recompute block"; do
-    set -- $lay
-    key=$1 val=$2
+for key in $lays; do
     args="--pp 2 --route_every 2 --capacity 0.25"
     case $key in
-    tp) np=4 args="$args --tp 2" ;;
-    dp) np=4 ;;
-    zero) np=4 args="$args --zero 1" ;;
-    recompute) np=2 args="$args --recompute block" ;;
+    tp) np=4 val=2 args="$args --tp 2" ;;
+    dp) np=4 val=2 ;;
+    zero) np=4 val=1 args="$args --zero 1" ;;
+    recompute) np=2 val=block args="$args --recompute block" ;;
     esac
     train "plain-$key" $np $args
     train "v2-$key" $np $args --virtual_stages 2
@@ -79,15 +81,19 @@ done
 # MoDE (MoE blocks beside routed ones) under ep 2 x dp 2: every rank of an
 # expert group runs the same chunks' blocks in the same order
 moe="--n_expert 4 --ep 2 --moe_every 2 --route_every 2 --capacity 0.5"
-train mode-pp2 4 --pp 2 $moe
-train mode-pp2-v2 4 --pp 2 --virtual_stages 2 $moe
-check mode-pp2 mode-pp2-v2 "MoDE (pp 2, v 2, ep 2 x dp 2)"
+if [ $slow = 1 ]; then
+    train mode-pp2 4 --pp 2 $moe
+    train mode-pp2-v2 4 --pp 2 --virtual_stages 2 $moe
+    check mode-pp2 mode-pp2-v2 "MoDE (pp 2, v 2, ep 2 x dp 2)"
+fi
 
 # chunks of unequal size share the sets: 7 blocks (2, 2, 2, 1), and
 # stage_layers' counts per virtual stage
-train dense-l7 2 --pp 2 --n_layer 7
-train dense-l7-v2 2 --pp 2 --n_layer 7 --virtual_stages 2
-check dense-l7 dense-l7-v2 "dense, 7 blocks (pp 2, v 2)"
+if [ $slow = 1 ]; then
+    train dense-l7 2 --pp 2 --n_layer 7
+    train dense-l7-v2 2 --pp 2 --n_layer 7 --virtual_stages 2
+    check dense-l7 dense-l7-v2 "dense, 7 blocks (pp 2, v 2)"
+fi
 train mod-pp2-v2-uneven 2 --pp 2 --virtual_stages 2 --stage_layers 1,3,3,1 --route_every 2 --capacity 0.25
 check mod-pp2 mod-pp2-v2-uneven "mod (pp 2, v 2), stage_layers 1,3,3,1"
 
@@ -103,9 +109,9 @@ reshard() { # FROM NP NAME ARGS...: loaded and saved at once, then on to step 12
         ok "$src -> $dst: loads exactly; step 12 $(tail -n 1 diff.txt | sed 's/ckpt diff: //')" ||
         { cat diff.txt; fail "$src -> $dst: step 12 differs"; }
 }
-reshard mod-pp2-v2 1 to-pp1
+[ $slow = 0 ] || reshard mod-pp2-v2 1 to-pp1
 reshard mod-pp2-v2 4 to-pp4-v2 --pp 4 --virtual_stages 2
-reshard mod-pp4 2 to-pp2-v2 --pp 2 --virtual_stages 2
+[ $slow = 0 ] || reshard mod-pp4 2 to-pp2-v2 --pp 2 --virtual_stages 2
 
 expect_error() { # NP PATTERN ARGS...
     np=$1 pattern=$2

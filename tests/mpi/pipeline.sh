@@ -35,12 +35,16 @@ matches() { # A B: losses within 5e-5 relative, state within 5e-5
 live() { grep -o '"pp_live":[0-9]*' "$1/metrics.jsonl" | cut -d: -f2 | sort -n | tail -n 1; }
 
 # MODTRAIN_SKIP_SLOW (the sanitizer pass, which the first pass precedes
-# with every layout): pp 2 and (pp 2, tp 2) alone
-lays="2 1 1|4 1 1|2 2 1|2 1 2"
-[ -z "${MODTRAIN_SKIP_SLOW:-}" ] || lays="2 1 1|2 2 1"
+# with every layout): dense at pp 2 and MoD at pp 2 and (pp 2, tp 2)
+# alone, recompute = block under 1F1B alone (test_recompute checks the
+# rest), evaluation and sampling under (2 ranks, pp 2) alone, resharding
+# to pp 4 alone
+slow=1
+[ -z "${MODTRAIN_SKIP_SLOW:-}" ] || slow=0
 for model in dense mod; do
-    extra=""
+    extra="" lays="2 1 1|4 1 1|2 2 1|2 1 2"
     [ "$model" = mod ] && extra="--route_every 2 --capacity 0.25"
+    [ $slow = 1 ] || { lays="2 1 1"; [ "$model" = dense ] || lays="2 1 1|2 2 1"; }
     train "$model-base" 1 $extra
     IFS='|'
     set -- $lays
@@ -74,8 +78,10 @@ done
 # checkpoint of recompute = none, bit for bit
 same() { grep -v '"ckpt_' "$1/metrics.jsonl" | sed -e 's/"tokens_per_s":[^,]*,"step_time_ms":[^,]*,"mfu":[^,]*,//' \
     -e 's/"tp_bytes":[0-9]*,//' -e 's/,"pp_bubble".*//'; }
-for case in "attention 1f1b" "block 1f1b" "block gpipe"; do
-    set -- $case
+cases="attention-1f1b block-1f1b block-gpipe"
+[ $slow = 1 ] || cases=block-1f1b
+for case in $cases; do
+    set -- ${case%-*} ${case#*-}
     ref="mod-pp2-tp2-dp1-$2" name="mod-pp2-tp2-dp1-$2-$1"
     train "$name" 4 --pp 2 --tp 2 --schedule $2 --recompute $1 --route_every 2 --capacity 0.25
     "$MODTRAIN" ckpt diff --a "$ref/ckpt" --b "$name/ckpt" > diff.txt && [ "$(same "$ref")" = "$(same "$name")" ] &&
@@ -87,9 +93,10 @@ done
 # evaluation and sampling through a pipeline give what one rank gives
 "$MODTRAIN" eval --ckpt mod-base/ckpt --data data/val_000000.bin --seqs 32 --json > e1.json
 "$MODTRAIN" sample --ckpt mod-base/ckpt --prompt "Q: " --tokens 60 --seed 5 --temperature 0.7 > s1.txt
-for lay in "2 2" "4 4" "4 2"; do
-    set -- $lay
-    np=$1 pp=$2
+lays="2-2 4-4 4-2"
+[ $slow = 1 ] || lays=2-2
+for lay in $lays; do
+    np=${lay%-*} pp=${lay#*-}
     timeout 120 $MPIRUN -np $np "$MODTRAIN" eval --ckpt mod-base/ckpt --data data/val_000000.bin --seqs 32 \
         --json --pp $pp > ep.json
     timeout 120 $MPIRUN -np $np "$MODTRAIN" sample --ckpt mod-base/ckpt --prompt "Q: " --tokens 60 \
@@ -104,7 +111,9 @@ for lay in "2 2" "4 4" "4 2"; do
 done
 
 # checkpoint resharding across pp: step 6 of (pp 2, tp 2) under pp 1 and pp 4
-for pp in 1 4; do
+pps="1 4"
+[ $slow = 1 ] || pps=4
+for pp in $pps; do
     name="reshard-pp$pp"
     train "$name" $pp --pp $pp --route_every 2 --capacity 0.25 \
         --resume mod-pp2-tp2-dp1-1f1b/ckpt/step-00000006 --steps 6

@@ -79,6 +79,9 @@ expect 2 "ckpt diff: --tol = -1 is out of range (expected a number >= 0)" "$MODT
 keys=$(sed -n 's/^  --\([a-z_0-9]*\) .*/\1/p' help.txt)
 [ "$(echo $keys | wc -w)" -ge 40 ] && ok "train --help lists $(echo $keys | wc -w) keys" || fail "train --help: '$keys'"
 n=0
+# MODTRAIN_SKIP_SLOW (the sanitizer pass, after the first pass): the first
+# ten keys (each try starts a process; the config fuzzer parses every key)
+[ -z "${MODTRAIN_SKIP_SLOW:-}" ] || keys=$(echo $keys | cut -d' ' -f1-10)
 for k in $keys; do
     set +e
     "$MODTRAIN" train --run_dir nowhere "--$k" not_a_value 2> err.txt > /dev/null
@@ -90,7 +93,7 @@ for k in $keys; do
         ok "train --help: --$k $(echo "$choices" | tr / '|')" ||
         fail "train --help does not show --$k's values $choices: $(grep -e "--$k " help.txt)"
 done
-[ "$n" -ge 6 ] && ok "$n enumerated keys" || fail "only $n enumerated keys found"
+[ "$n" -ge 6 ] || [ -n "${MODTRAIN_SKIP_SLOW:-}" ] && ok "$n enumerated keys" || fail "only $n enumerated keys found"
 for k in steps:N train_data:SPEC lr:X resume:auto ckpt_dir:DIR; do
     grep -q "^  --${k%%:*} ${k#*:}" help.txt && ok "train --help: --${k%%:*} ${k#*:}" ||
         fail "train --help has no '--${k%%:*} ${k#*:}'"

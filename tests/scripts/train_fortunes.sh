@@ -12,8 +12,11 @@ run() {
         --val_data data/val_000000.bin --run_dir "$1" --resume never > "$1.log" 2>&1 ||
         { cat "$1.log"; fail "training run $1 failed"; finish; }
 }
+# MODTRAIN_SKIP_SLOW (the sanitizer pass, after the first pass): no repeat
+slow=1
+[ -z "${MODTRAIN_SKIP_SLOW:-}" ] || slow=0
 run a
-run b
+[ $slow = 0 ] || run b
 cat a.log
 
 # 1. learning: the bound is the entropy of the byte distribution of the
@@ -32,12 +35,16 @@ awk -v f="$first" 'BEGIN { exit !(f > 5.3 && f < 5.8) }' && ok "first loss $firs
 
 # 2. determinism: losses, validation losses and final weights bit for bit
 strip() { grep -v '"ckpt_' "$1" | sed -e 's/,"tokens_per_s".*//'; }
-if [ "$(strip a/metrics.jsonl)" = "$(strip b/metrics.jsonl)" ]; then
+if [ $slow = 0 ]; then
+    :
+elif [ "$(strip a/metrics.jsonl)" = "$(strip b/metrics.jsonl)" ]; then
     ok "same seed: identical loss curves"
 else
     fail "same seed gave different losses"
 fi
-if cmp -s a/ckpt/step-00000300/data.bin b/ckpt/step-00000300/data.bin &&
+if [ $slow = 0 ]; then
+    :
+elif cmp -s a/ckpt/step-00000300/data.bin b/ckpt/step-00000300/data.bin &&
     cmp -s a/ckpt/step-00000300/index b/ckpt/step-00000300/index; then
     ok "same seed: identical final weights and moments"
 else

@@ -101,6 +101,66 @@ static void test_mv_rank1_match_reference(void) {
     free(A2);
 }
 
+/* mm_tile (BLIS's micro-kernel on panels packed here) against the
+ * reference at sizes around the micro-kernel's MR x NR, every transpose,
+ * both storages of C, and each causal mask: a mask may only leave out
+ * products whose operand is zero there (K_UPTO, K_FROM), or entries no one
+ * reads (BELOW: those above the diagonal are not compared). */
+static double check_tile(int ta, int tb, int M, int N, int K, float beta, int mask, int d) {
+    const int pad = 2;
+    int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+    size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
+    float *A = xmalloc(na * 4), *B = xmalloc(nb * 4), *C1 = xmalloc(nc * 4), *C2 = xmalloc(nc * 4);
+    fill_normal(A, na, 1, 1.f), fill_normal(B, nb, 2, 1.f), fill_normal(C1, nc, 3, 1.f);
+    /* op(A)(i,k): zero where the mask skips it */
+    for (int i = 0; i < M; i++)
+        for (int k = 0; k < K; k++) {
+            int zero = (mask == MASK_K_UPTO && k > i + d) || (mask == MASK_K_FROM && k < i - d);
+            if (zero) A[ta ? (size_t)k * lda + i : (size_t)i * lda + k] = 0.f;
+        }
+    memcpy(C2, C1, nc * 4);
+    mm_tile(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C1, ldc, mask, d);
+    mm_ref(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C2, ldc);
+    double worst = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < ldc; j++) {
+            size_t k = (size_t)i * ldc + j;
+            double e = fabs(C1[k] - C2[k]) / (1 + fabs(C2[k]));
+            if (j >= N) e = C1[k] == C2[k] ? 0 : 1; /* padding columns untouched */
+            else if (mask == MASK_BELOW && j > i + d) e = 0;
+            if (e > worst) worst = e;
+        }
+    free(A), free(B), free(C1), free(C2);
+    return worst;
+}
+
+static void test_mm_tile_matches_reference(void) {
+    const int sizes[][3] = {{1, 1, 1}, {37, 53, 29}, {32, 12, 32}, {64, 24, 7}, {5, 70, 33},
+                            {128, 32, 128}, {13, 13, 64}};
+    const int masks[] = {MASK_NONE, MASK_BELOW, MASK_K_UPTO, MASK_K_FROM};
+    const int ds[] = {0, 5, -3, 100};
+    double worst = 0;
+    for (int orient = 0; orient < 2; orient++) {
+        mm_tile_orientation(orient);
+        for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+            for (int ta = 0; ta < 2; ta++)
+                for (int tb = 0; tb < 2; tb++)
+                    for (int m = 0; m < 4; m++)
+                        for (int di = 0; di < 4; di++) {
+                            const int *z = sizes[s];
+                            double w = check_tile(ta, tb, z[0], z[1], z[2], di & 1 ? 1.f : 0.f,
+                                                  masks[m], ds[di]);
+                            if (w >= 1e-5)
+                                printf("\n  mm_tile %dx%dx%d ta=%d tb=%d mask %d d %d C by %s: %g\n",
+                                       z[0], z[1], z[2], ta, tb, masks[m], ds[di],
+                                       orient ? "rows" : "columns", w);
+                            if (w > worst) worst = w;
+                        }
+    }
+    mm_tile_orientation(-1);
+    CU_ASSERT(worst < 1e-5);
+}
+
 static void test_mm_reference_is_a_product(void) {
     /* the reference itself, on a product known by hand */
     float A[] = {1, 2, 3, 4, 5, 6}; /* 2x3 */
@@ -514,6 +574,8 @@ int main(void) {
         {"BLIS sgemm matches the naive reference (all transposes, beta, strides)",
          test_mm_matches_reference},
         {"the reference is a matrix product", test_mm_reference_is_a_product},
+        {"tile products on BLIS's micro-kernel match the reference (masks, storages)",
+         test_mm_tile_matches_reference},
         {"BLIS matrix-vector products and rank-1 updates match the reference",
          test_mv_rank1_match_reference},
         {"linear backward = finite differences", test_linear_backward},
