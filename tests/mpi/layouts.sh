@@ -46,7 +46,6 @@ for model in dense mod; do
     done
     for lay in $lays; do
         set -- ${lay%-*} ${lay#*-}
-        set -- $lay
         name="$model-$1-$2"
         if same_losses "$model-1-1" "$name" &&
             "$MODTRAIN" ckpt diff --a "$model-1-1/ckpt" --b "$name/ckpt" --tol 2e-5 > diff.txt; then
