@@ -1,7 +1,7 @@
 /*
  * kernels: layer math on float32. Large products use BLIS's own threads;
  * the many small per-head products of attention run one per OpenMP thread,
- * each on single-threaded BLIS. Every reduction has a fixed order for a fixed
+ * each on BLIS's micro-kernel (mm_tile). Every reduction has a fixed order for a fixed
  * thread count, so runs are bitwise repeatable.
  */
 #include "src/kernels.h"
