@@ -249,7 +249,7 @@ static void attention_head_forward(float *y, float *lse, const float *q, const f
         for (int c0 = 0; c0 < r1; c0 += bc) {
             const int cb = (c0 + bc < r1 ? c0 + bc : r1) - c0;
             mm_tile(0, 1, rb, cb, hs, scale, q + (size_t)r0 * C3, C3, k + (size_t)c0 * C3, C3, 0.f,
-                s, bc, MASK_BELOW, r0 - c0);
+                    s, bc, MASK_BELOW, r0 - c0);
             for (int i = 0; i < rb; i++) {
                 const int n = r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb;
                 float shrink;
@@ -258,7 +258,7 @@ static void attention_head_forward(float *y, float *lse, const float *q, const f
                     for (int j = 0; j < hs; j++) yr[(size_t)i * C + j] *= shrink;
             }
             mm_tile(0, 0, rb, hs, cb, 1.f, s, bc, v + (size_t)c0 * C3, C3, c0 > 0 ? 1.f : 0.f, yr,
-                C, MASK_K_UPTO, r0 - c0);
+                    C, MASK_K_UPTO, r0 - c0);
         }
         for (int i = 0; i < rb; i++) {
             const float inv = 1.f / sum[i];
@@ -299,7 +299,8 @@ VEC_IMPL tile_dscores_row_impl(float *drow, const float *prow, int n, int cb, fl
     for (int j = 0; j < n; j++) drow[j] = prow[j] * (drow[j] - D) * scale;
     for (int j = n; j < cb; j++) drow[j] = 0.f;
 }
-VEC_DISPATCH(tile_dscores_row, (float *drow, const float *prow, int n, int cb, float D, float scale),
+VEC_DISPATCH(tile_dscores_row,
+             (float *drow, const float *prow, int n, int cb, float D, float scale),
              (drow, prow, n, cb, D, scale))
 
 /* The operands of one head of one sequence in the backward. */
@@ -338,16 +339,16 @@ static void attention_head_backward(const HeadGrad *a, float *s, float *dp) {
                 tile_probs_row(s + (size_t)i * bc, n, cb, a->lse[r0 + i]);
             }
             mm_tile(1, 0, cb, hs, rb, 1.f, s, bc, dyr, C, 1.f, a->dv + (size_t)c0 * C3, C3,
-                MASK_K_FROM, d); /* dV += P^T @ dY */
+                    MASK_K_FROM, d); /* dV += P^T @ dY */
             mm_tile(0, 1, rb, cb, hs, 1.f, dyr, C, vc, C3, 0.f, dp, bc, MASK_BELOW, d); /* dP */
             for (int i = 0; i < rb; i++) {
                 const int n = r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb;
                 tile_dscores_row(dp + (size_t)i * bc, s + (size_t)i * bc, n, cb, D[i], scale);
             }
             mm_tile(0, 0, rb, hs, cb, 1.f, dp, bc, kc, C3, c0 > 0 ? 1.f : 0.f,
-                a->dq + (size_t)r0 * C3, C3, MASK_K_UPTO, d); /* dQ += dS @ K */
+                    a->dq + (size_t)r0 * C3, C3, MASK_K_UPTO, d); /* dQ += dS @ K */
             mm_tile(1, 0, cb, hs, rb, 1.f, dp, bc, qr, C3, 1.f, a->dk + (size_t)c0 * C3, C3,
-                MASK_K_FROM, d); /* dK += dS^T @ Q */
+                    MASK_K_FROM, d); /* dK += dS^T @ Q */
         }
     }
 }

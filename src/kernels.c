@@ -1,8 +1,8 @@
 /*
  * kernels: layer math on float32. Large products use BLIS's own threads;
  * the many small per-head products of attention run one per OpenMP thread,
- * each on BLIS's micro-kernel (mm_tile). Every reduction has a fixed order for a fixed
- * thread count, so runs are bitwise repeatable.
+ * each on BLIS's micro-kernel (mm_tile). Every reduction has a fixed order
+ * for a fixed thread count, so runs are bitwise repeatable.
  */
 #include "src/kernels.h"
 
@@ -243,7 +243,8 @@ VEC_TARGET static void pack_rows_avx2(int r, int K, const float *x, size_t rs, i
                 u[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], _MM_SHUFFLE(3, 2, 3, 2));
             }
             for (int j = 0; j < 4; j++) {
-                _mm256_storeu_ps(o + (size_t)(k + j) * R + i, _mm256_permute2f128_ps(u[j], u[j + 4], 0x20));
+                _mm256_storeu_ps(o + (size_t)(k + j) * R + i,
+                                 _mm256_permute2f128_ps(u[j], u[j + 4], 0x20));
                 _mm256_storeu_ps(o + (size_t)(k + j + 4) * R + i,
                                  _mm256_permute2f128_ps(u[j], u[j + 4], 0x31));
             }
@@ -296,14 +297,9 @@ static int mask_range(int mask, int d, int K, int i0, int i1, int j0, int *klo, 
     *klo = 0;
     *khi = K;
     switch (mask) {
-    case MASK_BELOW:
-        return j0 <= i1 - 1 + d;
-    case MASK_K_UPTO:
-        *khi = i1 + d < K ? i1 + d : K;
-        break;
-    case MASK_K_FROM:
-        *klo = i0 - d > 0 ? i0 - d : 0;
-        break;
+    case MASK_BELOW: return j0 <= i1 - 1 + d;
+    case MASK_K_UPTO: *khi = i1 + d < K ? i1 + d : K; break;
+    case MASK_K_FROM: *klo = i0 - d > 0 ? i0 - d : 0; break;
     }
     return 1;
 }
@@ -345,10 +341,12 @@ void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, i
                     }
                 continue;
             }
-            float *a = xp + (size_t)p0 * K + (size_t)klo * MR, *b = yp + (size_t)q0 * K + (size_t)klo * NR;
+            float *a = xp + (size_t)p0 * K + (size_t)klo * MR,
+                  *b = yp + (size_t)q0 * K + (size_t)klo * NR;
             aux.a_next = a;
             aux.b_next = b;
-            g_ukr.f(m, n, khi - klo, &alpha, a, b, &beta, c, (inc_t)rsz, (inc_t)csz, &aux, g_ukr.cntx);
+            g_ukr.f(m, n, khi - klo, &alpha, a, b, &beta, c, (inc_t)rsz, (inc_t)csz, &aux,
+                    g_ukr.cntx);
         }
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);

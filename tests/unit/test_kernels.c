@@ -135,8 +135,8 @@ static double check_tile(int ta, int tb, int M, int N, int K, float beta, int ma
 }
 
 static void test_mm_tile_matches_reference(void) {
-    const int sizes[][3] = {{1, 1, 1}, {37, 53, 29}, {32, 12, 32}, {64, 24, 7}, {5, 70, 33},
-                            {128, 32, 128}, {13, 13, 64}};
+    const int sizes[][3] = {{1, 1, 1},   {37, 53, 29},   {32, 12, 32}, {64, 24, 7},
+                            {5, 70, 33}, {128, 32, 128}, {13, 13, 64}};
     const int masks[] = {MASK_NONE, MASK_BELOW, MASK_K_UPTO, MASK_K_FROM};
     const int ds[] = {0, 5, -3, 100};
     double worst = 0;
@@ -151,9 +151,10 @@ static void test_mm_tile_matches_reference(void) {
                             double w = check_tile(ta, tb, z[0], z[1], z[2], di & 1 ? 1.f : 0.f,
                                                   masks[m], ds[di]);
                             if (w >= 1e-5)
-                                printf("\n  mm_tile %dx%dx%d ta=%d tb=%d mask %d d %d C by %s: %g\n",
-                                       z[0], z[1], z[2], ta, tb, masks[m], ds[di],
-                                       orient ? "rows" : "columns", w);
+                                printf(
+                                    "\n  mm_tile %dx%dx%d ta=%d tb=%d mask %d d %d C by %s: %g\n",
+                                    z[0], z[1], z[2], ta, tb, masks[m], ds[di],
+                                    orient ? "rows" : "columns", w);
                             if (w > worst) worst = w;
                         }
     }
