@@ -54,19 +54,6 @@ VEC_DISPATCH(softmax_causal_row_backward,
              (float *drow, const float *prow, int t, int T, float scale),
              (drow, prow, t, T, scale))
 
-/* A per-thread buffer kept between calls (a fresh T*T allocation per call
- * cost page faults on every step). */
-static float *thread_scratch(size_t n) {
-    static _Thread_local float *buf = NULL;
-    static _Thread_local size_t cap = 0;
-    if (n > cap) {
-        free(buf);
-        buf = xmalloc(n * sizeof(float));
-        cap = n;
-    }
-    return buf;
-}
-
 /* ------------------------------------------------ the kept full kernels */
 
 /* Causal attention skips the products above the diagonal: rows are taken in
@@ -114,7 +101,7 @@ void attention_backward_full(float *dqkv, const float *dout, const float *qkv, c
     for (int b = 0; b < B; b++) maxT = off[b + 1] - off[b] > maxT ? off[b + 1] - off[b] : maxT;
 #pragma omp parallel
     {
-        float *dp = thread_scratch((size_t)maxT * maxT);
+        float *dp = kernels_scratch(SCRATCH_TILE, (size_t)maxT * maxT);
 #pragma omp for schedule(static)
         for (int bh = 0; bh < B * NH; bh++) {
             int b = bh / NH, h = bh % NH, T = off[b + 1] - off[b];
@@ -273,7 +260,7 @@ void attention_forward(float *out, float *lse, const float *qkv, int B, const in
     const int C = NH * hs, C3 = 3 * C;
 #pragma omp parallel
     {
-        float *s = thread_scratch((size_t)ATT_BR_MAX * ATT_BC_MAX);
+        float *s = kernels_scratch(SCRATCH_TILE, (size_t)ATT_BR_MAX * ATT_BC_MAX);
 #pragma omp for schedule(static)
         for (int bh = 0; bh < B * NH; bh++) {
             const int b = bh / NH, h = bh % NH;
@@ -358,7 +345,7 @@ void attention_backward(float *dqkv, const float *dout, const float *qkv, const 
     const int C = NH * hs, C3 = 3 * C;
 #pragma omp parallel
     {
-        float *s = thread_scratch((size_t)2 * ATT_BR_MAX * ATT_BC_MAX),
+        float *s = kernels_scratch(SCRATCH_TILE, (size_t)2 * ATT_BR_MAX * ATT_BC_MAX),
               *dp = s + ATT_BR_MAX * ATT_BC_MAX;
 #pragma omp for schedule(static)
         for (int bh = 0; bh < B * NH; bh++) {

@@ -279,16 +279,15 @@ static void pack_panels(int P, int K, const float *X, size_t rsx, size_t csx, in
     }
 }
 
-/* The packed operands of one thread, kept between calls. */
-static float *ukr_scratch(size_t n) {
-    static _Thread_local float *buf = NULL;
-    static _Thread_local size_t cap = 0;
-    if (n > cap) {
-        free(buf);
-        buf = xmalloc(n * sizeof(float)); /* 64-byte aligned, as BLIS packs */
-        cap = n;
+float *kernels_scratch(int slot, size_t n) {
+    static _Thread_local float *buf[SCRATCH_SLOTS];
+    static _Thread_local size_t cap[SCRATCH_SLOTS];
+    if (n > cap[slot]) {
+        free(buf[slot]);
+        buf[slot] = xmalloc(n * sizeof(float)); /* 64-byte aligned, as BLIS packs */
+        cap[slot] = n;
     }
-    return buf;
+    return buf[slot];
 }
 
 /* Which k of C's block [i0, i1) x [j0, j1) the mask needs: [*klo, *khi);
@@ -319,7 +318,7 @@ void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, i
     const int tx = rp ? ta : !tb, ty = rp ? tb : !ta, ldx = rp ? lda : ldb, ldy = rp ? ldb : lda;
     const size_t rsz = rp ? (size_t)ldc : 1, csz = rp ? 1 : (size_t)ldc;
     const int Pp = (P + MR - 1) / MR * MR, Qp = (Q + NR - 1) / NR * NR;
-    float *xp = ukr_scratch((size_t)(Pp + Qp) * K), *yp = xp + (size_t)Pp * K;
+    float *xp = kernels_scratch(SCRATCH_PACK, (size_t)(Pp + Qp) * K), *yp = xp + (size_t)Pp * K;
     pack_panels(P, K, X, tx ? 1 : (size_t)ldx, tx ? (size_t)ldx : 1, MR, xp);
     /* Y (K,Q) packs as Y^T (Q,K) in panels of NR */
     pack_panels(Q, K, Y, ty ? (size_t)ldy : 1, ty ? 1 : (size_t)ldy, NR, yp);

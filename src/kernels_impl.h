@@ -51,6 +51,13 @@ extern int kernels_avx512; /* set by kernels_init */
     }
 #define VEC_IMPL static inline __attribute__((always_inline)) void
 
+/* A per-thread buffer of at least n floats, 64-byte aligned, kept between
+ * calls (a fresh allocation per call cost page faults on every step): one
+ * per slot, since attention's tile buffer and mm_tile's packed operands
+ * are live at once. */
+enum { SCRATCH_TILE, SCRATCH_PACK, SCRATCH_SLOTS };
+float *kernels_scratch(int slot, size_t n);
+
 /* This thread's share [lo, hi) of n items inside a parallel region: a fixed
  * partition, so results never depend on scheduling. */
 static inline void thread_range(size_t n, size_t *lo, size_t *hi) {

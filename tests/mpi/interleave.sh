@@ -41,8 +41,6 @@ check() { # A B WHAT
 # it): MoD alone here, v 2 alone; below, tp 2 and recompute alone, one
 # reshard, no MoDE and no 7 blocks (moe_layouts.sh, dp_overlap.sh and
 # zero.sh run those paths under it)
-slow=1
-[ -z "${MODTRAIN_SKIP_SLOW:-}" ] || slow=0
 models="dense mod" vs="2 4" lays="tp dp zero recompute"
 [ $slow = 1 ] || models=mod vs=2 lays="tp recompute"
 for model in $models; do

@@ -34,8 +34,6 @@ same_losses() { # A B: every step's loss within 2e-5 relative
 # MODTRAIN_SKIP_SLOW (the sanitizer pass and distcheck, after a first pass
 # of all of it): dense at (2,2) alone, no tp 4 for the padded vocabulary,
 # evaluation under tp 2 alone, no repeat, one reshard
-slow=1
-[ -z "${MODTRAIN_SKIP_SLOW:-}" ] || slow=0
 for model in dense mod; do
     extra="" lays="2-1 4-1 1-2 2-2"
     [ "$model" = mod ] && extra="--route_every 2 --capacity 0.25"

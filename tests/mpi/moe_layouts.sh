@@ -52,8 +52,6 @@ compare() { # REF NAME WHAT
 
 # MODTRAIN_SKIP_SLOW (the sanitizer pass, after a first pass of all of
 # it): no ep 4 at dp 4, no 8 ranks, two of the four reshards, no repeat
-slow=1
-[ -z "${MODTRAIN_SKIP_SLOW:-}" ] || slow=0
 eps="2 4"
 [ $slow = 1 ] || eps=2
 

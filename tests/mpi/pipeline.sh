@@ -39,8 +39,6 @@ live() { grep -o '"pp_live":[0-9]*' "$1/metrics.jsonl" | cut -d: -f2 | sort -n |
 # alone, recompute = block under 1F1B alone (test_recompute checks the
 # rest), evaluation and sampling under (2 ranks, pp 2) alone, resharding
 # to pp 4 alone
-slow=1
-[ -z "${MODTRAIN_SKIP_SLOW:-}" ] || slow=0
 for model in dense mod; do
     extra="" lays="2 1 1|4 1 1|2 2 1|2 1 2"
     [ "$model" = mod ] && extra="--route_every 2 --capacity 0.25"

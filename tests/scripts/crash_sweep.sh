@@ -122,8 +122,9 @@ sweep() {
     done
 }
 
-every=1 slow=1
-[ -n "${MODTRAIN_SKIP_SLOW:-}" ] && [ -z "$full" ] && every=4 slow=0
+every=1
+[ -z "$full" ] || slow=1 # the full sweep is never trimmed
+[ $slow = 1 ] || every=4
 if [ -n "$full" ]; then
     steps=${MODTRAIN_SWEEP_STEPS:-4 6} actions=${MODTRAIN_SWEEP_ACTIONS:-kill EIO ENOSPC EDQUOT}
 else
@@ -201,7 +202,7 @@ if [ -n "$full" ]; then
 else
     one tp2dp2-sync 4 data.write 4 kill 3 --tp 2 --ckpt_async 0
     one tp2dp2-sync 4 commit.rename 4 kill 0 --tp 2 --ckpt_async 0
-    [ -n "${MODTRAIN_SKIP_SLOW:-}" ] || {
+    [ $slow = 0 ] || {
         one tp2dp2-sync 4 data.open 4 EIO 3 --tp 2 --ckpt_async 0
         one tp2dp2-async 4 phase.pack 4 kill 3 --tp 2
         one tp2dp2-async 4 latest.rename 4 kill 0 --tp 2

@@ -126,7 +126,7 @@ grep -q "optimum of dense lies at 0.1M parameters, loss 2.0000; of MoD at 0.316M
 # --- every kind (24 runs: the sanitizer pass, MODTRAIN_SKIP_SLOW, leaves
 # them to the first pass; test_moe, moe_layouts.sh and moe_cmds.sh train
 # every MoE kind under it)
-if [ -z "${MODTRAIN_SKIP_SLOW:-}" ]; then
+if [ $slow = 1 ]; then
 all="dense mod moe mode_staged mode_integrated moe_capped"
 sweep --out k --kinds "${all// /,}" > k.log 2>&1 || { cat k.log; fail "the sweep of every kind failed"; }
 rows=$(tail -n +2 k/results.csv | wc -l)

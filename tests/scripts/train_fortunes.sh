@@ -13,8 +13,6 @@ run() {
         { cat "$1.log"; fail "training run $1 failed"; finish; }
 }
 # MODTRAIN_SKIP_SLOW (the sanitizer pass, after the first pass): no repeat
-slow=1
-[ -z "${MODTRAIN_SKIP_SLOW:-}" ] || slow=0
 run a
 [ $slow = 0 ] || run b
 cat a.log

@@ -19,8 +19,6 @@ run() { # DIR [--key value ...]
         "$@" > "$dir.log" 2>&1 || { cat "$dir.log"; fail "training run $dir failed"; finish; }
 }
 # MODTRAIN_SKIP_SLOW (the sanitizer pass, after the first pass): no repeat
-slow=1
-[ -z "${MODTRAIN_SKIP_SLOW:-}" ] || slow=0
 run a
 [ $slow = 0 ] || run b
 run p --causal_router predictor --router_gate sigmoid

@@ -15,6 +15,23 @@
  * is off by O(1). */
 #define FD_TOL 2e-3
 
+/* The largest relative difference between C1 (M,N at ldc) and the
+ * reference C2; padding columns must be untouched (1 if not), and under
+ * MASK_BELOW entries above the diagonal (j > i + d) are not compared. */
+static double worst_product_error(const float *C1, const float *C2, int M, int N, int ldc,
+                                  int mask, int d) {
+    double worst = 0;
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < ldc; j++) {
+            size_t k = (size_t)i * ldc + j;
+            double e = fabs(C1[k] - C2[k]) / (1 + fabs(C2[k]));
+            if (j >= N) e = C1[k] == C2[k] ? 0 : 1; /* padding columns untouched */
+            else if (mask == MASK_BELOW && j > i + d) e = 0;
+            if (e > worst) worst = e;
+        }
+    return worst;
+}
+
 static void check_mm(int ta, int tb, float beta, int single) {
     const int M = 37, N = 53, K = 29, pad = 3;
     int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
@@ -27,14 +44,7 @@ static void check_mm(int ta, int tb, float beta, int single) {
     if (single) mm1(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C1, ldc);
     else mm(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C1, ldc);
     mm_ref(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C2, ldc);
-    double worst = 0;
-    for (int i = 0; i < M; i++)
-        for (int j = 0; j < ldc; j++) {
-            size_t k = (size_t)i * ldc + j;
-            double d = fabs(C1[k] - C2[k]) / (1 + fabs(C2[k]));
-            if (j >= N) d = C1[k] == C2[k] ? 0 : 1; /* padding columns untouched */
-            if (d > worst) worst = d;
-        }
+    double worst = worst_product_error(C1, C2, M, N, ldc, MASK_NONE, 0);
     CU_ASSERT(worst < 1e-5);
     if (worst >= 1e-5)
         printf("\n  mm ta=%d tb=%d beta=%g single=%d: worst %g\n", ta, tb, beta, single, worst);
@@ -121,15 +131,7 @@ static double check_tile(int ta, int tb, int M, int N, int K, float beta, int ma
     memcpy(C2, C1, nc * 4);
     mm_tile(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C1, ldc, mask, d);
     mm_ref(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C2, ldc);
-    double worst = 0;
-    for (int i = 0; i < M; i++)
-        for (int j = 0; j < ldc; j++) {
-            size_t k = (size_t)i * ldc + j;
-            double e = fabs(C1[k] - C2[k]) / (1 + fabs(C2[k]));
-            if (j >= N) e = C1[k] == C2[k] ? 0 : 1; /* padding columns untouched */
-            else if (mask == MASK_BELOW && j > i + d) e = 0;
-            if (e > worst) worst = e;
-        }
+    double worst = worst_product_error(C1, C2, M, N, ldc, mask, d);
     free(A), free(B), free(C1), free(C2);
     return worst;
 }
