@@ -1,10 +1,11 @@
 #!/bin/sh
 # `make fuzz`: builds every harness in tests/fuzz with clang's libFuzzer,
 # AddressSanitizer and UndefinedBehaviorSanitizer, and runs each for
-# FUZZ_SECONDS (default 60) from its seed corpus. Needs clang (Debian:
-# clang, libclang-rt-14-dev, libomp-14-dev). Inputs that crash, leak, run
-# out of memory or hang land in $FUZZ_OUT/crashes/NAME/; copy each into
-# tests/fuzz/regressions/NAME/ once fixed, and `make check` replays it forever.
+# FUZZ_SECONDS (default 60) from its seed corpus, FUZZ_JOBS harnesses at a
+# time (default: the cores). Needs clang (Debian: clang, libclang-rt-14-dev,
+# libomp-14-dev). Inputs that crash, leak, run out of memory or hang land in
+# $FUZZ_OUT/crashes/NAME/; copy each into tests/fuzz/regressions/NAME/ once
+# fixed, and `make check` replays it forever.
 #
 #   FUZZ_SECONDS=300 FUZZ_TARGETS="config index" make fuzz
 set -eu
@@ -12,7 +13,10 @@ srcdir=${srcdir:-$(cd "$(dirname "$0")/../.." && pwd)}
 seconds=${FUZZ_SECONDS:-60}
 out=${FUZZ_OUT:-fuzz-out}
 targets=${FUZZ_TARGETS:-config shard index safetensors vocab cluster plan merges decode spec prep}
+jobs=${FUZZ_JOBS:-$(nproc)}
 mpicc=${MPICC:-mpicc}
+case $seconds in '' | *[!0-9]*) echo "fuzz: FUZZ_SECONDS='$seconds' is not a whole number" >&2; exit 2 ;; esac
+case $jobs in '' | *[!0-9]* | 0*) echo "fuzz: FUZZ_JOBS='$jobs' is not a whole number >= 1" >&2; exit 2 ;; esac
 if ! command -v "${FUZZ_CC:-clang}" > /dev/null; then
     echo "fuzz: ${FUZZ_CC:-clang} not found (apt-get install clang libclang-rt-14-dev libomp-14-dev)" >&2
     exit 2
@@ -21,17 +25,24 @@ flags="-std=gnu11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer -fopenmp -I$srcdi
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined"
 lib="src/base/util.c src/base/fault.c src/base/rng.c mpi/check.c src/config.c src/data.c checkpoint/ckio.c checkpoint/huff.c \
     checkpoint/safetensors.c src/bpe.c src/cluster.c src/dataset.c"
-mkdir -p "$out"
-status=0
-for t in $targets; do
-    srcs="$srcdir/tests/fuzz/fuzz_$t.c" more= libs=
+
+# one T: builds and runs harness T; its report goes to $out/T.report, and
+# $out/T.failed marks a finding
+one() {
+    t=$1 srcs="$srcdir/tests/fuzz/fuzz_$1.c" more= libs=
     # the planner sizes models: the model, its kernels and collectives link in
     [ "$t" = plan ] && more="src/plan.c src/model.c src/model_mem.c src/routing.c src/mlp.c src/head.c src/decode.c src/kernels.c src/attention.c mpi/tp.c mpi/ep.c mpi/pipeline.c" libs="-lblis -lm"
     # prep reads gzip, zstd and JSON Lines
     [ "$t" = prep ] && more="src/prep.c" libs="-lzstd -ljansson -lm"
     for f in $lib $more; do srcs="$srcs $srcdir/$f"; done
+    rm -f "$out/$t.failed"
+    exec > "$out/$t.report" 2>&1
     # shellcheck disable=SC2086 # word splitting of the flag and source lists is meant
-    OMPI_CC=${FUZZ_CC:-clang} "$mpicc" $flags -o "$out/fuzz_$t" $srcs -lz -lpcre2-8 -ljansson $libs
+    if ! OMPI_CC=${FUZZ_CC:-clang} "$mpicc" $flags -o "$out/fuzz_$t" $srcs -lz -lpcre2-8 -ljansson $libs; then
+        echo "fuzz: $t did not build"
+        : > "$out/$t.failed"
+        return 0
+    fi
     mkdir -p "$out/corpus/$t" "$out/crashes/$t"
     regress="$srcdir/tests/fuzz/regressions/$t"
     [ -d "$regress" ] || regress=
@@ -41,7 +52,8 @@ for t in $targets; do
     # planner plans any input it accepts in about a second at most (these
     # sanitizers and coverage slow it about eightfold: the seeds' 55440-core,
     # 4096-block plan, which also tries every ep of an MoE model's layouts,
-    # takes 0.9 to 1.2 s here): 2 s is a hang for the merges, 4 s for a plan
+    # takes 0.9 to 1.2 s here; twice that beside another harness): 2 s is a
+    # hang for the merges, 4 s for a plan
     timeout=10
     case $t in merges) timeout=2 ;; plan) timeout=4 ;; esac
     echo "fuzz: $t for ${seconds}s"
@@ -49,12 +61,30 @@ for t in $targets; do
         -malloc_limit_mb=64 -max_len=65536 -print_final_stats=1 \
         -artifact_prefix="$out/crashes/$t/" "$out/corpus/$t" "$srcdir/tests/fuzz/seeds/$t" \
         $regress > "$out/$t.log" 2>&1; then
-        status=1 failed="${failed:-}$t "
-        echo "fuzz: $t FOUND A PROBLEM: see $out/$t.log and $out/crashes/$t/; its report:" >&2
+        : > "$out/$t.failed"
+        echo "fuzz: $t FOUND A PROBLEM: see $out/$t.log and $out/crashes/$t/; its report:"
         # the report is what a CI log must show: the finding, its stack, the input's name
-        grep -v -E '^#[0-9]+' "$out/$t.log" | tail -n 60 | sed "s/^/fuzz: $t: /" >&2
+        grep -v -E '^#[0-9]+' "$out/$t.log" | tail -n 60 | sed "s/^/fuzz: $t: /"
     fi
     grep -E "stat::number_of_executed_units|stat::peak_rss_mb" "$out/$t.log" | sed "s/^/fuzz: $t: /"
+}
+
+mkdir -p "$out"
+# FUZZ_JOBS harnesses at a time; each report is printed whole, in order
+running=0 status=0 failed=
+for t in $targets; do
+    (one "$t") &
+    running=$((running + 1))
+    [ "$running" -lt "$jobs" ] || { wait; running=0; }
 done
-[ "$status" -eq 0 ] || echo "fuzz: problems found by: ${failed:-}" >&2
+wait
+for t in $targets; do
+    if [ -f "$out/$t.failed" ]; then
+        cat "$out/$t.report" >&2
+        status=1 failed="$failed$t "
+    else
+        cat "$out/$t.report"
+    fi
+done
+[ "$status" -eq 0 ] || echo "fuzz: problems found by: $failed" >&2
 exit $status
