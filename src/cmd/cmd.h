@@ -51,7 +51,8 @@ int default_threads(int local_ranks);
 
 /* The sgemm peak of one rank running `threads` threads, for MFU: the
  * config's peak_gflops, else its calibration file's gflops_per_core x
- * threads, else measured now. Returns 0, or -1 with err set (the file). */
+ * threads, else MODTRAIN_PEAK_GFLOPS, else measured now. Returns 0, or -1
+ * with err set (the file, the variable). */
 int cmd_peak_gflops(const Config *c, int threads, double *peak, Err *err);
 
 /* The end of this SLURM job (time_limit = auto): SLURM_JOB_END_TIME, else

@@ -699,6 +699,8 @@ static void run_banner(const Run *r) {
     else if (c->calibration[0])
         snprintf(how, sizeof how, " (%s's gflops_per_core x %d threads)", c->calibration,
                  r->threads);
+    else if (getenv("MODTRAIN_PEAK_GFLOPS") && *getenv("MODTRAIN_PEAK_GFLOPS"))
+        snprintf(how, sizeof how, " (MODTRAIN_PEAK_GFLOPS)");
     else snprintf(how, sizeof how, " (measured on rank 0)");
     char ep[64] = "";
     if (r->grid.ep > 1) snprintf(ep, sizeof ep, " ep=%d", r->grid.ep);

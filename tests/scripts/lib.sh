@@ -4,6 +4,7 @@ set -eu
 MODTRAIN=${MODTRAIN:-$(pwd)/modtrain}
 srcdir=${srcdir:-$(cd "$(dirname "$0")/../.." && pwd)}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} # a thread a process (see Makefile.am)
+export MODTRAIN_PEAK_GFLOPS=${MODTRAIN_PEAK_GFLOPS-100} # no run measures unless asked
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/modtrain-test.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 PYTHON=${PYTHON:-/usr/bin/python3}

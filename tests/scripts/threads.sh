@@ -90,6 +90,28 @@ else
     cat cal.out
     fail "the measured calibration reported a mismeasured peak or an MFU over 1"
 fi
+# no calibration: every rank measures its own peak (the suite sets
+# MODTRAIN_PEAK_GFLOPS so that other tests do not), or takes
+# MODTRAIN_PEAK_GFLOPS, read strictly
+env -u MODTRAIN_PEAK_GFLOPS "$MODTRAIN" train $T --threads 1 --run_dir meas > meas.out 2>&1 ||
+    { cat meas.out; fail "the run that measures its peak"; }
+mp=$(sed -n 's/.*sgemm peak \([0-9.]*\) GFLOP\/s (measured on rank 0).*/\1/p' meas.out)
+check_ab "${mp:-0}" 1 'a > b' && check_ab "$(last_json meas/metrics.jsonl mfu)" 1 'a > 0 && a <= b' &&
+    ok "no calibration: measured $mp GFLOP/s, MFU $(last_json meas/metrics.jsonl mfu)" ||
+    { cat meas.out; fail "the measured peak: '$mp'"; }
+MODTRAIN_PEAK_GFLOPS=1.5e3 "$MODTRAIN" train $T --threads 1 --run_dir envp > envp.out 2>&1 ||
+    { cat envp.out; fail "the run with MODTRAIN_PEAK_GFLOPS=1.5e3"; }
+grep -q "sgemm peak 1500.0 GFLOP/s (MODTRAIN_PEAK_GFLOPS)" envp.out &&
+    ok "MODTRAIN_PEAK_GFLOPS=1.5e3: $(grep -o 'sgemm peak .*' envp.out)" ||
+    { cat envp.out; fail "MODTRAIN_PEAK_GFLOPS=1.5e3 was not the peak"; }
+for v in 0 -3 12x nan 1e13; do
+    rc=0
+    MODTRAIN_PEAK_GFLOPS=$v "$MODTRAIN" train $T --threads 1 --run_dir "badenv$v" > be.out 2> be.err || rc=$?
+    [ "$rc" -eq 2 ] && [ "$(wc -l < be.err)" -eq 1 ] &&
+        grep -q "^modtrain: MODTRAIN_PEAK_GFLOPS = '$v' is not a peak in GFLOP/s" be.err &&
+        [ ! -e "badenv$v/metrics.jsonl" ] && ok "MODTRAIN_PEAK_GFLOPS=$v: $(cat be.err)" ||
+        fail "MODTRAIN_PEAK_GFLOPS=$v: rc $rc, $(cat be.err)"
+done
 # a calibration that is not a cluster file: one line, exit 2, before work
 set +e
 "$MODTRAIN" train $T --calibration text.txt --run_dir bad > bad.out 2> bad.err
