@@ -3,8 +3,9 @@
 # At three shapes, a dense model and the same model with every other block
 # routed at capacity 12.5% train in turn (dense, MoD, dense, MoD, ...:
 # --repeat times each, so the machine's noise falls on both) on the fortunes
-# text, one rank; each run's step time is the mean of its steps after the
-# first. Prints per shape the median step times, MoD's step-time ratio, its
+# text, one rank; each run's step time is the median of its steps after
+# the first (a shared VM's bursts of outside load move a mean by several
+# percent, the median barely). Prints per shape the median step times, MoD's step-time ratio, its
 # FLOPs ratio (the metrics' flops_ratio_dense), their difference and the
 # goal for it:
 #   gpt2   GPT-2 small (V 50257, d_model 768, 12 layers), T 256, micro-batch 4
@@ -56,8 +57,8 @@ for s in $shapes; do shape "$s"; done
 "$PYTHON" "$top/tests/scripts/make_shards.py" text "$tmp/train.bin" \
     $(( (steps + 1) * 4096 + 1 )) --vocab 256 --tokenizer 1
 
-# one ROUTE_EVERY: trains, and prints the mean step time over steps 2.. and
-# the last flops_ratio_dense
+# one ROUTE_EVERY: trains, and prints the median step time over steps 2..
+# and the last flops_ratio_dense
 one() {
     rm -rf "$tmp/run"
     # shellcheck disable=SC2086 # the model's keys and the extra ones
@@ -67,13 +68,16 @@ one() {
         { cat "$tmp/log" >&2; die "train failed"; }
     awk 'function val(k,   i, r) { i = index($0, "\"" k "\":"); r = substr($0, i + length(k) + 3)
                                   sub(/[,}].*/, "", r); return r }
-         /"loss"/ && val("step") + 0 > 1 { n++; s += val("step_time_ms"); f = val("flops_ratio_dense") }
-         END { printf "%.3f %s\n", s / n, f }' "$tmp/run/metrics.jsonl"
+         /"loss"/ && val("step") + 0 > 1 { print val("step_time_ms") }' "$tmp/run/metrics.jsonl" |
+        sort -g | awk '{ v[NR] = $1 } END { printf "%.3f ", v[int((NR + 1) / 2)] }'
+    awk 'function val(k,   i, r) { i = index($0, "\"" k "\":"); r = substr($0, i + length(k) + 3)
+                                  sub(/[,}].*/, "", r); return r }
+         /"loss"/ { f = val("flops_ratio_dense") } END { print f }' "$tmp/run/metrics.jsonl"
 }
 extra="$*"
 med() { awk -v c="$2" '{ print $c }' "$1" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 echo "dense against MoD (every other block routed, capacity 0.125), $threads threads:"
-echo "ms a step, the median of $repeat runs, each the mean of steps 2..$steps"
+echo "ms a step, the median of $repeat runs, each the median of steps 2..$steps"
 printf "%-6s %11s %11s %11s %11s %11s %6s\n" shape dense MoD "time ratio" "FLOPs ratio" difference goal
 for s in $shapes; do
     shape "$s"
