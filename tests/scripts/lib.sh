@@ -5,6 +5,8 @@ MODTRAIN=${MODTRAIN:-$(pwd)/modtrain}
 srcdir=${srcdir:-$(cd "$(dirname "$0")/../.." && pwd)}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} # a thread a process (see Makefile.am)
 export MODTRAIN_PEAK_GFLOPS=${MODTRAIN_PEAK_GFLOPS-100} # no run measures unless asked
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} # idle threads sleep (see Makefile.am)
+export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1} # waiting ranks yield
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/modtrain-test.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 PYTHON=${PYTHON:-/usr/bin/python3}

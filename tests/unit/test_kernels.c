@@ -572,6 +572,7 @@ static void test_linear_backward_set(void) {
 }
 
 int main(void) {
+    test_threads_lock();
     kernels_init(2, "auto");
     CU_TestInfo tests[] = {
         {"BLIS sgemm matches the naive reference (all transposes, beta, strides)",

@@ -363,6 +363,7 @@ static void test_predictor_leaves_lm_gradients(void) {
 }
 
 int main(void) {
+    test_threads_lock();
     kernels_init(2, "auto");
     CU_TestInfo tests[] = {
         {"gradient = finite differences (raw gate, router BCE)", test_gradient_raw_aux},

@@ -414,6 +414,7 @@ static void test_head_memory(void) {
 }
 
 int main(void) {
+    test_threads_lock();
     kernels_init(2, "auto");
     CU_TestInfo tests[] = {{"whole-model gradient = finite differences", test_model_gradient},
                            {"loss at init is ln V", test_loss_at_init_is_log_vocab},

@@ -850,6 +850,7 @@ static void test_one_expert_is_dense(void) {
 }
 
 int main(void) {
+    test_threads_lock();
     kernels_init(2, "auto");
     CU_TestInfo tests[] = {
         {"gradient = finite differences (top-1; drops)", test_gradient_top1},

@@ -219,6 +219,7 @@ static void test_memory(void) {
 }
 
 int main(void) {
+    test_threads_lock();
     kernels_init(2, "auto");
     CU_TestInfo tests[] = {
         {"attention, block = none bit for bit (dense, MoD, MoE, MoDE)", test_bitwise},
