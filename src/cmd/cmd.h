@@ -51,9 +51,10 @@ int default_threads(int local_ranks);
 
 /* The sgemm peak of one rank running `threads` threads, for MFU: the
  * config's peak_gflops, else its calibration file's gflops_per_core x
- * threads, else MODTRAIN_PEAK_GFLOPS, else measured now. Returns 0, or -1
- * with err set (the file, the variable). */
-int cmd_peak_gflops(const Config *c, int threads, double *peak, Err *err);
+ * threads, else MODTRAIN_PEAK_GFLOPS, else measured now; how (n bytes)
+ * says which, for the banner. Returns 0, or -1 with err set (the file, the
+ * variable). */
+int cmd_peak_gflops(const Config *c, int threads, double *peak, char *how, size_t n, Err *err);
 
 /* The end of this SLURM job (time_limit = auto): SLURM_JOB_END_TIME, else
  * what squeue, else scontrol show job, says for SLURM_JOB_ID. Returns 1

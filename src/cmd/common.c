@@ -87,9 +87,10 @@ void warn_oversubscribed(int threads, MPI_Comm comm) {
            cores == 1 ? "" : "s", ranks == 1 ? "it is" : "they are", fix);
 }
 
-int cmd_peak_gflops(const Config *c, int threads, double *peak, Err *err) {
+int cmd_peak_gflops(const Config *c, int threads, double *peak, char *how, size_t n, Err *err) {
     if (c->peak_gflops > 0) {
         *peak = c->peak_gflops;
+        snprintf(how, n, "given");
         return 0;
     }
     if (!c->calibration[0]) {
@@ -105,9 +106,11 @@ int cmd_peak_gflops(const Config *c, int threads, double *peak, Err *err) {
                     "unset it to measure)",
                     env);
             *peak = g;
+            snprintf(how, n, "MODTRAIN_PEAK_GFLOPS");
             return 0;
         }
         *peak = kernels_measure_peak_gflops();
+        snprintf(how, n, "measured on rank 0");
         return 0;
     }
     Cluster cl;
@@ -117,6 +120,7 @@ int cmd_peak_gflops(const Config *c, int threads, double *peak, Err *err) {
         return err_set(err, "config: calibration = '%s': %s", c->calibration,
                        why.msg + (strncmp(why.msg, "plan: ", 6) == 0 ? 6 : 0));
     *peak = cl.gflops_per_core * threads;
+    snprintf(how, n, "%s's gflops_per_core x %d threads", c->calibration, threads);
     return 0;
 }
 

@@ -57,6 +57,7 @@ typedef struct {
     FILE *data_trace;      /* MODTRAIN_DATA_TRACE: every sample this dp rank reads */
     int threads, n_routed, start;
     double peak_gflops, job_peak_gflops, dense_fpt, step_tokens;
+    char peak_how[CONFIG_STR + 64]; /* where peak_gflops came from, for the banner */
     /* timing: the first step pays for warm-up and is left out of the ETA */
     double t_start, time_timed, last_save_s;
     int steps_timed;
@@ -694,22 +695,14 @@ static void run_banner(const Run *r) {
     log0("memory (rank 0): %s = parameters and gradients %s + AdamW moments %s + activations "
          "%s (recompute %s)%s (%zu bytes)\n",
          tot, pg, mo, ac, rc, sg, r->mem.total);
-    char how[CONFIG_STR + 64];
-    if (c->peak_gflops > 0) snprintf(how, sizeof how, " (given)");
-    else if (c->calibration[0])
-        snprintf(how, sizeof how, " (%s's gflops_per_core x %d threads)", c->calibration,
-                 r->threads);
-    else if (getenv("MODTRAIN_PEAK_GFLOPS") && *getenv("MODTRAIN_PEAK_GFLOPS"))
-        snprintf(how, sizeof how, " (MODTRAIN_PEAK_GFLOPS)");
-    else snprintf(how, sizeof how, " (measured on rank 0)");
     char ep[64] = "";
     if (r->grid.ep > 1) snprintf(ep, sizeof ep, " ep=%d", r->grid.ep);
     if (c->virtual_stages > 1) /* interleaved 1F1B */
         snprintf(ep + strlen(ep), sizeof ep - strlen(ep), " (%d chunks a rank)", c->virtual_stages);
     log0("layout dp=%d tp=%d pp=%d%s | %d thread%s a rank | BLIS %s kernels | "
-         "sgemm peak %.1f GFLOP/s%s, %.1f over the job\n",
+         "sgemm peak %.1f GFLOP/s (%s), %.1f over the job\n",
          r->grid.dp, r->grid.tp, r->grid.pp, ep, r->threads, r->threads == 1 ? "" : "s",
-         kernels_blis_arch(), r->peak_gflops, how, r->job_peak_gflops);
+         kernels_blis_arch(), r->peak_gflops, r->peak_how, r->job_peak_gflops);
 }
 
 /* Rank 0 alone writes the metrics. Returns 0 or -1 (printed). */
@@ -803,7 +796,8 @@ static int run_setup(Run *r, int argc, char **argv) {
     if (run_setup_layout(r, argc, argv) != 0 || run_setup_data(r) != 0 || run_setup_model(r) != 0)
         return EXIT_USAGE;
     Err err;
-    const int rc = cmd_peak_gflops(&r->cfg, r->threads, &r->peak_gflops, &err);
+    const int rc = cmd_peak_gflops(&r->cfg, r->threads, &r->peak_gflops, r->peak_how,
+                                   sizeof r->peak_how, &err);
     if (cmd_agree(rc, &err, r->grid.world) != 0) return EXIT_USAGE;
     /* MFU is the job's model FLOPs over the job's peak: every rank's */
     MPI_CHECK(MPI_Allreduce(&r->peak_gflops, &r->job_peak_gflops, 1, MPI_DOUBLE, MPI_SUM,

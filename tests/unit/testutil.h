@@ -15,7 +15,7 @@
 #include "src/base/rng.h"
 
 /* Takes, until the process exits, the lock the suite's tests of two threads
- * share: `make -j2` would otherwise run two of them at once, four threads on
+ * share: `make -j` would otherwise run two of them at once, four threads on
  * two cores, and BLIS's threads spin at their barriers while the thread they
  * wait for is off its core (test_kernels took 29 s beside test_model, 1.5 s
  * alone). A test whose lock cannot be opened runs anyway. */
