@@ -5,9 +5,9 @@
 # --repeat times each, so the machine's noise falls on both) on the fortunes
 # text, one rank; each run's step time is the median of its steps after
 # the first (a shared VM's bursts of outside load move a mean by several
-# percent, the median barely). Prints per shape the median step times, MoD's step-time ratio, its
-# FLOPs ratio (the metrics' flops_ratio_dense), their difference and the
-# goal for it:
+# percent, the median barely). Prints per shape the median step times,
+# MoD's step-time ratio, its FLOPs ratio (the metrics' flops_ratio_dense),
+# their difference and the goal for it:
 #   gpt2   GPT-2 small (V 50257, d_model 768, 12 layers), T 256, micro-batch 4
 #   d128   tests/bench/mod_experiment.sh's model (d_model 128, 8 layers, T 256, B 8)
 #   d64    the isoFLOP sweep's smallest (d_model 64, 2 layers, T 256, B 16)
@@ -57,6 +57,8 @@ for s in $shapes; do shape "$s"; done
 "$PYTHON" "$top/tests/scripts/make_shards.py" text "$tmp/train.bin" \
     $(( (steps + 1) * 4096 + 1 )) --vocab 256 --tokenizer 1
 
+# the median of column C of FILE: med FILE C
+med() { awk -v c="$2" '{ print $c }' "$1" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 # one ROUTE_EVERY: trains, and prints the median step time over steps 2..
 # and the last flops_ratio_dense
 one() {
@@ -66,16 +68,14 @@ one() {
         --steps "$steps" --threads "$threads" --train_data "$tmp/train.bin" --val_data "" \
         --run_dir "$tmp/run" --resume never --ckpt_every 0 --log_every 1 $extra > "$tmp/log" 2>&1 ||
         { cat "$tmp/log" >&2; die "train failed"; }
-    awk 'function val(k,   i, r) { i = index($0, "\"" k "\":"); r = substr($0, i + length(k) + 3)
-                                  sub(/[,}].*/, "", r); return r }
-         /"loss"/ && val("step") + 0 > 1 { print val("step_time_ms") }' "$tmp/run/metrics.jsonl" |
-        sort -g | awk '{ v[NR] = $1 } END { printf "%.3f ", v[int((NR + 1) / 2)] }'
-    awk 'function val(k,   i, r) { i = index($0, "\"" k "\":"); r = substr($0, i + length(k) + 3)
-                                  sub(/[,}].*/, "", r); return r }
-         /"loss"/ { f = val("flops_ratio_dense") } END { print f }' "$tmp/run/metrics.jsonl"
+    f=$(awk -v out="$tmp/steps" '
+            function val(k,   i, r) { i = index($0, "\"" k "\":"); r = substr($0, i + length(k) + 3)
+                                      sub(/[,}].*/, "", r); return r }
+            /"loss"/ && val("step") + 0 > 1 { print val("step_time_ms") > out; f = val("flops_ratio_dense") }
+            END { print f }' "$tmp/run/metrics.jsonl")
+    echo "$(med "$tmp/steps" 1) $f"
 }
 extra="$*"
-med() { awk -v c="$2" '{ print $c }' "$1" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 echo "dense against MoD (every other block routed, capacity 0.125), $threads threads:"
 echo "ms a step, the median of $repeat runs, each the median of steps 2..$steps"
 printf "%-6s %11s %11s %11s %11s %11s %6s\n" shape dense MoD "time ratio" "FLOPs ratio" difference goal
