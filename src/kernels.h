@@ -159,5 +159,10 @@ void pos_backward(float *dwpe, const float *dout, int B, int T, int C);
 void residual_forward(float *out, const float *a, const float *b, size_t n);
 /* out(N,C) += bias(C). */
 void bias_add(float *out, const float *bias, int N, int C);
+/* dbias(OC) += the column sums of dout(N,OC): each column summed over the
+ * rows in order, so the bits are the same on any thread count and vector
+ * width; _ref sums in double, for the tests. */
+void bias_backward(float *dbias, const float *dout, int N, int OC);
+void bias_backward_ref(float *dbias, const float *dout, int N, int OC);
 
 #endif

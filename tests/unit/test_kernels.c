@@ -571,6 +571,32 @@ static void test_linear_backward_set(void) {
     free(inp), free(w), free(dout), free(d1), free(d2), free(w1), free(w2);
 }
 
+/* The bias gradient: column sums within rounding of the double reference,
+ * added to what was there, and the same bits on one thread as on two. */
+static void test_bias_backward(void) {
+    const int sizes[][2] = {{1, 1}, {7, 5}, {300, 37}, {64, 1000}, {2048, 272}};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        const int N = sizes[k][0], OC = sizes[k][1];
+        float *dout = xmalloc((size_t)N * OC * 4), *d1 = xmalloc((size_t)OC * 4),
+              *d2 = xmalloc((size_t)OC * 4), *ref = xmalloc((size_t)OC * 4);
+        fill_normal(dout, (size_t)N * OC, 11 + k, 1.f), fill_normal(ref, (size_t)OC, 12 + k, 1.f);
+        memcpy(d1, ref, (size_t)OC * 4), memcpy(d2, ref, (size_t)OC * 4);
+        bias_backward_ref(ref, dout, N, OC);
+        bias_backward(d1, dout, N, OC);
+        double worst = 0;
+        for (int c = 0; c < OC; c++) {
+            const double e = fabs((double)d1[c] - ref[c]) / (1 + sqrt((double)N));
+            worst = e > worst ? e : worst;
+        }
+        CU_ASSERT(worst < 1e-5);
+        omp_set_num_threads(1);
+        bias_backward(d2, dout, N, OC);
+        omp_set_num_threads(2);
+        CU_ASSERT(same(d1, d2, (size_t)OC));
+        free(dout), free(d1), free(d2), free(ref);
+    }
+}
+
 int main(void) {
     test_threads_lock();
     kernels_init(2, "auto");
@@ -595,6 +621,8 @@ int main(void) {
         {"fused layer norm, residual, bias and GELU = the plain kernels and loops",
          test_fused_elementwise},
         {"linear backward overwriting = zeroing, then adding", test_linear_backward_set},
+        {"bias gradient = the double reference, the same bits on 1 and 2 threads",
+         test_bias_backward},
         CU_TEST_INFO_NULL};
     return run_suite_each_vec("kernels", tests, kernels_vec_level(), kernels_set_vec_level,
                               kernels_threads(), kernels_set_threads);
