@@ -161,6 +161,9 @@ static const KeySpec keys[] = {
      "(when peak_gflops = 0); empty = measure"},
     {"blis_arch", K_STR, 0, OFF(blis_arch), "auto", 0, 0, 0, NULL,
      "BLIS kernels: auto (skx on AVX-512), or a BLIS arch name"},
+    {"gemm", K_ENUM, 0, OFF(gemm), "own", 0, 0, 0, "own|blis",
+     "matrix products: own = BLIS's micro-kernel with modtrain's packing and thread split, "
+     "blis = bli_sgemm_ex"},
     {"debug_checks", K_INT, 0, OFF(debug_checks), "0", 0, 1, 0, NULL,
      "1: check that tp ranks route identically"},
 };

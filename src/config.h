@@ -80,6 +80,7 @@ typedef struct {
     double peak_gflops;
     char calibration[CONFIG_STR]; /* a cluster file whose gflops_per_core gives the peak */
     char blis_arch[CONFIG_ARCH];
+    int gemm; /* 0 = modtrain's packing on BLIS's micro-kernel, 1 = bli_sgemm_ex */
     int debug_checks;
 } Config;
 

@@ -106,14 +106,6 @@ int kernels_blis_arch_id(void) { return (int)bli_arch_query_id(); }
 
 static void blis_gemm(int nt, int ta, int tb, int M, int N, int K, float alpha, const float *A,
                       int lda, const float *B, int ldb, float beta, float *C, int ldc) {
-    if (M <= 0 || N <= 0) return;
-    if (K <= 0) {
-        /* BLIS treats k = 0 as C = beta * C; keep that explicit. */
-        for (int i = 0; i < M; i++)
-            for (int j = 0; j < N; j++)
-                C[(size_t)i * ldc + j] = beta == 0.f ? 0.f : beta * C[(size_t)i * ldc + j];
-        return;
-    }
     inc_t rsa = ta ? 1 : lda, csa = ta ? lda : 1;
     inc_t rsb = tb ? 1 : ldb, csb = tb ? ldb : 1;
     rntm_t rntm = BLIS_RNTM_INITIALIZER;
@@ -133,11 +125,28 @@ static void count_ns(struct timespec t0, struct timespec t1) {
     atomic_fetch_add_explicit(&g_gemm_ns, ns, memory_order_relaxed);
 }
 
-static void gemm_timed(int nt, int ta, int tb, int M, int N, int K, float alpha, const float *A,
-                       int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+static int g_gemm_own = 1; /* config gemm: 1 = own_gemm, 0 = bli_sgemm_ex */
+
+void kernels_set_gemm(int own) { g_gemm_own = own; }
+
+static void own_gemm(int nt, int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                     int lda, const float *B, int ldb, float beta, float *C, int ldc);
+
+static void gemm_timed(int own, int nt, int ta, int tb, int M, int N, int K, float alpha,
+                       const float *A, int lda, const float *B, int ldb, float beta, float *C,
+                       int ldc) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        /* BLIS treats k = 0 as C = beta * C; keep that explicit. */
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < N; j++)
+                C[(size_t)i * ldc + j] = beta == 0.f ? 0.f : beta * C[(size_t)i * ldc + j];
+        return;
+    }
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    blis_gemm(nt, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (own) own_gemm(nt, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    else blis_gemm(nt, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     count_ns(t0, t1);
 }
@@ -148,12 +157,12 @@ double kernels_gemm_seconds(void) {
 
 void mm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
         int ldb, float beta, float *C, int ldc) {
-    gemm_timed(g_threads, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    gemm_timed(g_gemm_own, g_threads, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void mm1(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
          int ldb, float beta, float *C, int ldc) {
-    gemm_timed(1, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    gemm_timed(0, 1, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 /* Matrix-vector products and rank-1 updates go to BLIS's level-2
@@ -350,6 +359,112 @@ void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, i
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     count_ns(t0, t1);
+}
+
+/* ------------------------------------------ large products, packed here
+ *
+ * C = alpha A B + beta C on BLIS's micro-kernel with our own packing and
+ * our own split between the threads: each thread takes a fixed share of
+ * the larger of C's two dimensions and packs its share of that operand
+ * and all of the other (the smaller), so the threads never wait for each
+ * other. */
+static struct { int mc, kc, nc; } g_blk;
+
+static void blk_init(void) {
+    pthread_once(&g_ukr_once, ukr_init);
+    g_blk.mc = (int)bli_cntx_get_blksz_def_dt(BLIS_FLOAT, BLIS_MC, g_ukr.cntx);
+    g_blk.kc = (int)bli_cntx_get_blksz_def_dt(BLIS_FLOAT, BLIS_KC, g_ukr.cntx);
+    g_blk.nc = (int)bli_cntx_get_blksz_def_dt(BLIS_FLOAT, BLIS_NC, g_ukr.cntx);
+}
+static pthread_once_t g_blk_once = PTHREAD_ONCE_INIT;
+
+/* Row k of X (contiguous along P) into every panel: the P floats of a row
+ * are read in order, R at a time into panel p's row k. */
+VEC_IMPL pack_row_split_impl(int P, int K, const float *x, int R, float *out) {
+    for (int p0 = 0; p0 < P; p0 += R) {
+        const int r = P - p0 < R ? P - p0 : R;
+        float *o = out + (size_t)p0 * K;
+#pragma omp simd
+        for (int i = 0; i < r; i++) o[i] = x[p0 + i];
+        for (int i = r; i < R; i++) o[i] = 0.f;
+    }
+}
+VEC_DISPATCH(pack_row_split, (int P, int K, const float *x, int R, float *out), (P, K, x, R, out))
+
+/* X (P,K) at strides (rsx, csx) into panels of R rows of K: as pack_panels,
+ * row by row where X is contiguous along P. */
+static void pack_block(int P, int K, const float *X, size_t rsx, size_t csx, int R, float *out) {
+    if (rsx != 1) {
+        pack_panels(P, K, X, rsx, csx, R, out);
+        return;
+    }
+    for (int k = 0; k < K; k++) pack_row_split(P, K, X + (size_t)k * csx, R, out + (size_t)k * R);
+}
+
+/* One thread's part: C' (P,Q) = X (P,K) Y (K,Q) for p in [p0, p1), q in
+ * [q0, q1), C' at strides (rsz, csz). */
+static void blocked_part(int p0, int p1, int q0, int q1, int K, float alpha, const float *X,
+                         size_t rsx, size_t csx, const float *Y, size_t rsy, size_t csy, float beta,
+                         float *C, size_t rsz, size_t csz) {
+    const int MR = g_ukr.mr, NR = g_ukr.nr, MC = g_blk.mc, KC = g_blk.kc, NC = g_blk.nc;
+    float *yp = kernels_scratch(SCRATCH_PACK, (size_t)(NC + NR) * KC + (size_t)(MC + MR) * KC);
+    float *xp = yp + (size_t)(NC + NR) * KC;
+    auxinfo_t aux;
+    memset(&aux, 0, sizeof aux);
+    for (int jc = q0; jc < q1; jc += NC) {
+        const int nq = q1 - jc < NC ? q1 - jc : NC;
+        for (int pc = 0; pc < K; pc += KC) {
+            const int kc = K - pc < KC ? K - pc : KC;
+            float b = pc == 0 ? beta : 1.f;
+            /* Y (K,Q) packs as Y^T (Q,K) */
+            pack_block(nq, kc, Y + (size_t)jc * csy + (size_t)pc * rsy, csy, rsy, NR, yp);
+            for (int ic = p0; ic < p1; ic += MC) {
+                const int mp = p1 - ic < MC ? p1 - ic : MC;
+                pack_block(mp, kc, X + (size_t)ic * rsx + (size_t)pc * csx, rsx, csx, MR, xp);
+                for (int jr = 0; jr < nq; jr += NR) {
+                    const int n = nq - jr < NR ? nq - jr : NR;
+                    for (int ir = 0; ir < mp; ir += MR) {
+                        const int m = mp - ir < MR ? mp - ir : MR;
+                        float *a = xp + (size_t)ir * kc, *bb = yp + (size_t)jr * kc;
+                        float *c = C + (size_t)(ic + ir) * rsz + (size_t)(jc + jr) * csz;
+                        aux.a_next = a;
+                        aux.b_next = bb;
+                        g_ukr.f(m, n, kc, &alpha, a, bb, &b, c, (inc_t)rsz, (inc_t)csz, &aux,
+                                g_ukr.cntx);
+                    }
+                }
+            }
+        }
+    }
+}
+
+static void own_gemm(int nt, int ta, int tb, int M, int N, int K, float alpha, const float *A,
+                     int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    pthread_once(&g_blk_once, blk_init);
+    /* C' = X (P,K) Y (K,Q) in the micro-kernel's preferred storage, as in
+     * mm_tile */
+    const int rp = g_orient >= 0 ? g_orient : g_ukr.row_pref, MR = g_ukr.mr, NR = g_ukr.nr;
+    const int P = rp ? M : N, Q = rp ? N : M;
+    const float *X = rp ? A : B, *Y = rp ? B : A;
+    const int tx = rp ? ta : !tb, ty = rp ? tb : !ta, ldx = rp ? lda : ldb, ldy = rp ? ldb : lda;
+    const size_t rsz = rp ? (size_t)ldc : 1, csz = rp ? 1 : (size_t)ldc;
+    const size_t rsx = tx ? 1 : (size_t)ldx, csx = tx ? (size_t)ldx : 1;
+    const size_t rsy = ty ? 1 : (size_t)ldy, csy = ty ? (size_t)ldy : 1;
+    /* the threads split the larger side, in whole micro-panels */
+    const int split_p = P >= Q;
+#pragma omp parallel num_threads(nt)
+    {
+        const int n = omp_get_num_threads(), t = omp_get_thread_num();
+        const int u = split_p ? MR : NR, len = split_p ? P : Q, units = (len + u - 1) / u;
+        const int lo = u * (int)((long)units * t / n);
+        int hi = u * (int)((long)units * (t + 1) / n);
+        hi = hi < len ? hi : len;
+        if (lo < hi) {
+            if (split_p)
+                blocked_part(lo, hi, 0, Q, K, alpha, X, rsx, csx, Y, rsy, csy, beta, C, rsz, csz);
+            else blocked_part(0, P, lo, hi, K, alpha, X, rsx, csx, Y, rsy, csy, beta, C, rsz, csz);
+        }
+    }
 }
 
 void mm_ref(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,

@@ -45,7 +45,12 @@ double kernels_measure_peak_gflops(void);
 double kernels_gemm_seconds(void);
 
 /* Row-major C(M,N) = alpha * op(A)(M,K) @ op(B)(K,N) + beta * C.
- * ta/tb: 1 = the stored matrix is transposed (A stored (K,M) with lda). */
+ * ta/tb: 1 = the stored matrix is transposed (A stored (K,M) with lda).
+ * By default on BLIS's micro-kernel with modtrain's own packing and split
+ * between the threads (each C element sums the same products in the same
+ * order on any thread count); kernels_set_gemm(0) (config gemm = blis)
+ * sends it to bli_sgemm_ex instead. mm1 is always bli_sgemm_ex. */
+void kernels_set_gemm(int own);
 void mm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
         int ldb, float beta, float *C, int ldc);
 /* The same on one thread, for calls made inside a parallel region. */

@@ -267,6 +267,7 @@ static int run_setup_layout(Run *r, int argc, char **argv) {
     else snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%s/ckpt", c->run_dir);
     r->threads = c->threads ? c->threads : default_threads(r->grid.local_ranks);
     kernels_init(r->threads, c->blis_arch);
+    kernels_set_gemm(c->gemm == 0);
     warn_oversubscribed(r->threads, MPI_COMM_WORLD);
     r->T = c->seq_len;
     r->local_batch = c->batch_size / r->grid.dp;
