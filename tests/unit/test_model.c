@@ -194,6 +194,49 @@ static void test_weight_decay_on_matrices_only(void) {
     model_free(&m);
 }
 
+/* AdamW is the textbook update (moments corrected by 1 - beta^t, decoupled
+ * weight decay, decay on matrices only), followed in double over three
+ * steps: every parameter within 1e-6 of the learning rate, plus the
+ * float's rounding of the parameter itself. */
+static void test_adamw_is_the_textbook_update(void) {
+    ModelDims d;
+    model_dims(&d, 61, 8, 1, 1, 16, 1, 0);
+    Model a;
+    model_init(&a, &d, 1, NULL);
+    model_init_weights(&a, 3);
+    AdamW o;
+    adamw_init(&o, &a);
+    const size_t n = a.nparams;
+    double *w = xmalloc(n * sizeof(double)), *m = xcalloc(n, sizeof(double)),
+           *v = xcalloc(n, sizeof(double));
+    for (size_t i = 0; i < n; i++) w[i] = a.params[i];
+    const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, gs = 0.7;
+    for (int t = 1; t <= 3; t++) {
+        for (size_t i = 0; i < n; i++) a.grads[i] = (float)rng_normal(5, (uint64_t)t, i) * 1e-2f;
+        for (int r = 0; r < a.nreg; r++) {
+            const ParamInfo *p = &a.reg[r];
+            for (size_t j = p->offset; j < p->offset + p->numel; j++) {
+                const double g = (double)a.grads[j] * (double)(float)gs;
+                m[j] = b1 * m[j] + (1 - b1) * g;
+                v[j] = b2 * v[j] + (1 - b2) * g * g;
+                const double mh = m[j] / (1 - pow(b1, t)), vh = v[j] / (1 - pow(b2, t));
+                w[j] -= lr * (mh / (sqrt(vh) + eps) + (p->decay ? wd : 0) * w[j]);
+            }
+        }
+        adamw_step(&o, &a, lr, b1, b2, eps, wd, t, (float)gs);
+    }
+    double worst = 0;
+    for (int r = 0; r < a.nreg; r++)
+        for (size_t j = a.reg[r].offset; j < a.reg[r].offset + a.reg[r].numel; j++)
+            /* 1e-6 of the step, and the float's own rounding of w */
+            worst = fmax(worst, fabs(a.params[j] - w[j]) / (1e-6 * lr + 4e-7 * fabs(w[j])));
+    CU_ASSERT(worst < 1);
+    if (worst >= 1) printf("\n  AdamW against the textbook: worst %g of the bound\n", worst);
+    free(w), free(m), free(v);
+    adamw_free(&o);
+    model_free(&a);
+}
+
 /* The fused AdamW (one parallel region, tensors split in whole cache
  * lines) is the plain loops' update bit for bit, over three steps; the
  * gradient's sum of squares (blocks of 8192 on all threads) equals a long
@@ -425,6 +468,7 @@ int main(void) {
                            {"weight decay on matrices only", test_weight_decay_on_matrices_only},
                            {"fused AdamW and the blocked sum of squares = plain loops",
                             test_fused_optimizer_matches_reference},
+        {"AdamW is the textbook update, in double", test_adamw_is_the_textbook_update},
                            {"chunked head = reference head (loss, every gradient)",
                             test_head_chunks_match_reference},
                            {"forwards without the promise leave gradients alone",
