@@ -261,7 +261,64 @@ VEC_TARGET static void pack_rows_avx2(int r, int K, const float *x, size_t rs, i
         for (; k < K; k++)
             for (int j = 0; j < 8; j++) o[(size_t)k * R + i + j] = xi[j * rs + k];
     }
+    /* 4 rows (skx's panels of 12 are 8 + 4) in 4 x 4 blocks */
+    for (; i + 4 <= r; i += 4) {
+        const float *xi = x + i * rs;
+        int k = 0;
+        for (; k + 4 <= K; k += 4) {
+            __m128 a0 = _mm_loadu_ps(xi + k), a1 = _mm_loadu_ps(xi + rs + k);
+            __m128 a2 = _mm_loadu_ps(xi + 2 * rs + k), a3 = _mm_loadu_ps(xi + 3 * rs + k);
+            _MM_TRANSPOSE4_PS(a0, a1, a2, a3);
+            _mm_storeu_ps(o + (size_t)k * R + i, a0);
+            _mm_storeu_ps(o + (size_t)(k + 1) * R + i, a1);
+            _mm_storeu_ps(o + (size_t)(k + 2) * R + i, a2);
+            _mm_storeu_ps(o + (size_t)(k + 3) * R + i, a3);
+        }
+        for (; k < K; k++)
+            for (int j = 0; j < 4; j++) o[(size_t)k * R + i + j] = xi[j * rs + k];
+    }
     if (i < r) pack_rows_base(r - i, K, x + i * rs, rs, R, o + i);
+}
+
+/* The same with AVX-512 in 16 x 16 blocks (skx's panels of 32 are two),
+ * the rest of the rows by pack_rows_avx2. */
+VEC_TARGET512 static void pack_rows_avx512(int r, int K, const float *x, size_t rs, int R,
+                                           float *o) {
+    int i = 0;
+    for (; i + 16 <= r; i += 16) {
+        const float *xi = x + i * rs;
+        int k = 0;
+        for (; k + 16 <= K; k += 16) {
+            __m512 a[16], t[16], u[16];
+            for (int j = 0; j < 16; j++) a[j] = _mm512_loadu_ps(xi + j * rs + k);
+            for (int j = 0; j < 16; j += 2) { /* pairs of rows, 32-bit interleaved */
+                t[j] = _mm512_unpacklo_ps(a[j], a[j + 1]);
+                t[j + 1] = _mm512_unpackhi_ps(a[j], a[j + 1]);
+            }
+            /* u[4g + c], lane L: rows 4g .. 4g + 3 of column 4L + c */
+            for (int g = 0; g < 4; g++) {
+                u[4 * g] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+                u[4 * g + 1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+                u[4 * g + 2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+                u[4 * g + 3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+            }
+            for (int c = 0; c < 4; c++) { /* column 4L + c gathers lane L of u[c + 4g] */
+                const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);
+                const __m512 v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD);
+                const __m512 v2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
+                const __m512 v3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+                _mm512_storeu_ps(o + (size_t)(k + c) * R + i, _mm512_shuffle_f32x4(v0, v2, 0x88));
+                _mm512_storeu_ps(o + (size_t)(k + 4 + c) * R + i,
+                                 _mm512_shuffle_f32x4(v1, v3, 0x88));
+                _mm512_storeu_ps(o + (size_t)(k + 8 + c) * R + i,
+                                 _mm512_shuffle_f32x4(v0, v2, 0xDD));
+                _mm512_storeu_ps(o + (size_t)(k + 12 + c) * R + i,
+                                 _mm512_shuffle_f32x4(v1, v3, 0xDD));
+            }
+        }
+        if (k < K) pack_rows_avx2(16, K - k, xi + k, rs, R, o + (size_t)k * R + i);
+    }
+    if (i < r) pack_rows_avx2(r - i, K, x + i * rs, rs, R, o + i);
 }
 #endif
 
@@ -274,7 +331,8 @@ static void pack_panels(int P, int K, const float *X, size_t rsx, size_t csx, in
         const float *x = X + (size_t)p0 * rsx;
         if (csx == 1) {
 #if defined(__x86_64__) && defined(__GNUC__)
-            if (kernels_avx2) pack_rows_avx2(r, K, x, rsx, R, o);
+            if (kernels_avx512) pack_rows_avx512(r, K, x, rsx, R, o);
+            else if (kernels_avx2) pack_rows_avx2(r, K, x, rsx, R, o);
             else
 #endif
                 pack_rows_base(r, K, x, rsx, R, o);
