@@ -4,8 +4,9 @@
  * --layout takes it): cluster_load_text, config_load_text and
  * config_validate, then plan_layout of that layout or plan_candidates of
  * all, as `modtrain plan` runs them. Every accepted input is planned in
- * well under a second (libFuzzer's -timeout catches the rest), and the
- * planner builds a few registry rows a layout, not a registry a stage. */
+ * about a second at most without the sanitizers (libFuzzer's -timeout, set
+ * in run.sh, catches a hang), and the planner builds a few registry rows a
+ * layout, not a registry a stage. */
 #include <stdlib.h>
 #include <string.h>
 
