@@ -487,7 +487,7 @@ static void blocked_part(int p0, int p1, int q0, int q1, int K, float alpha, con
                         float *c = C + (size_t)(ic + ir) * rsz + (size_t)(jc + jr) * csz;
                         /* the tile the next call updates, while this one computes:
                          * C is read once per KC block, too rarely to be cached
-                         * (the weights' gradient: 3 ms of a 128-row block's 6) */
+                         * (the weights' gradient at 128 rows: 5.9 → 5.3 ms) */
                         if (ir + MR < mp) {
                             const float *cn = c + MR * rsz; /* runs of 32 floats at most */
                             const int runs = rsz == 1 ? n : MR;

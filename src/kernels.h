@@ -76,9 +76,9 @@ void rank1(int M, int N, float alpha, const float *x, const float *y, float *A, 
 enum { MASK_NONE, MASK_BELOW, MASK_K_UPTO, MASK_K_FROM };
 void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
              const float *B, int ldb, float beta, float *C, int ldc, int mask, int d);
-/* For the tests: 1 or 0 has mm_tile store C by rows or by columns in the
- * micro-kernel's view whatever the kernel prefers (both are correct, one
- * is slower); -1 goes back to the kernel's preference. */
+/* For the tests: 1 or 0 has mm_tile and mm (gemm = own) store C by rows or
+ * by columns in the micro-kernel's view whatever the kernel prefers (both
+ * are correct, one is slower); -1 goes back to the kernel's preference. */
 void mm_tile_orientation(int row_pref);
 /* Naive triple loop in double; the tests' reference. */
 void mm_ref(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
