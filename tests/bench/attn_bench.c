@@ -9,41 +9,19 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "src/base/util.h"
 #include "src/kernels.h"
+#include "tests/bench/bench_util.h"
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-static void fill(float *x, size_t n, unsigned seed) {
-    for (size_t i = 0; i < n; i++) {
-        seed = seed * 1103515245u + 12345u;
-        x[i] = (float)((seed >> 8) & 0xffff) / 32768.f - 1.f;
-    }
-}
-
-static int parse(const char *s, int lo, int hi, const char *what) {
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (*s == '\0' || *end != '\0' || v < lo || v > hi) {
-        fprintf(stderr, "attn_bench: %s = '%s' is not a whole number in [%d, %d]\n", what, s, lo,
-                hi);
-        exit(2);
-    }
-    return (int)v;
-}
+static const char *prog = "attn_bench";
 
 /* One forward + backward at B sequences of T, NH heads of hs; full = 1 for
  * the kept kernels. Returns seconds. */
 static double step(int full, float *o, float *keep, float *dq, const float *qkv, const float *dy,
                    int B, const int *off, int NH, int hs) {
-    double t0 = now();
+    double t0 = now_s();
     if (full) {
         attention_forward_full(o, keep, qkv, B, off, NH, hs);
         attention_backward_full(dq, dy, qkv, keep, B, off, NH, hs);
@@ -51,7 +29,7 @@ static double step(int full, float *o, float *keep, float *dq, const float *qkv,
         attention_forward(o, keep, qkv, B, off, NH, hs);
         attention_backward(dq, dy, qkv, o, keep, B, off, NH, hs);
     }
-    return now() - t0;
+    return now_s() - t0;
 }
 
 static void bench(int B, int NH, int hs, int T, int reps) {
@@ -62,7 +40,7 @@ static void bench(int B, int NH, int hs, int T, int reps) {
     float *att = xmalloc(nfull * sizeof(float)), *lse = xmalloc(nlse * sizeof(float));
     int *off = xmalloc((size_t)(B + 1) * sizeof(int));
     for (int b = 0; b <= B; b++) off[b] = b * T;
-    fill(qkv, N * 3 * C, 1), fill(dy, N * C, 2);
+    bench_fill(qkv, N * 3 * C, 1), bench_fill(dy, N * C, 2);
     double best[2] = {INFINITY, INFINITY};
     for (int r = 0; r <= reps; r++) /* round 0 warms both up */
         for (int full = 0; full < 2; full++) {
@@ -76,8 +54,10 @@ static void bench(int B, int NH, int hs, int T, int reps) {
 
 int main(int argc, char **argv) {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    int threads = argc > 1 ? parse(argv[1], 1, 1024, "THREADS") : cpus > 0 ? (int)cpus : 1;
-    int reps = argc > 2 ? parse(argv[2], 1, 1000, "REPEATS") : 5;
+    int threads = argc > 1   ? bench_parse(prog, argv[1], 1, 1024, "THREADS")
+                  : cpus > 0 ? (int)cpus
+                             : 1;
+    int reps = argc > 2 ? bench_parse(prog, argv[2], 1, 1000, "REPEATS") : 5;
     kernels_init(threads, "auto");
     int B = 4, NH = 12, hs = 64;
     if (argc == 4 || argc == 5) {
@@ -86,13 +66,15 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (argc > 5) {
-        B = parse(argv[3], 1, 4096, "B"), NH = parse(argv[4], 1, 1024, "NH");
-        hs = parse(argv[5], 1, 1024, "HS");
+        B = bench_parse(prog, argv[3], 1, 4096, "B"),
+        NH = bench_parse(prog, argv[4], 1, 1024, "NH");
+        hs = bench_parse(prog, argv[5], 1, 1024, "HS");
     }
     printf("attention, forward + backward, best of %d: B %d, %d heads of %d, %d threads, BLIS %s\n",
            reps, B, NH, hs, threads, kernels_blis_arch());
     if (argc > 6)
-        for (int i = 6; i < argc; i++) bench(B, NH, hs, parse(argv[i], 1, 1 << 16, "T"), reps);
+        for (int i = 6; i < argc; i++)
+            bench(B, NH, hs, bench_parse(prog, argv[i], 1, 1 << 16, "T"), reps);
     else
         for (int T = 256; T <= 1024; T *= 4) bench(B, NH, hs, T, reps);
     return 0;

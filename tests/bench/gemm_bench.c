@@ -16,37 +16,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "src/base/util.h"
 #include "src/kernels.h"
+#include "tests/bench/bench_util.h"
+
+static const char *prog = "gemm_bench";
 
 enum { BLOCKS = 12 };
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-static void fill(float *x, size_t n, unsigned seed) {
-    for (size_t i = 0; i < n; i++) {
-        seed = seed * 1103515245u + 12345u;
-        x[i] = (float)((seed >> 8) & 0xffff) / 32768.f - 1.f;
-    }
-}
-
-static int parse(const char *s, int lo, int hi, const char *what) {
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (*s == '\0' || *end != '\0' || v < lo || v > hi) {
-        fprintf(stderr, "gemm_bench: %s = '%s' is not a whole number in [%d, %d]\n", what, s, lo,
-                hi);
-        exit(2);
-    }
-    return (int)v;
-}
 
 typedef struct {
     int C, N;
@@ -66,13 +44,13 @@ static void pass(const Shape *s, double t[3]) {
             const float *w = s->w + o;
             float *dw = s->dw + o;
             o += (size_t)in[j] * out[j];
-            double t0 = now();
+            double t0 = now_s();
             mm(0, 0, N, out[j], in[j], 1.f, s->x, in[j], w, out[j], 0.f, s->y, out[j]);
-            double t1 = now();
+            double t1 = now_s();
             mm(0, 1, N, in[j], out[j], 1.f, s->y, out[j], w, out[j], 0.f, s->x, in[j]);
-            double t2 = now();
+            double t2 = now_s();
             mm(1, 0, in[j], out[j], N, 1.f, s->x, in[j], s->y, out[j], 1.f, dw, out[j]);
-            t[0] += t1 - t0, t[1] += t2 - t1, t[2] += now() - t2;
+            t[0] += t1 - t0, t[1] += t2 - t1, t[2] += now_s() - t2;
         }
     }
     for (int i = 0; i < 3; i++) t[i] *= 1e3 / BLOCKS;
@@ -83,7 +61,7 @@ static void pass(const Shape *s, double t[3]) {
 static double max_diff(const Shape *s) {
     const int C = s->C, N = s->N;
     float *a = xmalloc((size_t)N * 3 * C * sizeof(float)), *b = xmalloc((size_t)N * 3 * C * 4);
-    fill(s->x, (size_t)N * 4 * C, 11);
+    bench_fill(s->x, (size_t)N * 4 * C, 11);
     kernels_set_gemm(0);
     mm(0, 0, N, 3 * C, C, 1.f, s->x, C, s->w, 3 * C, 0.f, a, 3 * C);
     kernels_set_gemm(1);
@@ -97,8 +75,9 @@ static double max_diff(const Shape *s) {
 
 int main(int argc, char **argv) {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int threads = argc > 1 ? parse(argv[1], 1, 1024, "THREADS") : (int)(cores > 0 ? cores : 1);
-    int repeats = argc > 2 ? parse(argv[2], 1, 1000, "REPEATS") : 3;
+    int threads =
+        argc > 1 ? bench_parse(prog, argv[1], 1, 1024, "THREADS") : (int)(cores > 0 ? cores : 1);
+    int repeats = argc > 2 ? bench_parse(prog, argv[2], 1, 1000, "REPEATS") : 3;
     int defaults[] = {768, 128, 768, 1024, 256, 2048}, *dims = defaults, nshapes = 3;
     if (argc > 3) {
         if ((argc - 3) % 2 != 0) {
@@ -108,7 +87,7 @@ int main(int argc, char **argv) {
         nshapes = (argc - 3) / 2;
         dims = xmalloc((size_t)(argc - 3) * sizeof(int));
         for (int i = 3; i < argc; i++)
-            dims[i - 3] = parse(argv[i], 1, i % 2 ? 8192 : 65536, i % 2 ? "C" : "N");
+            dims[i - 3] = bench_parse(prog, argv[i], 1, i % 2 ? 8192 : 65536, i % 2 ? "C" : "N");
     }
     kernels_init(threads, "auto");
     printf("%d threads, BLIS %s kernels; ms per block (4 layers), the best of %d passes over "
@@ -123,9 +102,9 @@ int main(int argc, char **argv) {
         s.dw = xcalloc(BLOCKS * s.per_block, sizeof(float));
         s.x = xmalloc((size_t)s.N * 4 * s.C * sizeof(float));
         s.y = xmalloc((size_t)s.N * 4 * s.C * sizeof(float));
-        fill(s.w, BLOCKS * s.per_block, 7);
-        fill(s.x, (size_t)s.N * 4 * s.C, 9);
-        fill(s.y, (size_t)s.N * 4 * s.C, 10);
+        bench_fill(s.w, BLOCKS * s.per_block, 7);
+        bench_fill(s.x, (size_t)s.N * 4 * s.C, 9);
+        bench_fill(s.y, (size_t)s.N * 4 * s.C, 10);
         double best[2][3], t[3];
         for (int i = 0; i < 6; i++) best[i / 3][i % 3] = INFINITY;
         for (int r = 0; r <= repeats; r++) /* the first pass of each warms up */

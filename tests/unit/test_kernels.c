@@ -32,44 +32,10 @@ static double worst_product_error(const float *C1, const float *C2, int M, int N
     return worst;
 }
 
-static void check_mm(int ta, int tb, float beta, int single) {
-    const int M = 37, N = 53, K = 29, pad = 3;
-    int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
-    size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
-    float *A = xmalloc(na * 4), *B = xmalloc(nb * 4), *C1 = xmalloc(nc * 4), *C2 = xmalloc(nc * 4);
-    fill_normal(A, na, 1, 1.f);
-    fill_normal(B, nb, 2, 1.f);
-    fill_normal(C1, nc, 3, 1.f);
-    memcpy(C2, C1, nc * 4);
-    if (single) mm1(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C1, ldc);
-    else mm(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C1, ldc);
-    mm_ref(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C2, ldc);
-    double worst = worst_product_error(C1, C2, M, N, ldc, MASK_NONE, 0);
-    CU_ASSERT(worst < 1e-5);
-    if (worst >= 1e-5)
-        printf("\n  mm ta=%d tb=%d beta=%g single=%d: worst %g\n", ta, tb, beta, single, worst);
-    free(A);
-    free(B);
-    free(C1);
-    free(C2);
-}
-
-static void test_mm_matches_reference(void) {
-    for (int ta = 0; ta < 2; ta++)
-        for (int tb = 0; tb < 2; tb++)
-            for (int single = 0; single < 2; single++) {
-                check_mm(ta, tb, 0.f, single);
-                check_mm(ta, tb, 1.3f, single);
-            }
-}
-
-/* mm on modtrain's own packing (the default) against the reference at
- * sizes that cross the micro-kernel's and the cache blocks' edges (MC,
- * KC, NC: 480, 384, 3072 for skx's sgemm), with the threads splitting
- * either side, C stored both ways, every transpose, beta 0 over NaN and
- * beta 1.3; the same bits on one thread as on two; and gemm = blis still
- * reaches bli_sgemm_ex. */
-static void check_mm_size(int ta, int tb, float beta, int M, int N, int K) {
+/* mm (mm1 when single) of (M,N,K) against the reference, with padded
+ * leading dimensions: beta 0 never reads C (it holds NaN), the padding is
+ * never written, and one thread gives the same bits as two. */
+static void check_mm_size(int ta, int tb, float beta, int M, int N, int K, int single) {
     const int pad = 2, lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
     size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
     float *A = xmalloc(na * 4), *B = xmalloc(nb * 4), *C1 = xmalloc(nc * 4), *C2 = xmalloc(nc * 4),
@@ -78,22 +44,41 @@ static void check_mm_size(int ta, int tb, float beta, int M, int N, int K) {
     for (size_t i = 0; beta == 0.f && i < nc; i++)
         if (i % ldc < (size_t)N) C1[i] = NAN; /* beta 0 never reads C */
     memcpy(C2, C1, nc * 4), memcpy(C3, C1, nc * 4);
-    mm(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C1, ldc);
+    if (single) mm1(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C1, ldc);
+    else mm(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C1, ldc);
     mm_ref(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C2, ldc);
     /* a float sum's rounding grows as the root of its length */
     const double tol = 1e-5 * fmax(1.0, sqrt(K / 100.0));
     double worst = worst_product_error(C1, C2, M, N, ldc, MASK_NONE, 0);
     CU_ASSERT(worst < tol);
     if (worst >= tol)
-        printf("\n  mm %dx%dx%d ta=%d tb=%d beta=%g: worst %g\n", M, N, K, ta, tb, beta, worst);
+        printf("\n  mm %dx%dx%d ta=%d tb=%d beta=%g single=%d: worst %g\n", M, N, K, ta, tb, beta,
+               single, worst);
     const int nt = kernels_threads();
     kernels_set_threads(1);
-    mm(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C3, ldc);
+    if (single) mm1(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C3, ldc);
+    else mm(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C3, ldc);
     kernels_set_threads(nt);
     CU_ASSERT(!memcmp(C1, C3, nc * 4));
     free(A), free(B), free(C1), free(C2), free(C3);
 }
 
+/* BLIS's sgemm (gemm = blis, and mm1 always) against the reference. */
+static void test_mm_matches_reference(void) {
+    kernels_set_gemm(0);
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int single = 0; single < 2; single++) {
+                check_mm_size(ta, tb, 0.f, 37, 53, 29, single);
+                check_mm_size(ta, tb, 1.3f, 37, 53, 29, single);
+            }
+    kernels_set_gemm(1);
+}
+
+/* mm on modtrain's own packing (the default) at sizes that cross the
+ * micro-kernel's and the cache blocks' edges (MC, KC, NC: 480, 384, 3072
+ * for skx's sgemm), with the threads splitting either side, C stored both
+ * ways, every transpose, beta 0 and 1.3. */
 static void test_own_gemm_matches_reference(void) {
     const int sizes[][3] = {{37, 53, 29},   {3100, 7, 5},  {7, 3100, 5}, {33, 1000, 20},
                             {1000, 33, 20}, {35, 40, 800}, {1, 1, 1}};
@@ -102,15 +87,11 @@ static void test_own_gemm_matches_reference(void) {
         for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++)
             for (int ta = 0; ta < 2; ta++)
                 for (int tb = 0; tb < 2; tb++) {
-                    check_mm_size(ta, tb, 0.f, sizes[k][0], sizes[k][1], sizes[k][2]);
-                    check_mm_size(ta, tb, 1.3f, sizes[k][0], sizes[k][1], sizes[k][2]);
+                    check_mm_size(ta, tb, 0.f, sizes[k][0], sizes[k][1], sizes[k][2], 0);
+                    check_mm_size(ta, tb, 1.3f, sizes[k][0], sizes[k][1], sizes[k][2], 0);
                 }
     }
     mm_tile_orientation(-1);
-    kernels_set_gemm(0);
-    for (int ta = 0; ta < 2; ta++)
-        for (int tb = 0; tb < 2; tb++) check_mm(ta, tb, 1.3f, 0);
-    kernels_set_gemm(1);
 }
 
 /* mv and rank1 (BLIS's level 2) against mm_ref on the same data as a
