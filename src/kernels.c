@@ -426,12 +426,13 @@ void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, i
  * the larger of C's two dimensions and packs its share of that operand
  * and all of the other (the smaller), so the threads never wait for each
  * other. */
-static struct { int mc, kc, nc; } g_blk;
+static struct { int mc, kc, kc_max, nc; } g_blk;
 
 static void blk_init(void) {
     pthread_once(&g_ukr_once, ukr_init);
     g_blk.mc = (int)bli_cntx_get_blksz_def_dt(BLIS_FLOAT, BLIS_MC, g_ukr.cntx);
     g_blk.kc = (int)bli_cntx_get_blksz_def_dt(BLIS_FLOAT, BLIS_KC, g_ukr.cntx);
+    g_blk.kc_max = (int)bli_cntx_get_blksz_max_dt(BLIS_FLOAT, BLIS_KC, g_ukr.cntx);
     g_blk.nc = (int)bli_cntx_get_blksz_def_dt(BLIS_FLOAT, BLIS_NC, g_ukr.cntx);
 }
 static pthread_once_t g_blk_once = PTHREAD_ONCE_INIT;
@@ -465,14 +466,17 @@ static void blocked_part(int p0, int p1, int q0, int q1, int K, float alpha, con
                          size_t rsx, size_t csx, const float *Y, size_t rsy, size_t csy, float beta,
                          float *C, size_t rsz, size_t csz) {
     const int MR = g_ukr.mr, NR = g_ukr.nr, MC = g_blk.mc, KC = g_blk.kc, NC = g_blk.nc;
-    float *yp = kernels_scratch(SCRATCH_PACK, (size_t)(NC + NR) * KC + (size_t)(MC + MR) * KC);
-    float *xp = yp + (size_t)(NC + NR) * KC;
+    const int KM = g_blk.kc_max;
+    float *yp = kernels_scratch(SCRATCH_PACK, (size_t)(NC + NR + MC + MR) * KM);
+    float *xp = yp + (size_t)(NC + NR) * KM;
     auxinfo_t aux;
     memset(&aux, 0, sizeof aux);
     for (int jc = q0; jc < q1; jc += NC) {
         const int nq = q1 - jc < NC ? q1 - jc : NC;
-        for (int pc = 0; pc < K; pc += KC) {
-            const int kc = K - pc < KC ? K - pc : KC;
+        /* K in blocks of KC, the rest whole once it is at most KC's maximum:
+         * BLIS's own partition, so each C element sums as bli_sgemm_ex does */
+        for (int pc = 0, kc; pc < K; pc += kc) {
+            kc = K - pc <= KM ? K - pc : KC;
             float b = pc == 0 ? beta : 1.f;
             /* Y (K,Q) packs as Y^T (Q,K) */
             pack_block(nq, kc, Y + (size_t)jc * csy + (size_t)pc * rsy, csy, rsy, NR, yp);

@@ -78,7 +78,8 @@ static void test_mm_matches_reference(void) {
 /* mm on modtrain's own packing (the default) at sizes that cross the
  * micro-kernel's and the cache blocks' edges (MC, KC, NC: 480, 384, 3072
  * for skx's sgemm), with the threads splitting either side, C stored both
- * ways, every transpose, beta 0 and 1.3. */
+ * ways, every transpose, beta 0 and 1.3; with skx's kernels, bli_sgemm_ex's
+ * bits. */
 static void test_own_gemm_matches_reference(void) {
     const int sizes[][3] = {{37, 53, 29},   {3100, 7, 5},  {7, 3100, 5}, {33, 1000, 20},
                             {1000, 33, 20}, {35, 40, 800}, {1, 1, 1}};
@@ -92,6 +93,25 @@ static void test_own_gemm_matches_reference(void) {
                 }
     }
     mm_tile_orientation(-1);
+    /* with skx's kernels (no small-matrix path) the same bits as
+     * bli_sgemm_ex: the same micro-kernel on the same K blocks */
+    if (strcmp(kernels_blis_arch(), "skx") != 0) return;
+    const int ks[] = {29, 450, 481, 800, 1000};
+    for (size_t k = 0; k < sizeof ks / sizeof ks[0]; k++)
+        for (int ta = 0; ta < 2; ta++) {
+            const int M = 67, N = 45, K = ks[k], lda = ta ? M : K;
+            float *A = xmalloc((size_t)M * K * 4), *B = xmalloc((size_t)K * N * 4),
+                  *C1 = xmalloc((size_t)M * N * 4), *C2 = xmalloc((size_t)M * N * 4);
+            fill_normal(A, (size_t)M * K, 4, 1.f), fill_normal(B, (size_t)K * N, 5, 1.f);
+            fill_normal(C1, (size_t)M * N, 6, 1.f);
+            memcpy(C2, C1, (size_t)M * N * 4);
+            mm(ta, 0, M, N, K, 0.7f, A, lda, B, N, 1.3f, C1, N);
+            kernels_set_gemm(0);
+            mm(ta, 0, M, N, K, 0.7f, A, lda, B, N, 1.3f, C2, N);
+            kernels_set_gemm(1);
+            CU_ASSERT(!memcmp(C1, C2, (size_t)M * N * 4));
+            free(A), free(B), free(C1), free(C2);
+        }
 }
 
 /* mv and rank1 (BLIS's level 2) against mm_ref on the same data as a
