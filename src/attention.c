@@ -200,10 +200,11 @@ static size_t lse_offset(const int *off, int b, int h, int NH) {
 }
 
 /* One row of a score tile in the online softmax: the first n of cb columns
- * are causal, the rest are zeroed. Takes the row's running maximum and sum
+ * are causal (the rest are never read: mm_tile's K_UPTO mask counts them
+ * zero). Takes the row's running maximum and sum
  * over earlier tiles, leaves exp(s - max) in the row, and returns by how
  * much the row's earlier output must shrink (0 on the first tile). */
-VEC_IMPL online_softmax_row_impl(float *row, int n, int cb, float *mx, float *sum, float *shrink) {
+VEC_IMPL online_softmax_row_impl(float *row, int n, float *mx, float *sum, float *shrink) {
     float m = *mx;
 #pragma omp simd reduction(max : m)
     for (int j = 0; j < n; j++) m = row[j] > m ? row[j] : m;
@@ -213,13 +214,12 @@ VEC_IMPL online_softmax_row_impl(float *row, int n, int cb, float *mx, float *su
         row[j] = fast_expf(row[j] - m);
         s += row[j];
     }
-    for (int j = n; j < cb; j++) row[j] = 0.f;
     *shrink = *mx == -INFINITY ? 0.f : fast_expf(*mx - m);
     *sum = *sum * *shrink + s;
     *mx = m;
 }
-VEC_DISPATCH(online_softmax_row, (float *row, int n, int cb, float *mx, float *sum, float *shrink),
-             (row, n, cb, mx, sum, shrink))
+VEC_DISPATCH(online_softmax_row, (float *row, int n, float *mx, float *sum, float *shrink),
+             (row, n, mx, sum, shrink))
 
 /* Head h of one sequence of T rows (q, k, v and y at their row strides);
  * s holds a br x bc tile. */
@@ -240,7 +240,7 @@ static void attention_head_forward(float *y, float *lse, const float *q, const f
             for (int i = 0; i < rb; i++) {
                 const int n = r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb;
                 float shrink;
-                online_softmax_row(s + (size_t)i * bc, n, cb, &mx[i], &sum[i], &shrink);
+                online_softmax_row(s + (size_t)i * bc, n, &mx[i], &sum[i], &shrink);
                 if (c0 > 0)
                     for (int j = 0; j < hs; j++) yr[(size_t)i * C + j] *= shrink;
             }
@@ -273,22 +273,19 @@ void attention_forward(float *out, float *lse, const float *qkv, int B, const in
 
 /* A tile's probabilities from the kept log-sum-exp, then, once dp holds
  * dY @ V^T, the scores' gradient in its place: dS = P * (dP - D) * scale,
- * D = rowsum(dY * Y). Columns past n are zero in both. */
-VEC_IMPL tile_probs_row_impl(float *row, int n, int cb, float lse) {
+ * D = rowsum(dY * Y). Columns past n are never read (mm_tile's masks count
+ * them zero). */
+VEC_IMPL tile_probs_row_impl(float *row, int n, float lse) {
 #pragma omp simd
     for (int j = 0; j < n; j++) row[j] = fast_expf(row[j] - lse);
-    for (int j = n; j < cb; j++) row[j] = 0.f;
 }
-VEC_DISPATCH(tile_probs_row, (float *row, int n, int cb, float lse), (row, n, cb, lse))
-VEC_IMPL tile_dscores_row_impl(float *drow, const float *prow, int n, int cb, float D,
-                               float scale) {
+VEC_DISPATCH(tile_probs_row, (float *row, int n, float lse), (row, n, lse))
+VEC_IMPL tile_dscores_row_impl(float *drow, const float *prow, int n, float D, float scale) {
 #pragma omp simd
     for (int j = 0; j < n; j++) drow[j] = prow[j] * (drow[j] - D) * scale;
-    for (int j = n; j < cb; j++) drow[j] = 0.f;
 }
-VEC_DISPATCH(tile_dscores_row,
-             (float *drow, const float *prow, int n, int cb, float D, float scale),
-             (drow, prow, n, cb, D, scale))
+VEC_DISPATCH(tile_dscores_row, (float *drow, const float *prow, int n, float D, float scale),
+             (drow, prow, n, D, scale))
 
 /* The operands of one head of one sequence in the backward. */
 typedef struct {
@@ -323,14 +320,14 @@ static void attention_head_backward(const HeadGrad *a, float *s, float *dp) {
             mm_tile(0, 1, rb, cb, hs, scale, qr, C3, kc, C3, 0.f, s, bc, MASK_BELOW, d); /* S */
             for (int i = 0; i < rb; i++) {
                 const int n = r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb;
-                tile_probs_row(s + (size_t)i * bc, n, cb, a->lse[r0 + i]);
+                tile_probs_row(s + (size_t)i * bc, n, a->lse[r0 + i]);
             }
             mm_tile(1, 0, cb, hs, rb, 1.f, s, bc, dyr, C, 1.f, a->dv + (size_t)c0 * C3, C3,
                     MASK_K_FROM, d); /* dV += P^T @ dY */
             mm_tile(0, 1, rb, cb, hs, 1.f, dyr, C, vc, C3, 0.f, dp, bc, MASK_BELOW, d); /* dP */
             for (int i = 0; i < rb; i++) {
                 const int n = r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb;
-                tile_dscores_row(dp + (size_t)i * bc, s + (size_t)i * bc, n, cb, D[i], scale);
+                tile_dscores_row(dp + (size_t)i * bc, s + (size_t)i * bc, n, D[i], scale);
             }
             mm_tile(0, 0, rb, hs, cb, 1.f, dp, bc, kc, C3, c0 > 0 ? 1.f : 0.f,
                     a->dq + (size_t)r0 * C3, C3, MASK_K_UPTO, d); /* dQ += dS @ K */

@@ -410,6 +410,49 @@ static int mask_range(int mask, int d, int K, int i0, int i1, int j0, int *klo, 
     return 1;
 }
 
+/* op(A) (M,K), along M at stride rs and along K at cs, into panels of R
+ * rows as pack_block, under a K_UPTO or K_FROM mask: each panel only over
+ * the k its micro-kernel calls read (mask_range on the panel's rows), and
+ * the entries the mask makes zero written as zeros, never read (a causal
+ * tile's upper triangle holds whatever the buffer held). */
+static void pack_masked(int M, int K, const float *A, size_t rs, size_t cs, int R, float *out,
+                        int mask, int d) {
+    if (cs == 1) { /* contiguous along K: each panel over its own k range */
+        for (int i0 = 0; i0 < M; i0 += R) {
+            const int r = M - i0 < R ? M - i0 : R;
+            int klo, khi;
+            mask_range(mask, d, K, i0, i0 + r, 0, &klo, &khi);
+            if (khi > klo)
+                pack_panels(r, khi - klo, A + (size_t)i0 * rs + klo, rs, 1, R,
+                            out + (size_t)i0 * K + (size_t)klo * R);
+        }
+    } else { /* contiguous along M: row k of op(A) into the panels that read it */
+        const int np = (M + R - 1) / R;
+        for (int k = 0; k < K; k++) {
+            /* K_UPTO: panel [i0, i1) reads k < i1 + d; K_FROM: k >= i0 - d */
+            int pa = 0, pb = np;
+            if (mask == MASK_K_UPTO) pa = k - d < 0 ? 0 : (k - d) / R;
+            else pb = k + d < 0 ? 0 : (k + d) / R + 1 < np ? (k + d) / R + 1 : np;
+            if (pa >= pb) continue;
+            const int hi = pb * R < M ? pb * R : M;
+            pack_row_split(hi - pa * R, K, A + (size_t)k * cs + (size_t)pa * R * rs, R,
+                           out + (size_t)pa * R * K + (size_t)k * R);
+        }
+    }
+    /* the zeros: row i's k > i + d (K_UPTO) or k < i - d (K_FROM) in its
+     * panel's range */
+    for (int i = 0; i < M; i++) {
+        const int i0 = i / R * R, r = M - i0 < R ? M - i0 : R;
+        int klo, khi;
+        mask_range(mask, d, K, i0, i0 + r, 0, &klo, &khi);
+        int zlo = klo, zhi = khi; /* [zlo, zhi) zeroed */
+        if (mask == MASK_K_UPTO) zlo = i + d + 1 > klo ? i + d + 1 : klo;
+        else zhi = i - d < khi ? i - d : khi;
+        float *o = out + (size_t)i0 * K + (i - i0);
+        for (int k = zlo; k < zhi; k++) o[(size_t)k * R] = 0.f;
+    }
+}
+
 void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
              const float *B, int ldb, float beta, float *C, int ldc, int mask, int d) {
     if (M <= 0 || N <= 0) return;
@@ -426,9 +469,15 @@ void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, i
     const size_t rsz = rp ? (size_t)ldc : 1, csz = rp ? 1 : (size_t)ldc;
     const int Pp = (P + MR - 1) / MR * MR, Qp = (Q + NR - 1) / NR * NR;
     float *xp = kernels_scratch(SCRATCH_PACK, (size_t)(Pp + Qp) * K), *yp = xp + (size_t)Pp * K;
-    pack_block(P, K, X, tx ? 1 : (size_t)ldx, tx ? (size_t)ldx : 1, MR, xp);
-    /* Y (K,Q) packs as Y^T (Q,K) in panels of NR */
-    pack_block(Q, K, Y, ty ? (size_t)ldy : 1, ty ? 1 : (size_t)ldy, NR, yp);
+    /* op(A) is X when C is stored by rows, Y (K,Q) packed as Y^T (Q,K)
+     * otherwise: under K_UPTO or K_FROM it packs by the mask */
+    const int masked = mask == MASK_K_UPTO || mask == MASK_K_FROM;
+    if (masked && rp)
+        pack_masked(M, K, A, ta ? 1 : (size_t)lda, ta ? (size_t)lda : 1, MR, xp, mask, d);
+    else pack_block(P, K, X, tx ? 1 : (size_t)ldx, tx ? (size_t)ldx : 1, MR, xp);
+    if (masked && !rp)
+        pack_masked(M, K, A, ta ? 1 : (size_t)lda, ta ? (size_t)lda : 1, NR, yp, mask, d);
+    else pack_block(Q, K, Y, ty ? (size_t)ldy : 1, ty ? 1 : (size_t)ldy, NR, yp);
     auxinfo_t aux;
     memset(&aux, 0, sizeof aux);
     for (int q0 = 0; q0 < Q; q0 += NR) {

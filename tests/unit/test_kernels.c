@@ -27,6 +27,7 @@ static double worst_product_error(const float *C1, const float *C2, int M, int N
             double e = fabs(C1[k] - C2[k]) / (1 + fabs(C2[k]));
             if (j >= N) e = C1[k] == C2[k] ? 0 : 1; /* padding columns untouched */
             else if (mask == MASK_BELOW && j > i + d) e = 0;
+            if (isnan(e)) e = INFINITY; /* a NaN read where the mask counts zero */
             if (e > worst) worst = e;
         }
     return worst;
@@ -164,26 +165,30 @@ static void test_mv_rank1_match_reference(void) {
 
 /* mm_tile (BLIS's micro-kernel on panels packed here) against the
  * reference at sizes around the micro-kernel's MR x NR, every transpose,
- * both storages of C, and each causal mask: a mask may only leave out
- * products whose operand is zero there (K_UPTO, K_FROM), or entries no one
- * reads (BELOW: those above the diagonal are not compared). */
+ * both storages of C, and each causal mask: K_UPTO and K_FROM count op(A)
+ * zero where they skip it and never read it there (mm_tile's A holds NaN
+ * there, the reference's zeros), and BELOW leaves entries no one reads
+ * (those above the diagonal are not compared). */
 static double check_tile(int ta, int tb, int M, int N, int K, float beta, int mask, int d) {
     const int pad = 2;
     int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
     size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
-    float *A = xmalloc(na * 4), *B = xmalloc(nb * 4), *C1 = xmalloc(nc * 4), *C2 = xmalloc(nc * 4);
+    float *A = xmalloc(na * 4), *A0 = xmalloc(na * 4), *B = xmalloc(nb * 4);
+    float *C1 = xmalloc(nc * 4), *C2 = xmalloc(nc * 4);
     fill_normal(A, na, 1, 1.f), fill_normal(B, nb, 2, 1.f), fill_normal(C1, nc, 3, 1.f);
-    /* op(A)(i,k): zero where the mask skips it */
+    memcpy(A0, A, na * 4);
+    /* op(A)(i,k) where the mask skips it: NaN for mm_tile, zero for the reference */
     for (int i = 0; i < M; i++)
         for (int k = 0; k < K; k++) {
             int zero = (mask == MASK_K_UPTO && k > i + d) || (mask == MASK_K_FROM && k < i - d);
-            if (zero) A[ta ? (size_t)k * lda + i : (size_t)i * lda + k] = 0.f;
+            size_t e = ta ? (size_t)k * lda + i : (size_t)i * lda + k;
+            if (zero) A[e] = NAN, A0[e] = 0.f;
         }
     memcpy(C2, C1, nc * 4);
     mm_tile(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C1, ldc, mask, d);
-    mm_ref(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C2, ldc);
+    mm_ref(ta, tb, M, N, K, 0.7f, A0, lda, B, ldb, beta, C2, ldc);
     double worst = worst_product_error(C1, C2, M, N, ldc, mask, d);
-    free(A), free(B), free(C1), free(C2);
+    free(A), free(A0), free(B), free(C1), free(C2);
     return worst;
 }
 
