@@ -199,23 +199,57 @@ static size_t lse_offset(const int *off, int b, int h, int NH) {
     return (size_t)off[b] * NH + (size_t)h * (off[b + 1] - off[b]);
 }
 
+/* The row kernels below go through a row in chunks of 16 columns on 16
+ * lanes (one AVX-512 vector, two AVX2 ones), the last chunk cut to the
+ * row's n inside the vector (a scalar tail of up to 15 exponentials, and
+ * the compiler's serial reduction of the lanes, cost as much as the rest
+ * of a 256-column row). A row buffer holds n rounded up to 16 floats (a
+ * tile is 256 or 512 wide); the lanes' sums add in a fixed tree, the same
+ * on every vector width. */
+enum { LANES = 16 };
+
+static inline float lanes_max(float *v) {
+    for (int w = LANES / 2; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) v[l] = v[l + w] > v[l] ? v[l + w] : v[l];
+    return v[0];
+}
+
+static inline float lanes_sum(float *v) {
+    for (int w = LANES / 2; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) v[l] += v[l + w];
+    return v[0];
+}
+
 /* One row of a score tile in the online softmax: the first n of cb columns
  * are causal (the rest are never read: mm_tile's K_UPTO mask counts them
- * zero). Takes the row's running maximum and sum
- * over earlier tiles, leaves exp(s - max) in the row, and returns by how
- * much the row's earlier output must shrink (0 on the first tile). */
+ * zero). Takes the row's running maximum and sum over earlier tiles, leaves
+ * exp(s - max) in the row, and returns by how much the row's earlier
+ * output must shrink (0 on the first tile). */
 VEC_IMPL online_softmax_row_impl(float *row, int n, float *mx, float *sum, float *shrink) {
-    float m = *mx;
-#pragma omp simd reduction(max : m)
-    for (int j = 0; j < n; j++) m = row[j] > m ? row[j] : m;
-    float s = 0.f;
-#pragma omp simd reduction(+ : s)
-    for (int j = 0; j < n; j++) {
-        row[j] = fast_expf(row[j] - m);
-        s += row[j];
+    float mv[LANES], sv[LANES];
+    for (int l = 0; l < LANES; l++) mv[l] = *mx, sv[l] = 0.f;
+    for (int j0 = 0; j0 < n; j0 += LANES) {
+        const float *r = row + j0;
+        const int w = n - j0;
+#pragma omp simd
+        for (int l = 0; l < LANES; l++) {
+            const float x = l < w ? r[l] : -INFINITY;
+            mv[l] = x > mv[l] ? x : mv[l];
+        }
+    }
+    const float m = lanes_max(mv);
+    for (int j0 = 0; j0 < n; j0 += LANES) {
+        float *r = row + j0;
+        const int w = n - j0;
+#pragma omp simd
+        for (int l = 0; l < LANES; l++) {
+            const float e = l < w ? fast_expf(r[l] - m) : 0.f;
+            r[l] = e;
+            sv[l] += e;
+        }
     }
     *shrink = *mx == -INFINITY ? 0.f : fast_expf(*mx - m);
-    *sum = *sum * *shrink + s;
+    *sum = *sum * *shrink + lanes_sum(sv);
     *mx = m;
 }
 VEC_DISPATCH(online_softmax_row, (float *row, int n, float *mx, float *sum, float *shrink),
@@ -276,8 +310,12 @@ void attention_forward(float *out, float *lse, const float *qkv, int B, const in
  * D = rowsum(dY * Y). Columns past n are never read (mm_tile's masks count
  * them zero). */
 VEC_IMPL tile_probs_row_impl(float *row, int n, float lse) {
+    for (int j0 = 0; j0 < n; j0 += LANES) {
+        float *r = row + j0;
+        const int w = n - j0;
 #pragma omp simd
-    for (int j = 0; j < n; j++) row[j] = fast_expf(row[j] - lse);
+        for (int l = 0; l < LANES; l++) r[l] = l < w ? fast_expf(r[l] - lse) : 0.f;
+    }
 }
 VEC_DISPATCH(tile_probs_row, (float *row, int n, float lse), (row, n, lse))
 VEC_IMPL tile_dscores_row_impl(float *drow, const float *prow, int n, float D, float scale) {
