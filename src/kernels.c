@@ -980,6 +980,45 @@ void gelu_backward_set(float *dinp, const float *inp, const float *dout, size_t 
     }
 }
 
+/* out = gelu(inp) and grad = gelu'(inp) on one tanh an element: the same
+ * floats as gelu_forward and gelu_backward_set's factor. */
+VEC_IMPL gelu_with_grad_range_impl(float *out, float *grad, const float *inp, size_t lo,
+                                   size_t hi) {
+#pragma omp simd
+    for (size_t i = lo; i < hi; i++) {
+        const float x = inp[i]; /* read once: the two share their tanh */
+        out[i] = gelu(x);
+        grad[i] = gelu_grad(x);
+    }
+}
+VEC_DISPATCH(gelu_with_grad_range,
+             (float *out, float *grad, const float *inp, size_t lo, size_t hi),
+             (out, grad, inp, lo, hi))
+
+void gelu_with_grad(float *out, float *grad, const float *inp, size_t n) {
+#pragma omp parallel
+    {
+        size_t lo, hi;
+        thread_range(n, &lo, &hi);
+        gelu_with_grad_range(out, grad, inp, lo, hi);
+    }
+}
+
+VEC_IMPL mul_range_impl(float *a, const float *b, size_t lo, size_t hi) {
+#pragma omp simd
+    for (size_t i = lo; i < hi; i++) a[i] *= b[i];
+}
+VEC_DISPATCH(mul_range, (float *a, const float *b, size_t lo, size_t hi), (a, b, lo, hi))
+
+void mul_inplace(float *a, const float *b, size_t n) {
+#pragma omp parallel
+    {
+        size_t lo, hi;
+        thread_range(n, &lo, &hi);
+        mul_range(a, b, lo, hi);
+    }
+}
+
 VEC_IMPL bias_gelu_row_impl(float *pre, float *out, const float *bias, int F) {
 #pragma omp simd
     for (int j = 0; j < F; j++) {

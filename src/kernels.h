@@ -121,6 +121,11 @@ void gelu_forward(float *out, const float *inp, size_t n);
 void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 /* gelu_backward overwriting dinp. */
 void gelu_backward_set(float *dinp, const float *inp, const float *dout, size_t n);
+/* out = gelu(inp), grad = gelu'(inp) in one pass (one tanh an element; the
+ * same floats as gelu_forward, and as gelu_backward_set's factor). */
+void gelu_with_grad(float *out, float *grad, const float *inp, size_t n);
+/* a *= b, elementwise. */
+void mul_inplace(float *a, const float *b, size_t n);
 /* pre(N,F) += bias, out = gelu(pre), in one pass (the same floats as
  * bias_add then gelu_forward). */
 void bias_gelu_forward(float *pre, float *out, const float *bias, int N, int F);

@@ -19,21 +19,24 @@
 
 /* ------------------------------------------------------------------ dense */
 
-/* The GELU output out(N,F) of the kept pre-activation pre again, for the
- * backward: the sets never keep it (its buffer is the working copy's, which
- * later blocks' forwards overwrite). The forward's own kernel with a bias
- * of zeros (pre + 0 is pre), so the same floats as the forward made. Under
- * recompute = block the block's forward has just run: nothing to do. */
-static void gelu_again(const Model *m, float *pre, float *out, int N, int F) {
-    static float *zeros = NULL;
-    static int cap = 0;
-    if (m->d.recompute == RECOMPUTE_BLOCK || N == 0) return;
-    if (F > cap) { /* the training thread's alone, outside parallel regions */
-        free(zeros);
-        zeros = xcalloc((size_t)F, sizeof(float));
-        cap = F;
-    }
-    bias_gelu_forward(pre, out, zeros, N, F);
+/* The GELU output out of the kept pre-activation pre (n floats) again, for
+ * the backward: the sets never keep it (its buffer is the working copy's,
+ * which later blocks' forwards overwrite). With it, grad = gelu'(pre) on
+ * the same tanh, which the GELU's backward then multiplies by its output's
+ * gradient: the same floats as gelu_forward and gelu_backward_set. Returns
+ * 0 under recompute = block, where the block's forward has just made out
+ * and grad is left for gelu_backward_set. */
+static int gelu_again(const Model *m, const float *pre, float *out, float *grad, size_t n) {
+    if (m->d.recompute == RECOMPUTE_BLOCK) return 0;
+    if (n) gelu_with_grad(out, grad, pre, n);
+    return 1;
+}
+
+/* The GELU's backward: dpre = gelu'(pre) * dout, dpre holding gelu'(pre)
+ * already when gelu_again made it. */
+static void gelu_back(int have_grad, float *dpre, const float *pre, const float *dout, size_t n) {
+    if (have_grad) mul_inplace(dpre, dout, n);
+    else gelu_backward_set(dpre, pre, dout, n);
 }
 
 static void dense_forward(Model *m, int l, const float *u, int N, float *out) {
@@ -56,10 +59,10 @@ static void dense_backward(Model *m, int l, const float *u, int N, const float *
     Scratch *S = &m->s;
     const int C = d->C;
     const size_t NF = (size_t)N * d->Fl;
-    gelu_again(m, A->fch, A->fch_gelu, N, d->Fl);
+    const int have_grad = gelu_again(m, A->fch, A->fch_gelu, S->dfch, NF);
     linear_backward_set(S->dfchg, g->fcprojw, g->fcprojb, dout, A->fch_gelu, p->fcprojw, N, d->Fl,
                         C);
-    gelu_backward_set(S->dfch, A->fch, S->dfchg, NF);
+    gelu_back(have_grad, S->dfch, A->fch, S->dfchg, NF);
     linear_backward_set(du, g->fcw, g->fcb, S->dfch, u, p->fcw, N, C, d->Fl);
     tp_allreduce_sum(du, (size_t)N * C, &m->tp);
 }
@@ -110,9 +113,10 @@ static void experts_backward(Model *m, int l, const float *x, const int *eoff, c
         const int n = eoff[e + 1] - eoff[e];
         if (n == 0) continue;
         float *dhg = S->mdhg + o * F, *dh = S->mdh + o * F;
-        gelu_again(m, A->mh + o * F, A->mhg + o * F, n, F);
+        const size_t nF = (size_t)n * F;
+        const int have_grad = gelu_again(m, A->mh + o * F, A->mhg + o * F, dh, nF);
         linear_backward_set(dhg, g->projw, g->projb, dy + o * C, A->mhg + o * F, p->projw, n, F, C);
-        gelu_backward_set(dh, A->mh + o * F, dhg, (size_t)n * F);
+        gelu_back(have_grad, dh, A->mh + o * F, dhg, nF);
         linear_backward_set(dx + o * C, g->fcw, g->fcb, dh, x + o * C, p->fcw, n, C, F);
     }
 }
