@@ -199,26 +199,11 @@ static size_t lse_offset(const int *off, int b, int h, int NH) {
     return (size_t)off[b] * NH + (size_t)h * (off[b + 1] - off[b]);
 }
 
-/* The row kernels below go through a row in chunks of 16 columns on 16
- * lanes (one AVX-512 vector, two AVX2 ones), the last chunk cut to the
- * row's n inside the vector (a scalar tail of up to 15 exponentials, and
- * the compiler's serial reduction of the lanes, cost as much as the rest
- * of a 256-column row). A row buffer holds n rounded up to 16 floats (a
- * tile is 256 or 512 wide); the lanes' sums add in a fixed tree, the same
- * on every vector width. */
-enum { LANES = 16 };
-
-static inline float lanes_max(float *v) {
-    for (int w = LANES / 2; w >= 1; w /= 2)
-        for (int l = 0; l < w; l++) v[l] = v[l + w] > v[l] ? v[l + w] : v[l];
-    return v[0];
-}
-
-static inline float lanes_sum(float *v) {
-    for (int w = LANES / 2; w >= 1; w /= 2)
-        for (int l = 0; l < w; l++) v[l] += v[l + w];
-    return v[0];
-}
+/* The softmax row kernels below go through a row in chunks of LANES (16)
+ * columns, the last chunk cut to the row's n inside the vector (a scalar
+ * tail of up to 15 exponentials, and the compiler's serial reduction of
+ * the lanes, cost as much as the rest of a 256-column row). A row buffer
+ * holds n rounded up to 16 floats (a tile is 256 or 512 wide). */
 
 /* One row of a score tile in the online softmax: the first n of cb columns
  * are causal (the rest are never read: mm_tile's K_UPTO mask counts them

@@ -55,28 +55,35 @@ float *head_logits(Model *m, int r0, int n) {
 }
 
 /* A row's largest logit and its sum of exponentials relative to it, over
- * the first n, in one read: blocks of 64 logits, each block's max found
- * first, the running sum rescaled once a block when the max grows (one
- * exp a logit, and one a block that raises the max). */
-#define ROW_BLOCK 64
+ * the first n, in one read: blocks of 256 logits, each block's max found
+ * first, the running sums rescaled once a block when the max grows (one
+ * exp a logit, and 16 a block that raises the max), on LANES lanes. */
+#define ROW_BLOCK 256
 VEC_IMPL row_max_sum_impl(const float *row, int n, float *mx, float *sum) {
-    float m = -INFINITY, s = 0.f;
+    float m = -INFINITY, sl[LANES] = {0};
     for (int j0 = 0; j0 < n; j0 += ROW_BLOCK) {
         const int j1 = j0 + ROW_BLOCK < n ? j0 + ROW_BLOCK : n;
-        float bm = m;
-#pragma omp simd reduction(max : bm)
-        for (int j = j0; j < j1; j++) bm = row[j] > bm ? row[j] : bm;
+        const int j16 = j0 + (j1 - j0) / LANES * LANES;
+        float bl[LANES];
+        for (int l = 0; l < LANES; l++) bl[l] = m;
+        for (int j = j0; j < j16; j += LANES)
+#pragma omp simd
+            for (int l = 0; l < LANES; l++) bl[l] = row[j + l] > bl[l] ? row[j + l] : bl[l];
+        for (int j = j16; j < j1; j++) bl[j - j16] = row[j] > bl[j - j16] ? row[j] : bl[j - j16];
+        const float bm = lanes_max(bl);
         if (bm > m) {
-            s = m == -INFINITY ? 0.f : s * fast_expf(m - bm);
+            const float r = m == -INFINITY ? 0.f : fast_expf(m - bm);
+#pragma omp simd
+            for (int l = 0; l < LANES; l++) sl[l] *= r;
             m = bm;
         }
-        float bs = 0.f;
-#pragma omp simd reduction(+ : bs)
-        for (int j = j0; j < j1; j++) bs += fast_expf(row[j] - m);
-        s += bs;
+        for (int j = j0; j < j16; j += LANES)
+#pragma omp simd
+            for (int l = 0; l < LANES; l++) sl[l] += fast_expf(row[j + l] - m);
+        for (int j = j16; j < j1; j++) sl[j - j16] += fast_expf(row[j] - m);
     }
     *mx = m;
-    *sum = s;
+    *sum = lanes_sum(sl);
 }
 VEC_DISPATCH(row_max_sum, (const float *row, int n, float *mx, float *sum), (row, n, mx, sum))
 

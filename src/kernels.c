@@ -731,17 +731,25 @@ void linear_backward_set(float *dinp, float *dw, float *dbias, const float *dout
  * mean and rstd. */
 VEC_IMPL ln_row_impl(float *o, float *mean, float *rstd, const float *x, const float *w,
                      const float *b, int C) {
-    float m = 0.f;
-#pragma omp simd reduction(+ : m)
-    for (int c = 0; c < C; c++) m += x[c];
-    m /= C;
-    float v = 0.f;
-#pragma omp simd reduction(+ : v)
-    for (int c = 0; c < C; c++) {
-        float d = x[c] - m;
-        v += d * d;
+    const int C16 = C / LANES * LANES;
+    float acc[LANES] = {0};
+    for (int c0 = 0; c0 < C16; c0 += LANES)
+#pragma omp simd
+        for (int l = 0; l < LANES; l++) acc[l] += x[c0 + l];
+    for (int c = C16; c < C; c++) acc[c - C16] += x[c];
+    const float m = lanes_sum(acc) / C;
+    float acc2[LANES] = {0};
+    for (int c0 = 0; c0 < C16; c0 += LANES)
+#pragma omp simd
+        for (int l = 0; l < LANES; l++) {
+            const float d = x[c0 + l] - m;
+            acc2[l] += d * d;
+        }
+    for (int c = C16; c < C; c++) {
+        const float d = x[c] - m;
+        acc2[c - C16] += d * d;
     }
-    v /= C;
+    const float v = lanes_sum(acc2) / C;
     const float s = 1.f / sqrtf(v + 1e-5f);
 #pragma omp simd
     for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + b[c];
@@ -820,15 +828,22 @@ static float *ln_partials(size_t n) {
 }
 VEC_IMPL ln_back_row_impl(float *dx, float *pw, float *pb, const float *x, const float *dy,
                           const float *w, float m, float s, int C, int set) {
-    float dnorm_mean = 0.f, dnorm_norm_mean = 0.f;
-#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
-    for (int c = 0; c < C; c++) {
-        float dnorm = w[c] * dy[c];
-        dnorm_mean += dnorm;
-        dnorm_norm_mean += dnorm * (x[c] - m) * s;
+    const int C16 = C / LANES * LANES;
+    float a1[LANES] = {0}, a2[LANES] = {0};
+    for (int c0 = 0; c0 < C16; c0 += LANES)
+#pragma omp simd
+        for (int l = 0; l < LANES; l++) {
+            const int c = c0 + l;
+            const float dnorm = w[c] * dy[c];
+            a1[l] += dnorm;
+            a2[l] += dnorm * (x[c] - m) * s;
+        }
+    for (int c = C16; c < C; c++) {
+        const float dnorm = w[c] * dy[c];
+        a1[c - C16] += dnorm;
+        a2[c - C16] += dnorm * (x[c] - m) * s;
     }
-    dnorm_mean /= C;
-    dnorm_norm_mean /= C;
+    const float dnorm_mean = lanes_sum(a1) / C, dnorm_norm_mean = lanes_sum(a2) / C;
     if (set) {
 #pragma omp simd
         for (int c = 0; c < C; c++) {

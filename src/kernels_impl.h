@@ -66,6 +66,28 @@ static inline void thread_range(size_t n, size_t *lo, size_t *hi) {
     *hi = n * (t + 1) / nt;
 }
 
+/* Reductions on 16 lanes: a row's element j goes to lane j % 16, in order
+ * (whole chunks of 16 as one AVX-512 vector or two AVX2 ones, a short last
+ * chunk element by element), then the lanes combine in a fixed tree. The
+ * compiler's own simd reductions end in a serial loop over the lanes,
+ * which cost as much as a short row's work; this order is also the same
+ * on every vector width. */
+enum { LANES = 16 };
+
+static inline float lanes_sum(float *v) {
+    for (int w = LANES / 2; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) v[l] += v[l + w];
+    return v[0];
+}
+
+/* The largest of the lanes (a NaN lane is passed over, as a > b ? a : b
+ * passes over it). */
+static inline float lanes_max(float *v) {
+    for (int w = LANES / 2; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) v[l] = v[l + w] > v[l] ? v[l + w] : v[l];
+    return v[0];
+}
+
 /* exp on floats in a form the compiler vectorises (Cephes polynomial after
  * a 2^k range reduction; ~2 ulp). libm's expf/tanhf do not vectorise and
  * were a fifth of the step time in GELU alone. */
