@@ -226,5 +226,8 @@ int main(void) {
         {"memory: none > attention > block, one working copy", test_memory},
         CU_TEST_INFO_NULL,
     };
-    return run_suite("recompute", tests);
+    /* each build of the elementwise loops: the recomputed GELU and its
+     * derivative must equal the forward's floats on every one */
+    return run_suite_each_vec("recompute", tests, kernels_vec_level(), kernels_set_vec_level,
+                              kernels_threads(), kernels_set_threads);
 }
