@@ -56,8 +56,8 @@ float *head_logits(Model *m, int r0, int n) {
 
 /* A row's largest logit and its sum of exponentials relative to it, over
  * the first n, in one read: blocks of 256 logits, each block's max found
- * first, the running sums rescaled once a block when the max grows (one
- * exp a logit, and 16 a block that raises the max), on LANES lanes. */
+ * first, the lanes' running sums rescaled once a block when the max grows
+ * (one exp a logit, and one a block that raises the max), on LANES lanes. */
 #define ROW_BLOCK 256
 VEC_IMPL row_max_sum_impl(const float *row, int n, float *mx, float *sum) {
     float m = -INFINITY, sl[LANES] = {0};
