@@ -12,6 +12,7 @@
 # usage: tests/bench/bench_dense.sh [THREADS] [STEPS] [N_LAYER] [REPEAT]
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/bench_lib.sh" # med
 top=$(cd "$here/../.." && pwd)
 threads=${1:-$(nproc)}
 steps=${2:-10}
@@ -44,8 +45,6 @@ torch_run() { # ENV-ARGS...: PyTorch's JSON line, run under env ENV-ARGS
     env "$@" "$PYTHON" "$here/torch_train.py" "$tmp/data/train_000000.bin" "$layers" 256 8 256 8 "$steps" "$threads"
 }
 tps() { echo "$1" | sed -e 's/.*"tokens_per_s": \([0-9]*\).*/\1/'; }
-# the median of column C of FILE
-med() { awk -v c="$2" '{ print $c }' "$1" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 : > "$tmp/pairs"
 i=0
 while [ $i -lt "$repeat" ]; do

@@ -16,6 +16,7 @@
 set -eu
 set -f
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/bench_lib.sh" # med
 top=$(cd "$here/../.." && pwd)
 MODTRAIN=${MODTRAIN:-$top/modtrain}
 PYTHON=${PYTHON:-python3}
@@ -57,8 +58,6 @@ for s in $shapes; do shape "$s"; done
 "$PYTHON" "$top/tests/scripts/make_shards.py" text "$tmp/train.bin" \
     $(( (steps + 1) * 4096 + 1 )) --vocab 256 --tokenizer 1
 
-# the median of column C of FILE: med FILE C
-med() { awk -v c="$2" '{ print $c }' "$1" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 # one ROUTE_EVERY: trains, and prints the median step time over steps 2..
 # and the last flops_ratio_dense
 one() {

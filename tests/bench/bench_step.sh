@@ -14,6 +14,7 @@
 set -eu
 set -f
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/bench_lib.sh" # med
 top=$(cd "$here/../.." && pwd)
 MODTRAIN=${MODTRAIN:-$top/modtrain}
 PYTHON=${PYTHON:-python3}
@@ -78,8 +79,6 @@ while [ $i -lt "$repeat" ]; do
     one "$MODTRAIN" $shift_args >> "$tmp/new"
     i=$((i + 1))
 done
-# median of column c of FILE
-med() { awk -v c="$2" '{ print $c }' "$1" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 echo "GPT-2 small's shape, $layers layers, seq_len $seq_len, micro-batch $micro, $threads threads: ms a step (the median of $repeat runs, each the mean of steps 2..$steps)"
 printf "%-10s" ""
 for f in $fields; do printf "%11s" "$f"; done
