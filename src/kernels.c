@@ -130,11 +130,13 @@ static int g_gemm_own = 1; /* config gemm: 1 = own_gemm, 0 = bli_sgemm_ex */
 void kernels_set_gemm(int own) { g_gemm_own = own; }
 
 static void own_gemm(int nt, int ta, int tb, int M, int N, int K, float alpha, const float *A,
-                     int lda, const float *B, int ldb, float beta, float *C, int ldc);
+                     int lda, const float *B, int ldb, float beta, float *C, int ldc, float *sum_b);
 
+/* The product on own_gemm or BLIS, timed; with sum_b (own_gemm only), also
+ * op(B)'s column sums into it (see mm_colsum). */
 static void gemm_timed(int own, int nt, int ta, int tb, int M, int N, int K, float alpha,
                        const float *A, int lda, const float *B, int ldb, float beta, float *C,
-                       int ldc) {
+                       int ldc, float *sum_b) {
     if (M <= 0 || N <= 0) return;
     if (K <= 0) {
         /* BLIS treats k = 0 as C = beta * C; keep that explicit. */
@@ -145,7 +147,7 @@ static void gemm_timed(int own, int nt, int ta, int tb, int M, int N, int K, flo
     }
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    if (own) own_gemm(nt, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    if (own) own_gemm(nt, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, sum_b);
     else blis_gemm(nt, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     count_ns(t0, t1);
@@ -157,12 +159,22 @@ double kernels_gemm_seconds(void) {
 
 void mm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
         int ldb, float beta, float *C, int ldc) {
-    gemm_timed(g_gemm_own, g_threads, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    gemm_timed(g_gemm_own, g_threads, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL);
+}
+
+void mm_colsum(int ta, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+               int ldb, float beta, float *C, int ldc, float *sum_b) {
+    if (!g_gemm_own || M <= 0 || N <= 0 || K <= 0) {
+        mm(ta, 0, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        bias_backward(sum_b, B, K, N);
+        return;
+    }
+    gemm_timed(1, g_threads, ta, 0, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, sum_b);
 }
 
 void mm1(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
          int ldb, float beta, float *C, int ldc) {
-    gemm_timed(0, 1, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    gemm_timed(0, 1, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL);
 }
 
 /* Matrix-vector products and rank-1 updates go to BLIS's level-2
@@ -376,14 +388,31 @@ VEC_IMPL pack_row_split_impl(int P, int K, const float *x, int R, float *out) {
 }
 VEC_DISPATCH(pack_row_split, (int P, int K, const float *x, int R, float *out), (P, K, x, R, out))
 
+/* The same, adding row k into sum: sum[p] += x[p] (the row is in L1). */
+VEC_IMPL pack_row_split_sum_impl(int P, int K, const float *x, int R, float *out, float *sum) {
+    pack_row_split_impl(P, K, x, R, out);
+#pragma omp simd
+    for (int p = 0; p < P; p++) sum[p] += x[p];
+}
+VEC_DISPATCH(pack_row_split_sum, (int P, int K, const float *x, int R, float *out, float *sum),
+             (P, K, x, R, out, sum))
+
 /* X (P,K) at strides (rsx, csx) into panels of R rows of K: as pack_panels,
- * row by row where X is contiguous along P. */
-static void pack_block(int P, int K, const float *X, size_t rsx, size_t csx, int R, float *out) {
+ * row by row where X is contiguous along P; then with sum, also sum[p] +=
+ * X[p][k] over k in order (sum only where rsx is 1). */
+static void pack_block_sum(int P, int K, const float *X, size_t rsx, size_t csx, int R, float *out,
+                           float *sum) {
     if (rsx != 1) {
         pack_panels(P, K, X, rsx, csx, R, out);
         return;
     }
-    for (int k = 0; k < K; k++) pack_row_split(P, K, X + (size_t)k * csx, R, out + (size_t)k * R);
+    for (int k = 0; k < K; k++) {
+        if (sum) pack_row_split_sum(P, K, X + (size_t)k * csx, R, out + (size_t)k * R, sum);
+        else pack_row_split(P, K, X + (size_t)k * csx, R, out + (size_t)k * R);
+    }
+}
+static void pack_block(int P, int K, const float *X, size_t rsx, size_t csx, int R, float *out) {
+    pack_block_sum(P, K, X, rsx, csx, R, out, NULL);
 }
 
 float *kernels_scratch(int slot, size_t n) {
@@ -526,11 +555,22 @@ static void blk_init(void) {
 }
 static pthread_once_t g_blk_once = PTHREAD_ONCE_INIT;
 
+/* The operands of one thread's part of a product, and where the column
+ * sums of op(B) go (see mm_colsum): xsum[p] += X[p][k] over all k (NULL:
+ * none), likewise ysum[q] += Y[k][q]; the thread that owns them packs that
+ * side contiguous along it. */
+typedef struct {
+    const float *X, *Y;
+    size_t rsx, csx, rsy, csy;
+    float *xsum, *ysum;
+} PartOps;
+
 /* One thread's part: C' (P,Q) = X (P,K) Y (K,Q) for p in [p0, p1), q in
  * [q0, q1), C' at strides (rsz, csz). */
-static void blocked_part(int p0, int p1, int q0, int q1, int K, float alpha, const float *X,
-                         size_t rsx, size_t csx, const float *Y, size_t rsy, size_t csy, float beta,
-                         float *C, size_t rsz, size_t csz) {
+static void blocked_part(int p0, int p1, int q0, int q1, int K, float alpha, const PartOps *o,
+                         float beta, float *C, size_t rsz, size_t csz) {
+    const float *X = o->X, *Y = o->Y;
+    const size_t rsx = o->rsx, csx = o->csx, rsy = o->rsy, csy = o->csy;
     const int MR = g_ukr.mr, NR = g_ukr.nr, MC = g_blk.mc, KC = g_blk.kc, NC = g_blk.nc;
     const int KM = g_blk.kc_max;
     float *yp = kernels_scratch(SCRATCH_PACK, (size_t)(NC + NR + MC + MR) * KM);
@@ -545,10 +585,14 @@ static void blocked_part(int p0, int p1, int q0, int q1, int K, float alpha, con
             kc = K - pc <= KM ? K - pc : KC;
             float b = pc == 0 ? beta : 1.f;
             /* Y (K,Q) packs as Y^T (Q,K) */
-            pack_block(nq, kc, Y + (size_t)jc * csy + (size_t)pc * rsy, csy, rsy, NR, yp);
+            pack_block_sum(nq, kc, Y + (size_t)jc * csy + (size_t)pc * rsy, csy, rsy, NR, yp,
+                           o->ysum ? o->ysum + jc : NULL);
             for (int ic = p0; ic < p1; ic += MC) {
                 const int mp = p1 - ic < MC ? p1 - ic : MC;
-                pack_block(mp, kc, X + (size_t)ic * rsx + (size_t)pc * csx, rsx, csx, MR, xp);
+                /* X is packed again for each block of Q: summed on the first */
+                float *xs = o->xsum && jc == q0 ? o->xsum + ic : NULL;
+                pack_block_sum(mp, kc, X + (size_t)ic * rsx + (size_t)pc * csx, rsx, csx, MR, xp,
+                               xs);
                 for (int jr = 0; jr < nq; jr += NR) {
                     const int n = nq - jr < NR ? nq - jr : NR;
                     for (int ir = 0; ir < mp; ir += MR) {
@@ -579,7 +623,8 @@ static void blocked_part(int p0, int p1, int q0, int q1, int K, float alpha, con
 }
 
 static void own_gemm(int nt, int ta, int tb, int M, int N, int K, float alpha, const float *A,
-                     int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+                     int lda, const float *B, int ldb, float beta, float *C, int ldc,
+                     float *sum_b) {
     pthread_once(&g_blk_once, blk_init);
     /* C' = X (P,K) Y (K,Q) in the micro-kernel's preferred storage, as in
      * mm_tile */
@@ -592,6 +637,11 @@ static void own_gemm(int nt, int ta, int tb, int M, int N, int K, float alpha, c
     const size_t rsy = ty ? 1 : (size_t)ldy, csy = ty ? (size_t)ldy : 1;
     /* the threads split the larger side, in whole micro-panels */
     const int split_p = P >= Q;
+    /* op(B)'s column sums: B is X when C' is C^T, else Y, either way
+     * contiguous along N (tb 0); each column sums its K rows in order from
+     * zero, then joins sum_b, as bias_backward does */
+    const int b_is_x = !rp, nsum = sum_b ? N : 0;
+    float *acc = sum_b ? xcalloc((size_t)nsum, sizeof(float)) : NULL;
 #pragma omp parallel num_threads(nt)
     {
         const int n = omp_get_num_threads(), t = omp_get_thread_num();
@@ -600,11 +650,15 @@ static void own_gemm(int nt, int ta, int tb, int M, int N, int K, float alpha, c
         int hi = u * (int)((long)units * (t + 1) / n);
         hi = hi < len ? hi : len;
         if (lo < hi) {
-            if (split_p)
-                blocked_part(lo, hi, 0, Q, K, alpha, X, rsx, csx, Y, rsy, csy, beta, C, rsz, csz);
-            else blocked_part(0, P, lo, hi, K, alpha, X, rsx, csx, Y, rsy, csy, beta, C, rsz, csz);
+            /* the sums are the split side's owners', else the first part's */
+            float *mine = acc && (split_p == b_is_x || lo == 0) ? acc : NULL;
+            PartOps o = {X, Y, rsx, csx, rsy, csy, b_is_x ? mine : NULL, b_is_x ? NULL : mine};
+            if (split_p) blocked_part(lo, hi, 0, Q, K, alpha, &o, beta, C, rsz, csz);
+            else blocked_part(0, P, lo, hi, K, alpha, &o, beta, C, rsz, csz);
         }
     }
+    for (int j = 0; j < nsum; j++) sum_b[j] += acc[j];
+    free(acc);
 }
 
 void mm_ref(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
@@ -713,8 +767,9 @@ static void linear_backward_beta(float *dinp, float beta, float *dw, float *dbia
                                  const float *dout, const float *inp, const float *w, int N, int C,
                                  int OC) {
     if (dinp) mm(0, 1, N, C, OC, 1.f, dout, OC, w, OC, beta, dinp, C);
-    mm(1, 0, C, OC, N, 1.f, inp, C, dout, OC, 1.f, dw, OC);
-    if (dbias) bias_backward(dbias, dout, N, OC);
+    /* the bias's gradient as dout is packed for the weights' */
+    if (dbias) mm_colsum(1, C, OC, N, 1.f, inp, C, dout, OC, 1.f, dw, OC, dbias);
+    else mm(1, 0, C, OC, N, 1.f, inp, C, dout, OC, 1.f, dw, OC);
 }
 
 void linear_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,

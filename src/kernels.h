@@ -53,6 +53,12 @@ double kernels_gemm_seconds(void);
 void kernels_set_gemm(int own);
 void mm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
         int ldb, float beta, float *C, int ldc);
+/* mm with op(B) = B (K,N) as stored, adding B's column sums into sum_b
+ * (sum_b[j] += sum over k of B[k][j]) as B is packed for the product, not
+ * in a pass of its own: the same bits as bias_backward(sum_b, B, K, N)
+ * (each column summed over the rows in order, from zero, then added). */
+void mm_colsum(int ta, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+               int ldb, float beta, float *C, int ldc, float *sum_b);
 /* The same on one thread, for calls made inside a parallel region. */
 void mm1(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
          int ldb, float beta, float *C, int ldc);

@@ -627,6 +627,38 @@ static void test_linear_backward_set(void) {
     free(inp), free(w), free(dout), free(d1), free(d2), free(w1), free(w2);
 }
 
+/* mm_colsum: the product mm makes and bias_backward's column sums, bit
+ * for bit, with C stored both ways and the threads splitting either side,
+ * K past KC's blocks, and B's side packed in more than one block of NC
+ * (6300 rows: 3150 a thread, NC 3072 for skx). */
+static void test_mm_colsum(void) {
+    const int sizes[][3] = {{37, 53, 29}, {33, 1000, 20}, {1000, 33, 20}, {35, 40, 800},
+                            {6300, 9, 3}, {9, 6300, 3},   {1, 1, 1}};
+    for (int orient = -1; orient <= 1; orient++) {
+        mm_tile_orientation(orient);
+        for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++)
+            for (int ta = 0; ta < 2; ta++) {
+                const int M = sizes[k][0], N = sizes[k][1], K = sizes[k][2], lda = ta ? M : K;
+                float *A = xmalloc((size_t)M * K * 4), *B = xmalloc((size_t)K * N * 4),
+                      *C1 = xmalloc((size_t)M * N * 4), *C2 = xmalloc((size_t)M * N * 4),
+                      *s1 = xmalloc((size_t)N * 4), *s2 = xmalloc((size_t)N * 4);
+                fill_normal(A, (size_t)M * K, 21, 1.f), fill_normal(B, (size_t)K * N, 22, 1.f);
+                fill_normal(C1, (size_t)M * N, 23, 1.f), fill_normal(s1, (size_t)N, 24, 1.f);
+                memcpy(C2, C1, (size_t)M * N * 4), memcpy(s2, s1, (size_t)N * 4);
+                mm_colsum(ta, M, N, K, 0.7f, A, lda, B, N, 1.3f, C1, N, s1);
+                mm(ta, 0, M, N, K, 0.7f, A, lda, B, N, 1.3f, C2, N);
+                bias_backward(s2, B, K, N);
+                CU_ASSERT(same(C1, C2, (size_t)M * N));
+                CU_ASSERT(same(s1, s2, (size_t)N));
+                if (!same(s1, s2, (size_t)N))
+                    printf("\n  mm_colsum %dx%dx%d ta=%d orient=%d: sums differ\n", M, N, K, ta,
+                           orient);
+                free(A), free(B), free(C1), free(C2), free(s1), free(s2);
+            }
+    }
+    mm_tile_orientation(-1);
+}
+
 /* The bias gradient: column sums within rounding of the double reference,
  * added to what was there, and the same bits on one thread as on two. */
 static void test_bias_backward(void) {
@@ -662,6 +694,7 @@ int main(void) {
         {"the reference is a matrix product", test_mm_reference_is_a_product},
         {"own packing on BLIS's micro-kernel matches the reference across cache blocks",
          test_own_gemm_matches_reference},
+        {"mm_colsum: mm's product and bias_backward's column sums, bit for bit", test_mm_colsum},
         {"tile products on BLIS's micro-kernel match the reference (masks, storages)",
          test_mm_tile_matches_reference},
         {"BLIS matrix-vector products and rank-1 updates match the reference",
