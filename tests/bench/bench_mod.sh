@@ -7,7 +7,8 @@
 # the first (a shared VM's bursts of outside load move a mean by several
 # percent, the median barely). Prints per shape the median step times,
 # MoD's step-time ratio, its FLOPs ratio (the metrics' flops_ratio_dense),
-# their difference and the goal for it:
+# their difference and the goal for it (with --repeat above 1, each pair's
+# difference too, as the pairs run):
 #   gpt2   GPT-2 small (V 50257, d_model 768, 12 layers), T 256, micro-batch 4
 #   d128   tests/bench/mod_experiment.sh's model (d_model 128, 8 layers, T 256, B 8)
 #   d64    the isoFLOP sweep's smallest (d_model 64, 2 layers, T 256, B 16)
@@ -87,6 +88,10 @@ for s in $shapes; do
         one 0 >> "$tmp/dense"
         one 2 >> "$tmp/mod"
         i=$((i + 1))
+        # each pair's own difference: this VM's neighbours move it more than
+        # the medians show
+        [ "$repeat" -gt 1 ] && paste -d ' ' "$tmp/dense" "$tmp/mod" | awk -v s="$s" -v i=$i 'NR == i {
+            printf "  %s pair %d: dense %.1f, MoD %.1f ms, difference %+.3f\n", s, i, $1, $3, $3 / $1 - $4 }'
     done
     awk -v s="$s" -v d="$(med "$tmp/dense" 1)" -v m="$(med "$tmp/mod" 1)" -v f="$(med "$tmp/mod" 2)" \
         -v g="$goal" 'BEGIN { r = m / d; printf "%-6s %11.1f %11.1f %11.3f %11.3f %+11.3f %6s\n",
