@@ -492,7 +492,7 @@ static double block_sumsq_base(const float *g, size_t n) {
 /* The same lanes as four AVX2 registers of four doubles. Left to the
  * compiler (an array of lanes under omp simd), they lived on the stack, a
  * store and a load an addition: the gradients' norm took 39 ms of a GPT-2
- * small step, these 25 (reading the gradients alone takes 19). No FMA:
+ * small step, these 22.5 (reading the gradients alone takes 19). No FMA:
  * nothing is fused, so the bits are the base's. */
 VEC_TARGET_NOFMA static inline __m256d sumsq_add4(__m256d a, const float *g) {
     const __m256d d = _mm256_cvtps_pd(_mm_loadu_ps(g));
