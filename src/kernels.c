@@ -221,6 +221,7 @@ static struct {
     SgemmUkr f;
     cntx_t *cntx;
     int mr, nr, row_pref;
+    int inplace; /* ukr_32x12_inplace stands in for f on whole blocks */
 } g_ukr;
 static pthread_once_t g_ukr_once = PTHREAD_ONCE_INIT;
 static int g_orient = -1; /* the tests' choice of storage for C, -1 the kernel's */
@@ -233,7 +234,31 @@ static void ukr_init(void) {
     g_ukr.mr = (int)bli_cntx_get_blksz_def_dt(BLIS_FLOAT, BLIS_MR, g_ukr.cntx);
     g_ukr.nr = (int)bli_cntx_get_blksz_def_dt(BLIS_FLOAT, BLIS_NR, g_ukr.cntx);
     g_ukr.row_pref = bli_cntx_get_l3_nat_ukr_prefs_dt(BLIS_FLOAT, BLIS_GEMM_UKR, g_ukr.cntx);
+#if defined(__x86_64__) && defined(__GNUC__)
+    g_ukr.inplace =
+        bli_arch_query_id() == BLIS_ARCH_SKX && g_ukr.mr == 32 && g_ukr.nr == 12 && !g_ukr.row_pref;
+#endif
 }
+
+static int g_inplace_on = 1;
+
+int kernels_inplace(void) {
+    pthread_once(&g_ukr_once, ukr_init);
+    return g_ukr.inplace && kernels_avx512;
+}
+
+/* The longest K block read in place: the micro-kernel's A panel and its
+ * 12 rows of B then fit in L1 together (kc 256: 32 + 12 KB), so each row's
+ * lines are fetched once for all the blocks of A. At kc 384 (GPT-2 small's
+ * K of 768 or more) the rows came from L2 again for every block, twelve
+ * streams at once: gemm_bench's GPT-2 shapes ran 2-4% slower than with B
+ * packed. */
+enum { INPLACE_KC_MAX = 256 };
+
+/* whether mm and mm_tile read the broadcast side in place now */
+static int inplace_on(void) { return g_ukr.inplace && kernels_avx512 && g_inplace_on; }
+
+void kernels_set_inplace(int on) { g_inplace_on = on; }
 
 /* out[k R + i] = x[i rs + k] for i < r, k < K: r rows, each contiguous
  * along k, into one panel (a transpose). */
@@ -331,6 +356,75 @@ VEC_TARGET512 static void pack_rows_avx512(int r, int K, const float *x, size_t 
         if (k < K) pack_rows_avx2(16, K - k, xi + k, rs, R, o + (size_t)k * R + i);
     }
     if (i < r) pack_rows_avx2(r - i, K, x + i * rs, rs, R, o + i);
+}
+#endif
+
+/* skx's 32 x 12 product with B read where it lies: C (32,12, by columns at
+ * stride ldc) = alpha A B + beta C for A a packed panel of 32 rows and B
+ * 12 rows each contiguous along k, row j at b + j ldb. The broadcast side
+ * of skx's micro-kernel is its 12, so its panel need not be packed: an
+ * activation contiguous along k (the forward's input, the input gradient's
+ * dout) is read as it is instead of transposed into a panel (0.7 cycles a
+ * float, a third of the packing). The arithmetic is BLIS's kernel's, in
+ * its order: each element's FMAs in k from zero, then times alpha, then
+ * beta C added by one FMA (or stored as it is where beta is 0), so the
+ * bits are the same. */
+#if defined(__x86_64__) && defined(__GNUC__)
+/* the twelve columns' accumulators by name, so that they stay in registers
+ * (as arrays GCC kept them on the stack) */
+#define UKR_EACH_COLUMN(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define UKR_ZERO(j) __m512 lo##j = _mm512_setzero_ps(), hi##j = _mm512_setzero_ps();
+#define UKR_FMA(j)                                                \
+    {                                                             \
+        const __m512 bj = _mm512_set1_ps(b[(size_t)j * ldb + p]); \
+        lo##j = _mm512_fmadd_ps(a0, bj, lo##j);                   \
+        hi##j = _mm512_fmadd_ps(a1, bj, hi##j);                   \
+    }
+#define UKR_STORE(j)                                                       \
+    {                                                                      \
+        float *cj = c + (size_t)j * ldc;                                   \
+        __m512 l = _mm512_mul_ps(lo##j, va), h = _mm512_mul_ps(hi##j, va); \
+        if (beta != 0.f) {                                                 \
+            l = _mm512_fmadd_ps(vb, _mm512_loadu_ps(cj), l);               \
+            h = _mm512_fmadd_ps(vb, _mm512_loadu_ps(cj + 16), h);          \
+        }                                                                  \
+        _mm512_storeu_ps(cj, l);                                           \
+        _mm512_storeu_ps(cj + 16, h);                                      \
+    }
+#define UKR_STEP                                                             \
+    {                                                                        \
+        const __m512 a0 = _mm512_load_ps(a + (size_t)p * 32),                \
+                     a1 = _mm512_load_ps(a + (size_t)p * 32 + 16);           \
+        _mm_prefetch((const char *)(a + (size_t)p * 32 + 256), _MM_HINT_T0); \
+        _mm_prefetch((const char *)(a + (size_t)p * 32 + 272), _MM_HINT_T0); \
+        UKR_EACH_COLUMN(UKR_FMA)                                             \
+    }
+/* bn: the 12 rows (at the same ldb) that the next call reads, prefetched
+ * a line of each every 16 k (NULL: none) */
+VEC_TARGET512 static void ukr_32x12_inplace(int k, float alpha, const float *a, const float *b,
+                                            size_t ldb, float beta, float *c, size_t ldc,
+                                            const float *bn) {
+    UKR_EACH_COLUMN(UKR_ZERO)
+    for (int j = 0; j < 12; j++) {
+        _mm_prefetch((const char *)(c + (size_t)j * ldc), _MM_HINT_T0);
+        _mm_prefetch((const char *)(c + (size_t)j * ldc + 16), _MM_HINT_T0);
+    }
+    int p = 0;
+    for (; p + 16 <= k; p += 16) {
+        if (bn)
+            for (int j = 0; j < 12; j++)
+                _mm_prefetch((const char *)(bn + (size_t)j * ldb + p), _MM_HINT_T0);
+        const int e = p + 16;
+#pragma GCC unroll 4
+        for (; p < e; p++) UKR_STEP
+        p -= 16;
+    }
+    if (bn && k > 0)
+        for (int j = 0; j < 12; j++)
+            _mm_prefetch((const char *)(bn + (size_t)j * ldb + k - 1), _MM_HINT_T0);
+    for (; p < k; p++) UKR_STEP
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    UKR_EACH_COLUMN(UKR_STORE)
 }
 #endif
 
@@ -504,13 +598,17 @@ void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, i
     if (masked && rp)
         pack_masked(M, K, A, ta ? 1 : (size_t)lda, ta ? (size_t)lda : 1, MR, xp, mask, d);
     else pack_block(P, K, X, tx ? 1 : (size_t)ldx, tx ? (size_t)ldx : 1, MR, xp);
+    /* Y contiguous along K, unmasked: read in place (see blocked_part) */
+    const int inplace = inplace_on() && !rp && !masked && ty && ldy != 1 && K <= INPLACE_KC_MAX;
     if (masked && !rp)
         pack_masked(M, K, A, ta ? 1 : (size_t)lda, ta ? (size_t)lda : 1, NR, yp, mask, d);
-    else pack_block(Q, K, Y, ty ? (size_t)ldy : 1, ty ? 1 : (size_t)ldy, NR, yp);
+    else if (!inplace) pack_block(Q, K, Y, ty ? (size_t)ldy : 1, ty ? 1 : (size_t)ldy, NR, yp);
     auxinfo_t aux;
     memset(&aux, 0, sizeof aux);
     for (int q0 = 0; q0 < Q; q0 += NR) {
         const int n = Q - q0 < NR ? Q - q0 : NR;
+        const float *yr = Y + (size_t)q0 * ldy;
+        int packed = !inplace; /* yp's panel q0 holds Y's rows */
         for (int p0 = 0; p0 < P; p0 += MR) {
             const int m = P - p0 < MR ? P - p0 : MR;
             const int i0 = rp ? p0 : q0, i1 = i0 + (rp ? m : n), j0 = rp ? q0 : p0;
@@ -527,6 +625,16 @@ void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, i
             }
             float *a = xp + (size_t)p0 * K + (size_t)klo * MR,
                   *b = yp + (size_t)q0 * K + (size_t)klo * NR;
+#if defined(__x86_64__) && defined(__GNUC__)
+            if (inplace && m == MR && n == NR) {
+                ukr_32x12_inplace(khi - klo, alpha, a, yr + klo, (size_t)ldy, beta, c, csz, NULL);
+                continue;
+            }
+#endif
+            if (!packed) { /* an edge: BLIS's kernel on a packed panel */
+                pack_panels(n, K, yr, (size_t)ldy, 1, NR, yp + (size_t)q0 * K);
+                packed = 1;
+            }
             aux.a_next = a;
             aux.b_next = b;
             g_ukr.f(m, n, khi - klo, &alpha, a, b, &beta, c, (inc_t)rsz, (inc_t)csz, &aux,
@@ -575,6 +683,8 @@ static void blocked_part(int p0, int p1, int q0, int q1, int K, float alpha, con
     const int KM = g_blk.kc_max;
     float *yp = kernels_scratch(SCRATCH_PACK, (size_t)(NC + NR + MC + MR) * KM);
     float *xp = yp + (size_t)(NC + NR) * KM;
+    /* Y contiguous along K, into C by columns: read in place on skx */
+    const int can_inplace = inplace_on() && rsy == 1 && csy != 1 && rsz == 1 && !o->ysum;
     auxinfo_t aux;
     memset(&aux, 0, sizeof aux);
     for (int jc = q0; jc < q1; jc += NC) {
@@ -584,9 +694,11 @@ static void blocked_part(int p0, int p1, int q0, int q1, int K, float alpha, con
         for (int pc = 0, kc; pc < K; pc += kc) {
             kc = K - pc <= KM ? K - pc : KC;
             float b = pc == 0 ? beta : 1.f;
-            /* Y (K,Q) packs as Y^T (Q,K) */
-            pack_block_sum(nq, kc, Y + (size_t)jc * csy + (size_t)pc * rsy, csy, rsy, NR, yp,
-                           o->ysum ? o->ysum + jc : NULL);
+            /* Y (K,Q) packs as Y^T (Q,K), or is read in place */
+            const float *yk = Y + (size_t)jc * csy + (size_t)pc * rsy;
+            const int inplace = can_inplace && kc <= INPLACE_KC_MAX;
+            if (!inplace)
+                pack_block_sum(nq, kc, yk, csy, rsy, NR, yp, o->ysum ? o->ysum + jc : NULL);
             for (int ic = p0; ic < p1; ic += MC) {
                 const int mp = p1 - ic < MC ? p1 - ic : MC;
                 /* X is packed again for each block of Q: summed on the first */
@@ -595,6 +707,8 @@ static void blocked_part(int p0, int p1, int q0, int q1, int K, float alpha, con
                                xs);
                 for (int jr = 0; jr < nq; jr += NR) {
                     const int n = nq - jr < NR ? nq - jr : NR;
+                    const float *yr = yk + (size_t)jr * csy;
+                    int packed = !inplace; /* yp's panel jr holds Y's rows */
                     for (int ir = 0; ir < mp; ir += MR) {
                         const int m = mp - ir < MR ? mp - ir : MR;
                         float *a = xp + (size_t)ir * kc, *bb = yp + (size_t)jr * kc;
@@ -610,6 +724,19 @@ static void blocked_part(int p0, int p1, int q0, int q1, int K, float alpha, con
                                 __builtin_prefetch(cn + (size_t)j * step, 0, 3);
                                 __builtin_prefetch(cn + (size_t)j * step + 16, 0, 3);
                             }
+                        }
+#if defined(__x86_64__) && defined(__GNUC__)
+                        if (inplace && m == MR && n == NR) {
+                            /* the last block of a panel fetches the next panel's rows */
+                            const float *next =
+                                ir + MR >= mp && jr + NR < nq ? yr + NR * csy : NULL;
+                            ukr_32x12_inplace(kc, alpha, a, yr, csy, b, c, csz, next);
+                            continue;
+                        }
+#endif
+                        if (!packed) { /* an edge: BLIS's kernel on a packed panel */
+                            pack_panels(n, kc, yr, csy, 1, NR, bb);
+                            packed = 1;
                         }
                         aux.a_next = a;
                         aux.b_next = bb;

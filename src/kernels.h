@@ -86,6 +86,14 @@ void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, i
  * by columns in the micro-kernel's view whatever the kernel prefers (both
  * are correct, one is slower); -1 goes back to the kernel's preference. */
 void mm_tile_orientation(int row_pref);
+/* On skx's kernels (32 x 12, C by columns), mm and mm_tile read the side
+ * of a product that the micro-kernel broadcasts (its 12) in place where it
+ * is stored contiguous along K, through a micro-kernel of modtrain's own
+ * with skx's arithmetic, instead of transposing it into panels: the same
+ * bits. kernels_inplace() says whether this machine takes that path; for
+ * the tests and benchmarks, kernels_set_inplace(0) packs as elsewhere. */
+int kernels_inplace(void);
+void kernels_set_inplace(int on);
 /* Naive triple loop in double; the tests' reference. */
 void mm_ref(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
             const float *B, int ldb, float beta, float *C, int ldc);

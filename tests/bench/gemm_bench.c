@@ -6,7 +6,9 @@
  * weights in turn (as a model's step meets them, not the same hot matrix),
  * the two alternating so drift hits both. Prints ms per block and the
  * ratio own / blis for each shape, and the largest difference between the
- * two products' outputs.
+ * two products' outputs. Where own reads a side in place (skx's kernels:
+ * kernels_inplace), own with that side packed runs in turn too, and the
+ * last ratio is own / own packed.
  * usage: gemm_bench [THREADS [REPEATS [C N]...]]
  *   defaults: the machine's threads, 3 repeats; C 768 at N 128 and 1024
  *   (GPT-2 small: a routed block's rows, a dense block's), C 256 at N 2048
@@ -93,8 +95,10 @@ int main(int argc, char **argv) {
     printf("%d threads, BLIS %s kernels; ms per block (4 layers), the best of %d passes over "
            "%d blocks\n",
            threads, kernels_blis_arch(), repeats, BLOCKS);
-    printf("%6s %6s | %8s %8s %8s %8s | %8s %8s %8s %8s | %6s %9s\n", "C", "N", "blis fwd", "dx",
+    printf("%6s %6s | %8s %8s %8s %8s | %8s %8s %8s %8s | %6s %9s", "C", "N", "blis fwd", "dx",
            "dw", "sum", "own fwd", "dx", "dw", "sum", "ratio", "max diff");
+    if (kernels_inplace()) printf(" | %8s %8s %8s %8s | %6s", "packed", "dx", "dw", "sum", "ratio");
+    printf("\n");
     for (int k = 0; k < nshapes; k++) {
         Shape s = {.C = dims[2 * k], .N = dims[2 * k + 1]};
         s.per_block = (size_t)12 * s.C * s.C;
@@ -105,19 +109,27 @@ int main(int argc, char **argv) {
         bench_fill(s.w, BLOCKS * s.per_block, 7);
         bench_fill(s.x, (size_t)s.N * 4 * s.C, 9);
         bench_fill(s.y, (size_t)s.N * 4 * s.C, 10);
-        double best[2][3], t[3];
-        for (int i = 0; i < 6; i++) best[i / 3][i % 3] = INFINITY;
+        /* blis, own, own with the broadcast side packed (where own reads it
+         * in place: kernels_inplace) */
+        double best[3][3], t[3];
+        for (int i = 0; i < 9; i++) best[i / 3][i % 3] = INFINITY;
         for (int r = 0; r <= repeats; r++) /* the first pass of each warms up */
-            for (int own = 0; own < 2; own++) {
-                kernels_set_gemm(own);
+            for (int v = 0; v < 3; v++) {
+                kernels_set_gemm(v > 0);
+                kernels_set_inplace(v < 2);
                 pass(&s, t);
-                for (int i = 0; r > 0 && i < 3; i++) best[own][i] = fmin(best[own][i], t[i]);
+                for (int i = 0; r > 0 && i < 3; i++) best[v][i] = fmin(best[v][i], t[i]);
             }
-        const double sb = best[0][0] + best[0][1] + best[0][2];
-        const double so = best[1][0] + best[1][1] + best[1][2];
-        printf("%6d %6d | %8.2f %8.2f %8.2f %8.2f | %8.2f %8.2f %8.2f %8.2f | %6.3f %9.2g\n", s.C,
-               s.N, best[0][0], best[0][1], best[0][2], sb, best[1][0], best[1][1], best[1][2], so,
-               so / sb, max_diff(&s));
+        kernels_set_inplace(1);
+        double sum[3];
+        for (int v = 0; v < 3; v++) sum[v] = best[v][0] + best[v][1] + best[v][2];
+        printf("%6d %6d | %8.2f %8.2f %8.2f %8.2f | %8.2f %8.2f %8.2f %8.2f | %6.3f %9.2g", s.C,
+               s.N, best[0][0], best[0][1], best[0][2], sum[0], best[1][0], best[1][1], best[1][2],
+               sum[1], sum[1] / sum[0], max_diff(&s));
+        if (kernels_inplace())
+            printf(" | %8.2f %8.2f %8.2f %8.2f | %6.3f", best[2][0], best[2][1], best[2][2], sum[2],
+                   sum[1] / sum[2]);
+        printf("\n");
         free(s.w), free(s.dw), free(s.x), free(s.y);
     }
     kernels_set_gemm(1);

@@ -115,6 +115,43 @@ static void test_own_gemm_matches_reference(void) {
         }
 }
 
+/* On skx, mm and mm_tile read the micro-kernel's broadcast side in place
+ * (kernels_inplace) with the same bits as when they pack it: whole blocks
+ * and edges on both sides, K past KC (two K blocks), beta 0 and 1.3, every
+ * transpose (only ta 0 reads in place), mm_tile whole and under
+ * MASK_BELOW. */
+static void test_inplace_same_bits(void) {
+    if (!kernels_inplace()) return; /* another configuration, or a narrower build */
+    const int sizes[][3] = {{67, 45, 29}, {24, 96, 1000}, {130, 64, 256}, {11, 31, 7}};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++)
+        for (int t = 0; t < 8; t++) {
+            const int ta = t & 1, tb = t >> 1 & 1, tile = t >> 2, M = sizes[k][0], N = sizes[k][1],
+                      K = sizes[k][2];
+            const int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 1, ldc = N + 2;
+            const size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb,
+                         nc = (size_t)M * ldc;
+            float *A = xmalloc(na * 4), *B = xmalloc(nb * 4), *C[2][2];
+            fill_normal(A, na, 7, 1.f), fill_normal(B, nb, 8, 1.f);
+            for (int in = 0; in < 2; in++)
+                for (int bz = 0; bz < 2; bz++) {
+                    C[in][bz] = xmalloc(nc * 4);
+                    fill_normal(C[in][bz], nc, 9, 1.f);
+                    kernels_set_inplace(in);
+                    const float beta = bz ? 0.f : 1.3f;
+                    if (tile)
+                        mm_tile(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C[in][bz], ldc,
+                                bz ? MASK_BELOW : MASK_NONE, 5);
+                    else mm(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C[in][bz], ldc);
+                }
+            kernels_set_inplace(1);
+            for (int bz = 0; bz < 2; bz++) {
+                CU_ASSERT(!memcmp(C[0][bz], C[1][bz], nc * 4));
+                free(C[0][bz]), free(C[1][bz]);
+            }
+            free(A), free(B);
+        }
+}
+
 /* mv and rank1 (BLIS's level 2) against mm_ref on the same data as a
  * one-column product: every transpose, beta 0 over NaN, strides, and
  * zero sizes that touch nothing */
@@ -695,6 +732,7 @@ int main(void) {
         {"own packing on BLIS's micro-kernel matches the reference across cache blocks",
          test_own_gemm_matches_reference},
         {"mm_colsum: mm's product and bias_backward's column sums, bit for bit", test_mm_colsum},
+        {"skx: products read in place = packed, bit for bit", test_inplace_same_bits},
         {"tile products on BLIS's micro-kernel match the reference (masks, storages)",
          test_mm_tile_matches_reference},
         {"BLIS matrix-vector products and rank-1 updates match the reference",
