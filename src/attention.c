@@ -240,6 +240,13 @@ VEC_IMPL online_softmax_row_impl(float *row, int n, float *mx, float *sum, float
 VEC_DISPATCH(online_softmax_row, (float *row, int n, float *mx, float *sum, float *shrink),
              (row, n, mx, sum, shrink))
 
+/* A tile's row past its causal limit n, to the tile's width cb, as zeros:
+ * the products that sum over the row (P V, dS K) then read the tile as it
+ * lies (MASK_K_UPTO0) instead of packing it by the mask. */
+static void zero_tail(float *row, int n, int cb) {
+    if (n < cb) memset(row + n, 0, (size_t)(cb - n) * sizeof(float));
+}
+
 /* Head h of one sequence of T rows (q, k, v and y at their row strides);
  * s holds a br x bc tile. */
 static void attention_head_forward(float *y, float *lse, const float *q, const float *k, const float *v,
@@ -260,11 +267,12 @@ static void attention_head_forward(float *y, float *lse, const float *q, const f
                 const int n = r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb;
                 float shrink;
                 online_softmax_row(s + (size_t)i * bc, n, &mx[i], &sum[i], &shrink);
+                zero_tail(s + (size_t)i * bc, n, cb);
                 if (c0 > 0)
                     for (int j = 0; j < hs; j++) yr[(size_t)i * C + j] *= shrink;
             }
             mm_tile(0, 0, rb, hs, cb, 1.f, s, bc, v + (size_t)c0 * C3, C3, c0 > 0 ? 1.f : 0.f, yr,
-                    C, MASK_K_UPTO, r0 - c0);
+                    C, MASK_K_UPTO0, r0 - c0);
         }
         for (int i = 0; i < rb; i++) {
             const float inv = 1.f / sum[i];
@@ -351,9 +359,10 @@ static void attention_head_backward(const HeadGrad *a, float *s, float *dp) {
             for (int i = 0; i < rb; i++) {
                 const int n = r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb;
                 tile_dscores_row(dp + (size_t)i * bc, s + (size_t)i * bc, n, D[i], scale);
+                zero_tail(dp + (size_t)i * bc, n, cb);
             }
             mm_tile(0, 0, rb, hs, cb, 1.f, dp, bc, kc, C3, c0 > 0 ? 1.f : 0.f,
-                    a->dq + (size_t)r0 * C3, C3, MASK_K_UPTO, d); /* dQ += dS @ K */
+                    a->dq + (size_t)r0 * C3, C3, MASK_K_UPTO0, d); /* dQ += dS @ K */
             mm_tile(1, 0, cb, hs, rb, 1.f, dp, bc, qr, C3, 1.f, a->dk + (size_t)c0 * C3, C3,
                     MASK_K_FROM, d); /* dK += dS^T @ Q */
         }

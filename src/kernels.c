@@ -579,6 +579,8 @@ static void pack_masked(int M, int K, const float *A, size_t rs, size_t cs, int 
 void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
              const float *B, int ldb, float beta, float *C, int ldc, int mask, int d) {
     if (M <= 0 || N <= 0) return;
+    const int zeroed = mask == MASK_K_UPTO0; /* A's skipped entries hold zeros */
+    if (zeroed) mask = MASK_K_UPTO;
     pthread_once(&g_ukr_once, ukr_init);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -598,9 +600,11 @@ void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, i
     if (masked && rp)
         pack_masked(M, K, A, ta ? 1 : (size_t)lda, ta ? (size_t)lda : 1, MR, xp, mask, d);
     else pack_block(P, K, X, tx ? 1 : (size_t)ldx, tx ? (size_t)ldx : 1, MR, xp);
-    /* Y contiguous along K, unmasked: read in place (see blocked_part) */
-    const int inplace = inplace_on() && !rp && !masked && ty && ldy != 1 && K <= INPLACE_KC_MAX;
-    if (masked && !rp)
+    /* Y contiguous along K, unmasked or its skipped entries zeros: read in
+     * place (see blocked_part) */
+    const int inplace =
+        inplace_on() && !rp && (!masked || zeroed) && ty && ldy != 1 && K <= INPLACE_KC_MAX;
+    if (!inplace && masked && !rp)
         pack_masked(M, K, A, ta ? 1 : (size_t)lda, ta ? (size_t)lda : 1, NR, yp, mask, d);
     else if (!inplace) pack_block(Q, K, Y, ty ? (size_t)ldy : 1, ty ? 1 : (size_t)ldy, NR, yp);
     auxinfo_t aux;

@@ -118,7 +118,7 @@ static void test_own_gemm_matches_reference(void) {
 /* On skx, mm and mm_tile read the micro-kernel's broadcast side in place
  * (kernels_inplace) with the same bits as when they pack it: whole blocks
  * and edges on both sides, K past KC (two K blocks), beta 0 and 1.3, every
- * transpose (only ta 0 reads in place), mm_tile whole and under
+ * transpose (only ta 0 reads in place), mm_tile under MASK_K_UPTO0 and
  * MASK_BELOW. */
 static void test_inplace_same_bits(void) {
     if (!kernels_inplace()) return; /* another configuration, or a narrower build */
@@ -132,6 +132,8 @@ static void test_inplace_same_bits(void) {
                          nc = (size_t)M * ldc;
             float *A = xmalloc(na * 4), *B = xmalloc(nb * 4), *C[2][2];
             fill_normal(A, na, 7, 1.f), fill_normal(B, nb, 8, 1.f);
+            for (int i = 0; tile && !ta && i < M; i++) /* K_UPTO0's zeros past k = i + 5 */
+                for (int kk = i + 6; kk < K; kk++) A[(size_t)i * lda + kk] = 0.f;
             for (int in = 0; in < 2; in++)
                 for (int bz = 0; bz < 2; bz++) {
                     C[in][bz] = xmalloc(nc * 4);
@@ -140,7 +142,10 @@ static void test_inplace_same_bits(void) {
                     const float beta = bz ? 0.f : 1.3f;
                     if (tile)
                         mm_tile(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C[in][bz], ldc,
-                                bz ? MASK_BELOW : MASK_NONE, 5);
+                                bz   ? MASK_BELOW
+                                : ta ? MASK_NONE
+                                     : MASK_K_UPTO0,
+                                5);
                     else mm(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C[in][bz], ldc);
                 }
             kernels_set_inplace(1);
@@ -204,8 +209,9 @@ static void test_mv_rank1_match_reference(void) {
  * reference at sizes around the micro-kernel's MR x NR, every transpose,
  * both storages of C, and each causal mask: K_UPTO and K_FROM count op(A)
  * zero where they skip it and never read it there (mm_tile's A holds NaN
- * there, the reference's zeros), and BELOW leaves entries no one reads
- * (those above the diagonal are not compared). */
+ * there, the reference's zeros; K_UPTO0's A holds the zeros), and BELOW
+ * leaves entries no one reads (those above the diagonal are not
+ * compared). */
 static double check_tile(int ta, int tb, int M, int N, int K, float beta, int mask, int d) {
     const int pad = 2;
     int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
@@ -217,9 +223,10 @@ static double check_tile(int ta, int tb, int M, int N, int K, float beta, int ma
     /* op(A)(i,k) where the mask skips it: NaN for mm_tile, zero for the reference */
     for (int i = 0; i < M; i++)
         for (int k = 0; k < K; k++) {
-            int zero = (mask == MASK_K_UPTO && k > i + d) || (mask == MASK_K_FROM && k < i - d);
+            int upto = mask == MASK_K_UPTO || mask == MASK_K_UPTO0;
+            int zero = (upto && k > i + d) || (mask == MASK_K_FROM && k < i - d);
             size_t e = ta ? (size_t)k * lda + i : (size_t)i * lda + k;
-            if (zero) A[e] = NAN, A0[e] = 0.f;
+            if (zero) A[e] = mask == MASK_K_UPTO0 ? 0.f : NAN, A0[e] = 0.f;
         }
     memcpy(C2, C1, nc * 4);
     mm_tile(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C1, ldc, mask, d);
@@ -232,7 +239,7 @@ static double check_tile(int ta, int tb, int M, int N, int K, float beta, int ma
 static void test_mm_tile_matches_reference(void) {
     const int sizes[][3] = {{1, 1, 1},   {37, 53, 29},   {32, 12, 32}, {64, 24, 7},
                             {5, 70, 33}, {128, 32, 128}, {13, 13, 64}};
-    const int masks[] = {MASK_NONE, MASK_BELOW, MASK_K_UPTO, MASK_K_FROM};
+    const int masks[] = {MASK_NONE, MASK_BELOW, MASK_K_UPTO, MASK_K_FROM, MASK_K_UPTO0};
     const int ds[] = {0, 5, -3, 100};
     double worst = 0;
     for (int orient = 0; orient < 2; orient++) {
@@ -240,7 +247,7 @@ static void test_mm_tile_matches_reference(void) {
         for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
             for (int ta = 0; ta < 2; ta++)
                 for (int tb = 0; tb < 2; tb++)
-                    for (int m = 0; m < 4; m++)
+                    for (int m = 0; m < 5; m++)
                         for (int di = 0; di < 4; di++) {
                             const int *z = sizes[s];
                             double w = check_tile(ta, tb, z[0], z[1], z[2], di & 1 ? 1.f : 0.f,
