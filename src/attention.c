@@ -240,11 +240,13 @@ VEC_IMPL online_softmax_row_impl(float *row, int n, float *mx, float *sum, float
 VEC_DISPATCH(online_softmax_row, (float *row, int n, float *mx, float *sum, float *shrink),
              (row, n, mx, sum, shrink))
 
-/* A tile's row past its causal limit n, to the tile's width cb, as zeros:
- * the products that sum over the row (P V, dS K) then read the tile as it
- * lies (MASK_K_UPTO0) instead of packing it by the mask. */
+/* The MASK_ZERO_TAIL entries of a tile's row past its causal limit n
+ * (short of the tile's width cb) as zeros: the products that sum over the
+ * row (P V, dS K) then read the tile as it lies (MASK_K_UPTO0) instead of
+ * packing it by the mask. (The whole tail cost 1.3% of a step in memset.) */
 static void zero_tail(float *row, int n, int cb) {
-    if (n < cb) memset(row + n, 0, (size_t)(cb - n) * sizeof(float));
+    const int e = n + MASK_ZERO_TAIL < cb ? n + MASK_ZERO_TAIL : cb;
+    for (int k = n; k < e; k++) row[k] = 0.f;
 }
 
 /* Head h of one sequence of T rows (q, k, v and y at their row strides);

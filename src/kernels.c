@@ -602,8 +602,8 @@ void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, i
     else pack_block(P, K, X, tx ? 1 : (size_t)ldx, tx ? (size_t)ldx : 1, MR, xp);
     /* Y contiguous along K, unmasked or its skipped entries zeros: read in
      * place (see blocked_part) */
-    const int inplace =
-        inplace_on() && !rp && (!masked || zeroed) && ty && ldy != 1 && K <= INPLACE_KC_MAX;
+    const int inplace = inplace_on() && !rp && (!masked || zeroed) && ty && ldy != 1 &&
+                        K <= INPLACE_KC_MAX && NR <= MASK_ZERO_TAIL;
     if (!inplace && masked && !rp)
         pack_masked(M, K, A, ta ? 1 : (size_t)lda, ta ? (size_t)lda : 1, NR, yp, mask, d);
     else if (!inplace) pack_block(Q, K, Y, ty ? (size_t)ldy : 1, ty ? 1 : (size_t)ldy, NR, yp);
@@ -635,8 +635,11 @@ void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, i
                 continue;
             }
 #endif
-            if (!packed) { /* an edge: BLIS's kernel on a packed panel */
-                pack_panels(n, K, yr, (size_t)ldy, 1, NR, yp + (size_t)q0 * K);
+            if (!packed) { /* an edge: BLIS's kernel on a packed panel, over the
+                            * k its rows read (K_UPTO0's zeros end there) */
+                int plo, phi;
+                mask_range(mask, d, K, q0, q0 + n, 0, &plo, &phi);
+                pack_panels(n, phi, yr, (size_t)ldy, 1, NR, yp + (size_t)q0 * K);
                 packed = 1;
             }
             aux.a_next = a;

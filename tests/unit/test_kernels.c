@@ -130,21 +130,25 @@ static void test_inplace_same_bits(void) {
             const int lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 1, ldc = N + 2;
             const size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb,
                          nc = (size_t)M * ldc;
-            float *A = xmalloc(na * 4), *B = xmalloc(nb * 4), *C[2][2];
+            float *A = xmalloc(na * 4), *Az = xmalloc(na * 4), *B = xmalloc(nb * 4), *C[2][2];
             fill_normal(A, na, 7, 1.f), fill_normal(B, nb, 8, 1.f);
-            for (int i = 0; tile && !ta && i < M; i++) /* K_UPTO0's zeros past k = i + 5 */
-                for (int kk = i + 6; kk < K; kk++) A[(size_t)i * lda + kk] = 0.f;
+            memcpy(Az, A, na * 4);
+            for (int i = 0; !ta && i < M; i++) /* K_UPTO0's zeros past k = i + 5, then NaN */
+                for (int kk = i + 6; kk < K; kk++)
+                    Az[(size_t)i * lda + kk] = kk <= i + 5 + MASK_ZERO_TAIL ? 0.f : NAN;
             for (int in = 0; in < 2; in++)
                 for (int bz = 0; bz < 2; bz++) {
                     C[in][bz] = xmalloc(nc * 4);
                     fill_normal(C[in][bz], nc, 9, 1.f);
                     kernels_set_inplace(in);
                     const float beta = bz ? 0.f : 1.3f;
+                    const int upto0 = tile && !ta && !bz;
                     if (tile)
-                        mm_tile(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C[in][bz], ldc,
-                                bz   ? MASK_BELOW
-                                : ta ? MASK_NONE
-                                     : MASK_K_UPTO0,
+                        mm_tile(ta, tb, M, N, K, 0.7f, upto0 ? Az : A, lda, B, ldb, beta, C[in][bz],
+                                ldc,
+                                upto0 ? MASK_K_UPTO0
+                                : bz  ? MASK_BELOW
+                                      : MASK_NONE,
                                 5);
                     else mm(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C[in][bz], ldc);
                 }
@@ -153,7 +157,7 @@ static void test_inplace_same_bits(void) {
                 CU_ASSERT(!memcmp(C[0][bz], C[1][bz], nc * 4));
                 free(C[0][bz]), free(C[1][bz]);
             }
-            free(A), free(B);
+            free(A), free(Az), free(B);
         }
 }
 
@@ -209,7 +213,8 @@ static void test_mv_rank1_match_reference(void) {
  * reference at sizes around the micro-kernel's MR x NR, every transpose,
  * both storages of C, and each causal mask: K_UPTO and K_FROM count op(A)
  * zero where they skip it and never read it there (mm_tile's A holds NaN
- * there, the reference's zeros; K_UPTO0's A holds the zeros), and BELOW
+ * there, the reference's zeros; K_UPTO0's A holds zeros in the tail it
+ * promises, NaN past it), and BELOW
  * leaves entries no one reads (those above the diagonal are not
  * compared). */
 static double check_tile(int ta, int tb, int M, int N, int K, float beta, int mask, int d) {
@@ -226,7 +231,9 @@ static double check_tile(int ta, int tb, int M, int N, int K, float beta, int ma
             int upto = mask == MASK_K_UPTO || mask == MASK_K_UPTO0;
             int zero = (upto && k > i + d) || (mask == MASK_K_FROM && k < i - d);
             size_t e = ta ? (size_t)k * lda + i : (size_t)i * lda + k;
-            if (zero) A[e] = mask == MASK_K_UPTO0 ? 0.f : NAN, A0[e] = 0.f;
+            /* K_UPTO0: zeros in the MASK_ZERO_TAIL entries past the limit */
+            int tail = mask == MASK_K_UPTO0 && k <= i + d + MASK_ZERO_TAIL;
+            if (zero) A[e] = tail ? 0.f : NAN, A0[e] = 0.f;
         }
     memcpy(C2, C1, nc * 4);
     mm_tile(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C1, ldc, mask, d);
