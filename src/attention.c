@@ -242,8 +242,9 @@ VEC_DISPATCH(online_softmax_row, (float *row, int n, float *mx, float *sum, floa
 
 /* The MASK_ZERO_TAIL entries of a tile's row past its causal limit n
  * (short of the tile's width cb) as zeros: the products that sum over the
- * row (P V, dS K) then read the tile as it lies (MASK_K_UPTO0) instead of
- * packing it by the mask. (The whole tail cost 1.3% of a step in memset.) */
+ * tile (P V, dS K; P^T dY, dS^T Q) then read it as it lies (MASK_K_UPTO0,
+ * MASK_K_FROM0) instead of packing it by the mask. (The whole tail cost 1.3% of a step in memset.)
+ */
 static void zero_tail(float *row, int n, int cb) {
     const int e = n + MASK_ZERO_TAIL < cb ? n + MASK_ZERO_TAIL : cb;
     for (int k = n; k < e; k++) row[k] = 0.f;
@@ -354,9 +355,10 @@ static void attention_head_backward(const HeadGrad *a, float *s, float *dp) {
             for (int i = 0; i < rb; i++) {
                 const int n = r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb;
                 tile_probs_row(s + (size_t)i * bc, n, a->lse[r0 + i]);
+                zero_tail(s + (size_t)i * bc, n, cb);
             }
             mm_tile(1, 0, cb, hs, rb, 1.f, s, bc, dyr, C, 1.f, a->dv + (size_t)c0 * C3, C3,
-                    MASK_K_FROM, d); /* dV += P^T @ dY */
+                    MASK_K_FROM0, d); /* dV += P^T @ dY */
             mm_tile(0, 1, rb, cb, hs, 1.f, dyr, C, vc, C3, 0.f, dp, bc, MASK_BELOW, d); /* dP */
             for (int i = 0; i < rb; i++) {
                 const int n = r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb;
@@ -366,7 +368,7 @@ static void attention_head_backward(const HeadGrad *a, float *s, float *dp) {
             mm_tile(0, 0, rb, hs, cb, 1.f, dp, bc, kc, C3, c0 > 0 ? 1.f : 0.f,
                     a->dq + (size_t)r0 * C3, C3, MASK_K_UPTO0, d); /* dQ += dS @ K */
             mm_tile(1, 0, cb, hs, rb, 1.f, dp, bc, qr, C3, 1.f, a->dk + (size_t)c0 * C3, C3,
-                    MASK_K_FROM, d); /* dK += dS^T @ Q */
+                    MASK_K_FROM0, d); /* dK += dS^T @ Q */
         }
     }
 }

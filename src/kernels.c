@@ -221,7 +221,7 @@ static struct {
     SgemmUkr f;
     cntx_t *cntx;
     int mr, nr, row_pref;
-    int inplace; /* ukr_32x12_inplace stands in for f on whole blocks */
+    int inplace; /* ukr_32x12_rows and _cols stand in for f on whole blocks */
 } g_ukr;
 static pthread_once_t g_ukr_once = PTHREAD_ONCE_INIT;
 static int g_orient = -1; /* the tests' choice of storage for C, -1 the kernel's */
@@ -360,25 +360,27 @@ VEC_TARGET512 static void pack_rows_avx512(int r, int K, const float *x, size_t 
 #endif
 
 /* skx's 32 x 12 product with B read where it lies: C (32,12, by columns at
- * stride ldc) = alpha A B + beta C for A a packed panel of 32 rows and B
- * 12 rows each contiguous along k, row j at b + j ldb. The broadcast side
- * of skx's micro-kernel is its 12, so its panel need not be packed: an
- * activation contiguous along k (the forward's input, the input gradient's
- * dout) is read as it is instead of transposed into a panel (0.7 cycles a
- * float, a third of the packing). The arithmetic is BLIS's kernel's, in
- * its order: each element's FMAs in k from zero, then times alpha, then
- * beta C added by one FMA (or stored as it is where beta is 0), so the
- * bits are the same. */
+ * stride ldc) = alpha A B + beta C for A a packed panel of 32 rows and B's
+ * element (j, k) at b + j sj + k sk. The broadcast side of skx's
+ * micro-kernel is its 12, so its panel need not be packed: an activation
+ * contiguous along k (the forward's input, the input gradient's dout: the
+ * rows kernel, sj = ldb) is read as it is instead of transposed into a
+ * panel (0.7 cycles a float, a third of the packing), and one contiguous
+ * along j (the weights' gradient's input, attention's P and dS read
+ * transposed: the columns kernel, sk = ldb) instead of copied. The
+ * arithmetic is BLIS's kernel's, in its order: each element's FMAs in k
+ * from zero, then times alpha, then beta C added by one FMA (or stored as
+ * it is where beta is 0), so the bits are the same. */
 #if defined(__x86_64__) && defined(__GNUC__)
 /* the twelve columns' accumulators by name, so that they stay in registers
  * (as arrays GCC kept them on the stack) */
 #define UKR_EACH_COLUMN(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
 #define UKR_ZERO(j) __m512 lo##j = _mm512_setzero_ps(), hi##j = _mm512_setzero_ps();
-#define UKR_FMA(j)                                                \
-    {                                                             \
-        const __m512 bj = _mm512_set1_ps(b[(size_t)j * ldb + p]); \
-        lo##j = _mm512_fmadd_ps(a0, bj, lo##j);                   \
-        hi##j = _mm512_fmadd_ps(a1, bj, hi##j);                   \
+#define UKR_FMA(j)                                                            \
+    {                                                                         \
+        const __m512 bj = _mm512_set1_ps(b[(size_t)j * sj + (size_t)p * sk]); \
+        lo##j = _mm512_fmadd_ps(a0, bj, lo##j);                               \
+        hi##j = _mm512_fmadd_ps(a1, bj, hi##j);                               \
     }
 #define UKR_STORE(j)                                                       \
     {                                                                      \
@@ -399,11 +401,11 @@ VEC_TARGET512 static void pack_rows_avx512(int r, int K, const float *x, size_t 
         _mm_prefetch((const char *)(a + (size_t)p * 32 + 272), _MM_HINT_T0); \
         UKR_EACH_COLUMN(UKR_FMA)                                             \
     }
-/* bn: the 12 rows (at the same ldb) that the next call reads, prefetched
- * a line of each every 16 k (NULL: none) */
-VEC_TARGET512 static void ukr_32x12_inplace(int k, float alpha, const float *a, const float *b,
-                                            size_t ldb, float beta, float *c, size_t ldc,
-                                            const float *bn) {
+/* bn: the rows kernel's next 12 rows (at the same sj), prefetched a line of
+ * each every 16 k (NULL: none) */
+VEC_TARGET512 static inline __attribute__((always_inline)) void
+ukr_32x12_body(int k, float alpha, const float *a, const float *b, size_t sj, size_t sk, float beta,
+               float *c, size_t ldc, const float *bn) {
     UKR_EACH_COLUMN(UKR_ZERO)
     for (int j = 0; j < 12; j++) {
         _mm_prefetch((const char *)(c + (size_t)j * ldc), _MM_HINT_T0);
@@ -413,7 +415,7 @@ VEC_TARGET512 static void ukr_32x12_inplace(int k, float alpha, const float *a, 
     for (; p + 16 <= k; p += 16) {
         if (bn)
             for (int j = 0; j < 12; j++)
-                _mm_prefetch((const char *)(bn + (size_t)j * ldb + p), _MM_HINT_T0);
+                _mm_prefetch((const char *)(bn + (size_t)j * sj + p), _MM_HINT_T0);
         const int e = p + 16;
 #pragma GCC unroll 4
         for (; p < e; p++) UKR_STEP
@@ -421,10 +423,21 @@ VEC_TARGET512 static void ukr_32x12_inplace(int k, float alpha, const float *a, 
     }
     if (bn && k > 0)
         for (int j = 0; j < 12; j++)
-            _mm_prefetch((const char *)(bn + (size_t)j * ldb + k - 1), _MM_HINT_T0);
+            _mm_prefetch((const char *)(bn + (size_t)j * sj + k - 1), _MM_HINT_T0);
     for (; p < k; p++) UKR_STEP
     const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
     UKR_EACH_COLUMN(UKR_STORE)
+}
+/* B's row j at b + j ldb, contiguous along k */
+VEC_TARGET512 static void ukr_32x12_rows(int k, float alpha, const float *a, const float *b,
+                                         size_t ldb, float beta, float *c, size_t ldc,
+                                         const float *bn) {
+    ukr_32x12_body(k, alpha, a, b, ldb, 1, beta, c, ldc, bn);
+}
+/* B's k-th 12 at b + k ldb, contiguous along j */
+VEC_TARGET512 static void ukr_32x12_cols(int k, float alpha, const float *a, const float *b,
+                                         size_t ldb, float beta, float *c, size_t ldc) {
+    ukr_32x12_body(k, alpha, a, b, 1, ldb, beta, c, ldc, NULL);
 }
 #endif
 
@@ -579,8 +592,9 @@ static void pack_masked(int M, int K, const float *A, size_t rs, size_t cs, int 
 void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
              const float *B, int ldb, float beta, float *C, int ldc, int mask, int d) {
     if (M <= 0 || N <= 0) return;
-    const int zeroed = mask == MASK_K_UPTO0; /* A's skipped entries hold zeros */
-    if (zeroed) mask = MASK_K_UPTO;
+    /* A's skipped entries next to the diagonal hold zeros */
+    const int zeroed = mask == MASK_K_UPTO0 || mask == MASK_K_FROM0;
+    if (zeroed) mask = mask == MASK_K_UPTO0 ? MASK_K_UPTO : MASK_K_FROM;
     pthread_once(&g_ukr_once, ukr_init);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -600,10 +614,11 @@ void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, i
     if (masked && rp)
         pack_masked(M, K, A, ta ? 1 : (size_t)lda, ta ? (size_t)lda : 1, MR, xp, mask, d);
     else pack_block(P, K, X, tx ? 1 : (size_t)ldx, tx ? (size_t)ldx : 1, MR, xp);
-    /* Y contiguous along K, unmasked or its skipped entries zeros: read in
-     * place (see blocked_part) */
-    const int inplace = inplace_on() && !rp && (!masked || zeroed) && ty && ldy != 1 &&
+    /* Y, unmasked or its skipped entries zeros: read in place (see
+     * blocked_part), by rows where contiguous along K (ty), else by columns */
+    const int inplace = inplace_on() && !rp && (!masked || zeroed) && ldy != 1 &&
                         K <= INPLACE_KC_MAX && NR <= MASK_ZERO_TAIL;
+    const size_t ysq = ty ? (size_t)ldy : 1, ysk = ty ? 1 : (size_t)ldy; /* Y's strides */
     if (!inplace && masked && !rp)
         pack_masked(M, K, A, ta ? 1 : (size_t)lda, ta ? (size_t)lda : 1, NR, yp, mask, d);
     else if (!inplace) pack_block(Q, K, Y, ty ? (size_t)ldy : 1, ty ? 1 : (size_t)ldy, NR, yp);
@@ -611,7 +626,7 @@ void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, i
     memset(&aux, 0, sizeof aux);
     for (int q0 = 0; q0 < Q; q0 += NR) {
         const int n = Q - q0 < NR ? Q - q0 : NR;
-        const float *yr = Y + (size_t)q0 * ldy;
+        const float *yr = Y + (size_t)q0 * ysq;
         int packed = !inplace; /* yp's panel q0 holds Y's rows */
         for (int p0 = 0; p0 < P; p0 += MR) {
             const int m = P - p0 < MR ? P - p0 : MR;
@@ -631,15 +646,17 @@ void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, i
                   *b = yp + (size_t)q0 * K + (size_t)klo * NR;
 #if defined(__x86_64__) && defined(__GNUC__)
             if (inplace && m == MR && n == NR) {
-                ukr_32x12_inplace(khi - klo, alpha, a, yr + klo, (size_t)ldy, beta, c, csz, NULL);
+                if (ty) ukr_32x12_rows(khi - klo, alpha, a, yr + klo, ysq, beta, c, csz, NULL);
+                else ukr_32x12_cols(khi - klo, alpha, a, yr + klo * ysk, ysk, beta, c, csz);
                 continue;
             }
 #endif
             if (!packed) { /* an edge: BLIS's kernel on a packed panel, over the
-                            * k its rows read (K_UPTO0's zeros end there) */
+                            * k its rows read (the zeros end there) */
                 int plo, phi;
                 mask_range(mask, d, K, q0, q0 + n, 0, &plo, &phi);
-                pack_panels(n, phi, yr, (size_t)ldy, 1, NR, yp + (size_t)q0 * K);
+                pack_block(n, phi - plo, yr + plo * ysk, ysq, ysk, NR,
+                           yp + (size_t)q0 * K + (size_t)plo * NR);
                 packed = 1;
             }
             aux.a_next = a;
@@ -691,7 +708,9 @@ static void blocked_part(int p0, int p1, int q0, int q1, int K, float alpha, con
     float *yp = kernels_scratch(SCRATCH_PACK, (size_t)(NC + NR + MC + MR) * KM);
     float *xp = yp + (size_t)(NC + NR) * KM;
     /* Y contiguous along K, into C by columns: read in place on skx */
-    const int can_inplace = inplace_on() && rsy == 1 && csy != 1 && rsz == 1 && !o->ysum;
+    /* Y read in place where contiguous along K (by columns, where contiguous
+     * along Q, one line a k: the weights' gradient ran 1.3 times slower) */
+    const int can_rows = inplace_on() && rsy == 1 && csy != 1 && rsz == 1 && !o->ysum;
     auxinfo_t aux;
     memset(&aux, 0, sizeof aux);
     for (int jc = q0; jc < q1; jc += NC) {
@@ -703,7 +722,7 @@ static void blocked_part(int p0, int p1, int q0, int q1, int K, float alpha, con
             float b = pc == 0 ? beta : 1.f;
             /* Y (K,Q) packs as Y^T (Q,K), or is read in place */
             const float *yk = Y + (size_t)jc * csy + (size_t)pc * rsy;
-            const int inplace = can_inplace && kc <= INPLACE_KC_MAX;
+            const int inplace = can_rows && kc <= INPLACE_KC_MAX;
             if (!inplace)
                 pack_block_sum(nq, kc, yk, csy, rsy, NR, yp, o->ysum ? o->ysum + jc : NULL);
             for (int ic = p0; ic < p1; ic += MC) {
@@ -737,12 +756,12 @@ static void blocked_part(int p0, int p1, int q0, int q1, int K, float alpha, con
                             /* the last block of a panel fetches the next panel's rows */
                             const float *next =
                                 ir + MR >= mp && jr + NR < nq ? yr + NR * csy : NULL;
-                            ukr_32x12_inplace(kc, alpha, a, yr, csy, b, c, csz, next);
+                            ukr_32x12_rows(kc, alpha, a, yr, csy, b, c, csz, next);
                             continue;
                         }
 #endif
                         if (!packed) { /* an edge: BLIS's kernel on a packed panel */
-                            pack_panels(n, kc, yr, csy, 1, NR, bb);
+                            pack_block(n, kc, yr, csy, rsy, NR, bb);
                             packed = 1;
                         }
                         aux.a_next = a;

@@ -79,11 +79,12 @@ void rank1(int M, int N, float alpha, const float *x, const float *y, float *A, 
  *   MASK_K_UPTO  K runs over keys: row i sums k <= i + d only (P V, dS K);
  *   MASK_K_FROM  C's rows are keys, K runs over queries: row j sums
  *                k >= j - d only (P^T dY, dS^T Q);
- *   MASK_K_UPTO0 MASK_K_UPTO where op(A) holds zeros in the
- *                MASK_ZERO_TAIL entries past each row's limit (k from
- *                i + d + 1, short of K), as a causal tile's rows written
- *                so: then A may be read as it lies (skx). */
-enum { MASK_NONE, MASK_BELOW, MASK_K_UPTO, MASK_K_FROM, MASK_K_UPTO0 };
+ *   MASK_K_UPTO0, MASK_K_FROM0  the same where op(A) holds zeros in
+ *                the MASK_ZERO_TAIL entries of each row next to the mask's
+ *                edge (k from i + d + 1, or up to i - d - 1), as a causal
+ *                tile's rows zeroed past their limit: then A may be read as
+ *                it lies (skx). */
+enum { MASK_NONE, MASK_BELOW, MASK_K_UPTO, MASK_K_FROM, MASK_K_UPTO0, MASK_K_FROM0 };
 enum { MASK_ZERO_TAIL = 16 }; /* at least a micro-kernel's NR */
 void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
              const float *B, int ldb, float beta, float *C, int ldc, int mask, int d);

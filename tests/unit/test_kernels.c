@@ -118,8 +118,8 @@ static void test_own_gemm_matches_reference(void) {
 /* On skx, mm and mm_tile read the micro-kernel's broadcast side in place
  * (kernels_inplace) with the same bits as when they pack it: whole blocks
  * and edges on both sides, K past KC (two K blocks), beta 0 and 1.3, every
- * transpose (only ta 0 reads in place), mm_tile under MASK_K_UPTO0 and
- * MASK_BELOW. */
+ * transpose (mm reads in place at ta 0, mm_tile at both), mm_tile under
+ * MASK_K_UPTO0, MASK_K_FROM0 and MASK_BELOW. */
 static void test_inplace_same_bits(void) {
     if (!kernels_inplace()) return; /* another configuration, or a narrower build */
     const int sizes[][3] = {{67, 45, 29}, {24, 96, 1000}, {130, 64, 256}, {11, 31, 7}};
@@ -133,23 +133,25 @@ static void test_inplace_same_bits(void) {
             float *A = xmalloc(na * 4), *Az = xmalloc(na * 4), *B = xmalloc(nb * 4), *C[2][2];
             fill_normal(A, na, 7, 1.f), fill_normal(B, nb, 8, 1.f);
             memcpy(Az, A, na * 4);
-            for (int i = 0; !ta && i < M; i++) /* K_UPTO0's zeros past k = i + 5, then NaN */
-                for (int kk = i + 6; kk < K; kk++)
-                    Az[(size_t)i * lda + kk] = kk <= i + 5 + MASK_ZERO_TAIL ? 0.f : NAN;
+            /* op(A): K_UPTO0's zeros past k = i + 5 (ta 0), K_FROM0's before
+             * k = i - 5 (ta 1), then NaN */
+            for (int i = 0; i < M; i++)
+                for (int kk = 0; kk < K; kk++) {
+                    const int past = ta ? i - 5 - kk : kk - i - 5; /* > 0: masked */
+                    if (past > 0)
+                        Az[ta ? (size_t)kk * lda + i : (size_t)i * lda + kk] =
+                            past <= MASK_ZERO_TAIL ? 0.f : NAN;
+                }
             for (int in = 0; in < 2; in++)
                 for (int bz = 0; bz < 2; bz++) {
                     C[in][bz] = xmalloc(nc * 4);
                     fill_normal(C[in][bz], nc, 9, 1.f);
                     kernels_set_inplace(in);
                     const float beta = bz ? 0.f : 1.3f;
-                    const int upto0 = tile && !ta && !bz;
+                    const int z = tile && !bz, zmask = ta ? MASK_K_FROM0 : MASK_K_UPTO0;
                     if (tile)
-                        mm_tile(ta, tb, M, N, K, 0.7f, upto0 ? Az : A, lda, B, ldb, beta, C[in][bz],
-                                ldc,
-                                upto0 ? MASK_K_UPTO0
-                                : bz  ? MASK_BELOW
-                                      : MASK_NONE,
-                                5);
+                        mm_tile(ta, tb, M, N, K, 0.7f, z ? Az : A, lda, B, ldb, beta, C[in][bz],
+                                ldc, z ? zmask : MASK_BELOW, 5);
                     else mm(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C[in][bz], ldc);
                 }
             kernels_set_inplace(1);
@@ -213,8 +215,8 @@ static void test_mv_rank1_match_reference(void) {
  * reference at sizes around the micro-kernel's MR x NR, every transpose,
  * both storages of C, and each causal mask: K_UPTO and K_FROM count op(A)
  * zero where they skip it and never read it there (mm_tile's A holds NaN
- * there, the reference's zeros; K_UPTO0's A holds zeros in the tail it
- * promises, NaN past it), and BELOW
+ * there, the reference's zeros; K_UPTO0's and K_FROM0's A holds zeros in
+ * the entries they promise, NaN past them), and BELOW
  * leaves entries no one reads (those above the diagonal are not
  * compared). */
 static double check_tile(int ta, int tb, int M, int N, int K, float beta, int mask, int d) {
@@ -229,10 +231,12 @@ static double check_tile(int ta, int tb, int M, int N, int K, float beta, int ma
     for (int i = 0; i < M; i++)
         for (int k = 0; k < K; k++) {
             int upto = mask == MASK_K_UPTO || mask == MASK_K_UPTO0;
-            int zero = (upto && k > i + d) || (mask == MASK_K_FROM && k < i - d);
+            int from = mask == MASK_K_FROM || mask == MASK_K_FROM0;
+            int zero = (upto && k > i + d) || (from && k < i - d);
             size_t e = ta ? (size_t)k * lda + i : (size_t)i * lda + k;
-            /* K_UPTO0: zeros in the MASK_ZERO_TAIL entries past the limit */
-            int tail = mask == MASK_K_UPTO0 && k <= i + d + MASK_ZERO_TAIL;
+            /* K_UPTO0, K_FROM0: zeros in the MASK_ZERO_TAIL entries next to the edge */
+            int tail = (mask == MASK_K_UPTO0 && k <= i + d + MASK_ZERO_TAIL) ||
+                       (mask == MASK_K_FROM0 && k >= i - d - MASK_ZERO_TAIL);
             if (zero) A[e] = tail ? 0.f : NAN, A0[e] = 0.f;
         }
     memcpy(C2, C1, nc * 4);
@@ -246,7 +250,8 @@ static double check_tile(int ta, int tb, int M, int N, int K, float beta, int ma
 static void test_mm_tile_matches_reference(void) {
     const int sizes[][3] = {{1, 1, 1},   {37, 53, 29},   {32, 12, 32}, {64, 24, 7},
                             {5, 70, 33}, {128, 32, 128}, {13, 13, 64}};
-    const int masks[] = {MASK_NONE, MASK_BELOW, MASK_K_UPTO, MASK_K_FROM, MASK_K_UPTO0};
+    const int masks[] = {MASK_NONE,   MASK_BELOW,   MASK_K_UPTO,
+                         MASK_K_FROM, MASK_K_UPTO0, MASK_K_FROM0};
     const int ds[] = {0, 5, -3, 100};
     double worst = 0;
     for (int orient = 0; orient < 2; orient++) {
@@ -254,7 +259,7 @@ static void test_mm_tile_matches_reference(void) {
         for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
             for (int ta = 0; ta < 2; ta++)
                 for (int tb = 0; tb < 2; tb++)
-                    for (int m = 0; m < 5; m++)
+                    for (int m = 0; m < 6; m++)
                         for (int di = 0; di < 4; di++) {
                             const int *z = sizes[s];
                             double w = check_tile(ta, tb, z[0], z[1], z[2], di & 1 ? 1.f : 0.f,
