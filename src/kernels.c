@@ -921,8 +921,8 @@ static void linear_backward_beta(float *dinp, float beta, float *dw, float *dbia
                                  int OC) {
     if (dinp) mm(0, 1, N, C, OC, 1.f, dout, OC, w, OC, beta, dinp, C);
     /* the bias's gradient as dout is packed for the weights' */
-    if (dbias) mm_colsum(1, C, OC, N, 1.f, inp, C, dout, OC, 1.f, dw, OC, dbias);
-    else mm(1, 0, C, OC, N, 1.f, inp, C, dout, OC, 1.f, dw, OC);
+    if (dw && dbias) mm_colsum(1, C, OC, N, 1.f, inp, C, dout, OC, 1.f, dw, OC, dbias);
+    else if (dw) mm(1, 0, C, OC, N, 1.f, inp, C, dout, OC, 1.f, dw, OC);
 }
 
 void linear_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
@@ -1224,6 +1224,30 @@ void gelu_with_grad(float *out, float *grad, const float *inp, size_t n) {
         size_t lo, hi;
         thread_range(n, &lo, &hi);
         gelu_with_grad_range(out, grad, inp, lo, hi);
+    }
+}
+
+/* out = gelu(inp) and dinp = gelu'(inp) * dout on one tanh an element: the
+ * same floats as gelu_forward and gelu_backward_set. */
+VEC_IMPL gelu_with_backward_range_impl(float *out, float *dinp, const float *inp, const float *dout,
+                                       size_t lo, size_t hi) {
+#pragma omp simd
+    for (size_t i = lo; i < hi; i++) {
+        const float x = inp[i];
+        out[i] = gelu(x);
+        dinp[i] = gelu_grad(x) * dout[i];
+    }
+}
+VEC_DISPATCH(gelu_with_backward_range,
+             (float *out, float *dinp, const float *inp, const float *dout, size_t lo, size_t hi),
+             (out, dinp, inp, dout, lo, hi))
+
+void gelu_with_backward(float *out, float *dinp, const float *inp, const float *dout, size_t n) {
+#pragma omp parallel
+    {
+        size_t lo, hi;
+        thread_range(n, &lo, &hi);
+        gelu_with_backward_range(out, dinp, inp, dout, lo, hi);
     }
 }
 

@@ -107,8 +107,8 @@ void mm_ref(int ta, int tb, int M, int N, int K, float alpha, const float *A, in
 /* out(N,OC) = inp(N,C) @ w(C,OC) [+ bias(OC)]. */
 void linear_forward(float *out, const float *inp, const float *w, const float *bias, int N, int C,
                     int OC);
-/* dinp(N,C) += dout @ w^T (when dinp), dw(C,OC) += inp^T @ dout,
- * dbias(OC) += column sums of dout (when dbias). */
+/* dinp(N,C) += dout @ w^T (when dinp), dw(C,OC) += inp^T @ dout (when
+ * dw), dbias(OC) += column sums of dout (when dw and dbias). */
 void linear_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp,
                      const float *w, int N, int C, int OC);
 /* The same with dinp overwritten (=) rather than added to: no zeroing
@@ -144,6 +144,10 @@ void gelu_backward_set(float *dinp, const float *inp, const float *dout, size_t 
 /* out = gelu(inp), grad = gelu'(inp) in one pass (one tanh an element; the
  * same floats as gelu_forward, and as gelu_backward_set's factor). */
 void gelu_with_grad(float *out, float *grad, const float *inp, size_t n);
+/* out = gelu(inp), dinp = gelu'(inp) * dout in one pass: the GELU's output
+ * again and its backward (the same floats as gelu_forward and
+ * gelu_backward_set). */
+void gelu_with_backward(float *out, float *dinp, const float *inp, const float *dout, size_t n);
 /* a *= b, elementwise. */
 void mul_inplace(float *a, const float *b, size_t n);
 /* pre(N,F) += bias, out = gelu(pre), in one pass (the same floats as

@@ -59,10 +59,16 @@ static void dense_backward(Model *m, int l, const float *u, int N, const float *
     Scratch *S = &m->s;
     const int C = d->C;
     const size_t NF = (size_t)N * d->Fl;
-    const int have_grad = gelu_again(m, A->fch, A->fch_gelu, S->dfch, NF);
-    linear_backward_set(S->dfchg, g->fcprojw, g->fcprojb, dout, A->fch_gelu, p->fcprojw, N, d->Fl,
-                        C);
-    gelu_back(have_grad, S->dfch, A->fch, S->dfchg, NF);
+    if (d->recompute == RECOMPUTE_BLOCK) { /* the block's forward has just made fch_gelu */
+        linear_backward_set(S->dfchg, g->fcprojw, g->fcprojb, dout, A->fch_gelu, p->fcprojw, N,
+                            d->Fl, C);
+        gelu_backward_set(S->dfch, A->fch, S->dfchg, NF);
+    } else { /* c_proj's input gradient, then the GELU's output again and its
+              * backward in one pass, then c_proj's weights' gradient */
+        linear_backward_set(S->dfchg, NULL, NULL, dout, NULL, p->fcprojw, N, d->Fl, C);
+        gelu_with_backward(A->fch_gelu, S->dfch, A->fch, S->dfchg, NF);
+        linear_backward(NULL, g->fcprojw, g->fcprojb, dout, A->fch_gelu, NULL, N, d->Fl, C);
+    }
     linear_backward_set(du, g->fcw, g->fcb, S->dfch, u, p->fcw, N, C, d->Fl);
     tp_allreduce_sum(du, (size_t)N * C, &m->tp);
 }

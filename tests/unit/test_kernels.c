@@ -662,6 +662,17 @@ static void test_fused_elementwise(void) {
     gelu_backward(q1, p1, dg, NF);
     gelu_backward_set(q2, p1, dg, NF);
     CU_ASSERT(max_diff(q1, q2, NF) < 1e-6f);
+    /* the GELU's output again and its backward in one pass = gelu_forward
+     * and gelu_backward_set, bit for bit (as gelu_with_grad then a multiply) */
+    float *o3 = xmalloc(NF * 4), *d3 = xmalloc(NF * 4), *o4 = xmalloc(NF * 4),
+          *d4 = xmalloc(NF * 4);
+    gelu_with_backward(o3, d3, p1, dg, NF);
+    gelu_forward(o4, p1, NF);
+    CU_ASSERT(same(o3, o4, NF) && same(d3, q2, NF));
+    gelu_with_grad(o4, d4, p1, NF);
+    mul_inplace(d4, dg, NF);
+    CU_ASSERT(same(o3, o4, NF) && same(d3, d4, NF));
+    free(o3), free(d3), free(o4), free(d4);
     free(x), free(a), free(dy), free(w), free(b), free(bias), free(o1), free(o2);
     free(dx1), free(dx2), free(dx3), free(g1), free(g2), free(g3);
     free(a1), free(a2), free(res1), free(res2), free(p1), free(p2), free(q1), free(q2), free(dg);
