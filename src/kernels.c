@@ -366,8 +366,8 @@ VEC_TARGET512 static void pack_rows_avx512(int r, int K, const float *x, size_t 
  * contiguous along k (the forward's input, the input gradient's dout: the
  * rows kernel, sj = ldb) is read as it is instead of transposed into a
  * panel (0.7 cycles a float, a third of the packing), and one contiguous
- * along j (the weights' gradient's input, attention's P and dS read
- * transposed: the columns kernel, sk = ldb) instead of copied. The
+ * along j (attention's P and dS read transposed: the columns kernel, sk =
+ * ldb) instead of copied. The
  * arithmetic is BLIS's kernel's, in its order: each element's FMAs in k
  * from zero, then times alpha, then beta C added by one FMA (or stored as
  * it is where beta is 0), so the bits are the same. */
@@ -707,9 +707,9 @@ static void blocked_part(int p0, int p1, int q0, int q1, int K, float alpha, con
     const int KM = g_blk.kc_max;
     float *yp = kernels_scratch(SCRATCH_PACK, (size_t)(NC + NR + MC + MR) * KM);
     float *xp = yp + (size_t)(NC + NR) * KM;
-    /* Y contiguous along K, into C by columns: read in place on skx */
-    /* Y read in place where contiguous along K (by columns, where contiguous
-     * along Q, one line a k: the weights' gradient ran 1.3 times slower) */
+    /* Y contiguous along K, into C by columns: read in place on skx (not
+     * by columns where Y is contiguous along Q: one cache line a k, and the
+     * weights' gradient ran 1.3 times slower) */
     const int can_rows = inplace_on() && rsy == 1 && csy != 1 && rsz == 1 && !o->ysum;
     auxinfo_t aux;
     memset(&aux, 0, sizeof aux);
