@@ -607,7 +607,10 @@ void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, i
     const int tx = rp ? ta : !tb, ty = rp ? tb : !ta, ldx = rp ? lda : ldb, ldy = rp ? ldb : lda;
     const size_t rsz = rp ? (size_t)ldc : 1, csz = rp ? 1 : (size_t)ldc;
     const int Pp = (P + MR - 1) / MR * MR, Qp = (Q + NR - 1) / NR * NR;
-    float *xp = kernels_scratch(SCRATCH_PACK, (size_t)(Pp + Qp) * K), *yp = xp + (size_t)Pp * K;
+    /* Y's panels at 64 bytes too: BLIS's kernels load their vector side
+     * aligned (haswell's is Y: an odd K segfaulted there) */
+    const size_t nx = ((size_t)Pp * K + 15) / 16 * 16;
+    float *xp = kernels_scratch(SCRATCH_PACK, nx + (size_t)Qp * K), *yp = xp + nx;
     /* op(A) is X when C is stored by rows, Y (K,Q) packed as Y^T (Q,K)
      * otherwise: under K_UPTO or K_FROM it packs by the mask */
     const int masked = mask == MASK_K_UPTO || mask == MASK_K_FROM;

@@ -33,9 +33,15 @@ static double worst_product_error(const float *C1, const float *C2, int M, int N
     return worst;
 }
 
+/* Whether check_mm_size compares one thread's bits with two's: not for
+ * gemm = blis, whose small-matrix path on haswell's kernels splits the
+ * product otherwise on two threads (at 37 x 53 x 29, ta 0, tb 1, other
+ * bits; with that path off, the same). */
+static int g_same_bits_threads = 1;
+
 /* mm (mm1 when single) of (M,N,K) against the reference, with padded
  * leading dimensions: beta 0 never reads C (it holds NaN), the padding is
- * never written, and one thread gives the same bits as two. */
+ * never written, and one thread gives the same bits as two (own gemm). */
 static void check_mm_size(int ta, int tb, float beta, int M, int N, int K, int single) {
     const int pad = 2, lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
     size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
@@ -60,19 +66,21 @@ static void check_mm_size(int ta, int tb, float beta, int M, int N, int K, int s
     if (single) mm1(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C3, ldc);
     else mm(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C3, ldc);
     kernels_set_threads(nt);
-    CU_ASSERT(!memcmp(C1, C3, nc * 4));
+    if (g_same_bits_threads) CU_ASSERT(!memcmp(C1, C3, nc * 4));
     free(A), free(B), free(C1), free(C2), free(C3);
 }
 
 /* BLIS's sgemm (gemm = blis, and mm1 always) against the reference. */
 static void test_mm_matches_reference(void) {
     kernels_set_gemm(0);
+    g_same_bits_threads = 0;
     for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++)
             for (int single = 0; single < 2; single++) {
                 check_mm_size(ta, tb, 0.f, 37, 53, 29, single);
                 check_mm_size(ta, tb, 1.3f, 37, 53, 29, single);
             }
+    g_same_bits_threads = 1;
     kernels_set_gemm(1);
 }
 
