@@ -221,7 +221,11 @@ static struct {
     SgemmUkr f;
     cntx_t *cntx;
     int mr, nr, row_pref;
-    int inplace; /* ukr_32x12_rows and _cols stand in for f on whole blocks */
+    /* where a micro-kernel of our own reads op(A) in place, on whole blocks
+     * (KERNELS_INPLACE_*): ukr_32x12_rows and _cols on skx (AVX-512), in
+     * mm_tile and own_gemm; ukr_6x16_rows and _cols on haswell (AVX2), in
+     * mm_tile only; 0: nowhere */
+    int inplace;
 } g_ukr;
 static pthread_once_t g_ukr_once = PTHREAD_ONCE_INIT;
 static int g_orient = -1; /* the tests' choice of storage for C, -1 the kernel's */
@@ -235,28 +239,36 @@ static void ukr_init(void) {
     g_ukr.nr = (int)bli_cntx_get_blksz_def_dt(BLIS_FLOAT, BLIS_NR, g_ukr.cntx);
     g_ukr.row_pref = bli_cntx_get_l3_nat_ukr_prefs_dt(BLIS_FLOAT, BLIS_GEMM_UKR, g_ukr.cntx);
 #if defined(__x86_64__) && defined(__GNUC__)
-    g_ukr.inplace =
-        bli_arch_query_id() == BLIS_ARCH_SKX && g_ukr.mr == 32 && g_ukr.nr == 12 && !g_ukr.row_pref;
+    const arch_t arch = bli_arch_query_id();
+    if (arch == BLIS_ARCH_SKX && g_ukr.mr == 32 && g_ukr.nr == 12 && !g_ukr.row_pref)
+        g_ukr.inplace = KERNELS_INPLACE_TILE | KERNELS_INPLACE_GEMM;
+    else if (arch == BLIS_ARCH_HASWELL && g_ukr.mr == 6 && g_ukr.nr == 16 && g_ukr.row_pref)
+        g_ukr.inplace = KERNELS_INPLACE_TILE;
 #endif
 }
 
 static int g_inplace_on = 1;
 
-int kernels_inplace(void) {
-    pthread_once(&g_ukr_once, ukr_init);
-    return g_ukr.inplace && kernels_avx512;
+/* where this CPU runs the configuration's in-place kernel */
+static int inplace_fits(void) {
+    return (g_ukr.row_pref ? kernels_avx2 : kernels_avx512) ? g_ukr.inplace : 0;
 }
 
-/* The longest K block read in place: the micro-kernel's A panel and its
- * 12 rows of B then fit in L1 together (kc 256: 32 + 12 KB), so each row's
- * lines are fetched once for all the blocks of A. At kc 384 (GPT-2 small's
- * K of 768 or more) the rows came from L2 again for every block, twelve
- * streams at once: gemm_bench's GPT-2 shapes ran 2-4% slower than with B
- * packed. */
+int kernels_inplace(void) {
+    pthread_once(&g_ukr_once, ukr_init);
+    return inplace_fits();
+}
+
+/* The longest K block read in place: on skx the micro-kernel's packed
+ * panel and its 12 rows of op(A) then fit in L1 together (kc 256: 32 + 12
+ * KB), so each row's lines are fetched once for all the packed panels. At
+ * kc 384 (GPT-2 small's K of 768 or more) the rows came from L2 again for
+ * every block, twelve streams at once: gemm_bench's GPT-2 shapes ran 2-4%
+ * slower than with them packed. */
 enum { INPLACE_KC_MAX = 256 };
 
 /* whether mm and mm_tile read the broadcast side in place now */
-static int inplace_on(void) { return g_ukr.inplace && kernels_avx512 && g_inplace_on; }
+static int inplace_on(void) { return g_inplace_on ? inplace_fits() : 0; }
 
 void kernels_set_inplace(int on) { g_inplace_on = on; }
 
@@ -313,6 +325,24 @@ VEC_TARGET static void pack_rows_avx2(int r, int K, const float *x, size_t rs, i
         }
         for (; k < K; k++)
             for (int j = 0; j < 4; j++) o[(size_t)k * R + i + j] = xi[j * rs + k];
+    }
+    /* 2 rows (haswell's panels of 6 are 4 + 2; scalar, they took as long
+     * as the 4) as pairs, 4 k at a time */
+    for (; i + 2 <= r; i += 2) {
+        const float *x0 = x + i * rs, *x1 = x0 + rs;
+        int k = 0;
+        for (; k + 4 <= K; k += 4) {
+            const __m128 a0 = _mm_loadu_ps(x0 + k), a1 = _mm_loadu_ps(x1 + k);
+            const __m128 lo = _mm_unpacklo_ps(a0, a1), hi = _mm_unpackhi_ps(a0, a1);
+            _mm_storel_pi((__m64 *)(o + (size_t)k * R + i), lo);
+            _mm_storeh_pi((__m64 *)(o + (size_t)(k + 1) * R + i), lo);
+            _mm_storel_pi((__m64 *)(o + (size_t)(k + 2) * R + i), hi);
+            _mm_storeh_pi((__m64 *)(o + (size_t)(k + 3) * R + i), hi);
+        }
+        for (; k < K; k++) {
+            o[(size_t)k * R + i] = x0[k];
+            o[(size_t)k * R + i + 1] = x1[k];
+        }
     }
     if (i < r) pack_rows_base(r - i, K, x + i * rs, rs, R, o + i);
 }
@@ -440,6 +470,84 @@ VEC_TARGET512 static void ukr_32x12_cols(int k, float alpha, const float *a, con
     ukr_32x12_body(k, alpha, a, b, 1, ldb, beta, c, ldc, NULL);
 }
 #endif
+
+/* haswell's 6 x 16 product with A read where it lies: C (6,16, by rows at
+ * stride ldc) = alpha A B + beta C for B a packed panel of 16 columns and
+ * A's element (i, k) at a + i si + k sk. haswell's kernel prefers C by
+ * rows and broadcasts its 6, op(A)'s rows (as skx's 12 above are op(A)'s
+ * in its view of C by columns), so attention's tiles (mm_tile) read A in
+ * place the same way: the rows kernel where each row is contiguous along k
+ * (si = lda), the columns kernel where the six are (sk = lda). BLIS's
+ * arithmetic in its order, as above: the same bits. (own_gemm packs them:
+ * see blocked_part.) */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define UKR6_EACH_ROW(X) X(0) X(1) X(2) X(3) X(4) X(5)
+#define UKR6_ZERO(i) __m256 lo##i = _mm256_setzero_ps(), hi##i = _mm256_setzero_ps();
+#define UKR6_FMA(i)                                                                 \
+    {                                                                               \
+        const __m256 ai = _mm256_broadcast_ss(a + (size_t)i * si + (size_t)p * sk); \
+        lo##i = _mm256_fmadd_ps(b0, ai, lo##i);                                     \
+        hi##i = _mm256_fmadd_ps(b1, ai, hi##i);                                     \
+    }
+#define UKR6_STORE(i)                                                      \
+    {                                                                      \
+        float *ci = c + (size_t)i * ldc;                                   \
+        __m256 l = _mm256_mul_ps(lo##i, va), h = _mm256_mul_ps(hi##i, va); \
+        if (beta != 0.f) {                                                 \
+            l = _mm256_fmadd_ps(vb, _mm256_loadu_ps(ci), l);               \
+            h = _mm256_fmadd_ps(vb, _mm256_loadu_ps(ci + 8), h);           \
+        }                                                                  \
+        _mm256_storeu_ps(ci, l);                                           \
+        _mm256_storeu_ps(ci + 8, h);                                       \
+    }
+#define UKR6_STEP                                                           \
+    {                                                                       \
+        const __m256 b0 = _mm256_loadu_ps(b + (size_t)p * 16),              \
+                     b1 = _mm256_loadu_ps(b + (size_t)p * 16 + 8);          \
+        _mm_prefetch((const char *)(b + (size_t)p * 16 + 64), _MM_HINT_T0); \
+        UKR6_EACH_ROW(UKR6_FMA)                                             \
+    }
+VEC_TARGET static inline __attribute__((always_inline)) void
+ukr_6x16_body(int k, float alpha, const float *b, const float *a, size_t si, size_t sk, float beta,
+              float *c, size_t ldc) {
+    UKR6_EACH_ROW(UKR6_ZERO)
+    for (int i = 0; i < 6; i++) {
+        _mm_prefetch((const char *)(c + (size_t)i * ldc), _MM_HINT_T0);
+        _mm_prefetch((const char *)(c + (size_t)i * ldc + 15), _MM_HINT_T0);
+    }
+#pragma GCC unroll 4
+    for (int p = 0; p < k; p++) UKR6_STEP
+    const __m256 va = _mm256_set1_ps(alpha), vb = _mm256_set1_ps(beta);
+    UKR6_EACH_ROW(UKR6_STORE)
+}
+VEC_TARGET static void ukr_6x16_rows(int k, float alpha, const float *b, const float *a, size_t lda,
+                                     float beta, float *c, size_t ldc) {
+    ukr_6x16_body(k, alpha, b, a, lda, 1, beta, c, ldc);
+}
+VEC_TARGET static void ukr_6x16_cols(int k, float alpha, const float *b, const float *a, size_t lda,
+                                     float beta, float *c, size_t ldc) {
+    ukr_6x16_body(k, alpha, b, a, 1, lda, beta, c, ldc);
+}
+#endif
+
+/* The configuration's in-place kernel on a whole MR x NR block: v the
+ * packed panel of op(B); op(A)'s element (r, k) at s + r sr + k sk (sk 1:
+ * the rows kernel, with next the following block's rows to prefetch on
+ * skx, or NULL; else sr is 1: the columns kernel); the block's line r
+ * (op(A)'s row r: a row of C on haswell, a column of C' = C^T on skx) at
+ * c + r ldc. */
+static void ukr_inplace(int k, float alpha, const float *v, const float *s, size_t sr, size_t sk,
+                        float beta, float *c, size_t ldc, const float *next) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (g_ukr.row_pref && sk == 1) ukr_6x16_rows(k, alpha, v, s, sr, beta, c, ldc);
+    else if (g_ukr.row_pref) ukr_6x16_cols(k, alpha, v, s, sk, beta, c, ldc);
+    else if (sk == 1) ukr_32x12_rows(k, alpha, v, s, sr, beta, c, ldc, next);
+    else ukr_32x12_cols(k, alpha, v, s, sk, beta, c, ldc);
+#else
+    (void)k, (void)alpha, (void)v, (void)s, (void)sr, (void)sk, (void)beta, (void)c, (void)ldc,
+        (void)next;
+#endif
+}
 
 /* X (P,K) at strides (rsx, csx) into panels of R rows, each K columns of R
  * floats, the last panel's missing rows zero. */
@@ -598,74 +706,69 @@ void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, i
     pthread_once(&g_ukr_once, ukr_init);
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    /* C = X (P,K) @ Y (K,Q) in the micro-kernel's preferred storage: C
-     * itself for a row-preferring kernel, C^T (B^T A^T) for one that
-     * prefers columns. */
-    const int rp = g_orient >= 0 ? g_orient : g_ukr.row_pref, MR = g_ukr.mr, NR = g_ukr.nr;
-    const int P = rp ? M : N, Q = rp ? N : M;
-    const float *X = rp ? A : B, *Y = rp ? B : A;
-    const int tx = rp ? ta : !tb, ty = rp ? tb : !ta, ldx = rp ? lda : ldb, ldy = rp ? ldb : lda;
-    const size_t rsz = rp ? (size_t)ldc : 1, csz = rp ? 1 : (size_t)ldc;
-    const int Pp = (P + MR - 1) / MR * MR, Qp = (Q + NR - 1) / NR * NR;
-    /* Y's panels at 64 bytes too: BLIS's kernels load their vector side
-     * aligned (haswell's is Y: an odd K segfaulted there) */
-    const size_t nx = ((size_t)Pp * K + 15) / 16 * 16;
-    float *xp = kernels_scratch(SCRATCH_PACK, nx + (size_t)Qp * K), *yp = xp + nx;
-    /* op(A) is X when C is stored by rows, Y (K,Q) packed as Y^T (Q,K)
-     * otherwise: under K_UPTO or K_FROM it packs by the mask */
+    /* The micro-kernel's view of C: C itself (op(A)'s rows in panels of
+     * MR, op(B)'s in panels of NR) for a kernel preferring rows; C^T = op(B)
+     * op(A)^T (op(A) in panels of NR) for one preferring columns. */
+    const int rp = g_orient >= 0 ? g_orient : g_ukr.row_pref;
+    const int RA = rp ? g_ukr.mr : g_ukr.nr, RB = rp ? g_ukr.nr : g_ukr.mr;
+    /* op(A) (M,K) and op(B) (N,K)^T: each one's strides along its rows and along K */
+    const size_t rsa = ta ? 1 : (size_t)lda, csa = ta ? (size_t)lda : 1;
+    const size_t rsb = tb ? (size_t)ldb : 1, csb = tb ? 1 : (size_t)ldb;
+    /* each side's panels at 64 bytes (BLIS's kernels load the vector side
+     * aligned) */
+    const size_t na = ((size_t)(M + RA - 1) / RA * RA * K + 15) / 16 * 16,
+                 nb = ((size_t)(N + RB - 1) / RB * RB * K + 15) / 16 * 16;
+    float *bp = kernels_scratch(SCRATCH_PACK, na + nb), *ap = bp + nb;
+    pack_block(N, K, B, rsb, csb, RB, bp);
+    /* op(A), the kernel's broadcast side in its preferred view: read in
+     * place where unmasked or its skipped entries zeros (see blocked_part),
+     * by rows where contiguous along K, else by columns; or packed, under
+     * K_UPTO or K_FROM by the mask */
     const int masked = mask == MASK_K_UPTO || mask == MASK_K_FROM;
-    if (masked && rp)
-        pack_masked(M, K, A, ta ? 1 : (size_t)lda, ta ? (size_t)lda : 1, MR, xp, mask, d);
-    else pack_block(P, K, X, tx ? 1 : (size_t)ldx, tx ? (size_t)ldx : 1, MR, xp);
-    /* Y, unmasked or its skipped entries zeros: read in place (see
-     * blocked_part), by rows where contiguous along K (ty), else by columns */
-    const int inplace = inplace_on() && !rp && (!masked || zeroed) && ldy != 1 &&
-                        K <= INPLACE_KC_MAX && NR <= MASK_ZERO_TAIL;
-    const size_t ysq = ty ? (size_t)ldy : 1, ysk = ty ? 1 : (size_t)ldy; /* Y's strides */
-    if (!inplace && masked && !rp)
-        pack_masked(M, K, A, ta ? 1 : (size_t)lda, ta ? (size_t)lda : 1, NR, yp, mask, d);
-    else if (!inplace) pack_block(Q, K, Y, ty ? (size_t)ldy : 1, ty ? 1 : (size_t)ldy, NR, yp);
+    const int inplace = (inplace_on() & KERNELS_INPLACE_TILE) && rp == g_ukr.row_pref &&
+                        (!masked || zeroed) && K <= INPLACE_KC_MAX && RA <= MASK_ZERO_TAIL;
+    if (!inplace && masked) pack_masked(M, K, A, rsa, csa, RA, ap, mask, d);
+    else if (!inplace) pack_block(M, K, A, rsa, csa, RA, ap);
     auxinfo_t aux;
     memset(&aux, 0, sizeof aux);
-    for (int q0 = 0; q0 < Q; q0 += NR) {
-        const int n = Q - q0 < NR ? Q - q0 : NR;
-        const float *yr = Y + (size_t)q0 * ysq;
-        int packed = !inplace; /* yp's panel q0 holds Y's rows */
-        for (int p0 = 0; p0 < P; p0 += MR) {
-            const int m = P - p0 < MR ? P - p0 : MR;
-            const int i0 = rp ? p0 : q0, i1 = i0 + (rp ? m : n), j0 = rp ? q0 : p0;
+    for (int i0 = 0; i0 < M; i0 += RA) {
+        const int m = M - i0 < RA ? M - i0 : RA;
+        const float *ar = A + (size_t)i0 * rsa;
+        int packed = !inplace; /* ap's panel i0 holds op(A)'s rows */
+        for (int j0 = 0; j0 < N; j0 += RB) {
+            const int n = N - j0 < RB ? N - j0 : RB;
             int klo, khi;
-            if (!mask_range(mask, d, K, i0, i1, j0, &klo, &khi)) continue;
-            float *c = C + (size_t)p0 * rsz + (size_t)q0 * csz;
+            if (!mask_range(mask, d, K, i0, i0 + m, j0, &klo, &khi)) continue;
+            float *c = C + (size_t)i0 * ldc + j0;
             if (khi <= klo) {
                 for (int a = 0; a < m; a++)
                     for (int b = 0; b < n; b++) {
-                        float *e = c + (size_t)a * rsz + (size_t)b * csz;
+                        float *e = c + (size_t)a * ldc + b;
                         *e = beta == 0.f ? 0.f : beta * *e;
                     }
                 continue;
             }
-            float *a = xp + (size_t)p0 * K + (size_t)klo * MR,
-                  *b = yp + (size_t)q0 * K + (size_t)klo * NR;
-#if defined(__x86_64__) && defined(__GNUC__)
-            if (inplace && m == MR && n == NR) {
-                if (ty) ukr_32x12_rows(khi - klo, alpha, a, yr + klo, ysq, beta, c, csz, NULL);
-                else ukr_32x12_cols(khi - klo, alpha, a, yr + klo * ysk, ysk, beta, c, csz);
+            const float *b = bp + (size_t)j0 * K + (size_t)klo * RB;
+            if (inplace && m == RA && n == RB) {
+                ukr_inplace(khi - klo, alpha, b, ar + klo * csa, rsa, csa, beta, c, (size_t)ldc,
+                            NULL);
                 continue;
             }
-#endif
             if (!packed) { /* an edge: BLIS's kernel on a packed panel, over the
                             * k its rows read (the zeros end there) */
                 int plo, phi;
-                mask_range(mask, d, K, q0, q0 + n, 0, &plo, &phi);
-                pack_block(n, phi - plo, yr + plo * ysk, ysq, ysk, NR,
-                           yp + (size_t)q0 * K + (size_t)plo * NR);
+                mask_range(mask, d, K, i0, i0 + m, 0, &plo, &phi);
+                pack_block(m, phi - plo, ar + plo * csa, rsa, csa, RA,
+                           ap + (size_t)i0 * K + (size_t)plo * RA);
                 packed = 1;
             }
-            aux.a_next = a;
-            aux.b_next = b;
-            g_ukr.f(m, n, khi - klo, &alpha, a, b, &beta, c, (inc_t)rsz, (inc_t)csz, &aux,
-                    g_ukr.cntx);
+            float *a = ap + (size_t)i0 * K + (size_t)klo * RA;
+            aux.a_next = rp ? a : (float *)b;
+            aux.b_next = rp ? (float *)b : a;
+            if (rp)
+                g_ukr.f(m, n, khi - klo, &alpha, a, (float *)b, &beta, c, ldc, 1, &aux, g_ukr.cntx);
+            else
+                g_ukr.f(n, m, khi - klo, &alpha, (float *)b, a, &beta, c, 1, ldc, &aux, g_ukr.cntx);
         }
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
@@ -712,8 +815,11 @@ static void blocked_part(int p0, int p1, int q0, int q1, int K, float alpha, con
     float *xp = yp + (size_t)(NC + NR) * KM;
     /* Y contiguous along K, into C by columns: read in place on skx (not
      * by columns where Y is contiguous along Q: one cache line a k, and the
-     * weights' gradient ran 1.3 times slower) */
-    const int can_rows = inplace_on() && rsy == 1 && csy != 1 && rsz == 1 && !o->ysum;
+     * weights' gradient ran 1.3 times slower). haswell's broadcast side is
+     * X, whose panels stream from L2 here: read in place, gemm_bench's
+     * shapes ran 1% faster to 4% slower than packed, so they stay packed. */
+    const int can_rows =
+        (inplace_on() & KERNELS_INPLACE_GEMM) && rsy == 1 && csy != 1 && rsz == 1 && !o->ysum;
     auxinfo_t aux;
     memset(&aux, 0, sizeof aux);
     for (int jc = q0; jc < q1; jc += NC) {
@@ -754,15 +860,13 @@ static void blocked_part(int p0, int p1, int q0, int q1, int K, float alpha, con
                                 __builtin_prefetch(cn + (size_t)j * step + 16, 0, 3);
                             }
                         }
-#if defined(__x86_64__) && defined(__GNUC__)
                         if (inplace && m == MR && n == NR) {
                             /* the last block of a panel fetches the next panel's rows */
                             const float *next =
                                 ir + MR >= mp && jr + NR < nq ? yr + NR * csy : NULL;
-                            ukr_32x12_rows(kc, alpha, a, yr, csy, b, c, csz, next);
+                            ukr_inplace(kc, alpha, a, yr, csy, 1, b, c, csz, next);
                             continue;
                         }
-#endif
                         if (!packed) { /* an edge: BLIS's kernel on a packed panel */
                             pack_block(n, kc, yr, csy, rsy, NR, bb);
                             packed = 1;

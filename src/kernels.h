@@ -93,11 +93,13 @@ void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, i
  * are correct, one is slower); -1 goes back to the kernel's preference. */
 void mm_tile_orientation(int row_pref);
 /* On skx's kernels (32 x 12, C by columns), mm and mm_tile read the side
- * of a product that the micro-kernel broadcasts (its 12) in place where it
- * is stored contiguous along K, through a micro-kernel of modtrain's own
- * with skx's arithmetic, instead of transposing it into panels: the same
- * bits. kernels_inplace() says whether this machine takes that path; for
- * the tests and benchmarks, kernels_set_inplace(0) packs as elsewhere. */
+ * of a product that the micro-kernel broadcasts (its 12, op(A)) in place,
+ * through a micro-kernel of modtrain's own with skx's arithmetic, instead
+ * of transposing it into panels: the same bits. On haswell's (6 x 16, C
+ * by rows, broadcasting op(A)'s 6) mm_tile does the same. kernels_inplace()
+ * says where this machine takes that path (0: nowhere); for the tests and
+ * benchmarks, kernels_set_inplace(0) packs as elsewhere. */
+enum { KERNELS_INPLACE_TILE = 1, KERNELS_INPLACE_GEMM = 2 }; /* mm_tile, mm */
 int kernels_inplace(void);
 void kernels_set_inplace(int on);
 /* Naive triple loop in double; the tests' reference. */

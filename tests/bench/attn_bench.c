@@ -3,6 +3,9 @@
  * the T x T probabilities, side by side in one run: forward + backward
  * time (best of REPEATS, the two alternating so drift hits both) and the
  * bytes each keeps between forward and backward, at GPT-2 small's heads.
+ * Where the tile products read op(A) in place (kernels_inplace), the O(T)
+ * kernels with it packed run in turn too, and the last ratio is in place
+ * over packed.
  * usage: attn_bench [THREADS [REPEATS [B NH HS T...]]]
  *   defaults: the machine's threads, 5 repeats, B 4, 12 heads of 64, T 256 1024
  */
@@ -18,18 +21,21 @@
 static const char *prog = "attn_bench";
 
 /* One forward + backward at B sequences of T, NH heads of hs; full = 1 for
- * the kept kernels. Returns seconds. */
+ * the kept kernels, 2 for the O(T) ones with op(A) packed. Returns seconds. */
 static double step(int full, float *o, float *keep, float *dq, const float *qkv, const float *dy,
                    int B, const int *off, int NH, int hs) {
+    kernels_set_inplace(full != 2);
     double t0 = now_s();
-    if (full) {
+    if (full == 1) {
         attention_forward_full(o, keep, qkv, B, off, NH, hs);
         attention_backward_full(dq, dy, qkv, keep, B, off, NH, hs);
     } else {
         attention_forward(o, keep, qkv, B, off, NH, hs);
         attention_backward(dq, dy, qkv, o, keep, B, off, NH, hs);
     }
-    return now_s() - t0;
+    const double t = now_s() - t0;
+    kernels_set_inplace(1);
+    return t;
 }
 
 static void bench(int B, int NH, int hs, int T, int reps) {
@@ -41,14 +47,18 @@ static void bench(int B, int NH, int hs, int T, int reps) {
     int *off = xmalloc((size_t)(B + 1) * sizeof(int));
     for (int b = 0; b <= B; b++) off[b] = b * T;
     bench_fill(qkv, N * 3 * C, 1), bench_fill(dy, N * C, 2);
-    double best[2] = {INFINITY, INFINITY};
-    for (int r = 0; r <= reps; r++) /* round 0 warms both up */
-        for (int full = 0; full < 2; full++) {
-            double t = step(full, o, full ? att : lse, dq, qkv, dy, B, off, NH, hs);
+    const int runs = kernels_inplace() & KERNELS_INPLACE_TILE ? 3 : 2;
+    double best[3] = {INFINITY, INFINITY, INFINITY};
+    for (int r = 0; r <= reps; r++) /* round 0 warms each up */
+        for (int full = 0; full < runs; full++) {
+            double t = step(full, o, full == 1 ? att : lse, dq, qkv, dy, B, off, NH, hs);
             if (r > 0 && t < best[full]) best[full] = t;
         }
-    printf("T %5d: O(T) %8.2f ms, full %8.2f ms, O(T)/full %.3f; kept %9.3f MB against %9.1f MB\n",
+    printf("T %5d: O(T) %8.2f ms, full %8.2f ms, O(T)/full %.3f; kept %9.3f MB against %9.1f MB",
            T, 1e3 * best[0], 1e3 * best[1], best[0] / best[1], 4e-6 * nlse, 4e-6 * nfull);
+    if (runs == 3)
+        printf("; packed %8.2f ms, in place/packed %.3f", 1e3 * best[2], best[0] / best[2]);
+    printf("\n");
     free(qkv), free(dy), free(o), free(dq), free(att), free(lse), free(off);
 }
 

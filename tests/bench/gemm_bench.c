@@ -7,7 +7,7 @@
  * the two alternating so drift hits both. Prints ms per block and the
  * ratio own / blis for each shape, and the largest difference between the
  * two products' outputs. Where own reads a side in place (skx's kernels:
- * kernels_inplace), own with that side packed runs in turn too, and the
+ * kernels_inplace's KERNELS_INPLACE_GEMM), own with that side packed runs in turn too, and the
  * last ratio is own / own packed.
  * usage: gemm_bench [THREADS [REPEATS [C N]...]]
  *   defaults: the machine's threads, 3 repeats; C 768 at N 128 and 1024
@@ -97,7 +97,8 @@ int main(int argc, char **argv) {
            threads, kernels_blis_arch(), repeats, BLOCKS);
     printf("%6s %6s | %8s %8s %8s %8s | %8s %8s %8s %8s | %6s %9s", "C", "N", "blis fwd", "dx",
            "dw", "sum", "own fwd", "dx", "dw", "sum", "ratio", "max diff");
-    if (kernels_inplace()) printf(" | %8s %8s %8s %8s | %6s", "packed", "dx", "dw", "sum", "ratio");
+    const int inplace = kernels_inplace() & KERNELS_INPLACE_GEMM;
+    if (inplace) printf(" | %8s %8s %8s %8s | %6s", "packed", "dx", "dw", "sum", "ratio");
     printf("\n");
     for (int k = 0; k < nshapes; k++) {
         Shape s = {.C = dims[2 * k], .N = dims[2 * k + 1]};
@@ -126,7 +127,7 @@ int main(int argc, char **argv) {
         printf("%6d %6d | %8.2f %8.2f %8.2f %8.2f | %8.2f %8.2f %8.2f %8.2f | %6.3f %9.2g", s.C,
                s.N, best[0][0], best[0][1], best[0][2], sum[0], best[1][0], best[1][1], best[1][2],
                sum[1], sum[1] / sum[0], max_diff(&s));
-        if (kernels_inplace())
+        if (inplace)
             printf(" | %8.2f %8.2f %8.2f %8.2f | %6.3f", best[2][0], best[2][1], best[2][2], sum[2],
                    sum[1] / sum[2]);
         printf("\n");

@@ -123,11 +123,11 @@ static void test_own_gemm_matches_reference(void) {
         }
 }
 
-/* On skx, mm and mm_tile read the micro-kernel's broadcast side in place
- * (kernels_inplace) with the same bits as when they pack it: whole blocks
- * and edges on both sides, K past KC (two K blocks), beta 0 and 1.3, every
- * transpose (mm reads in place at ta 0, mm_tile at both), mm_tile under
- * MASK_K_UPTO0, MASK_K_FROM0 and MASK_BELOW. */
+/* Where mm_tile (skx, haswell) and mm (skx) read the micro-kernel's
+ * broadcast side in place (kernels_inplace), the same bits as when they
+ * pack it: whole blocks and edges on both sides, K past KC (two K blocks),
+ * beta 0 and 1.3, every transpose (mm reads in place at ta 0, mm_tile at
+ * both), mm_tile under MASK_K_UPTO0, MASK_K_FROM0 and MASK_BELOW. */
 static void test_inplace_same_bits(void) {
     if (!kernels_inplace()) return; /* another configuration, or a narrower build */
     const int sizes[][3] = {{67, 45, 29}, {24, 96, 1000}, {130, 64, 256}, {11, 31, 7}};
@@ -770,7 +770,7 @@ int main(void) {
         {"own packing on BLIS's micro-kernel matches the reference across cache blocks",
          test_own_gemm_matches_reference},
         {"mm_colsum: mm's product and bias_backward's column sums, bit for bit", test_mm_colsum},
-        {"skx: products read in place = packed, bit for bit", test_inplace_same_bits},
+        {"skx, haswell: products read in place = packed, bit for bit", test_inplace_same_bits},
         {"tile products on BLIS's micro-kernel match the reference (masks, storages)",
          test_mm_tile_matches_reference},
         {"BLIS matrix-vector products and rank-1 updates match the reference",
