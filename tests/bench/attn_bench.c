@@ -20,13 +20,15 @@
 
 static const char *prog = "attn_bench";
 
-/* One forward + backward at B sequences of T, NH heads of hs; full = 1 for
- * the kept kernels, 2 for the O(T) ones with op(A) packed. Returns seconds. */
-static double step(int full, float *o, float *keep, float *dq, const float *qkv, const float *dy,
+/* One forward + backward at B sequences of T, NH heads of hs: run 0 the
+ * O(T) kernels, 1 the kept ones, 2 the O(T) ones with op(A) packed.
+ * Returns seconds. */
+enum { RUN_OT, RUN_KEPT, RUN_PACKED };
+static double step(int run, float *o, float *keep, float *dq, const float *qkv, const float *dy,
                    int B, const int *off, int NH, int hs) {
-    kernels_set_inplace(full != 2);
+    kernels_set_inplace(run != RUN_PACKED);
     double t0 = now_s();
-    if (full == 1) {
+    if (run == RUN_KEPT) {
         attention_forward_full(o, keep, qkv, B, off, NH, hs);
         attention_backward_full(dq, dy, qkv, keep, B, off, NH, hs);
     } else {
@@ -50,9 +52,9 @@ static void bench(int B, int NH, int hs, int T, int reps) {
     const int runs = kernels_inplace() & KERNELS_INPLACE_TILE ? 3 : 2;
     double best[3] = {INFINITY, INFINITY, INFINITY};
     for (int r = 0; r <= reps; r++) /* round 0 warms each up */
-        for (int full = 0; full < runs; full++) {
-            double t = step(full, o, full == 1 ? att : lse, dq, qkv, dy, B, off, NH, hs);
-            if (r > 0 && t < best[full]) best[full] = t;
+        for (int run = 0; run < runs; run++) {
+            double t = step(run, o, run == RUN_KEPT ? att : lse, dq, qkv, dy, B, off, NH, hs);
+            if (r > 0 && t < best[run]) best[run] = t;
         }
     printf("T %5d: O(T) %8.2f ms, full %8.2f ms, O(T)/full %.3f; kept %9.3f MB against %9.1f MB",
            T, 1e3 * best[0], 1e3 * best[1], best[0] / best[1], 4e-6 * nlse, 4e-6 * nfull);
