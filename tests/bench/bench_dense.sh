@@ -5,7 +5,9 @@
 # and modtrain's MFU against the BLIS sgemm peak it measured. Debian's
 # PyTorch calls the system BLAS, which is BLIS here: the fair baseline gives
 # it the kernels modtrain uses (BLIS_ARCH_TYPE from `modtrain --version`);
-# PyTorch with BLIS's own choice of kernels is printed beside it.
+# PyTorch with BLIS's own choice of kernels is printed beside it. BLIS runs
+# PyTorch's products on THREADS threads too (torch_train.py sets
+# BLIS_NUM_THREADS: BLIS does not follow torch.set_num_threads).
 # With REPEAT > 1, modtrain and PyTorch (the same kernels) run in turn
 # REPEAT times (the machine's drift falls on both; PyTorch's speed moved
 # by 10% over a day here), and the ratio is of the two medians.
@@ -64,5 +66,8 @@ echo "model: L=$layers C=256 NH=8 T=256 B=8, $threads threads, $steps steps; $ve
 echo "modtrain: $mt tokens/s, MFU $mfu% (BLIS ${arch% *} kernels)$of"
 echo "pytorch, the same BLIS kernels (BLIS_ARCH_TYPE=${arch#* }): $ptm tokens/s ($pt)"
 echo "pytorch, BLIS's own choice of kernels: $(tps "$own") tokens/s"
+# both programs' products on all the threads: modtrain's measured sgemm peak
+# beside PyTorch's rate on a 1024^3 product (torch_train.py sets BLIS's threads)
+echo "sgemm, $threads threads: modtrain's measured peak $(sed -n 's/.*sgemm peak \([0-9.]*\) GFLOP.*/\1/p' "$tmp/modtrain.log" | head -n 1) GFLOP/s, pytorch $(echo "$pt" | sed -e 's/.*"sgemm_gflops": \([0-9.]*\).*/\1/') GFLOP/s"
 awk -v a="$mt" -v b="$ptm" -v c="$(tps "$own")" \
     'BEGIN { printf "ratio modtrain/pytorch: %.2fx with the same kernels (%.2fx against BLIS'"'"'s own choice)\n", a / b, a / c }'

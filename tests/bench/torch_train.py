@@ -6,11 +6,17 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
+# The matrix products are the system BLAS's (BLIS). BLIS does not follow
+# torch.set_num_threads: it reads its thread count from BLIS_NUM_THREADS or
+# OMP_NUM_THREADS when it starts, and without them runs every sgemm on one
+# thread. A baseline with single-threaded sgemm would flatter modtrain
+# (808 against 1307-1361 tokens/s at bench_dense.sh's model on 2 threads).
+shard, L, C, NH, T, B, steps, threads = sys.argv[1], *map(int, sys.argv[2:])
+os.environ["BLIS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(threads)
 import torch  # noqa: E402
 from torch_gpt import GPT, read_shard  # noqa: E402
 
-shard, L, C, NH, T, B, steps, threads = sys.argv[1], *map(int, sys.argv[2:])
-torch.set_num_threads(threads)
+torch.set_num_threads(threads)  # PyTorch's own OpenMP work: elementwise, softmax, ...
 torch.manual_seed(0)
 toks = read_shard(shard)
 model = GPT(256, T, L, NH, C)
@@ -32,5 +38,18 @@ for s in range(steps):
     opt.step()
     times.append(time.perf_counter() - t0)
 timed = times[1:] if len(times) > 1 else times  # the first step pays for warm-up
+
+
+def sgemm_gflops(n=1024, reps=10):
+    """PyTorch's sgemm rate on an n x n x n product: beside modtrain's measured
+    peak it shows the baseline's products run on all its threads."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e9
+
+
 print(json.dumps({"tokens_per_s": B * T * len(timed) / sum(timed), "loss": loss.item(),
-                  "threads": threads, "torch": torch.__version__}))
+                  "threads": threads, "sgemm_gflops": round(sgemm_gflops(), 1), "torch": torch.__version__}))
