@@ -68,6 +68,9 @@ echo "pytorch, the same BLIS kernels (BLIS_ARCH_TYPE=${arch#* }): $ptm tokens/s 
 echo "pytorch, BLIS's own choice of kernels: $(tps "$own") tokens/s"
 # both programs' products on all the threads: modtrain's measured sgemm peak
 # beside PyTorch's rate on a 1024^3 product (torch_train.py sets BLIS's threads)
-echo "sgemm, $threads threads: modtrain's measured peak $(sed -n 's/.*sgemm peak \([0-9.]*\) GFLOP.*/\1/p' "$tmp/modtrain.log" | head -n 1) GFLOP/s, pytorch $(echo "$pt" | sed -e 's/.*"sgemm_gflops": \([0-9.]*\).*/\1/') GFLOP/s"
+peak=$(sed -n 's/.*sgemm peak \([0-9.]*\) GFLOP.*/\1/p' "$tmp/modtrain.log" | head -n 1)
+ptg=$(echo "$pt" | sed -e 's/.*"sgemm_gflops": \([0-9.]*\).*/\1/')
+echo "sgemm, $threads threads: modtrain's measured peak $peak GFLOP/s, pytorch $ptg GFLOP/s"
+awk -v a="$peak" -v b="$ptg" 'BEGIN { if (b < a / 2) print "warning: PyTorch'"'"'s sgemm runs at under half modtrain'"'"'s peak: are its products on all the threads? (BLIS_NUM_THREADS)" }'
 awk -v a="$mt" -v b="$ptm" -v c="$(tps "$own")" \
     'BEGIN { printf "ratio modtrain/pytorch: %.2fx with the same kernels (%.2fx against BLIS'"'"'s own choice)\n", a / b, a / c }'
