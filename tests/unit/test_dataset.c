@@ -102,7 +102,7 @@ static void check_blend(const char *spec, int parts, int exact) {
             for (uint64_t n = 1; n <= 10000; n++) {
                 const double got = pre[(start + n) * (uint64_t)parts + (uint64_t)d] -
                                    (double)pre[start * (uint64_t)parts + (uint64_t)d];
-                worst = fmax(worst, fabs(got - (double)n * w));
+                worst = worse(worst, fabs(got - (double)n * w));
             }
         /* ds_part_count agrees with the counts, beyond a period too */
         CU_ASSERT_EQUAL(ds_part_count(&ds, d, L), count[d]);

@@ -192,7 +192,8 @@ static void test_mv_rank1_match_reference(void) {
             /* y = op(A) x as a (ny x 1) product */
             mm_ref(ta, 0, ny, 1, nx, 0.7f, A, lda, ta ? x : u, 1, beta, y2, 1);
             double worst = 0;
-            for (int i = 0; i < ny; i++) worst = fmax(worst, fabs(y1[i] - y2[i]) / (1 + fabs(y2[i])));
+            for (int i = 0; i < ny; i++)
+                worst = worse(worst, fabs(y1[i] - y2[i]) / (1 + fabs(y2[i])));
             CU_ASSERT(worst < 1e-5);
         }
     memcpy(A2, A, (size_t)M * lda * 4);
@@ -204,7 +205,7 @@ static void test_mv_rank1_match_reference(void) {
             size_t k = (size_t)i * lda + j;
             double d = fabs(A[k] - A2[k]) / (1 + fabs(A2[k]));
             if (j >= N) d = A[k] == A2[k] ? 0 : 1; /* padding untouched */
-            worst = fmax(worst, d);
+            worst = worse(worst, d);
         }
     CU_ASSERT(worst < 1e-5);
     /* zero sizes: an empty inner size scales y by beta; nothing else moves */
@@ -406,6 +407,28 @@ static void test_gelu_backward(void) {
     free(c.p.out), free(c.p.r), free(c.inp), free(di);
 }
 
+/* The GELU (tanh form) and its derivative against the plain formula in
+ * double, at 1001 elements (the vector loops and a tail) over [-8, 8]. */
+static void test_gelu_matches_formula(void) {
+    const size_t n = 1001;
+    float *x = xmalloc(n * 4), *y = xmalloc(n * 4), *dy = xmalloc(n * 4), *dx = xmalloc(n * 4);
+    for (size_t i = 0; i < n; i++) x[i] = -8.f + 16.f * (float)i / (float)(n - 1), dy[i] = 1.f;
+    gelu_forward(y, x, n);
+    gelu_backward_set(dx, x, dy, n);
+    const double k = sqrt(2.0 / M_PI);
+    double ey = 0, ed = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double v = x[i], u = k * (v + 0.044715 * v * v * v), t = tanh(u);
+        const double g = 0.5 * v * (1 + t);
+        const double dg = 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * k * (1 + 3 * 0.044715 * v * v);
+        ey = worse(ey, fabs(y[i] - g) / (1 + fabs(g)));
+        ed = worse(ed, fabs(dx[i] - dg) / (1 + fabs(dg)));
+    }
+    if (ey >= 1e-5 || ed >= 1e-5) printf("\n  gelu: value off by %g, derivative by %g", ey, ed);
+    CU_ASSERT(ey < 1e-5 && ed < 1e-5);
+    free(x), free(y), free(dy), free(dx);
+}
+
 /* attention */
 typedef struct {
     Probe p;
@@ -423,33 +446,50 @@ static void uniform_off(int *off, int B, int T) {
     for (int b = 0; b <= B; b++) off[b] = b * T;
 }
 
-static void check_attention_backward(int B, int T, int NH, int hs) {
+/* With raise_from > 0, the keys from that row on are three times larger,
+ * so that a later key tile raises most rows' maximum well above the first
+ * tile's (and the online softmax's rescaling carries weight). The finite
+ * differences perturb the last sequence's rows from fd_from on (all of
+ * them at 0): two forwards an input. */
+static void check_attention_backward(int B, int T, int NH, int hs, int raise_from, int fd_from) {
     AttCtx c = {.B = B, .T = T, .NH = NH, .hs = hs};
     uniform_off(c.off, B, T);
     size_t nq = (size_t)B * T * 3 * NH * hs, no = (size_t)B * T * NH * hs;
     c.qkv = xmalloc(nq * 4), c.lse = xmalloc((size_t)B * NH * T * 4);
     c.p = (Probe){att_fwd, xmalloc(no * 4), xmalloc(no * 4), no};
     fill_normal(c.qkv, nq, 1, 1), fill_normal(c.p.r, no, 2, 1);
+    const int C = NH * hs;
+    for (int b = 0; raise_from > 0 && b < B; b++)
+        for (int t = raise_from; t < T; t++)
+            for (int i = 0; i < C; i++) c.qkv[((size_t)b * T + t) * 3 * C + C + i] *= 3.f;
     att_fwd(&c);
     float *dq = xcalloc(nq, 4);
     attention_backward(dq, c.p.r, c.qkv, c.p.out, c.lse, c.B, c.off, c.NH, c.hs);
-    double e = fd_error(&c.p, c.qkv, nq, dq, 1e-2f);
+    const size_t from = ((size_t)(B - 1) * T + fd_from) * 3 * C;
+    double e = fd_error(&c.p, c.qkv + from, nq - from, dq + from, 1e-2f);
     if (e >= FD_TOL) printf("\n  attention B=%d T=%d: relative error %g\n", B, T, e);
     CU_ASSERT(e < FD_TOL);
     free(c.qkv), free(c.lse), free(c.p.out), free(c.p.r), free(dq);
 }
 
+/* Tiles (attention.c's tile_shape): 128 queries x 256 keys up to T 256,
+ * 256 x 512 beyond. */
 static void test_attention_backward(void) {
-    check_attention_backward(2, 5, 2, 3);   /* one tile of queries and keys */
-    check_attention_backward(1, 70, 2, 2);  /* two query tiles, the last one partial */
-    check_attention_backward(1, 260, 1, 1); /* two key tiles: the online softmax rescales */
+    check_attention_backward(2, 5, 2, 3, 0, 0);   /* one partial tile of queries and keys */
+    check_attention_backward(1, 70, 2, 2, 0, 0);  /* one query tile of 128, partial */
+    check_attention_backward(1, 260, 1, 1, 0, 0); /* two query tiles (256 and 4), one key tile */
+    /* three query tiles and two key tiles: the online softmax rescales the
+     * output as the second key tile raises a row's maximum, and dK, dV
+     * gather over the query tiles (rows 400 on: the second query tile's
+     * last and the third, keys in both key tiles) */
+    check_attention_backward(1, 600, 1, 1, 512, 400);
 }
 
 /* max |a - b| over max |b|: the error relative to the reference's scale */
 static double scaled_err(const float *a, const float *b, size_t n) {
     double worst = 0, big = 1e-30;
     for (size_t i = 0; i < n; i++) {
-        worst = fmax(worst, fabs((double)a[i] - b[i]));
+        worst = worse(worst, fabs((double)a[i] - b[i]));
         big = fmax(big, fabs((double)b[i]));
     }
     return worst / big;
@@ -523,8 +563,8 @@ static void test_attention_matches_reference(void) {
     attention_forward_full(o1, a1, qkv, B, off, NH, hs);
     attention_forward_ref(o2, a2, qkv, B, off, NH, hs);
     double worst = 0;
-    for (size_t i = 0; i < no; i++) worst = fmax(worst, fabs(o1[i] - o2[i]));
-    for (size_t i = 0; i < na; i++) worst = fmax(worst, fabs(a1[i] - a2[i]));
+    for (size_t i = 0; i < no; i++) worst = worse(worst, fabs(o1[i] - o2[i]));
+    for (size_t i = 0; i < na; i++) worst = worse(worst, fabs(a1[i] - a2[i]));
     CU_ASSERT(worst < 1e-5);
     /* a sequence alone gives what it gives among the others */
     attention_forward(o1, lse, qkv, B, off, NH, hs);
@@ -551,7 +591,7 @@ static void test_attention_decode_matches_full(void) {
     double worst = 0;
     for (int t = 0; t < T; t++) {
         attention_decode(y, p, qkv + (size_t)t * 3 * C, kc, vc, t + 1, NH, hs, C);
-        for (int i = 0; i < C; i++) worst = fmax(worst, fabs(y[i] - full[(size_t)t * C + i]));
+        for (int i = 0; i < C; i++) worst = worse(worst, fabs(y[i] - full[(size_t)t * C + i]));
     }
     CU_ASSERT(worst < 1e-5);
     free(qkv), free(full), free(lse), free(kc), free(vc), free(y), free(p);
@@ -610,9 +650,9 @@ static void test_embedding_backward(void) {
 static int same(const float *a, const float *b, size_t n) { return !memcmp(a, b, n * sizeof *a); }
 
 static float max_diff(const float *a, const float *b, size_t n) {
-    float d = 0.f;
-    for (size_t i = 0; i < n; i++) d = fabsf(a[i] - b[i]) > d ? fabsf(a[i] - b[i]) : d;
-    return d;
+    double d = 0;
+    for (size_t i = 0; i < n; i++) d = worse(d, fabsf(a[i] - b[i]));
+    return (float)d;
 }
 
 static void test_fused_elementwise(void) {
@@ -632,12 +672,14 @@ static void test_fused_elementwise(void) {
     float *g1 = xcalloc(2 * C, 4), *g2 = xcalloc(2 * C, 4), *g3 = xcalloc(2 * C, 4);
     fill_normal(dx1, NC, 7, 1.f);
     memcpy(dx2, dx1, NC * 4), memcpy(dx3, dx1, NC * 4);
+    const int nt = omp_get_max_threads(); /* 2 threads against 1, then the suite's */
+    omp_set_num_threads(2);
     layernorm_backward(dx1, g1, g1 + C, dy, x, w, m1, r1, N, C);
     layernorm_backward_ref(dx2, g2, g2 + C, dy, x, w, m1, r1, N, C);
     CU_ASSERT(max_diff(dx1, dx2, NC) < 1e-4f && max_diff(g1, g2, 2 * (size_t)C) < 1e-3f);
     omp_set_num_threads(1);
     layernorm_backward(dx3, g3, g3 + C, dy, x, w, m1, r1, N, C);
-    omp_set_num_threads(2);
+    omp_set_num_threads(nt);
     CU_ASSERT(same(dx1, dx3, NC) && same(g1, g3, 2 * (size_t)C));
     /* _set = zero, then add */
     memset(dx2, 0, NC * 4), memset(g2, 0, 2 * C * 4), memset(g3, 0, 2 * C * 4);
@@ -745,16 +787,18 @@ static void test_bias_backward(void) {
         fill_normal(dout, (size_t)N * OC, 11 + k, 1.f), fill_normal(ref, (size_t)OC, 12 + k, 1.f);
         memcpy(d1, ref, (size_t)OC * 4), memcpy(d2, ref, (size_t)OC * 4);
         bias_backward_ref(ref, dout, N, OC);
+        const int nt = omp_get_max_threads(); /* 2 threads against 1, then the suite's */
+        omp_set_num_threads(2);
         bias_backward(d1, dout, N, OC);
         double worst = 0;
         for (int c = 0; c < OC; c++) {
             const double e = fabs((double)d1[c] - ref[c]) / (1 + sqrt((double)N));
-            worst = e > worst ? e : worst;
+            worst = worse(worst, e);
         }
         CU_ASSERT(worst < 1e-5);
         omp_set_num_threads(1);
         bias_backward(d2, dout, N, OC);
-        omp_set_num_threads(2);
+        omp_set_num_threads(nt);
         CU_ASSERT(same(d1, d2, (size_t)OC));
         free(dout), free(d1), free(d2), free(ref);
     }
@@ -778,6 +822,7 @@ int main(void) {
         {"linear backward = finite differences", test_linear_backward},
         {"layernorm backward = finite differences", test_layernorm_backward},
         {"gelu backward = finite differences", test_gelu_backward},
+        {"gelu and its derivative = the formula in double", test_gelu_matches_formula},
         {"attention backward = finite differences", test_attention_backward},
         {"attention in O(T) = the kept full kernels", test_attention_matches_full},
         {"blocked attention matches the reference kernel, unequal lengths",

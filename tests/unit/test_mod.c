@@ -110,7 +110,7 @@ static void check_gradient(RouterGate gate, int predictor) {
         moved |= memcmp(sel0[0], m.cur->acts[1].topk, sizeof sel0[0]) != 0 ||
                  memcmp(sel0[1], m.cur->acts[3].topk, sizeof sel0[1]) != 0;
         /* 3e-5: float32 round-off of a loss near 2.5 over a 2e-2 difference */
-        double e = (fmax(fabs(along - gn), fabs(across - gr)) - 3e-5) / fmax(gn, 1e-6);
+        double e = (worse(fabs(along - gn), fabs(across - gr)) - 3e-5) / fmax(gn, 1e-6);
         if (e > 1e-2)
             printf("\n  %s: |g| %.4g, along g %.4g, g.r %.4g, along r %.4g", p->name, gn, along,
                    gr, across);
@@ -217,7 +217,7 @@ static void test_topk_selection(void) {
 
 static double max_diff(const float *a, const float *b, size_t n) {
     double w = 0;
-    for (size_t i = 0; i < n; i++) w = fmax(w, fabs((double)a[i] - b[i]));
+    for (size_t i = 0; i < n; i++) w = worse(w, fabs((double)a[i] - b[i]));
     return w;
 }
 
@@ -317,7 +317,7 @@ static void test_decode_matches_full_forward(void) {
         double w = 0;
         for (int t = 0; t < T; t++) {
             const float *lg = decode_step(&m, &s, inputs[t], t);
-            w = fmax(w, max_diff(lg, full + (size_t)t * V, V));
+            w = worse(w, max_diff(lg, full + (size_t)t * V, V));
         }
         CU_ASSERT(w < 1e-4);
         if (w >= 1e-4) printf("\n  decode vs full (predictor %d): %g", pred, w);

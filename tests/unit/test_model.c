@@ -229,7 +229,7 @@ static void test_adamw_is_the_textbook_update(void) {
     for (int r = 0; r < a.nreg; r++)
         for (size_t j = a.reg[r].offset; j < a.reg[r].offset + a.reg[r].numel; j++)
             /* 1e-6 of the step, and the float's own rounding of w */
-            worst = fmax(worst, fabs(a.params[j] - w[j]) / (1e-6 * lr + 4e-7 * fabs(w[j])));
+            worst = worse(worst, fabs(a.params[j] - w[j]) / (1e-6 * lr + 4e-7 * fabs(w[j])));
     CU_ASSERT(worst < 1);
     if (worst >= 1) printf("\n  AdamW against the textbook: worst %g of the bound\n", worst);
     free(w), free(m), free(v);
@@ -301,9 +301,10 @@ static void test_fused_optimizer_matches_reference(void) {
 /* ------------------------------------------------------------------ head */
 
 /* The chunked head against the reference (the whole micro-batch's logits,
- * as the head was before chunks): a vocabulary of 37, micro-batches of 14
- * and 7 rows. */
-enum { HV = 37, HT = 7, HB = 3 };
+ * as the head was before chunks): a vocabulary of 300 (the softmax's row
+ * blocks of 256 and a partial one of 44, a multiple of no vector width),
+ * micro-batches of 14 and 7 rows. */
+enum { HV = 300, HT = 7, HB = 3 };
 
 static int hin[HB * HT], htg[HB * HT];
 
@@ -321,6 +322,10 @@ static void head_model(Model *m, int head_rows, float **ref) {
     model_init(m, &d, HB, NULL);
     model_init_weights(m, 99);
     for (size_t i = 0; i < m->nparams; i++) m->params[i] += 0.3f * (float)rng_normal(6, 6, i);
+    /* the (tied) embeddings of tokens 256 on three times larger, so that
+     * many rows' largest logits lie in the softmax's second block of 256 */
+    const ParamInfo *wte = model_find_param(m, "wte.weight");
+    for (size_t i = (size_t)256 * C; i < (size_t)HV * C; i++) m->params[wte->offset + i] *= 3.f;
     for (int i = 0; i < HB * HT; i++) {
         hin[i] = (int)(rng_u64(10, 1, i) % HV);
         htg[i] = (int)(rng_u64(10, 2, i) % HV);
@@ -351,7 +356,7 @@ static double worst_grad_err(const Model *a, const Model *r, int rows, int fused
         for (size_t j = 0; j < q->numel; j++) ref[j] = r->grads[q->offset + j];
         const double e = rel_err(a->grads + p->offset, ref, p->numel);
         if (e > 1e-6) printf("\n  head_rows %d fused %d: %s off by %.3g", rows, fused, p->name, e);
-        worst = fmax(worst, e);
+        worst = worse(worst, e);
         free(ref);
     }
     return worst;
@@ -359,7 +364,7 @@ static double worst_grad_err(const Model *a, const Model *r, int rows, int fused
 
 static void test_head_chunks_match_reference(void) {
     /* chunks of 1, 4 and 8 (14 = 8 + 6, 7 < 8), 7 (14 = 2 x 7), 64 (more
-     * than a micro-batch); 37 columns is a multiple of none; a step's dloss
+     * than a micro-batch); 300 columns is a multiple of no vector width; a step's dloss
      * of 1 / tokens, and of exactly 1 (a one-token step's) */
     const int rows[] = {1, 4, 7, 8, 64};
     const float dlosses[] = {1.f / (HB * HT), 1.f};
@@ -433,6 +438,17 @@ static void test_head_logits_match_reference(void) {
         }
     }
     CU_ASSERT(sqrt(num) <= 1e-6 * sqrt(den));
+    /* some rows have their largest logit past the first 256: the softmax's
+     * second block raises their maximum and rescales the sums (these are
+     * the inputs of the chunked head's test above too) */
+    int raised = 0;
+    for (int i = 0; i < HB * HT; i++) {
+        const float *row = ref_logits + (size_t)i * HV;
+        int arg = 0;
+        for (int j = 1; j < HV; j++) arg = row[j] > row[arg] ? j : arg;
+        raised += arg >= 256;
+    }
+    CU_ASSERT(raised > 0);
     free(ref_logits);
     model_free(&r);
     model_free(&m);

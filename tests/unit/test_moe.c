@@ -181,7 +181,7 @@ static void check_gradient(const char *what, const MoeCfg *cfg, uint64_t seed, l
         if (ctx->moved)
             printf("\n  %s: h.%d %s: every step changed a decision", what, p->layer, p->name);
         moved |= ctx->moved;
-        double e = (fmax(fabs(along - gn), fabs(across - gr)) - floor_) / fmax(gn, 1e-6);
+        double e = (worse(fabs(along - gn), fabs(across - gr)) - floor_) / fmax(gn, 1e-6);
         if (e > 1e-2)
             printf("\n  %s: h.%d %s: |g| %.4g, along g %.4g, g.r %.4g, along r %.4g", what,
                    p->layer, p->name, gn, along, gr, across);
@@ -840,7 +840,7 @@ static void test_one_expert_is_dense(void) {
         double *ref = xmalloc(pairs[i][1]->numel * sizeof(double));
         for (size_t j = 0; j < pairs[i][1]->numel; j++)
             ref[j] = dense.grads[pairs[i][1]->offset + j];
-        worst = fmax(worst, rel_err(moe.grads + pairs[i][0]->offset, ref, pairs[i][1]->numel));
+        worst = worse(worst, rel_err(moe.grads + pairs[i][0]->offset, ref, pairs[i][1]->numel));
         free(ref);
     }
     CU_ASSERT(worst < 1e-6);

@@ -72,6 +72,12 @@ static inline void fill_normal(float *x, size_t n, uint64_t seed, float scale) {
     for (size_t i = 0; i < n; i++) x[i] = scale * (float)rng_normal(seed, 7, i);
 }
 
+/* The worse of two errors, where a NaN in either is the worst of all:
+ * fmax() would skip it, and a kernel that returned NaN would pass. */
+static inline double worse(double a, double b) {
+    return isnan(a) || isnan(b) ? INFINITY : a > b ? a : b;
+}
+
 /* Relative error of two vectors: ||a - b|| / max(||b||, tiny). */
 static inline double rel_err(const float *a, const double *b, size_t n) {
     double num = 0, den = 0;
