@@ -516,6 +516,13 @@ static void check_attention_vs_full(int B, const int *off, int NH, int hs, uint6
         printf("\n  attention vs full, N=%d hs=%d: output %g, gradient %g\n", N, hs, eo, ed);
     CU_ASSERT(eo < 1e-5);
     CU_ASSERT(ed < 1e-4);
+    /* a head's work is one thread's: the same bits on 1 thread as on 2 */
+    const int nt = omp_get_max_threads();
+    omp_set_num_threads(nt == 1 ? 2 : 1);
+    attention_forward(o2, lse, qkv, B, off, NH, hs);
+    attention_backward(d2, dy, qkv, o2, lse, B, off, NH, hs);
+    omp_set_num_threads(nt);
+    CU_ASSERT(memcmp(o1, o2, no * 4) == 0 && memcmp(d1, d2, nq * 4) == 0);
     /* the log-sum-exp is that of the scaled scores: check a row directly */
     const int last = off[B] - 1, b = B - 1, T = off[b + 1] - off[b];
     if (T > 0) {
