@@ -88,10 +88,12 @@ awk -v a="$peak" -v b="$ptg" 'BEGIN { if (b < a / 2) print "warning: PyTorch'"'"
 # cores can do, measured (fma_peak: FMAs and nothing else)
 fpt=$(sed -n 's/.*"flops_per_token":\([0-9.e+]*\).*/\1/p' "$tmp/run/metrics.jsonl" | head -n 1)
 if [ -x "$FMA_PEAK" ]; then
-    fma=$("$FMA_PEAK" "$threads" | sed -n 's/^fma peak: \([0-9.]*\) GFLOP.*/\1/p')
-    awk -v p="$ptm" -v f="$fpt" -v m="$fma" 'BEGIN { g = 3 * p * f / 1e9
-        printf "3x pytorch: %.0f tokens/s, %.1f GFLOP/s at %.1f MFLOP a token; the cores'"'"' FMA peak %.1f GFLOP/s (%.0f%% of it)\n",
-            3 * p, g, f / 1e6, m, 100 * g / m }'
+    # (no figure where the CPU has no FMA that fma_peak knows: it says so)
+    fma=$("$FMA_PEAK" "$threads" | sed -n 's/^fma peak: \([0-9.]*\) GFLOP.*/\1/p') || true
+    awk -v p="$ptm" -v f="$fpt" -v m="${fma:-0}" 'BEGIN { g = 3 * p * f / 1e9
+        printf "3x pytorch: %.0f tokens/s, %.1f GFLOP/s at %.1f MFLOP a token", 3 * p, g, f / 1e6
+        if (m > 0) printf "; the cores'"'"' FMA peak %.1f GFLOP/s (%.0f%% of it)", m, 100 * g / m
+        print "" }'
 else
     echo "3x pytorch: build $FMA_PEAK (make tests/bench/fma_peak) for the cores' FMA peak"
 fi
