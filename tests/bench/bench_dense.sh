@@ -12,7 +12,8 @@
 # REPEAT times (the machine's drift falls on both; PyTorch's speed moved
 # by 10% over a day here), and the ratio is of the two medians. The last
 # lines put 3x PyTorch's speed in GFLOP/s beside the cores' FMA peak
-# (tests/bench/fma_peak, built by make check).
+# (tests/bench/fma_peak, built by make check) and split both steps into
+# matrix products and the rest.
 # usage: tests/bench/bench_dense.sh [THREADS] [STEPS] [N_LAYER] [REPEAT]
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
