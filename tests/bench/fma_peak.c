@@ -14,13 +14,12 @@
 #include <stdio.h>
 #include <unistd.h>
 
+#include "src/base/util.h"
 #include "tests/bench/bench_util.h"
 
 static const char *prog = "fma_peak";
 
 enum { ACC = 12, ITERS = 20 * 1000 * 1000 };
-
-static double now_s(void) { return omp_get_wtime(); }
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
