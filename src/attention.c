@@ -9,7 +9,8 @@
  * grow) and leaves each row's log-sum-exp; the backward recomputes a tile's
  * probabilities from it. Tiles above the causal diagonal are never formed,
  * and inside a diagonal tile the products skip the micro-tiles and k ranges
- * the causal mask makes zero. Heads run one per OpenMP thread, each tile
+ * the causal mask makes zero. Heads run one per OpenMP thread, or where
+ * they are too few for the threads, in parts of rows (below); each tile
  * product on BLIS's micro-kernel (mm_tile: heads of 32 make products too
  * small for a whole sgemm call).
  *
@@ -250,20 +251,114 @@ static void zero_tail(float *row, int n, int cb) {
     for (int k = n; k < e; k++) row[k] = 0.f;
 }
 
-/* Head h of one sequence of T rows (q, k, v and y at their row strides);
- * s holds a br x bc tile. */
-static void attention_head_forward(float *y, float *lse, const float *q, const float *k, const float *v,
-                         int T, int C3, int C, int hs, float *s) {
+/* ------------------------------------- the work shared between threads
+ *
+ * A thread takes a whole head where the heads are enough to keep every
+ * thread busy (the usual case: B * NH heads against a node's cores). Where
+ * they are too few (a pipeline's micro-batch of one sequence, a tensor
+ * parallel rank's few heads), a head's rows are cut into parts of
+ * mm_tile_granule()'s multiples inside each tile, which sum every element
+ * as the whole tile does: the same bits on any number of threads. The
+ * forward's parts are query rows. The backward's dQ sums over key tiles
+ * and its dK and dV over query tiles, so a part of either kind would add
+ * into rows another thread owns; it goes in two passes instead, dQ by
+ * query rows, then dK and dV by key rows, each recomputing the tiles'
+ * probabilities and dS: seven tile products a tile where one pass over
+ * whole heads does five, worth it only where threads would otherwise
+ * idle. */
+
+/* Rows [lo, hi) of head h of sequence b: queries (the forward, the
+ * backward's dQ) or keys (the backward's dK and dV); cost is an estimate of
+ * its work, for taking the longest first. */
+typedef struct {
+    int b, h, lo, hi;
+    double cost;
+} Part;
+
+static int part_longest_first(const void *x, const void *y) {
+    const Part *a = x, *b = y;
+    if (a->cost != b->cost) return a->cost < b->cost ? 1 : -1;
+    if (a->b != b->b) return a->b - b->b;
+    return a->h != b->h ? a->h - b->h : a->lo - b->lo;
+}
+
+/* The rows of a part: at least 64, at a multiple of the micro-kernel's
+ * granule. */
+static int part_rows(void) {
+    const int g = mm_tile_granule();
+    return (64 + g - 1) / g * g;
+}
+
+/* Every head's rows in parts of g inside each query tile (keys 0) or key
+ * tile (keys 1), longest first; *n of them. A query part meets keys up to
+ * its tile's end, a key part the queries from its start on. */
+static Part *head_parts(int B, const int *off, int NH, int keys, int g, int *n) {
+    Part *p = NULL;
+    int m = 0;
+    for (int pass = 0; pass < 2; pass++) { /* count, then fill */
+        if (pass) p = xmalloc((m ? (size_t)m : 1) * sizeof *p);
+        m = 0;
+        for (int b = 0; b < B; b++) {
+            const int T = off[b + 1] - off[b];
+            int br, bc;
+            tile_shape(T, &br, &bc);
+            const int tile = keys ? bc : br;
+            for (int h = 0; h < NH; h++)
+                for (int t0 = 0; t0 < T; t0 += tile) {
+                    const int t1 = t0 + tile < T ? t0 + tile : T;
+                    for (int lo = t0; lo < t1; lo += g, m++) {
+                        const int hi = lo + g < t1 ? lo + g : t1;
+                        const double reach = keys ? T - lo : t1;
+                        if (pass) p[m] = (Part){b, h, lo, hi, (double)(hi - lo) * reach};
+                    }
+                }
+        }
+    }
+    qsort(p, (size_t)m, sizeof *p, part_longest_first);
+    *n = m;
+    return p;
+}
+
+static int g_parts = -1;
+void attention_set_parts(int mode) { g_parts = mode; }
+
+/* A head's work in causal score entries, plus the diagonal tiles' waste. */
+static double head_cost(int T) { return 0.5 * T * (double)T + 64.0 * T; }
+
+/* The longest thread's work where whole heads are dealt as OpenMP's static
+ * schedule deals them (the first B*NH % P threads one more), and (*total)
+ * all the heads' work. */
+static double whole_heads_worst(int B, const int *off, int NH, int P, double *total) {
+    const int W = B * NH, q = W / P, rem = W % P;
+    double worst = 0, sum = 0;
+    for (int t = 0, i = 0; t < P && i < W; t++) {
+        double load = 0;
+        for (int j = 0; j < q + (t < rem); j++, i++)
+            load += head_cost(off[i / NH + 1] - off[i / NH]);
+        worst = load > worst ? load : worst;
+        sum += load;
+    }
+    *total = sum;
+    return worst;
+}
+
+/* Rows [lo, hi) of head h of one sequence of T rows (q, k, v and y at
+ * their row strides); s holds a br x bc tile. Each query tile's part meets
+ * the key tiles the whole tile meets, with the same widths. */
+static void attention_head_forward(float *y, float *lse, const float *q, const float *k,
+                                   const float *v, int T, int C3, int C, int hs, float *s, int lo,
+                                   int hi) {
     const float scale = 1.f / sqrtf((float)hs);
     float mx[ATT_BR_MAX], sum[ATT_BR_MAX];
     int br, bc;
     tile_shape(T, &br, &bc);
-    for (int r0 = 0; r0 < T; r0 += br) {
-        const int r1 = r0 + br < T ? r0 + br : T, rb = r1 - r0;
+    for (int t0 = lo / br * br; t0 < hi; t0 += br) {
+        const int t1 = t0 + br < T ? t0 + br : T;
+        const int r0 = lo > t0 ? lo : t0, r1 = hi < t1 ? hi : t1, rb = r1 - r0;
         float *yr = y + (size_t)r0 * C;
         for (int i = 0; i < rb; i++) mx[i] = -INFINITY, sum[i] = 0.f;
-        for (int c0 = 0; c0 < r1; c0 += bc) {
-            const int cb = (c0 + bc < r1 ? c0 + bc : r1) - c0;
+        for (int c0 = 0; c0 < t1; c0 += bc) {
+            const int cb = (c0 + bc < t1 ? c0 + bc : t1) - c0;
             mm_tile(0, 1, rb, cb, hs, scale, q + (size_t)r0 * C3, C3, k + (size_t)c0 * C3, C3, 0.f,
                     s, bc, MASK_BELOW, r0 - c0);
             for (int i = 0; i < rb; i++) {
@@ -287,18 +382,38 @@ static void attention_head_forward(float *y, float *lse, const float *q, const f
 
 void attention_forward(float *out, float *lse, const float *qkv, int B, const int *off, int NH,
                        int hs) {
-    const int C = NH * hs, C3 = 3 * C;
+    const int C = NH * hs, C3 = 3 * C, P = omp_get_max_threads();
+    /* whole heads, unless they leave a thread with a tenth more than its share */
+    double total;
+    const double worst = whole_heads_worst(B, off, NH, P, &total);
+    int np = 0;
+    const int cut = g_parts >= 0 ? g_parts : worst > 1.1 * total / P;
+    Part *parts = cut ? head_parts(B, off, NH, 0, part_rows(), &np) : NULL;
 #pragma omp parallel
     {
         float *s = kernels_scratch(SCRATCH_TILE, (size_t)ATT_BR_MAX * ATT_BC_MAX);
+        if (parts) {
+#pragma omp for schedule(dynamic, 1)
+            for (int i = 0; i < np; i++) {
+                const Part *p = &parts[i];
+                const int b = p->b, h = p->h;
+                const float *q = qkv + (size_t)off[b] * C3 + h * hs;
+                attention_head_forward(out + (size_t)off[b] * C + h * hs,
+                                       lse + lse_offset(off, b, h, NH), q, q + C, q + 2 * C,
+                                       off[b + 1] - off[b], C3, C, hs, s, p->lo, p->hi);
+            }
+        } else {
 #pragma omp for schedule(static)
-        for (int bh = 0; bh < B * NH; bh++) {
-            const int b = bh / NH, h = bh % NH;
-            const float *q = qkv + (size_t)off[b] * C3 + h * hs;
-            attention_head_forward(out + (size_t)off[b] * C + h * hs, lse + lse_offset(off, b, h, NH), q,
-                         q + C, q + 2 * C, off[b + 1] - off[b], C3, C, hs, s);
+            for (int bh = 0; bh < B * NH; bh++) {
+                const int b = bh / NH, h = bh % NH, T = off[b + 1] - off[b];
+                const float *q = qkv + (size_t)off[b] * C3 + h * hs;
+                attention_head_forward(out + (size_t)off[b] * C + h * hs,
+                                       lse + lse_offset(off, b, h, NH), q, q + C, q + 2 * C, T, C3,
+                                       C, hs, s, 0, T);
+            }
         }
     }
+    free(parts);
 }
 
 /* A tile's probabilities from the kept log-sum-exp, then, once dp holds
@@ -328,6 +443,18 @@ typedef struct {
     int T, C3, C, hs;
 } HeadGrad;
 
+/* D = rowsum(dY * Y) of rows [r0, r0 + rb). */
+static void rows_D(float *D, const HeadGrad *a, int r0, int rb) {
+    for (int i = 0; i < rb; i++) {
+        float dot = 0.f;
+        const float *yi = a->y + (size_t)(r0 + i) * a->C, *dyi = a->dy + (size_t)(r0 + i) * a->C;
+        for (int j = 0; j < a->hs; j++) dot += yi[j] * dyi[j];
+        D[i] = dot;
+    }
+}
+
+/* A head's whole backward in one pass: each tile's dS once, for dQ and dK
+ * alike (five tile products). */
 static void attention_head_backward(const HeadGrad *a, float *s, float *dp) {
     const int C3 = a->C3, C = a->C, hs = a->hs;
     const float scale = 1.f / sqrtf((float)hs);
@@ -341,12 +468,7 @@ static void attention_head_backward(const HeadGrad *a, float *s, float *dp) {
     for (int r0 = 0; r0 < a->T; r0 += br) {
         const int r1 = r0 + br < a->T ? r0 + br : a->T, rb = r1 - r0;
         const float *qr = a->q + (size_t)r0 * C3, *dyr = a->dy + (size_t)r0 * C;
-        for (int i = 0; i < rb; i++) {
-            float dot = 0.f;
-            const float *yi = a->y + (size_t)(r0 + i) * C, *dyi = dyr + (size_t)i * C;
-            for (int j = 0; j < hs; j++) dot += yi[j] * dyi[j];
-            D[i] = dot;
-        }
+        rows_D(D, a, r0, rb);
         for (int c0 = 0; c0 < r1; c0 += bc) {
             const int cb = (c0 + bc < r1 ? c0 + bc : r1) - c0;
             const float *kc = a->k + (size_t)c0 * C3, *vc = a->v + (size_t)c0 * C3;
@@ -373,23 +495,137 @@ static void attention_head_backward(const HeadGrad *a, float *s, float *dp) {
     }
 }
 
+/* The backward in two passes over parts, for too few heads: dQ of query
+ * rows [lo, hi) (three tile products: S, dP, dQ) ... */
+static void attention_head_dq(const HeadGrad *a, float *s, float *dp, int lo, int hi) {
+    const int C3 = a->C3, C = a->C, hs = a->hs;
+    const float scale = 1.f / sqrtf((float)hs);
+    float D[ATT_BR_MAX];
+    int br, bc;
+    tile_shape(a->T, &br, &bc);
+    for (int t0 = lo / br * br; t0 < hi; t0 += br) {
+        const int t1 = t0 + br < a->T ? t0 + br : a->T;
+        const int r0 = lo > t0 ? lo : t0, r1 = hi < t1 ? hi : t1, rb = r1 - r0;
+        const float *qr = a->q + (size_t)r0 * C3, *dyr = a->dy + (size_t)r0 * C;
+        rows_D(D, a, r0, rb);
+        for (int c0 = 0; c0 < t1; c0 += bc) {
+            const int cb = (c0 + bc < t1 ? c0 + bc : t1) - c0, d = r0 - c0;
+            const float *kc = a->k + (size_t)c0 * C3, *vc = a->v + (size_t)c0 * C3;
+            mm_tile(0, 1, rb, cb, hs, scale, qr, C3, kc, C3, 0.f, s, bc, MASK_BELOW, d); /* S */
+            for (int i = 0; i < rb; i++) {
+                const int n = r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb;
+                tile_probs_row(s + (size_t)i * bc, n, a->lse[r0 + i]);
+            }
+            mm_tile(0, 1, rb, cb, hs, 1.f, dyr, C, vc, C3, 0.f, dp, bc, MASK_BELOW, d); /* dP */
+            for (int i = 0; i < rb; i++) {
+                const int n = r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb;
+                tile_dscores_row(dp + (size_t)i * bc, s + (size_t)i * bc, n, D[i], scale);
+                zero_tail(dp + (size_t)i * bc, n, cb);
+            }
+            mm_tile(0, 0, rb, hs, cb, 1.f, dp, bc, kc, C3, c0 > 0 ? 1.f : 0.f,
+                    a->dq + (size_t)r0 * C3, C3, MASK_K_UPTO0, d); /* dQ += dS @ K */
+        }
+    }
+}
+
+/* ... then dK and dV of key rows [lo, hi) (four: S, dV, dP, dK), over the
+ * query tiles from their key tile on, in the one-pass order. The part's
+ * columns of each tile are the whole tile's columns [k0 - c0, k0 - c0 + w). */
+static void attention_head_dkv(const HeadGrad *a, float *s, float *dp, int lo, int hi) {
+    const int C3 = a->C3, C = a->C, hs = a->hs;
+    const float scale = 1.f / sqrtf((float)hs);
+    float D[ATT_BR_MAX];
+    int br, bc;
+    tile_shape(a->T, &br, &bc);
+    for (int c0 = lo / bc * bc; c0 < hi; c0 += bc) {
+        const int c1 = c0 + bc < a->T ? c0 + bc : a->T;
+        const int k0 = lo > c0 ? lo : c0, k1 = hi < c1 ? hi : c1, o = k0 - c0;
+        for (int t = k0; t < k1; t++) {
+            memset(a->dk + (size_t)t * C3, 0, (size_t)hs * sizeof(float));
+            memset(a->dv + (size_t)t * C3, 0, (size_t)hs * sizeof(float));
+        }
+        const float *kk = a->k + (size_t)k0 * C3, *vk = a->v + (size_t)k0 * C3;
+        float *dkk = a->dk + (size_t)k0 * C3, *dvk = a->dv + (size_t)k0 * C3;
+        for (int r0 = c0; r0 < a->T; r0 += br) {
+            const int r1 = r0 + br < a->T ? r0 + br : a->T, rb = r1 - r0;
+            const int cb = (c0 + bc < r1 ? c0 + bc : r1) - c0; /* the whole tile's width */
+            if (o >= cb) continue; /* this query tile ends before the part */
+            const int w = (k1 < c0 + cb ? k1 : c0 + cb) - k0, d = r0 - k0;
+            const float *qr = a->q + (size_t)r0 * C3, *dyr = a->dy + (size_t)r0 * C;
+            rows_D(D, a, r0, rb);
+            mm_tile(0, 1, rb, w, hs, scale, qr, C3, kk, C3, 0.f, s, bc, MASK_BELOW, d); /* S */
+            for (int i = 0; i < rb; i++) {
+                int n = (r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb) - o;
+                n = n < 0 ? 0 : n < w ? n : w;
+                tile_probs_row(s + (size_t)i * bc, n, a->lse[r0 + i]);
+                zero_tail(s + (size_t)i * bc, n, w);
+            }
+            mm_tile(1, 0, w, hs, rb, 1.f, s, bc, dyr, C, 1.f, dvk, C3, MASK_K_FROM0,
+                    d); /* dV += P^T @ dY */
+            mm_tile(0, 1, rb, w, hs, 1.f, dyr, C, vk, C3, 0.f, dp, bc, MASK_BELOW, d); /* dP */
+            for (int i = 0; i < rb; i++) {
+                int n = (r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb) - o;
+                n = n < 0 ? 0 : n < w ? n : w;
+                tile_dscores_row(dp + (size_t)i * bc, s + (size_t)i * bc, n, D[i], scale);
+                zero_tail(dp + (size_t)i * bc, n, w);
+            }
+            mm_tile(1, 0, w, hs, rb, 1.f, dp, bc, qr, C3, 1.f, dkk, C3, MASK_K_FROM0,
+                    d); /* dK += dS^T @ Q */
+        }
+    }
+}
+
+static HeadGrad head_grad(float *dqkv, const float *dout, const float *qkv, const float *out,
+                          const float *lse, const int *off, int NH, int hs, int b, int h) {
+    const int C = NH * hs, C3 = 3 * C;
+    const size_t r = (size_t)off[b], o = r * C + (size_t)h * hs;
+    const float *q = qkv + r * C3 + (size_t)h * hs;
+    float *dq = dqkv + r * C3 + (size_t)h * hs;
+    HeadGrad a;
+    a.q = q, a.k = q + C, a.v = q + 2 * C;
+    a.y = out + o, a.dy = dout + o, a.lse = lse + lse_offset(off, b, h, NH);
+    a.dq = dq, a.dk = dq + C, a.dv = dq + 2 * C;
+    a.T = off[b + 1] - off[b], a.C3 = C3, a.C = C, a.hs = hs;
+    return a;
+}
+
 void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
                         const float *lse, int B, const int *off, int NH, int hs) {
-    const int C = NH * hs, C3 = 3 * C;
+    const int P = omp_get_max_threads();
+    /* two passes over parts (7 tile products a tile where one pass does 5)
+     * where they beat whole heads' longest thread by a margin for their
+     * balance */
+    double total;
+    const double worst = whole_heads_worst(B, off, NH, P, &total);
+    const int split = g_parts >= 0 ? g_parts : 1.15 * 7.0 * total / P < 5.0 * worst;
+    int nq = 0, nk = 0;
+    Part *qp = split ? head_parts(B, off, NH, 0, part_rows(), &nq) : NULL;
+    Part *kp = split ? head_parts(B, off, NH, 1, part_rows(), &nk) : NULL;
 #pragma omp parallel
     {
         float *s = kernels_scratch(SCRATCH_TILE, (size_t)2 * ATT_BR_MAX * ATT_BC_MAX),
               *dp = s + ATT_BR_MAX * ATT_BC_MAX;
+        if (split) {
+#pragma omp for schedule(dynamic, 1)
+            for (int i = 0; i < nq; i++) {
+                const HeadGrad a =
+                    head_grad(dqkv, dout, qkv, out, lse, off, NH, hs, qp[i].b, qp[i].h);
+                attention_head_dq(&a, s, dp, qp[i].lo, qp[i].hi);
+            }
+#pragma omp for schedule(dynamic, 1)
+            for (int i = 0; i < nk; i++) {
+                const HeadGrad a =
+                    head_grad(dqkv, dout, qkv, out, lse, off, NH, hs, kp[i].b, kp[i].h);
+                attention_head_dkv(&a, s, dp, kp[i].lo, kp[i].hi);
+            }
+        } else {
 #pragma omp for schedule(static)
-        for (int bh = 0; bh < B * NH; bh++) {
-            const int b = bh / NH, h = bh % NH;
-            const size_t r = (size_t)off[b], o = r * C + (size_t)h * hs;
-            const float *q = qkv + r * C3 + (size_t)h * hs;
-            float *dq = dqkv + r * C3 + (size_t)h * hs;
-            const HeadGrad a = {q,      q + C,  q + 2 * C, out + o, dout + o,
-                                lse + lse_offset(off, b, h, NH),
-                                dq,     dq + C, dq + 2 * C, off[b + 1] - off[b], C3, C, hs};
-            attention_head_backward(&a, s, dp);
+            for (int bh = 0; bh < B * NH; bh++) {
+                const HeadGrad a =
+                    head_grad(dqkv, dout, qkv, out, lse, off, NH, hs, bh / NH, bh % NH);
+                attention_head_backward(&a, s, dp);
+            }
         }
     }
+    free(qp), free(kp);
 }

@@ -232,6 +232,17 @@ static int g_orient = -1; /* the tests' choice of storage for C, -1 the kernel's
 
 void mm_tile_orientation(int row_pref) { g_orient = row_pref; }
 
+static void ukr_init(void);
+int mm_tile_granule(void) {
+    pthread_once(&g_ukr_once, ukr_init);
+    int a = g_ukr.mr, b = g_ukr.nr;
+    while (b) {
+        const int t = a % b;
+        a = b, b = t;
+    }
+    return g_ukr.mr / a * g_ukr.nr;
+}
+
 static void ukr_init(void) {
     g_ukr.cntx = bli_gks_query_cntx();
     g_ukr.f = (SgemmUkr)bli_cntx_get_l3_nat_ukr_dt(BLIS_FLOAT, BLIS_GEMM_UKR, g_ukr.cntx);

@@ -88,6 +88,13 @@ enum { MASK_NONE, MASK_BELOW, MASK_K_UPTO, MASK_K_FROM, MASK_K_UPTO0, MASK_K_FRO
 enum { MASK_ZERO_TAIL = 16 }; /* at least a micro-kernel's NR */
 void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
              const float *B, int ldb, float beta, float *C, int ldc, int mask, int d);
+/* Where an mm_tile product may be cut into parts without changing a bit:
+ * a part of C's rows (or columns) that starts a multiple of this from the
+ * whole's start, and ends where the whole ends or at such a multiple, sums
+ * every element as the whole does (the micro-kernel's blocks fall the same
+ * way, and the mask gives them the same k). The least common multiple of
+ * the micro-kernel's MR and NR, so either storage of C holds. */
+int mm_tile_granule(void);
 /* For the tests: 1 or 0 has mm_tile and mm (gemm = own) store C by rows or
  * by columns in the micro-kernel's view whatever the kernel prefers (both
  * are correct, one is slower); -1 goes back to the kernel's preference. */
@@ -167,6 +174,11 @@ void attention_forward(float *out, float *lse, const float *qkv, int B, const in
  * forward's. */
 void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
                         const float *lse, int B, const int *off, int NH, int hs);
+/* For the tests and attn_bench: 1 has attention_forward and _backward cut
+ * every head into parts of rows (the backward in two passes), 0 never, -1
+ * (the default) where whole heads would leave threads idle. Every choice
+ * gives the same bits. */
+void attention_set_parts(int mode);
 /* The kernels before them, the tests' reference: att keeps the
  * probabilities, per sequence and head a len x len block, packed (sum of
  * NH*len^2 floats). */

@@ -3,7 +3,10 @@
  * the T x T probabilities, side by side in one run: forward + backward
  * time (best of REPEATS, the two alternating so drift hits both) and the
  * bytes each keeps between forward and backward, at GPT-2 small's heads.
- * Where the tile products read op(A) in place (kernels_inplace), the O(T)
+ * The O(T) kernels with every head whole on one thread run in turn too:
+ * O(T)/whole shows what cutting heads into parts gains where B * NH heads
+ * are too few for the threads (B 1 NH 1 on 2 threads, say) and costs where
+ * they are not. Where the tile products read op(A) in place (kernels_inplace), the O(T)
  * kernels with it packed run in turn too, and the last ratio is in place
  * over packed.
  * usage: attn_bench [THREADS [REPEATS [B NH HS T...]]]
@@ -21,12 +24,14 @@
 static const char *prog = "attn_bench";
 
 /* One forward + backward at B sequences of T, NH heads of hs: run 0 the
- * O(T) kernels, 1 the kept ones, 2 the O(T) ones with op(A) packed.
- * Returns seconds. */
-enum { RUN_OT, RUN_KEPT, RUN_PACKED };
+ * O(T) kernels, 1 the kept ones, 2 the O(T) ones with each head whole on
+ * one thread (where run 0 may cut heads into parts), 3 the O(T) ones with
+ * op(A) packed. Returns seconds. */
+enum { RUN_OT, RUN_KEPT, RUN_WHOLE, RUN_PACKED };
 static double step(int run, float *o, float *keep, float *dq, const float *qkv, const float *dy,
                    int B, const int *off, int NH, int hs) {
     kernels_set_inplace(run != RUN_PACKED);
+    attention_set_parts(run == RUN_WHOLE ? 0 : -1);
     double t0 = now_s();
     if (run == RUN_KEPT) {
         attention_forward_full(o, keep, qkv, B, off, NH, hs);
@@ -37,6 +42,7 @@ static double step(int run, float *o, float *keep, float *dq, const float *qkv, 
     }
     const double t = now_s() - t0;
     kernels_set_inplace(1);
+    attention_set_parts(-1);
     return t;
 }
 
@@ -49,8 +55,8 @@ static void bench(int B, int NH, int hs, int T, int reps) {
     int *off = xmalloc((size_t)(B + 1) * sizeof(int));
     for (int b = 0; b <= B; b++) off[b] = b * T;
     bench_fill(qkv, N * 3 * C, 1), bench_fill(dy, N * C, 2);
-    const int runs = kernels_inplace() & KERNELS_INPLACE_TILE ? 3 : 2;
-    double best[3] = {INFINITY, INFINITY, INFINITY};
+    const int runs = kernels_inplace() & KERNELS_INPLACE_TILE ? 4 : 3;
+    double best[4] = {INFINITY, INFINITY, INFINITY, INFINITY};
     for (int r = 0; r <= reps; r++) /* round 0 warms each up */
         for (int run = 0; run < runs; run++) {
             double t = step(run, o, run == RUN_KEPT ? att : lse, dq, qkv, dy, B, off, NH, hs);
@@ -58,8 +64,9 @@ static void bench(int B, int NH, int hs, int T, int reps) {
         }
     printf("T %5d: O(T) %8.2f ms, full %8.2f ms, O(T)/full %.3f; kept %9.3f MB against %9.1f MB",
            T, 1e3 * best[0], 1e3 * best[1], best[0] / best[1], 4e-6 * nlse, 4e-6 * nfull);
-    if (runs == 3)
-        printf("; packed %8.2f ms, in place/packed %.3f", 1e3 * best[2], best[0] / best[2]);
+    printf("; whole heads %8.2f ms, O(T)/whole %.3f", 1e3 * best[2], best[0] / best[2]);
+    if (runs == 4)
+        printf("; packed %8.2f ms, in place/packed %.3f", 1e3 * best[3], best[0] / best[3]);
     printf("\n");
     free(qkv), free(dy), free(o), free(dq), free(att), free(lse), free(off);
 }

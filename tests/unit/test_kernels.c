@@ -516,13 +516,32 @@ static void check_attention_vs_full(int B, const int *off, int NH, int hs, uint6
         printf("\n  attention vs full, N=%d hs=%d: output %g, gradient %g\n", N, hs, eo, ed);
     CU_ASSERT(eo < 1e-5);
     CU_ASSERT(ed < 1e-4);
-    /* a head's work is one thread's: the same bits on 1 thread as on 2 */
+    /* the same bits on 1 thread as on 2 (which cut a single head into parts) */
     const int nt = omp_get_max_threads();
     omp_set_num_threads(nt == 1 ? 2 : 1);
     attention_forward(o2, lse, qkv, B, off, NH, hs);
     attention_backward(d2, dy, qkv, o2, lse, B, off, NH, hs);
     omp_set_num_threads(nt);
     CU_ASSERT(memcmp(o1, o2, no * 4) == 0 && memcmp(d1, d2, nq * 4) == 0);
+    /* heads cut into parts of rows (the backward in two passes) or whole,
+     * whatever the threads would choose: the same bits, with the
+     * micro-kernel storing C either way (its blocks fall otherwise) */
+    float *o3 = xmalloc(no * 4), *d3 = xmalloc(nq * 4);
+    for (int orient = -1; orient <= 1; orient++) {
+        mm_tile_orientation(orient);
+        for (int parts = 0; parts < 2; parts++) {
+            float *o = parts ? o3 : o2, *d = parts ? d3 : d2;
+            attention_set_parts(parts);
+            memset(o, 0xff, no * 4), memset(d, 0xff, nq * 4); /* NaNs where nothing writes */
+            attention_forward(o, lse, qkv, B, off, NH, hs);
+            attention_backward(d, dy, qkv, o, lse, B, off, NH, hs);
+        }
+        CU_ASSERT(memcmp(o2, o3, no * 4) == 0 && memcmp(d2, d3, nq * 4) == 0);
+        if (orient < 0) CU_ASSERT(memcmp(o1, o3, no * 4) == 0 && memcmp(d1, d3, nq * 4) == 0);
+    }
+    mm_tile_orientation(-1);
+    attention_set_parts(-1);
+    free(o3), free(d3);
     /* the log-sum-exp is that of the scaled scores: check a row directly */
     const int last = off[B] - 1, b = B - 1, T = off[b + 1] - off[b];
     if (T > 0) {
