@@ -22,6 +22,7 @@
 #include "mpi/check.h"
 #include "src/base/fault.h"
 #include "src/base/util.h"
+#include "src/kernels.h"
 #include "checkpoint/ckio.h"
 #include "checkpoint/safetensors.h"
 
@@ -967,6 +968,7 @@ int ckpt_open_model(const char *ckpt_arg, Model *m, Config *cfg, int maxB, int *
                        d.L, pp, d.L);
     ModelMemory mm;
     model_memory(&d, maxB, 1, 0, &mm);
+    model_memory_threads(&mm, &d, kernels_threads());
     if (model_memory_check(&mm, machine_memory() / (size_t)local_ranks, local_ranks, err) != 0) {
         Err why = *err;
         return err_set(err, "ckpt: '%s': %s", dir, why.msg);

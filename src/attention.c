@@ -319,6 +319,19 @@ static Part *head_parts(int B, const int *off, int NH, int keys, int g, int *n) 
     return p;
 }
 
+size_t kernels_thread_bytes(int hs) {
+    /* the tile slot: the backward's s and dp; the packing slot: the larger
+     * of own_gemm's and the tile products' (S and dP, P V and dS K, P^T dY
+     * and dS^T Q at the largest tiles) */
+    const size_t tile = (size_t)2 * ATT_BR_MAX * ATT_BC_MAX;
+    size_t pack = gemm_pack_floats();
+    const size_t shapes[3] = {mm_tile_pack_floats(ATT_BR_MAX, ATT_BC_MAX, hs),
+                              mm_tile_pack_floats(ATT_BR_MAX, hs, ATT_BC_MAX),
+                              mm_tile_pack_floats(ATT_BC_MAX, hs, ATT_BR_MAX)};
+    for (int i = 0; i < 3; i++) pack = shapes[i] > pack ? shapes[i] : pack;
+    return (tile + pack) * sizeof(float);
+}
+
 static int g_parts = -1;
 void attention_set_parts(int mode) { g_parts = mode; }
 

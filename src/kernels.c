@@ -641,9 +641,17 @@ static void pack_block(int P, int K, const float *X, size_t rsx, size_t csx, int
     pack_block_sum(P, K, X, rsx, csx, R, out, NULL);
 }
 
+static _Thread_local size_t g_scratch_cap[SCRATCH_SLOTS];
+
+size_t kernels_scratch_bytes(void) {
+    size_t n = 0;
+    for (int i = 0; i < SCRATCH_SLOTS; i++) n += g_scratch_cap[i];
+    return n * sizeof(float);
+}
+
 float *kernels_scratch(int slot, size_t n) {
     static _Thread_local float *buf[SCRATCH_SLOTS];
-    static _Thread_local size_t cap[SCRATCH_SLOTS];
+    size_t *cap = g_scratch_cap;
     if (n > cap[slot]) {
         free(buf[slot]);
         buf[slot] = xmalloc(n * sizeof(float)); /* 64-byte aligned, as BLIS packs */
@@ -708,6 +716,19 @@ static void pack_masked(int M, int K, const float *A, size_t rs, size_t cs, int 
     }
 }
 
+/* op(A)'s panels of R rows and op(B)'s of S over K, each at 64 bytes */
+static size_t tile_pack_floats(int M, int N, int K, int R, int S) {
+    return ((size_t)(M + R - 1) / R * R * K + 15) / 16 * 16 +
+           ((size_t)(N + S - 1) / S * S * K + 15) / 16 * 16;
+}
+
+size_t mm_tile_pack_floats(int M, int N, int K) {
+    pthread_once(&g_ukr_once, ukr_init);
+    const size_t a = tile_pack_floats(M, N, K, g_ukr.mr, g_ukr.nr),
+                 b = tile_pack_floats(M, N, K, g_ukr.nr, g_ukr.mr);
+    return a > b ? a : b;
+}
+
 void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
              const float *B, int ldb, float beta, float *C, int ldc, int mask, int d) {
     if (M <= 0 || N <= 0) return;
@@ -727,9 +748,8 @@ void mm_tile(int ta, int tb, int M, int N, int K, float alpha, const float *A, i
     const size_t rsb = tb ? (size_t)ldb : 1, csb = tb ? 1 : (size_t)ldb;
     /* each side's panels at 64 bytes (BLIS's kernels load the vector side
      * aligned) */
-    const size_t na = ((size_t)(M + RA - 1) / RA * RA * K + 15) / 16 * 16,
-                 nb = ((size_t)(N + RB - 1) / RB * RB * K + 15) / 16 * 16;
-    float *bp = kernels_scratch(SCRATCH_PACK, na + nb), *ap = bp + nb;
+    const size_t nb = ((size_t)(N + RB - 1) / RB * RB * K + 15) / 16 * 16;
+    float *bp = kernels_scratch(SCRATCH_PACK, tile_pack_floats(M, N, K, RA, RB)), *ap = bp + nb;
     pack_block(N, K, B, rsb, csb, RB, bp);
     /* op(A), the kernel's broadcast side in its preferred view: read in
      * place where unmasked or its skipped entries zeros (see blocked_part),
@@ -804,6 +824,11 @@ static void blk_init(void) {
 }
 static pthread_once_t g_blk_once = PTHREAD_ONCE_INIT;
 
+size_t gemm_pack_floats(void) {
+    pthread_once(&g_blk_once, blk_init);
+    return (size_t)(g_blk.nc + g_ukr.nr + g_blk.mc + g_ukr.mr) * (size_t)g_blk.kc_max;
+}
+
 /* The operands of one thread's part of a product, and where the column
  * sums of op(B) go (see mm_colsum): xsum[p] += X[p][k] over all k (NULL:
  * none), likewise ysum[q] += Y[k][q]; the thread that owns them packs that
@@ -822,7 +847,7 @@ static void blocked_part(int p0, int p1, int q0, int q1, int K, float alpha, con
     const size_t rsx = o->rsx, csx = o->csx, rsy = o->rsy, csy = o->csy;
     const int MR = g_ukr.mr, NR = g_ukr.nr, MC = g_blk.mc, KC = g_blk.kc, NC = g_blk.nc;
     const int KM = g_blk.kc_max;
-    float *yp = kernels_scratch(SCRATCH_PACK, (size_t)(NC + NR + MC + MR) * KM);
+    float *yp = kernels_scratch(SCRATCH_PACK, gemm_pack_floats());
     float *xp = yp + (size_t)(NC + NR) * KM;
     /* Y contiguous along K, into C by columns: read in place on skx (not
      * by columns where Y is contiguous along Q: one cache line a k, and the

@@ -174,6 +174,13 @@ void attention_forward(float *out, float *lse, const float *qkv, int B, const in
  * forward's. */
 void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
                         const float *lse, int B, const int *off, int NH, int hs);
+/* The bytes each thread's own buffers reach in training at head size hs:
+ * attention's tiles and the packed operands of own_gemm and mm_tile, on
+ * this machine's BLIS configuration (BLIS's own pools, under gemm = blis,
+ * are not counted). */
+size_t kernels_thread_bytes(int hs);
+/* What the calling thread's buffers hold now, for the tests. */
+size_t kernels_scratch_bytes(void);
 /* For the tests and attn_bench: 1 has attention_forward and _backward cut
  * every head into parts of rows (the backward in two passes), 0 never, -1
  * (the default) where whole heads would leave threads idle. Every choice

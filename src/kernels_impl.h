@@ -57,6 +57,10 @@ extern int kernels_avx512; /* set by kernels_init */
  * are live at once. */
 enum { SCRATCH_TILE, SCRATCH_PACK, SCRATCH_SLOTS };
 float *kernels_scratch(int slot, size_t n);
+/* The most SCRATCH_PACK floats own_gemm asks for, and mm_tile for a
+ * product of M x N over K (either storage of C). */
+size_t gemm_pack_floats(void);
+size_t mm_tile_pack_floats(int M, int N, int K);
 
 /* This thread's share [lo, hi) of n items inside a parallel region: a fixed
  * partition, so results never depend on scheduling. */

@@ -384,9 +384,13 @@ typedef struct {
     size_t params, grads, moments, acts, scratch;
     size_t staging; /* a copy of the weights and moments for asynchronous saves, set by the caller */
     size_t data;    /* the data path (ds_memory), set by the caller */
+    size_t threads; /* each thread's own buffers (model_memory_threads) */
     size_t total;
 } ModelMemory;
 void model_memory(const ModelDims *d, int maxB, int slots, int optimizer, ModelMemory *mm);
+/* Adds what threads threads' own buffers reach (kernels_thread_bytes at
+ * the model's head size) to mm's threads and total. */
+void model_memory_threads(ModelMemory *mm, const ModelDims *d, int threads);
 /* What model_memory adds up, by part, for dims d (its tp, routing and
  * shape; not its stage) and micro-batches of maxB: a stage of any blocks is
  * then measured in a few operations, without a registry of its own (the

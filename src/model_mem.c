@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "src/base/util.h"
+#include "src/kernels.h"
 #include "src/model_impl.h"
 
 /* The activation size table (after llm.c's act_sizes): one row per buffer,
@@ -333,6 +334,11 @@ void model_memory(const ModelDims *d, int maxB, int slots, int optimizer, ModelM
     model_memory_units(&u, d, slots, optimizer, mm);
 }
 
+void model_memory_threads(ModelMemory *mm, const ModelDims *d, int threads) {
+    mm->threads = sat_mul((size_t)(threads > 0 ? threads : 1), kernels_thread_bytes(d->hs));
+    mm->total = sat_add(mm->total, mm->threads);
+}
+
 int model_memory_check(const ModelMemory *mm, size_t budget, int ranks, Err *err) {
     if (mm->total <= budget) return 0;
     char tot[32], b[32], p[32], mo[32], a[32];
@@ -341,7 +347,7 @@ int model_memory_check(const ModelMemory *mm, size_t budget, int ranks, Err *err
     format_bytes(p, sizeof p, sat_add(mm->params, mm->grads));
     format_bytes(mo, sizeof mo, mm->moments);
     format_bytes(a, sizeof a, sat_add(mm->acts, mm->scratch));
-    char st[128] = "", sb[32];
+    char st[192] = "", sb[32];
     if (mm->staging) {
         format_bytes(sb, sizeof sb, mm->staging);
         snprintf(st, sizeof st, ", checkpoint staging copy %s", sb);
@@ -349,6 +355,10 @@ int model_memory_check(const ModelMemory *mm, size_t budget, int ranks, Err *err
     if (mm->data) {
         format_bytes(sb, sizeof sb, mm->data);
         snprintf(st + strlen(st), sizeof st - strlen(st), ", data path %s", sb);
+    }
+    if (mm->threads) {
+        format_bytes(sb, sizeof sb, mm->threads);
+        snprintf(st + strlen(st), sizeof st - strlen(st), ", the threads' buffers %s", sb);
     }
     return err_set(err,
                    "the model needs %s per rank (parameters and gradients %s, AdamW moments %s, "

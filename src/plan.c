@@ -240,6 +240,7 @@ static int plan_stages(const Config *cfg, const Cluster *cl, PlanRow *r, MicroTi
         }
         mm.data = data_mem;
         mm.total = sat_add(mm.total, mm.data);
+        model_memory_threads(&mm, &d, r->threads);
         const size_t comm = r->pp > 1 ? (size_t)slots * (size_t)act : 0;
         if (stage_bytes)
             stage_bytes[s] =

@@ -154,15 +154,17 @@ static void print_row(const PlanRow *r, int moe) {
 /* The one layout's exact figures (the tests compare them). */
 static void print_parts(const PlanRow *one, const size_t *stage, int pp, int moe) {
     const ModelMemory *mm = &one->mem;
-    char b[9][32];
-    const size_t parts[9] = {
-        mm->params,  mm->grads, mm->moments, mm->acts, mm->scratch, one->comm_bytes,
-        mm->staging, mm->data,  one->rank_bytes - mm->total - one->comm_bytes};
-    for (int i = 0; i < 9; i++) format_bytes(b[i], sizeof b[i], parts[i]);
+    char b[10][32];
+    const size_t parts[10] = {mm->params,      mm->grads,
+                              mm->moments,     mm->acts,
+                              mm->scratch,     mm->threads,
+                              one->comm_bytes, mm->staging,
+                              mm->data,        one->rank_bytes - mm->total - one->comm_bytes};
+    for (int i = 0; i < 10; i++) format_bytes(b[i], sizeof b[i], parts[i]);
     printf("memory of the largest stage's rank: parameters %s, gradients %s, AdamW moments %s, "
-           "activations %s, scratch %s, pipeline buffers %s, checkpoint staging %s, data path "
-           "%s, baseline %s\n",
-           b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8]);
+           "activations %s, scratch %s, the threads' buffers %s, pipeline buffers %s, "
+           "checkpoint staging %s, data path %s, baseline %s\n",
+           b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9]);
     printf("bytes per step of the busiest rank: tp %.0f, dp %.0f, pp %.0f", one->tp_bytes,
            one->dp_bytes, one->pp_bytes);
     if (one->dp_rows_bytes > 0) /* an upper bound: the rows are the step's distinct tokens */

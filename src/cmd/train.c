@@ -572,6 +572,7 @@ static int run_setup_model(Run *r) {
     for (int k = 0; k < r->train.n_parts; k++) shards += (size_t)r->train.parts[k].n_shards;
     r->mem.data = ds_memory(c->train_data, r->local_batch, r->T, shards);
     r->mem.total = sat_add(r->mem.total, r->mem.data);
+    model_memory_threads(&r->mem, &d, r->threads);
     rc = model_memory_check(&r->mem, machine_memory() / (size_t)g->local_ranks, g->local_ranks,
                             &err);
     if (rc != 0) {
@@ -684,13 +685,15 @@ static void run_banner(const Run *r) {
     format_bytes(pg, sizeof pg, r->mem.params + r->mem.grads);
     format_bytes(mo, sizeof mo, r->mem.moments);
     format_bytes(ac, sizeof ac, r->mem.acts + r->mem.scratch);
-    char sg[96] = "", b[32];
+    char sg[160] = "", b[32];
     if (r->mem.staging) {
         format_bytes(b, sizeof b, r->mem.staging);
         snprintf(sg, sizeof sg, " + checkpoint staging %s", b);
     }
     format_bytes(b, sizeof b, r->mem.data);
     snprintf(sg + strlen(sg), sizeof sg - strlen(sg), " + data path %s", b);
+    format_bytes(b, sizeof b, r->mem.threads);
+    snprintf(sg + strlen(sg), sizeof sg - strlen(sg), " + the threads' buffers %s", b);
     char rc[32];
     config_get(c, "recompute", rc, sizeof rc);
     log0("memory (rank 0): %s = parameters and gradients %s + AdamW moments %s + activations "

@@ -4,6 +4,7 @@
  */
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -574,6 +575,43 @@ static void test_attention_matches_full(void) {
     check_attention_vs_full(6, off, 2, 32, 20);
 }
 
+/* kernels_thread_bytes, which plan and train count for each thread, is what
+ * a thread's buffers reach: attention at its largest tiles (T 2048), then
+ * an own_gemm product, on a thread of its own (the suite's have run
+ * everything). */
+static void *thread_buffers(void *arg) {
+    size_t *got = arg;
+    const int T = 2048, hs = 128, N = T, C = hs, off[] = {0, T};
+    const size_t nq = (size_t)N * 3 * C, no = (size_t)N * C;
+    float *qkv = xmalloc(nq * 4), *dy = xmalloc(no * 4), *o = xmalloc(no * 4);
+    float *dq = xmalloc(nq * 4), *lse = xmalloc((size_t)N * 4);
+    fill_normal(qkv, nq, 91, 1), fill_normal(dy, no, 92, 1);
+    got[0] = kernels_scratch_bytes();
+    attention_set_parts(0); /* the whole head on this thread */
+    attention_forward(o, lse, qkv, 1, off, 1, hs);
+    attention_backward(dq, dy, qkv, o, lse, 1, off, 1, hs);
+    attention_set_parts(-1);
+    got[1] = kernels_scratch_bytes();
+    mm(0, 0, 300, 300, 300, 1.f, dq, 300, dq + 90000, 300, 0.f, qkv, 300);
+    got[2] = kernels_scratch_bytes();
+    free(qkv), free(dy), free(o), free(dq), free(lse);
+    return NULL;
+}
+
+static void test_thread_bytes(void) {
+    size_t got[3];
+    pthread_t t;
+    CU_ASSERT_FATAL(pthread_create(&t, NULL, thread_buffers, got) == 0);
+    pthread_join(t, NULL);
+    const size_t bound = kernels_thread_bytes(128);
+    CU_ASSERT_EQUAL(got[0], 0);
+    CU_ASSERT(got[1] > 0 && got[1] <= bound);
+    CU_ASSERT_EQUAL(got[2], bound); /* both slots at their largest */
+    if (got[2] != bound)
+        printf("\n  thread buffers: %zu bytes after attention, %zu with a product, bound %zu\n",
+               got[1], got[2], bound);
+}
+
 static void test_attention_matches_reference(void) {
     /* the kept blocked kernel against the slow, obvious one: sequences of
      * unequal lengths (as routed blocks gather them), one empty, one over 2
@@ -855,6 +893,7 @@ int main(void) {
          test_attention_matches_reference},
         {"one-query attention on a cache = the full forward", test_attention_decode_matches_full},
         {"attention is causal", test_attention_is_causal},
+        {"a thread's buffers reach kernels_thread_bytes", test_thread_bytes},
         {"embedding lookup and backward", test_embedding_backward},
         {"fused layer norm, residual, bias and GELU = the plain kernels and loops",
          test_fused_elementwise},

@@ -21,6 +21,7 @@
 
 #include "mpi/dp.h"
 #include "mpi/pipeline.h"
+#include "src/kernels.h"
 #include "src/plan.h"
 #include "testutil.h"
 
@@ -311,6 +312,9 @@ static void test_moe_memory(void) {
     model_dims_ep(&d, 2, 1);
     ModelMemory mm;
     model_memory(&d, 2, 1, 1, &mm);
+    model_memory_threads(&mm, &d, r.threads); /* each thread's own buffers */
+    CU_ASSERT_EQUAL(r.mem.threads, (size_t)r.threads * kernels_thread_bytes(d.hs));
+    CU_ASSERT(r.mem.threads > 0);
     CU_ASSERT_EQUAL(r.mem.params, mm.params);
     CU_ASSERT_EQUAL(r.mem.acts, mm.acts);
     /* dp_overlap's collectives in flight: a temporary of a chunk each */
