@@ -268,12 +268,16 @@ static void zero_tail(float *row, int n, int cb) {
  * idle. */
 
 /* Rows [lo, hi) of head h of sequence b: queries (the forward, the
- * backward's dQ) or keys (the backward's dK and dV); cost is an estimate of
- * its work, for taking the longest first. */
+ * backward's dQ) or keys (the backward's dK and dV); cost is its work in
+ * causal score entries, as head_cost counts a head's. */
 typedef struct {
     int b, h, lo, hi;
     double cost;
 } Part;
+
+/* The entries a row computes on the diagonal tile past its causal limit,
+ * about (the masks skip the micro-kernel's blocks wholly above it) */
+#define DIAGONAL_WASTE 64.0
 
 static int part_longest_first(const void *x, const void *y) {
     const Part *a = x, *b = y;
@@ -290,8 +294,9 @@ static int part_rows(void) {
 }
 
 /* Every head's rows in parts of g inside each query tile (keys 0) or key
- * tile (keys 1), longest first; *n of them. A query part meets keys up to
- * its tile's end, a key part the queries from its start on. */
+ * tile (keys 1), longest first; *n of them. Query row r meets r + 1 keys,
+ * key row k meets T - k queries, and each row some waste on the diagonal
+ * tile. */
 static Part *head_parts(int B, const int *off, int NH, int keys, int g, int *n) {
     Part *p = NULL;
     int m = 0;
@@ -308,8 +313,10 @@ static Part *head_parts(int B, const int *off, int NH, int keys, int g, int *n) 
                     const int t1 = t0 + tile < T ? t0 + tile : T;
                     for (int lo = t0; lo < t1; lo += g, m++) {
                         const int hi = lo + g < t1 ? lo + g : t1;
-                        const double reach = keys ? T - lo : t1;
-                        if (pass) p[m] = (Part){b, h, lo, hi, (double)(hi - lo) * reach};
+                        const double rows = hi - lo,
+                                     met = keys ? 2.0 * T - lo - hi + 1 : lo + hi + 1;
+                        if (pass)
+                            p[m] = (Part){b, h, lo, hi, rows * met / 2 + DIAGONAL_WASTE * rows};
                     }
                 }
         }
@@ -319,24 +326,36 @@ static Part *head_parts(int B, const int *off, int NH, int keys, int g, int *n) 
     return p;
 }
 
-size_t kernels_thread_bytes(int hs) {
-    /* the tile slot: the backward's s and dp; the packing slot: the larger
-     * of own_gemm's and the tile products' (S and dP, P V and dS K, P^T dY
-     * and dS^T Q at the largest tiles) */
-    const size_t tile = (size_t)2 * ATT_BR_MAX * ATT_BC_MAX;
-    size_t pack = gemm_pack_floats();
+/* Attention's floats in a thread's two slots: the tile slot (the
+ * backward's s and dp) and its tile products' packing (S and dP, P V and
+ * dS K, P^T dY and dS^T Q at the largest tiles). */
+static void attention_slots(int hs, size_t *tile, size_t *pack) {
     const size_t shapes[3] = {mm_tile_pack_floats(ATT_BR_MAX, ATT_BC_MAX, hs),
                               mm_tile_pack_floats(ATT_BR_MAX, hs, ATT_BC_MAX),
                               mm_tile_pack_floats(ATT_BC_MAX, hs, ATT_BR_MAX)};
-    for (int i = 0; i < 3; i++) pack = shapes[i] > pack ? shapes[i] : pack;
+    *tile = (size_t)2 * ATT_BR_MAX * ATT_BC_MAX;
+    *pack = 0;
+    for (int i = 0; i < 3; i++) *pack = shapes[i] > *pack ? shapes[i] : *pack;
+}
+
+size_t attention_thread_bytes(int hs) {
+    size_t tile, pack;
+    attention_slots(hs, &tile, &pack);
     return (tile + pack) * sizeof(float);
+}
+
+size_t kernels_thread_bytes(int hs) {
+    size_t tile, pack; /* the packing slot serves own_gemm too */
+    attention_slots(hs, &tile, &pack);
+    const size_t gemm = gemm_pack_floats();
+    return (tile + (gemm > pack ? gemm : pack)) * sizeof(float);
 }
 
 static int g_parts = -1;
 void attention_set_parts(int mode) { g_parts = mode; }
 
-/* A head's work in causal score entries, plus the diagonal tiles' waste. */
-static double head_cost(int T) { return 0.5 * T * (double)T + 64.0 * T; }
+/* A head's work in causal score entries, the sum of its parts' */
+static double head_cost(int T) { return 0.5 * T * (T + 1.0) + DIAGONAL_WASTE * T; }
 
 /* The longest thread's work where whole heads are dealt as OpenMP's static
  * schedule deals them (the first B*NH % P threads one more), and (*total)
@@ -400,8 +419,13 @@ void attention_forward(float *out, float *lse, const float *qkv, int B, const in
     double total;
     const double worst = whole_heads_worst(B, off, NH, P, &total);
     int np = 0;
-    const int cut = g_parts >= 0 ? g_parts : worst > 1.1 * total / P;
-    Part *parts = cut ? head_parts(B, off, NH, 0, part_rows(), &np) : NULL;
+    Part *parts = NULL;
+    if (g_parts == 1 || (g_parts < 0 && worst > 1.1 * total / P)) {
+        parts = head_parts(B, off, NH, 0, part_rows(), &np);
+        /* no better where the longest part is as long as the busiest thread's heads */
+        if (g_parts < 0 && np > 0 && 1.1 * fmax(total / P, parts[0].cost) >= worst)
+            free(parts), parts = NULL;
+    }
 #pragma omp parallel
     {
         float *s = kernels_scratch(SCRATCH_TILE, (size_t)ATT_BR_MAX * ATT_BC_MAX);
@@ -605,15 +629,22 @@ static HeadGrad head_grad(float *dqkv, const float *dout, const float *qkv, cons
 void attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
                         const float *lse, int B, const int *off, int NH, int hs) {
     const int P = omp_get_max_threads();
-    /* two passes over parts (7 tile products a tile where one pass does 5)
-     * where they beat whole heads' longest thread by a margin for their
-     * balance */
+    /* two passes over parts (3 tile products a tile, then 4, where one pass
+     * does 5) where they beat the busiest thread's whole heads by a margin
+     * for their balance: each pass takes its share of the work, or its
+     * longest part if that is longer */
     double total;
     const double worst = whole_heads_worst(B, off, NH, P, &total);
-    const int split = g_parts >= 0 ? g_parts : 1.15 * 7.0 * total / P < 5.0 * worst;
-    int nq = 0, nk = 0;
-    Part *qp = split ? head_parts(B, off, NH, 0, part_rows(), &nq) : NULL;
-    Part *kp = split ? head_parts(B, off, NH, 1, part_rows(), &nk) : NULL;
+    int split = g_parts == 1, nq = 0, nk = 0;
+    Part *qp = NULL, *kp = NULL;
+    if (split || (g_parts < 0 && 1.15 * 7.0 * total / P < 5.0 * worst)) {
+        qp = head_parts(B, off, NH, 0, part_rows(), &nq);
+        kp = head_parts(B, off, NH, 1, part_rows(), &nk);
+        const double tq = fmax(total / P, nq ? qp[0].cost : 0),
+                     tk = fmax(total / P, nk ? kp[0].cost : 0);
+        split = split || 1.15 * (3.0 * tq + 4.0 * tk) < 5.0 * worst;
+        if (!split) free(qp), free(kp), qp = kp = NULL;
+    }
 #pragma omp parallel
     {
         float *s = kernels_scratch(SCRATCH_TILE, (size_t)2 * ATT_BR_MAX * ATT_BC_MAX),

@@ -641,23 +641,45 @@ static void pack_block(int P, int K, const float *X, size_t rsx, size_t csx, int
     pack_block_sum(P, K, X, rsx, csx, R, out, NULL);
 }
 
-static _Thread_local size_t g_scratch_cap[SCRATCH_SLOTS];
+/* A thread's buffers, freed when the thread ends (an OpenMP team that a
+ * thread other than the main one started goes with it). */
+typedef struct {
+    float *buf[SCRATCH_SLOTS];
+    size_t cap[SCRATCH_SLOTS];
+} Scratch;
+static _Thread_local Scratch *g_scratch;
+static pthread_key_t g_scratch_key;
+static int g_scratch_keyed; /* 0: no key to be had, the buffers outlive their thread */
+static pthread_once_t g_scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *p) {
+    Scratch *s = p;
+    for (int i = 0; i < SCRATCH_SLOTS; i++) free(s->buf[i]);
+    free(s);
+}
+static void scratch_key(void) {
+    g_scratch_keyed = pthread_key_create(&g_scratch_key, scratch_free) == 0;
+}
 
 size_t kernels_scratch_bytes(void) {
     size_t n = 0;
-    for (int i = 0; i < SCRATCH_SLOTS; i++) n += g_scratch_cap[i];
+    for (int i = 0; g_scratch && i < SCRATCH_SLOTS; i++) n += g_scratch->cap[i];
     return n * sizeof(float);
 }
 
 float *kernels_scratch(int slot, size_t n) {
-    static _Thread_local float *buf[SCRATCH_SLOTS];
-    size_t *cap = g_scratch_cap;
-    if (n > cap[slot]) {
-        free(buf[slot]);
-        buf[slot] = xmalloc(n * sizeof(float)); /* 64-byte aligned, as BLIS packs */
-        cap[slot] = n;
+    Scratch *s = g_scratch;
+    if (!s) {
+        pthread_once(&g_scratch_once, scratch_key);
+        s = g_scratch = xcalloc(1, sizeof *s);
+        if (g_scratch_keyed) pthread_setspecific(g_scratch_key, s);
     }
-    return buf[slot];
+    if (n > s->cap[slot]) {
+        free(s->buf[slot]);
+        s->buf[slot] = xmalloc(n * sizeof(float)); /* 64-byte aligned, as BLIS packs */
+        s->cap[slot] = n;
+    }
+    return s->buf[slot];
 }
 
 /* Which k of C's block [i0, i1) x [j0, j1) the mask needs: [*klo, *khi);

@@ -179,6 +179,8 @@ void attention_backward(float *dqkv, const float *dout, const float *qkv, const 
  * this machine's BLIS configuration (BLIS's own pools, under gemm = blis,
  * are not counted). */
 size_t kernels_thread_bytes(int hs);
+/* What attention's kernels alone ask of a thread's buffers at head size hs. */
+size_t attention_thread_bytes(int hs);
 /* What the calling thread's buffers hold now, for the tests. */
 size_t kernels_scratch_bytes(void);
 /* For the tests and attn_bench: 1 has attention_forward and _backward cut
