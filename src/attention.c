@@ -490,124 +490,96 @@ static void rows_D(float *D, const HeadGrad *a, int r0, int rb) {
     }
 }
 
-/* A head's whole backward in one pass: each tile's dS once, for dQ and dK
- * alike (five tile products). */
-static void attention_head_backward(const HeadGrad *a, float *s, float *dp) {
-    const int C3 = a->C3, C = a->C, hs = a->hs;
+/* One tile's scores' gradient, into dp: query rows [r0, r0 + rb) against
+ * key columns [k0, k0 + w), at leading dimension ld. S, then P from the
+ * kept log-sum-exp, then dV += P^T dY when dv (the key columns' rows of
+ * dV), dP = dY V^T and dS; row i's limit is key r0 + i, and P and dS hold
+ * zeros past it for the masked products that read them as they lie. */
+static void tile_dscores(const HeadGrad *a, int r0, int rb, int k0, int w, int ld, const float *D,
+                         float *s, float *dp, float *dv) {
+    const int C3 = a->C3, C = a->C, hs = a->hs, d = r0 - k0;
     const float scale = 1.f / sqrtf((float)hs);
-    float D[ATT_BR_MAX];
-    int br, bc;
-    tile_shape(a->T, &br, &bc);
-    for (int t = 0; t < a->T; t++) {
-        memset(a->dk + (size_t)t * C3, 0, (size_t)hs * sizeof(float));
-        memset(a->dv + (size_t)t * C3, 0, (size_t)hs * sizeof(float));
+    const float *qr = a->q + (size_t)r0 * C3, *dyr = a->dy + (size_t)r0 * C;
+    const float *kk = a->k + (size_t)k0 * C3, *vk = a->v + (size_t)k0 * C3;
+    mm_tile(0, 1, rb, w, hs, scale, qr, C3, kk, C3, 0.f, s, ld, MASK_BELOW, d); /* S */
+    for (int i = 0; i < rb; i++) {
+        const int n = d + i + 1 < 0 ? 0 : d + i + 1 < w ? d + i + 1 : w;
+        tile_probs_row(s + (size_t)i * ld, n, a->lse[r0 + i]);
+        zero_tail(s + (size_t)i * ld, n, w);
     }
-    for (int r0 = 0; r0 < a->T; r0 += br) {
-        const int r1 = r0 + br < a->T ? r0 + br : a->T, rb = r1 - r0;
-        const float *qr = a->q + (size_t)r0 * C3, *dyr = a->dy + (size_t)r0 * C;
-        rows_D(D, a, r0, rb);
-        for (int c0 = 0; c0 < r1; c0 += bc) {
-            const int cb = (c0 + bc < r1 ? c0 + bc : r1) - c0;
-            const float *kc = a->k + (size_t)c0 * C3, *vc = a->v + (size_t)c0 * C3;
-            const int d = r0 - c0;
-            mm_tile(0, 1, rb, cb, hs, scale, qr, C3, kc, C3, 0.f, s, bc, MASK_BELOW, d); /* S */
-            for (int i = 0; i < rb; i++) {
-                const int n = r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb;
-                tile_probs_row(s + (size_t)i * bc, n, a->lse[r0 + i]);
-                zero_tail(s + (size_t)i * bc, n, cb);
-            }
-            mm_tile(1, 0, cb, hs, rb, 1.f, s, bc, dyr, C, 1.f, a->dv + (size_t)c0 * C3, C3,
-                    MASK_K_FROM0, d); /* dV += P^T @ dY */
-            mm_tile(0, 1, rb, cb, hs, 1.f, dyr, C, vc, C3, 0.f, dp, bc, MASK_BELOW, d); /* dP */
-            for (int i = 0; i < rb; i++) {
-                const int n = r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb;
-                tile_dscores_row(dp + (size_t)i * bc, s + (size_t)i * bc, n, D[i], scale);
-                zero_tail(dp + (size_t)i * bc, n, cb);
-            }
-            mm_tile(0, 0, rb, hs, cb, 1.f, dp, bc, kc, C3, c0 > 0 ? 1.f : 0.f,
-                    a->dq + (size_t)r0 * C3, C3, MASK_K_UPTO0, d); /* dQ += dS @ K */
-            mm_tile(1, 0, cb, hs, rb, 1.f, dp, bc, qr, C3, 1.f, a->dk + (size_t)c0 * C3, C3,
-                    MASK_K_FROM0, d); /* dK += dS^T @ Q */
-        }
+    if (dv) /* dV += P^T @ dY */
+        mm_tile(1, 0, w, hs, rb, 1.f, s, ld, dyr, C, 1.f, dv, C3, MASK_K_FROM0, d);
+    mm_tile(0, 1, rb, w, hs, 1.f, dyr, C, vk, C3, 0.f, dp, ld, MASK_BELOW, d); /* dP */
+    for (int i = 0; i < rb; i++) {
+        const int n = d + i + 1 < 0 ? 0 : d + i + 1 < w ? d + i + 1 : w;
+        tile_dscores_row(dp + (size_t)i * ld, s + (size_t)i * ld, n, D[i], scale);
+        zero_tail(dp + (size_t)i * ld, n, w);
     }
 }
 
-/* The backward in two passes over parts, for too few heads: dQ of query
- * rows [lo, hi) (three tile products: S, dP, dQ) ... */
-static void attention_head_dq(const HeadGrad *a, float *s, float *dp, int lo, int hi) {
-    const int C3 = a->C3, C = a->C, hs = a->hs;
-    const float scale = 1.f / sqrtf((float)hs);
+/* dQ of rows [r0, r0 + rb) += dS @ K of the key columns [c0, c0 + cb) */
+static void tile_dq(const HeadGrad *a, int r0, int rb, int c0, int cb, int ld, const float *dp) {
+    mm_tile(0, 0, rb, a->hs, cb, 1.f, dp, ld, a->k + (size_t)c0 * a->C3, a->C3, c0 > 0 ? 1.f : 0.f,
+            a->dq + (size_t)r0 * a->C3, a->C3, MASK_K_UPTO0, r0 - c0);
+}
+
+/* dK of the key rows [k0, k0 + w) += dS^T @ Q of the rows [r0, r0 + rb) */
+static void tile_dk(const HeadGrad *a, int r0, int rb, int k0, int w, int ld, const float *dp) {
+    mm_tile(1, 0, w, a->hs, rb, 1.f, dp, ld, a->q + (size_t)r0 * a->C3, a->C3, 1.f,
+            a->dk + (size_t)k0 * a->C3, a->C3, MASK_K_FROM0, r0 - k0);
+}
+
+/* Zeroes dK and dV of rows [k0, k1), before the query tiles add into them. */
+static void zero_dkv(const HeadGrad *a, int k0, int k1) {
+    for (int t = k0; t < k1; t++) {
+        memset(a->dk + (size_t)t * a->C3, 0, (size_t)a->hs * sizeof(float));
+        memset(a->dv + (size_t)t * a->C3, 0, (size_t)a->hs * sizeof(float));
+    }
+}
+
+/* Query rows [lo, hi) of a head: their dQ (three tile products a tile:
+ * S, dP, dQ), and with dkv, for a whole head (lo 0, hi T), dK and dV too
+ * in the same pass, each tile's dS used for dQ and dK alike (five). Where
+ * heads are too few for the threads, the backward runs this without dkv
+ * over parts of query rows, then attention_head_dkv over parts of keys. */
+static void attention_head_backward(const HeadGrad *a, float *s, float *dp, int lo, int hi,
+                                    int dkv) {
     float D[ATT_BR_MAX];
     int br, bc;
     tile_shape(a->T, &br, &bc);
+    if (dkv) zero_dkv(a, 0, a->T);
     for (int t0 = lo / br * br; t0 < hi; t0 += br) {
         const int t1 = t0 + br < a->T ? t0 + br : a->T;
         const int r0 = lo > t0 ? lo : t0, r1 = hi < t1 ? hi : t1, rb = r1 - r0;
-        const float *qr = a->q + (size_t)r0 * C3, *dyr = a->dy + (size_t)r0 * C;
         rows_D(D, a, r0, rb);
         for (int c0 = 0; c0 < t1; c0 += bc) {
-            const int cb = (c0 + bc < t1 ? c0 + bc : t1) - c0, d = r0 - c0;
-            const float *kc = a->k + (size_t)c0 * C3, *vc = a->v + (size_t)c0 * C3;
-            mm_tile(0, 1, rb, cb, hs, scale, qr, C3, kc, C3, 0.f, s, bc, MASK_BELOW, d); /* S */
-            for (int i = 0; i < rb; i++) {
-                const int n = r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb;
-                tile_probs_row(s + (size_t)i * bc, n, a->lse[r0 + i]);
-            }
-            mm_tile(0, 1, rb, cb, hs, 1.f, dyr, C, vc, C3, 0.f, dp, bc, MASK_BELOW, d); /* dP */
-            for (int i = 0; i < rb; i++) {
-                const int n = r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb;
-                tile_dscores_row(dp + (size_t)i * bc, s + (size_t)i * bc, n, D[i], scale);
-                zero_tail(dp + (size_t)i * bc, n, cb);
-            }
-            mm_tile(0, 0, rb, hs, cb, 1.f, dp, bc, kc, C3, c0 > 0 ? 1.f : 0.f,
-                    a->dq + (size_t)r0 * C3, C3, MASK_K_UPTO0, d); /* dQ += dS @ K */
+            const int cb = (c0 + bc < t1 ? c0 + bc : t1) - c0;
+            tile_dscores(a, r0, rb, c0, cb, bc, D, s, dp, dkv ? a->dv + (size_t)c0 * a->C3 : NULL);
+            tile_dq(a, r0, rb, c0, cb, bc, dp);
+            if (dkv) tile_dk(a, r0, rb, c0, cb, bc, dp);
         }
     }
 }
 
-/* ... then dK and dV of key rows [lo, hi) (four: S, dV, dP, dK), over the
- * query tiles from their key tile on, in the one-pass order. The part's
+/* dK and dV of key rows [lo, hi) (four tile products a tile: S, dV, dP,
+ * dK), over the query tiles from their key tile on, in the one-pass order. The part's
  * columns of each tile are the whole tile's columns [k0 - c0, k0 - c0 + w). */
 static void attention_head_dkv(const HeadGrad *a, float *s, float *dp, int lo, int hi) {
-    const int C3 = a->C3, C = a->C, hs = a->hs;
-    const float scale = 1.f / sqrtf((float)hs);
     float D[ATT_BR_MAX];
     int br, bc;
     tile_shape(a->T, &br, &bc);
     for (int c0 = lo / bc * bc; c0 < hi; c0 += bc) {
         const int c1 = c0 + bc < a->T ? c0 + bc : a->T;
-        const int k0 = lo > c0 ? lo : c0, k1 = hi < c1 ? hi : c1, o = k0 - c0;
-        for (int t = k0; t < k1; t++) {
-            memset(a->dk + (size_t)t * C3, 0, (size_t)hs * sizeof(float));
-            memset(a->dv + (size_t)t * C3, 0, (size_t)hs * sizeof(float));
-        }
-        const float *kk = a->k + (size_t)k0 * C3, *vk = a->v + (size_t)k0 * C3;
-        float *dkk = a->dk + (size_t)k0 * C3, *dvk = a->dv + (size_t)k0 * C3;
+        const int k0 = lo > c0 ? lo : c0, k1 = hi < c1 ? hi : c1;
+        zero_dkv(a, k0, k1);
         for (int r0 = c0; r0 < a->T; r0 += br) {
             const int r1 = r0 + br < a->T ? r0 + br : a->T, rb = r1 - r0;
             const int cb = (c0 + bc < r1 ? c0 + bc : r1) - c0; /* the whole tile's width */
-            if (o >= cb) continue; /* this query tile ends before the part */
-            const int w = (k1 < c0 + cb ? k1 : c0 + cb) - k0, d = r0 - k0;
-            const float *qr = a->q + (size_t)r0 * C3, *dyr = a->dy + (size_t)r0 * C;
+            if (k0 - c0 >= cb) continue; /* this query tile ends before the part */
+            const int w = (k1 < c0 + cb ? k1 : c0 + cb) - k0;
             rows_D(D, a, r0, rb);
-            mm_tile(0, 1, rb, w, hs, scale, qr, C3, kk, C3, 0.f, s, bc, MASK_BELOW, d); /* S */
-            for (int i = 0; i < rb; i++) {
-                int n = (r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb) - o;
-                n = n < 0 ? 0 : n < w ? n : w;
-                tile_probs_row(s + (size_t)i * bc, n, a->lse[r0 + i]);
-                zero_tail(s + (size_t)i * bc, n, w);
-            }
-            mm_tile(1, 0, w, hs, rb, 1.f, s, bc, dyr, C, 1.f, dvk, C3, MASK_K_FROM0,
-                    d); /* dV += P^T @ dY */
-            mm_tile(0, 1, rb, w, hs, 1.f, dyr, C, vk, C3, 0.f, dp, bc, MASK_BELOW, d); /* dP */
-            for (int i = 0; i < rb; i++) {
-                int n = (r0 + i - c0 + 1 < cb ? r0 + i - c0 + 1 : cb) - o;
-                n = n < 0 ? 0 : n < w ? n : w;
-                tile_dscores_row(dp + (size_t)i * bc, s + (size_t)i * bc, n, D[i], scale);
-                zero_tail(dp + (size_t)i * bc, n, w);
-            }
-            mm_tile(1, 0, w, hs, rb, 1.f, dp, bc, qr, C3, 1.f, dkk, C3, MASK_K_FROM0,
-                    d); /* dK += dS^T @ Q */
+            tile_dscores(a, r0, rb, k0, w, bc, D, s, dp, a->dv + (size_t)k0 * a->C3);
+            tile_dk(a, r0, rb, k0, w, bc, dp);
         }
     }
 }
@@ -654,7 +626,7 @@ void attention_backward(float *dqkv, const float *dout, const float *qkv, const 
             for (int i = 0; i < nq; i++) {
                 const HeadGrad a =
                     head_grad(dqkv, dout, qkv, out, lse, off, NH, hs, qp[i].b, qp[i].h);
-                attention_head_dq(&a, s, dp, qp[i].lo, qp[i].hi);
+                attention_head_backward(&a, s, dp, qp[i].lo, qp[i].hi, 0);
             }
 #pragma omp for schedule(dynamic, 1)
             for (int i = 0; i < nk; i++) {
@@ -667,7 +639,7 @@ void attention_backward(float *dqkv, const float *dout, const float *qkv, const 
             for (int bh = 0; bh < B * NH; bh++) {
                 const HeadGrad a =
                     head_grad(dqkv, dout, qkv, out, lse, off, NH, hs, bh / NH, bh % NH);
-                attention_head_backward(&a, s, dp);
+                attention_head_backward(&a, s, dp, 0, a.T, 1);
             }
         }
     }
