@@ -1180,6 +1180,7 @@ static int run_loads(const CkIndex *ix, int fd, const Load *jobs, int n, Err *er
                        buf + (r - c->r0) * c->nc + (L->c0 - c->c0), (size_t)(L->c1 - L->c0) * 4);
         }
         free(buf);
+        fault_progress(); /* the watchdog's: a long load is no hang */
     }
     return first < n ? -1 : 0;
 }

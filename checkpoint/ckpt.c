@@ -218,15 +218,18 @@ static int leftover_kind(const char *name) {
 
 /* Removes directory dir and every file in it: a checkpoint's two, and
  * whatever an interrupted write left (index.tmp.PID, NFS's .nfsXXXX).
+ * Nothing is entered through a symbolic link: a dir that is one is
+ * unlinked itself, and so is a link inside it (what it names stays).
  * Each unlink and the rmdir are fault points WHAT.unlink, WHAT.rmdir.
  * Returns 0 (dir gone, or never there) or -1 with errno. */
 static int rm_dir_tree(const char *what, const char *dir) {
     char point[64], p[1400];
-    DIR *d = opendir(dir);
+    snprintf(point, sizeof point, "%s.unlink", what);
+    DIR *d = opendir_nofollow(dir);
+    if (!d && errno == ENOTDIR) return fp_unlink(point, dir) == 0 || errno == ENOENT ? 0 : -1;
     if (!d) return errno == ENOENT ? 0 : -1;
     struct dirent *e;
     int rc = 0;
-    snprintf(point, sizeof point, "%s.unlink", what);
     while ((e = readdir(d)))
         if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
             snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
@@ -256,6 +259,11 @@ int ckpt_list_steps(const char *ckpt_dir, char ***names) {
         if (strncmp(e->d_name, "step-", 5) != 0 || strlen(e->d_name) != 13 ||
             strspn(e->d_name + 5, "0123456789") != 8)
             continue;
+        /* a symbolic link (to share another run's checkpoint, say) is not
+         * this directory's: never loaded, counted or pruned */
+        char p[1100];
+        snprintf(p, sizeof p, "%s/%s", ckpt_dir, e->d_name);
+        if (!is_real_dir(p)) continue;
         *names = xrealloc(*names, (size_t)(n + 1) * sizeof(char *));
         (*names)[n++] = xstrdup(e->d_name);
     }
@@ -275,7 +283,7 @@ int ckpt_recover(const char *ckpt_dir, const char *keep_tmp, Err *err) {
         char p[1100], fin[1100];
         snprintf(p, sizeof p, "%s/%s", ckpt_dir, e->d_name);
         snprintf(fin, sizeof fin, "%s/%.13s", ckpt_dir, e->d_name);
-        if (kind == 'o' && !is_dir(fin)) {
+        if (kind == 'o' && !is_real_dir(fin) && is_real_dir(p)) {
             /* a re-save of this step stopped between its two renames: the
              * checkpoint it was replacing is the step's only copy */
             if (fp_rename("recover.rename", p, fin) == 0) continue;
@@ -289,18 +297,32 @@ int ckpt_recover(const char *ckpt_dir, const char *keep_tmp, Err *err) {
     return rc;
 }
 
-/* Removes all but the newest `keep` checkpoints; never the one named
- * keep_name. A checkpoint is first renamed out of the step-NNNNNNNN
- * namespace, then emptied, so a process killed while pruning leaves no
- * half-deleted checkpoint behind, only a .del directory the next save
- * clears. Returns 0 or -1 with err set (the first failure). */
-static int prune(const char *dir, int keep, const char *keep_name, Err *err) {
+int ckpt_same_line(const char *have, const char *want) {
+    return !have[0] || !want[0] || strcmp(have, want) == 0;
+}
+
+/* Whether checkpoint dir (readable) belongs to a line other than run_id. */
+static int other_line(const char *dir, const char *run_id) {
+    char id[CKPT_RUN_ID];
+    return ckpt_read_run_id(dir, id) == 0 && !ckpt_same_line(id, run_id);
+}
+
+/* Removes all but the newest `keep` checkpoints of line run_id; never the
+ * one named keep_name, nor one of another line or one whose index does not
+ * read (it may be anyone's: kept, not counted). A checkpoint is first
+ * renamed out of the step-NNNNNNNN namespace, then emptied, so a process
+ * killed while pruning leaves no half-deleted checkpoint behind, only a
+ * .del directory the next save clears. Returns 0 or -1 with err set (the
+ * first failure). */
+static int prune(const char *dir, int keep, const char *keep_name, const char *run_id, Err *err) {
     char **names;
-    int n = ckpt_list_steps(dir, &names), rc = 0;
+    int n = ckpt_list_steps(dir, &names), rc = 0, mine = 0;
     for (int i = 0; i < n; i++) {
-        if (i >= keep && strcmp(names[i], keep_name) != 0) {
-            char p[1100], q[1200];
-            snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        char p[1100], q[1200], id[CKPT_RUN_ID];
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        const int ours = strcmp(names[i], keep_name) == 0 ||
+                         (ckpt_read_run_id(p, id) == 0 && ckpt_same_line(id, run_id));
+        if (ours && mine++ >= keep && strcmp(names[i], keep_name) != 0) {
             snprintf(q, sizeof q, "%s.del", p);
             if ((rm_dir_tree("prune.stale", q) != 0 || fp_rename("prune.rename", p, q) != 0 ||
                  rm_dir_tree("prune", q) != 0) &&
@@ -313,36 +335,71 @@ static int prune(const char *dir, int keep, const char *keep_name, Err *err) {
     return rc;
 }
 
-int ckpt_abandon_after(const char *ckpt_dir, int step, Err *err) {
-    char **names, latest[1100], line[40];
-    int n = ckpt_list_steps(ckpt_dir, &names), rc = 0, moved = 0;
-    char mine[32];
-    snprintf(mine, sizeof mine, "step-%08d", step);
+/* Moves ckpt_dir/name to ckpt_dir/abandoned/ (as name.1, name.2, ... when
+ * that is taken). An `abandoned` that is not a directory of its own (a
+ * link) is never moved into. Returns 0 or -1 with errno. */
+static int abandon_one(const char *ckpt_dir, const char *name) {
+    char from[1100], to[1200], parent[1100];
+    snprintf(parent, sizeof parent, "%s/abandoned", ckpt_dir);
+    snprintf(from, sizeof from, "%s/%s", ckpt_dir, name);
+    snprintf(to, sizeof to, "%s/%s", parent, name);
+    struct stat st;
+    for (int k = 1; lstat(to, &st) == 0 && k < 1000; k++)
+        snprintf(to, sizeof to, "%s/%s.%d", parent, name, k);
+    if (fp_mkdir("abandon.mkdir", parent, 0755) != 0 && errno != EEXIST) return -1;
+    if (!is_real_dir(parent)) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    return fp_rename("abandon.rename", from, to);
+}
+
+/* Moves the checkpoints of line run_id ("": of any) in ckpt_dir newer than
+ * step (all: step < 0) aside; *moved counts them. Returns 0 or -1 with err
+ * set. */
+static int abandon_newer(const char *ckpt_dir, int step, const char *run_id, int *moved,
+                         Err *err) {
+    char **names, mine[32] = "";
+    int n = ckpt_list_steps(ckpt_dir, &names), rc = 0;
+    if (step >= 0) snprintf(mine, sizeof mine, "step-%08d", step);
+    *moved = 0;
     for (int i = 0; i < n; i++) {
-        if (strcmp(names[i], mine) > 0 && rc == 0) {
-            char from[1100], to[1200], parent[1100];
-            snprintf(parent, sizeof parent, "%s/abandoned", ckpt_dir);
-            snprintf(from, sizeof from, "%s/%s", ckpt_dir, names[i]);
-            snprintf(to, sizeof to, "%s/%s", parent, names[i]);
-            for (int k = 1; is_dir(to) && k < 1000; k++)
-                snprintf(to, sizeof to, "%s/%s.%d", parent, names[i], k);
-            if ((fp_mkdir("abandon.mkdir", parent, 0755) != 0 && errno != EEXIST) ||
-                fp_rename("abandon.rename", from, to) != 0)
-                rc = err_set(err, "ckpt: cannot move '%s' (newer than the step resumed) aside: %s",
-                             from, strerror(errno));
-            else moved++;
+        char p[1100];
+        snprintf(p, sizeof p, "%s/%s", ckpt_dir, names[i]);
+        if (strcmp(names[i], mine) > 0 && rc == 0 && !other_line(p, run_id)) {
+            if (abandon_one(ckpt_dir, names[i]) == 0) ++*moved;
+            else
+                rc = err_set(err, "ckpt: cannot move '%s/%s' aside to '%s/abandoned/': %s",
+                             ckpt_dir, names[i], ckpt_dir, strerror(errno));
         }
         free(names[i]);
     }
     free(names);
+    return rc;
+}
+
+int ckpt_abandon_all(const char *ckpt_dir, int *moved, Err *err) {
+    char latest[1100];
+    if (abandon_newer(ckpt_dir, -1, "", moved, err) != 0) return -1;
+    snprintf(latest, sizeof latest, "%s/latest", ckpt_dir);
+    if (fp_unlink("latest.unlink", latest) != 0 && errno != ENOENT)
+        return err_set(err, "ckpt: cannot remove '%s': %s", latest, strerror(errno));
+    return 0;
+}
+
+int ckpt_abandon_after(const char *ckpt_dir, int step, const char *run_id, Err *err) {
+    char latest[1100], line[40], mine[32];
+    int moved = 0, rc = abandon_newer(ckpt_dir, step, run_id, &moved, err);
     if (rc != 0 || !moved) return rc;
     /* `latest` names this line's head again (or, when it lies elsewhere,
      * nothing: the directory's newest checkpoint is then the one named) */
+    snprintf(mine, sizeof mine, "step-%08d", step);
     snprintf(latest, sizeof latest, "%s/latest", ckpt_dir);
     snprintf(line, sizeof line, "%s\n", mine);
     char p[1100];
     snprintf(p, sizeof p, "%s/%s", ckpt_dir, mine);
-    if (is_dir(p)) rc = write_file_durable("latest", latest, line, strlen(line), err) < 0 ? -1 : 0;
+    if (is_real_dir(p))
+        rc = write_file_durable("latest", latest, line, strlen(line), err) < 0 ? -1 : 0;
     else if (fp_unlink("latest.unlink", latest) != 0 && errno != ENOENT)
         rc = err_set(err, "ckpt: cannot remove '%s': %s", latest, strerror(errno));
     return rc;
@@ -386,6 +443,9 @@ static int state_kv(const Config *cfg, const Model *m, int step, const CkptRunSt
     n = add_kv(kv, n, "state.rollbacks", v);
     snprintf(v, sizeof v, "%lld", cfg->seed);
     n = add_kv(kv, n, "state.seed", v);
+    if (rs->run_id[0]) n = add_kv(kv, n, "state.run_id", rs->run_id);
+    snprintf(v, sizeof v, "%d", rs->parent_step);
+    n = add_kv(kv, n, "state.parent_step", v);
     snprintf(v, sizeof v, "%d", cfg->batch_size);
     n = add_kv(kv, n, "state.batch_size", v);
     /* the schedule the run trained under, which a resume compares with its own */
@@ -461,13 +521,20 @@ static int make_tmp_dir(const char *ckpt_dir, const char *tmp, int step, uint64_
  * process stopped between the two renames leaves that one for
  * ckpt_recover to put back. Returns 0, or -1 with err set and nothing
  * committed (step-N as it was). */
-static int commit_rename(const char *tmp, const char *fin, Err *err) {
+static int commit_rename(const char *ckpt_dir, const char *name, const char *run_id,
+                         const char *tmp, const char *fin, Err *err) {
     char old[1200];
     snprintf(old, sizeof old, "%s.old", fin);
     if (fp_fsync_dir("commit.fsync_tmp", tmp) != 0)
         return err_set(err, "ckpt: cannot fsync '%s': %s", tmp, strerror(errno));
     ck_fault("rename", fault_get_step());
-    const int resave = is_dir(fin);
+    /* a step-N of another line (or a link) is never replaced: it moves aside */
+    struct stat st;
+    if (lstat(fin, &st) == 0 && (!S_ISDIR(st.st_mode) || other_line(fin, run_id)) &&
+        abandon_one(ckpt_dir, name) != 0)
+        return err_set(err, "ckpt: cannot move '%s' (not this run's) aside to '%s/abandoned/': %s",
+                       fin, ckpt_dir, strerror(errno));
+    const int resave = is_real_dir(fin);
     if (resave && (rm_dir_tree("commit.stale_old", old) != 0 ||
                    fp_rename("commit.rename_old", fin, old) != 0))
         return err_set(err, "ckpt: cannot move '%s' aside to replace it: %s", fin,
@@ -486,9 +553,9 @@ static int commit_rename(const char *tmp, const char *fin, Err *err) {
  * when nothing was committed; or 1 with err holding a warning when the
  * checkpoint is committed but a later part (the directory's fsync,
  * `latest`, pruning) failed. */
-static int commit(const char *ckpt_dir, const char *name, const char *tmp, const char *fin,
-                  int keep, Err *err) {
-    if (commit_rename(tmp, fin, err) != 0) return -1;
+static int commit(const char *ckpt_dir, const char *name, const char *run_id, int keep,
+                  const char *tmp, const char *fin, Err *err) {
+    if (commit_rename(ckpt_dir, name, run_id, tmp, fin, err) != 0) return -1;
     Err w = {""};
     char latest[1100], line[40];
     snprintf(latest, sizeof latest, "%s/latest", ckpt_dir);
@@ -497,7 +564,7 @@ static int commit(const char *ckpt_dir, const char *name, const char *tmp, const
         err_set(&w, "cannot fsync '%s': %s (a power cut could undo it)", ckpt_dir,
                 strerror(errno));
     else if (write_file_durable("latest", latest, line, (size_t)len, &w) == 0)
-        prune(ckpt_dir, keep, name, &w);
+        prune(ckpt_dir, keep, name, run_id, &w);
     if (!w.msg[0]) return 0;
     Err why = w;
     err_set(err, "ckpt: %s saved, but %s", fin, why.msg);
@@ -507,7 +574,7 @@ static int commit(const char *ckpt_dir, const char *name, const char *tmp, const
 /* One save: this rank's slices of the state in buffers laid out like
  * m->params, the key/value lines, and where it goes. */
 typedef struct {
-    char ckpt_dir[1024];
+    char ckpt_dir[1024], run_id[CKPT_RUN_ID];
     int step, keep;
     CkSlice *slices;
     int n;
@@ -528,6 +595,7 @@ static void job_init(SaveJob *j, const char *ckpt_dir, const Model *m, float *pa
     snprintf(j->ckpt_dir, sizeof j->ckpt_dir, "%s", ckpt_dir);
     j->step = step;
     j->keep = cfg->ckpt_keep;
+    if (rs) snprintf(j->run_id, sizeof j->run_id, "%s", rs->run_id);
     j->slices = xcalloc((size_t)(3 * 3 * m->nreg) + (sh ? 2 * shard_slices_cap(m, sh) : 0),
                         sizeof(CkSlice));
     j->n += model_slices(m, params, "param", r, j->slices + j->n);
@@ -576,7 +644,7 @@ static int job_run(const SaveJob *j, MPI_Comm comm, CkStats *st, Err *err) {
         rc = -1;
     }
     if (rc == 0) {
-        if (rank == 0) rc = commit(j->ckpt_dir, name, tmp, fin, j->keep, err);
+        if (rank == 0) rc = commit(j->ckpt_dir, name, j->run_id, j->keep, tmp, fin, err);
         MPI_CHECK(MPI_Bcast(&rc, 1, MPI_INT, 0, comm));
         if (rc < 0 && rank != 0)
             err_set(err, "ckpt: checkpoint of step %d not saved (rank 0 says why)", j->step);
@@ -859,6 +927,12 @@ static void read_schedule(const CkIndex *ix, CkptRunState *rs) {
     }
 }
 
+/* Whether id is a run id as a fresh start draws it: 1 to 32 hex digits. */
+static int run_id_ok(const char *id) {
+    const size_t n = strlen(id);
+    return n >= 1 && n < CKPT_RUN_ID && strspn(id, "0123456789abcdef") == n;
+}
+
 int ckpt_read_run_state(const char *stepdir, CkptRunState *rs, Err *err) {
     CkIndex ix;
     memset(rs, 0, sizeof *rs);
@@ -877,6 +951,18 @@ int ckpt_read_run_state(const char *stepdir, CkptRunState *rs, Err *err) {
                      "'%.32s', state.samples = '%.32s', state.seed = '%.32s' (expected integers "
                      ">= 0)",
                      stepdir, o ? o : "", b ? b : "", s ? s : "", sd ? sd : "");
+    const char *id = ck_kv(&ix, "state.run_id"), *ps = ck_kv(&ix, "state.parent_step");
+    long long pv = -1;
+    if (rc == 0 && id && !run_id_ok(id))
+        rc = err_set(err, "ckpt: '%s/index' has state.run_id = '%.40s' (expected 1 to %d hex digits)",
+                     stepdir, id, CKPT_RUN_ID - 1);
+    if (rc == 0 && ps && parse_i64(ps, -1, CONFIG_MAX_STEP, &pv) != 0)
+        rc = err_set(err,
+                     "ckpt: '%s/index' has state.parent_step = '%.32s' (expected an integer in "
+                     "[-1, %d])",
+                     stepdir, ps, CONFIG_MAX_STEP);
+    if (rc == 0 && id) snprintf(rs->run_id, sizeof rs->run_id, "%s", id);
+    rs->parent_step = (int)pv;
     rs->batch_offset = ov;
     rs->rollbacks = (int)bv;
     rs->samples = sv;
@@ -888,6 +974,19 @@ int ckpt_read_run_state(const char *stepdir, CkptRunState *rs, Err *err) {
                 rs->data = xrealloc(rs->data, ((size_t)rs->n_data + 64) * sizeof(CkKV));
             rs->data[rs->n_data++] = ix.kv[i];
         }
+    ck_index_free(&ix);
+    return rc;
+}
+
+int ckpt_read_run_id(const char *stepdir, char *id) {
+    CkIndex ix;
+    Err err;
+    id[0] = '\0';
+    if (ck_index_read(stepdir, &ix, &err) != 0) return -1;
+    const char *v = ck_kv(&ix, "state.run_id");
+    int rc = 0;
+    if (v && run_id_ok(v)) snprintf(id, CKPT_RUN_ID, "%s", v);
+    else if (v) rc = -1;
     ck_index_free(&ix);
     return rc;
 }

@@ -29,7 +29,13 @@
  * `samples` on), the seed of the data order, and the dataset's identity
  * (ds_identity's "data.*" pairs: the caller's when saving; read from the
  * checkpoint, n_data 0 when it has none, freed by ckpt_run_state_free). */
+/* A run's line: the id a fresh start draws (hex digits), which every
+ * checkpoint it and its resumes and requeues save carries. */
+#define CKPT_RUN_ID 33
+
 typedef struct {
+    char run_id[CKPT_RUN_ID]; /* "": not recorded (a checkpoint older than lines) */
+    int parent_step;          /* the checkpoint this state descends from (-1: a fresh start) */
     long long batch_offset;
     int rollbacks;
     long long samples;
@@ -46,6 +52,14 @@ typedef struct {
  * with err set. */
 int ckpt_read_run_state(const char *stepdir, CkptRunState *rs, Err *err);
 void ckpt_run_state_free(CkptRunState *rs);
+
+/* The line checkpoint stepdir belongs to: its state.run_id into id[CKPT_RUN_ID]
+ * ("" when it records none, as checkpoints from before lines). Returns 0, or
+ * -1 when its index does not read. */
+int ckpt_read_run_id(const char *stepdir, char *id);
+/* Whether a checkpoint of line `have` ("" when older than lines) counts as one
+ * of line `want`: the same id, or either side unrecorded. */
+int ckpt_same_line(const char *have, const char *want);
 
 /* Saves weights (and moments when opt is non-NULL) after `step` completed
  * steps. Collective over comm; every rank writes a share: the data it holds
@@ -108,22 +122,29 @@ int ckpt_probe_save(const char *ckpt_dir, double state_bytes, MPI_Comm comm, dou
 int ckpt_resolve(const char *path, char *out, size_t n, Err *err);
 
 /* Puts right what interrupted saves left in ckpt_dir (rank 0 alone, no
- * save in flight): a step-N.old whose step-N is missing (a re-save stopped
+ * save in flight; nothing is entered through a symbolic link, and a link
+ * among them is removed itself): a step-N.old whose step-N is missing (a re-save stopped
  * between its renames) becomes step-N again; every other .old, .tmp (but
  * keep_tmp, when not NULL) and .del directory and latest.tmp.PID file is
  * removed whole. Returns 0 or -1 with err naming what could not be
  * removed. */
 int ckpt_recover(const char *ckpt_dir, const char *keep_tmp, Err *err);
 
-/* After a run resumed from step `step` (rank 0 alone): the checkpoints of
- * ckpt_dir newer than it belong to a line of training this run abandoned,
+/* After a run of line run_id resumed from step `step` (rank 0 alone): the
+ * checkpoints of that line in ckpt_dir newer than it belong to training
+ * this run abandoned (another line's stay where they are),
  * so they move to ckpt_dir/abandoned/ (out of resume's and pruning's
  * sight, nothing deleted), and `latest` names step-`step` again (or is
  * removed when that lies elsewhere). Returns 0 or -1 with err set. */
-int ckpt_abandon_after(const char *ckpt_dir, int step, Err *err);
+int ckpt_abandon_after(const char *ckpt_dir, int step, const char *run_id, Err *err);
+/* Moves every checkpoint of ckpt_dir to ckpt_dir/abandoned/ and removes
+ * `latest` (rank 0 alone): a run with resume = never starts a line of its
+ * own there. *moved says how many went. Returns 0 or -1 with err set. */
+int ckpt_abandon_all(const char *ckpt_dir, int *moved, Err *err);
 
 /* Lists the step-NNNNNNNN directories of ckpt_dir, newest first (malloc'd
- * names; the caller frees each and the array). Returns the count. */
+ * names; the caller frees each and the array), leaving out symbolic links.
+ * Returns the count. */
 int ckpt_list_steps(const char *ckpt_dir, char ***names);
 
 /* Reads the model config keys and step of a checkpoint into cfg (other keys

@@ -398,9 +398,11 @@ static int scan_set(const char *dir, const char *what, char *first, size_t nfirs
 }
 
 /* Removes a folder prep wrote: its shard files, then the folder. Something
- * else in it stays (and the folder with it). Returns 0 or -1 with errno. */
+ * else in it stays (and the folder with it). A folder that is a symbolic
+ * link is never entered: the link itself goes. Returns 0 or -1 with errno. */
 static int remove_set(const char *dir) {
-    DIR *d = opendir(dir);
+    DIR *d = opendir_nofollow(dir);
+    if (!d && errno == ENOTDIR) return fp_unlink("prep.remove.unlink", dir);
     if (!d) return errno == ENOENT ? 0 : -1;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {

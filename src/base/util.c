@@ -250,6 +250,26 @@ char *read_file(const char *path, size_t max, size_t *len, Err *err) {
     return buf;
 }
 
+DIR *opendir_nofollow(const char *path) {
+    const int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ELOOP) errno = ENOTDIR; /* a symbolic link */
+        return NULL;
+    }
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        const int e = errno;
+        close(fd);
+        errno = e;
+    }
+    return d;
+}
+
+int is_real_dir(const char *path) {
+    struct stat st;
+    return lstat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 int mkdirs(const char *path) {
     char buf[4096];
     snprintf(buf, sizeof buf, "%s", path);

@@ -12,6 +12,7 @@
 #ifndef MODTRAIN_UTIL_H
 #define MODTRAIN_UTIL_H
 
+#include <dirent.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -113,6 +114,13 @@ int open_regular(const char *path, int flags, struct stat *st, Err *err);
  * size taken from fstat, into a malloc'd buffer (NUL-terminated). NULL on
  * error with err set to one line naming path. */
 char *read_file(const char *path, size_t max, size_t *len, Err *err);
+/* Opens directory path for reading without following a symbolic link
+ * (O_NOFOLLOW on the open, so no race swaps one in). NULL with errno
+ * ENOTDIR when path is a link or anything but a directory: what removes a
+ * tree unlinks that, the link itself and never what it names. */
+DIR *opendir_nofollow(const char *path);
+/* Whether path is a directory itself (lstat: a link to one is not). */
+int is_real_dir(const char *path);
 /* mkdir -p; returns 0 or -1 with errno. */
 int mkdirs(const char *path);
 /* fsync a directory (fault point dir.fsync); returns 0 or -1 with errno. */

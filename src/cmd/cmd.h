@@ -58,8 +58,9 @@ int cmd_peak_gflops(const Config *c, int threads, double *peak, char *how, size_
 
 /* The end of this SLURM job (time_limit = auto): SLURM_JOB_END_TIME, else
  * what squeue, else scontrol show job, says for SLURM_JOB_ID. Returns 1
- * with *end set and why naming the source, or 0 with why saying what was
- * missing (not in a job, no end time). */
+ * with *end set and why naming the source, 0 with why saying what was
+ * missing (not in a job, no end time), or -1 with why saying which of the
+ * two variables is malformed or out of range. */
 int cmd_slurm_end_time(time_t *end, char *why, size_t n);
 
 /* Warns, once from the lowest rank of each node, when the node's ranks of
@@ -108,13 +109,27 @@ int shard_code_of_tokenizer(Tokenizer t);
 /* A vocabulary hash as the 16 lowercase hex digits configs record. */
 void format_vocab_hash(uint64_t hash, char hex[CONFIG_HASH_HEX + 1]);
 
-/* Restores a run from a checkpoint as cfg->resume says: auto (the newest
- * checkpoint of ckpt_dir that loads, falling back to older ones), never, or
- * a path. Collective over comm. Returns 1 loaded (*start = its step, *rs
- * its run state), 0
- * start fresh, -1 an error (printed). */
+/* Restores a run from a checkpoint as cfg->resume says:
+ * - auto: the newest checkpoint of ckpt_dir's line that loads (the line of
+ *   the one `latest` names: it, or a newer one of the same run id that a
+ *   save killed before `latest` left; then older ones of the line);
+ *   another run's checkpoints are never loaded;
+ * - never: a fresh start, the checkpoints already in ckpt_dir moved to
+ *   ckpt_dir/abandoned/;
+ * - a path: that checkpoint.
+ * Collective over comm. Returns 1 loaded (*start = its step, *rs its run
+ * state, loaded[ln] its directory), 0 start fresh, -1 an error (printed). */
 int resume_run(const Config *cfg, const char *ckpt_dir, Model *m, AdamW *opt, int *start,
-               CkptRunState *rs, MPI_Comm comm);
+               CkptRunState *rs, char *loaded, size_t ln, MPI_Comm comm);
+/* A rollback's reload: `last` (the checkpoint this run loaded or committed
+ * last), or when it no longer loads the newest of line run_id in ckpt_dir;
+ * only a step in [lo, hi] (the run's start, the current step) is taken.
+ * Collective. Returns 1 (*step, *rs, last[ln] the one loaded), 0 when last
+ * is "" (nothing loaded or saved yet: the caller re-initialises), or -1
+ * (printed). */
+int rollback_run(const Config *cfg, const char *ckpt_dir, char *last, size_t ln,
+                 const char *run_id, int lo, int hi, Model *m, AdamW *opt, int *step,
+                 CkptRunState *rs, MPI_Comm comm);
 
 /* init_from, before resume_run: refuses (printed, -1) a checkpoint of the
  * run's own ckpt_dir, whose step names a new run would collide with.

@@ -284,6 +284,10 @@ static void first_line(const char *cmd, char *buf, size_t n) {
     buf[strcspn(buf, "\n")] = '\0';
 }
 
+/* The latest end time taken: 9999-12-31T23:59:59 UTC. Later ones (INT64_MAX,
+ * 1e17) have no calendar date to print, and a job that long has no limit. */
+#define SLURM_TIME_MAX 253402300799LL
+
 int cmd_slurm_end_time(time_t *end, char *why, size_t n) {
     const char *job = getenv("SLURM_JOB_ID"), *env = getenv("SLURM_JOB_END_TIME");
     long long id, t;
@@ -292,13 +296,16 @@ int cmd_slurm_end_time(time_t *end, char *why, size_t n) {
         return 0;
     }
     if (parse_i64(job, 1, LLONG_MAX, &id) != 0) {
-        snprintf(why, n, "SLURM_JOB_ID = '%.40s' is not a job number", job);
-        return 0;
+        snprintf(why, n, "SLURM_JOB_ID = '%.40s' is not a job number (an integer >= 1)", job);
+        return -1;
     }
     if (env && *env) {
-        if (parse_i64(env, 1, LLONG_MAX, &t) != 0) {
-            snprintf(why, n, "SLURM_JOB_END_TIME = '%.40s' is not seconds since 1970", env);
-            return 0;
+        if (parse_i64(env, 1, SLURM_TIME_MAX, &t) != 0) {
+            snprintf(why, n,
+                     "SLURM_JOB_END_TIME = '%.40s' is not seconds since 1970 (an integer in [1, "
+                     "%lld], before the year 10000)",
+                     env, SLURM_TIME_MAX);
+            return -1;
         }
         *end = (time_t)t;
         snprintf(why, n, "SLURM_JOB_END_TIME");
@@ -307,13 +314,14 @@ int cmd_slurm_end_time(time_t *end, char *why, size_t n) {
     char cmd[128], line[256];
     snprintf(cmd, sizeof cmd, "squeue -h -j %lld -o %%e 2> /dev/null", id);
     first_line(cmd, line, sizeof line);
-    if ((*end = slurm_time(line)) != -1) {
+    if ((*end = slurm_time(line)) != -1 && *end <= SLURM_TIME_MAX) {
         snprintf(why, n, "squeue");
         return 1;
     }
     snprintf(cmd, sizeof cmd, "scontrol show job %lld 2> /dev/null | grep -o 'EndTime=[^ ]*'", id);
     first_line(cmd, line, sizeof line);
-    if (strncmp(line, "EndTime=", 8) == 0 && (*end = slurm_time(line + 8)) != -1) {
+    if (strncmp(line, "EndTime=", 8) == 0 && (*end = slurm_time(line + 8)) != -1 &&
+        *end <= SLURM_TIME_MAX) {
         snprintf(why, n, "scontrol show job");
         return 1;
     }

@@ -10,6 +10,7 @@
 
 #include "checkpoint/ckpt.h"
 #include "mpi/check.h"
+#include "src/base/fault.h"
 #include "src/cmd/cmd.h"
 
 /* Tries one checkpoint: its config must match the run's (a mismatch is the
@@ -28,7 +29,9 @@ static int try_resume(const char *dir, const Config *cfg, Model *m, AdamW *opt, 
     }
     CkptRunState got = {0};
     if (ok) ok = ckpt_read_run_state(dir, &got, &err) == 0;
+    fault_progress(); /* a load is progress for the watchdog, however long */
     if (ok) ok = ckpt_load(dir, m, opt, &had_m, &err) == 0;
+    fault_progress();
     int all = 0;
     MPI_CHECK(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm));
     if (!all) {
@@ -75,17 +78,110 @@ static int resume_prepare(const char *ckpt_dir, MPI_Comm comm) {
 
 /* The run resumed from `step`: newer checkpoints of ckpt_dir belong to an
  * abandoned line (see ckpt_abandon_after). Collective; 0 or -1. */
-static int resume_abandon(const char *ckpt_dir, int step, MPI_Comm comm) {
+static int resume_abandon(const char *ckpt_dir, int step, const char *run_id, MPI_Comm comm) {
     int rank = 0, rc = 0;
     MPI_CHECK(MPI_Comm_rank(comm, &rank));
     Err err;
-    if (rank == 0) rc = ckpt_abandon_after(ckpt_dir, step, &err);
+    if (rank == 0) rc = ckpt_abandon_after(ckpt_dir, step, run_id, &err);
     return cmd_agree(rc, &err, comm);
 }
 
+/* resume = never: a new line starts in ckpt_dir, so the checkpoints already
+ * there (another run's, or this one's before) move to abandoned/, out of
+ * the sight of a later resume = auto and of pruning, nothing deleted.
+ * Collective; 0 or -1 (printed). */
+static int resume_never(const char *ckpt_dir, MPI_Comm comm) {
+    int rank = 0, rc = 0, moved = 0;
+    MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    Err err;
+    if (rank == 0) {
+        rc = ckpt_recover(ckpt_dir, NULL, &err);
+        if (rc == 0) rc = ckpt_abandon_all(ckpt_dir, &moved, &err);
+        if (rc == 0 && moved)
+            log0("resume: resume = never: the %d checkpoint%s already in '%s' moved to "
+                 "'%s/abandoned/' (a new run starts there)\n",
+                 moved, moved == 1 ? "" : "s", ckpt_dir, ckpt_dir);
+    }
+    return cmd_agree(rc, &err, comm);
+}
+
+/* The checkpoints of one line in ckpt_dir, newest first (malloc'd names,
+ * NULL when none): line `want`, or ("") the line of the checkpoint
+ * `latest` names, else of the newest whose index reads. A line's are
+ * those recording its run id or none (older than lines), and those whose
+ * index does not read (resume passes over them, saying why). *others
+ * counts the checkpoints of other lines, which are left alone. Returns the
+ * count. */
+static int line_checkpoints(const char *ckpt_dir, const char *want, char ***out, int *others) {
+    char **names, p[1100], line[CKPT_RUN_ID] = "";
+    int n = ckpt_list_steps(ckpt_dir, &names), k = 0;
+    char(*ids)[CKPT_RUN_ID] = xcalloc((size_t)n + 1, sizeof *ids);
+    int *readable = xcalloc((size_t)n + 1, sizeof(int));
+    for (int i = 0; i < n; i++) {
+        snprintf(p, sizeof p, "%s/%s", ckpt_dir, names[i]);
+        readable[i] = ckpt_read_run_id(p, ids[i]) == 0;
+    }
+    if (want[0]) snprintf(line, sizeof line, "%s", want);
+    else {
+        snprintf(p, sizeof p, "%s/latest", ckpt_dir);
+        Err e;
+        char *head = read_file(p, 4096, NULL, &e);
+        int found = -1;
+        if (head) head[strcspn(head, "\r\n")] = '\0';
+        for (int i = 0; head && i < n; i++)
+            if (strcmp(names[i], head) == 0 && readable[i]) found = i;
+        for (int i = 0; found < 0 && i < n; i++)
+            if (readable[i]) found = i;
+        if (found >= 0) snprintf(line, sizeof line, "%s", ids[found]);
+        free(head);
+    }
+    *out = NULL;
+    *others = 0;
+    for (int i = 0; i < n; i++) {
+        if (!readable[i] || ckpt_same_line(ids[i], line)) {
+            *out = xrealloc(*out, (size_t)(k + 1) * sizeof(char *));
+            (*out)[k++] = names[i];
+        } else {
+            ++*others;
+            free(names[i]);
+        }
+    }
+    free(names);
+    free(ids);
+    free(readable);
+    return k;
+}
+
+/* Tries the checkpoints of a line of ckpt_dir newest first, those with a
+ * step outside [lo, hi] left out; fills loaded. Returns try_resume's
+ * result for the one that loads (0: none, or *fatal). */
+static int try_line(const char *ckpt_dir, const char *want, int lo, int hi, const Config *cfg,
+                    Model *m, AdamW *opt, int *start, CkptRunState *rs, char *loaded, size_t ln,
+                    MPI_Comm comm, int *fatal, int *tried) {
+    char **names;
+    int others = 0, r = 0;
+    const int n = line_checkpoints(ckpt_dir, want, &names, &others);
+    if (others > 0)
+        log0("resume: left alone %d checkpoint%s of another run in '%s'\n", others,
+             others == 1 ? "" : "s", ckpt_dir);
+    *tried = 0;
+    for (int i = 0; i < n && r == 0 && !*fatal; i++) {
+        const int step = atoi(names[i] + 5); /* step-NNNNNNNN, as listed */
+        if (step < lo || step > hi) continue;
+        snprintf(loaded, ln, "%s/%s", ckpt_dir, names[i]);
+        ++*tried;
+        r = try_resume(loaded, cfg, m, opt, start, rs, comm, fatal);
+    }
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+    if (!r) loaded[0] = '\0';
+    return r;
+}
+
 int resume_run(const Config *cfg, const char *ckpt_dir, Model *m, AdamW *opt, int *start,
-               CkptRunState *rs, MPI_Comm comm) {
-    if (strcmp(cfg->resume, "never") == 0) return 0;
+               CkptRunState *rs, char *loaded, size_t ln, MPI_Comm comm) {
+    loaded[0] = '\0';
+    if (strcmp(cfg->resume, "never") == 0) return resume_never(ckpt_dir, comm);
     int fatal = 0;
     if (resume_prepare(ckpt_dir, comm) != 0) return -1;
     if (strcmp(cfg->resume, "auto") != 0) {
@@ -95,29 +191,50 @@ int resume_run(const Config *cfg, const char *ckpt_dir, Model *m, AdamW *opt, in
             err_print(&err);
             return -1;
         }
-        if (try_resume(dir, cfg, m, opt, start, rs, comm, &fatal))
-            return resume_abandon(ckpt_dir, *start, comm) == 0 ? 1 : -1;
+        if (try_resume(dir, cfg, m, opt, start, rs, comm, &fatal)) {
+            snprintf(loaded, ln, "%s", dir);
+            return resume_abandon(ckpt_dir, *start, rs->run_id, comm) == 0 ? 1 : -1;
+        }
         errorf("resume: cannot resume from '%s' (see above)", cfg->resume);
         return -1;
     }
-    char **names;
-    int n = ckpt_list_steps(ckpt_dir, &names), r = 0;
-    for (int i = 0; i < n && r == 0 && !fatal; i++) {
-        char dir[1100];
-        snprintf(dir, sizeof dir, "%s/%s", ckpt_dir, names[i]);
-        r = try_resume(dir, cfg, m, opt, start, rs, comm, &fatal);
-    }
-    for (int i = 0; i < n; i++) free(names[i]);
-    free(names);
+    int tried = 0;
+    const int r = try_line(ckpt_dir, "", 0, CONFIG_MAX_STEP, cfg, m, opt, start, rs, loaded, ln,
+                           comm, &fatal, &tried);
     if (fatal) return -1;
-    if (n > 0 && r == 0) {
+    if (tried > 0 && r == 0) {
         errorf("resume: none of the %d checkpoints in '%s' loads (see above); move them away, "
                "or set resume = never or a ckpt_dir of its own",
-               n, ckpt_dir);
+               tried, ckpt_dir);
         return -1;
     }
-    if (r == 1 && resume_abandon(ckpt_dir, *start, comm) != 0) return -1;
+    if (r == 1 && resume_abandon(ckpt_dir, *start, rs->run_id, comm) != 0) return -1;
     return r;
+}
+
+int rollback_run(const Config *cfg, const char *ckpt_dir, char *last, size_t ln,
+                 const char *run_id, int lo, int hi, Model *m, AdamW *opt, int *step,
+                 CkptRunState *rs, MPI_Comm comm) {
+    if (!last[0]) return 0;
+    int fatal = 0, at = -1, tried = 0;
+    Config ck = *cfg;
+    Err err;
+    /* the checkpoint's own record of its step, not its name, is checked */
+    if (ckpt_read_config(last, &ck, &at, &err) == 0 && (at < lo || at > hi)) {
+        errorf("rollback: '%s' holds step %d, outside this run's steps %d-%d that a rollback may "
+               "return to; stopping rather than train from another state",
+               last, at, lo, hi);
+        return -1;
+    }
+    if (try_resume(last, cfg, m, opt, step, rs, comm, &fatal)) return 1;
+    if (fatal) return -1;
+    if (try_line(ckpt_dir, run_id, lo, hi, cfg, m, opt, step, rs, last, ln, comm, &fatal, &tried))
+        return 1;
+    if (!fatal)
+        errorf("rollback: neither '%s' nor any checkpoint of this run in '%s' between steps %d "
+               "and %d loads (see above)",
+               last, ckpt_dir, lo, hi);
+    return -1;
 }
 
 /* ------------------------------------------------------------- init_from */
@@ -138,20 +255,20 @@ static int init_locate(const char *arg, char *dir, size_t n, int *is_st, Err *er
                    why.msg);
 }
 
-/* Whether step directory stepdir lies in ckpt_dir (the same folder, by
- * device and inode: the paths may differ). */
+/* Whether step directory stepdir lies in ckpt_dir: the same folder by
+ * device and inode, once every link and "." or ".." of the path is
+ * resolved (ck/step-N/. and a link to ck/step-N are ck's too). */
 static int in_ckpt_dir(const char *stepdir, const char *ckpt_dir) {
-    char parent[1100];
-    snprintf(parent, sizeof parent, "%s", stepdir);
-    size_t k = strlen(parent);
-    while (k > 1 && parent[k - 1] == '/') parent[--k] = '\0';
-    char *slash = strrchr(parent, '/');
-    if (!slash) snprintf(parent, sizeof parent, ".");
-    else if (slash == parent) slash[1] = '\0';
-    else *slash = '\0';
+    char *real = realpath(stepdir, NULL);
+    if (!real) return 0;
+    char *slash = strrchr(real, '/');
+    if (slash == real) slash[1] = '\0';
+    else if (slash) *slash = '\0';
     struct stat a, b;
-    return stat(parent, &a) == 0 && stat(ckpt_dir, &b) == 0 && a.st_dev == b.st_dev &&
-           a.st_ino == b.st_ino;
+    const int same = stat(real, &a) == 0 && stat(ckpt_dir, &b) == 0 && a.st_dev == b.st_dev &&
+                     a.st_ino == b.st_ino;
+    free(real);
+    return same;
 }
 
 int init_from_check(const Config *cfg, const char *ckpt_dir, MPI_Comm comm) {

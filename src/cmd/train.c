@@ -68,7 +68,11 @@ typedef struct {
     size_t async_rss0;
     ModelMemory mem; /* what the model takes on this rank */
     Phases ph;       /* where the steps' time goes */
-    CkptRunState rs; /* batches skipped, rollbacks: saved with the step */
+    CkptRunState rs; /* batches skipped, rollbacks, the run id: saved with the step */
+    /* the checkpoint this run loaded or committed last ("": none yet), which
+     * a rollback returns to, and its step (-1) */
+    char last_ckpt[CONFIG_STR + 32];
+    int last_step;
     /* time_limit's budget before a save or a validation was timed */
     double save_estimate_s, last_eval_s;
     pthread_t watchdog;
@@ -372,12 +376,12 @@ static const char *look_identity(void *ctx, const char *key) {
     return NULL;
 }
 
-/* A resumed run reads on from the checkpoint's samples consumed, over the
- * same data in the same order: a changed seed or dataset is refused unless
+/* A resumed run (or a rollback: `what` names which) reads on from the
+ * checkpoint's samples consumed, over the same data in the same order: a
+ * changed seed or dataset (rs's, the checkpoint's) is refused unless
  * data_changed = continue. Returns 0 or -1 (printed). */
-static int run_check_data(Run *r) {
+static int run_check_data(Run *r, CkptRunState *rs, const char *what) {
     const Config *c = &r->cfg;
-    CkptRunState *rs = &r->rs;
     Err why;
     int rc = 0;
     const int cont = c->data_changed == DATA_CHANGED_CONTINUE;
@@ -385,32 +389,49 @@ static int run_check_data(Run *r) {
         rs->samples = ((long long)r->start + rs->batch_offset) * c->batch_size;
     if (rs->seed >= 0 && rs->seed != c->seed) {
         if (!cont) {
-            errorf("resume: seed = %lld, but the checkpoint's run used seed = %lld, which fixes "
+            errorf("%s: seed = %lld, but the checkpoint's run used seed = %lld, which fixes "
                    "its data order (set seed = %lld, or data_changed = continue to read a new "
                    "order from sample %lld)",
-                   c->seed, rs->seed, rs->seed, rs->samples);
+                   what, c->seed, rs->seed, rs->seed, rs->samples);
             return -1;
         }
-        log0("resume: data_changed = continue: seed %lld replaces the checkpoint's %lld; reading "
+        log0("%s: data_changed = continue: seed %lld replaces the checkpoint's %lld; reading "
              "the new order from sample %lld\n",
-             c->seed, rs->seed, rs->samples);
+             what, c->seed, rs->seed, rs->samples);
     }
     const int got = ds_identity_compare(&r->train, look_identity, rs, &why);
     if (got < 0 && !cont) {
-        errorf("resume: train_data = '%s' is not the data the checkpoint's run read: %s (set "
+        errorf("%s: train_data = '%s' is not the data the checkpoint's run read: %s (set "
                "data_changed = continue to carry on over it from sample %lld)",
-               c->train_data, why.msg, rs->samples);
+               what, c->train_data, why.msg, rs->samples);
         rc = -1;
     } else if (got < 0) {
-        log0("resume: data_changed = continue: %s; carrying on over the new data from sample "
+        log0("%s: data_changed = continue: %s; carrying on over the new data from sample "
              "%lld\n",
-             why.msg, rs->samples);
+             what, why.msg, rs->samples);
     } else if (got > 0) {
-        log0("resume: the checkpoint does not record its data (written before it did); reading on "
+        log0("%s: the checkpoint does not record its data (written before it did); reading on "
              "from sample %lld\n",
-             rs->samples);
+             what, rs->samples);
     }
     return rc;
+}
+
+/* A fresh start draws the run's id (rank 0, shared): every checkpoint of its
+ * line, through resumes and requeues, carries it. */
+static void run_new_id(Run *r) {
+    uint64_t v[2] = {0, 0};
+    if (r->grid.world_rank == 0) {
+        FILE *f = fopen("/dev/urandom", "rb");
+        if (!f || fread(v, sizeof v, 1, f) != 1) { /* no device: the clock and the process */
+            v[0] = (uint64_t)(now_s() * 1e9) ^ ((uint64_t)getpid() << 32);
+            v[1] = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ULL;
+        }
+        if (f) fclose(f);
+    }
+    MPI_CHECK(MPI_Bcast(v, 2, MPI_UINT64_T, 0, r->grid.world));
+    snprintf(r->rs.run_id, sizeof r->rs.run_id, "%016llx%016llx", (unsigned long long)v[0],
+             (unsigned long long)v[1]);
 }
 
 /* A resumed run whose lr schedule or batch_size differs from its
@@ -604,11 +625,14 @@ static int run_setup_model(Run *r) {
     }
     r->model_ready = 1;
     if (init_from_check(c, r->ckpt_dir, g->world) != 0) return -1;
-    int resumed = resume_run(c, r->ckpt_dir, &r->m, &r->opt, &r->start, &r->rs, g->world);
+    int resumed = resume_run(c, r->ckpt_dir, &r->m, &r->opt, &r->start, &r->rs, r->last_ckpt,
+                             sizeof r->last_ckpt, g->world);
     if (resumed < 0) return -1;
     r->resumed = resumed;
+    r->last_step = resumed ? r->start : -1;
     r->rs.rollbacks = 0; /* counted onto the checkpoint loaded, not the next ones */
-    if (resumed && run_check_data(r) != 0) return -1;
+    if (!r->rs.run_id[0]) run_new_id(r); /* a fresh start, or a checkpoint older than lines */
+    if (resumed && run_check_data(r, &r->rs, "resume") != 0) return -1;
     if (resumed) run_resume_notice(r);
     if (init_from_load(c, r->ckpt_dir, &r->m, resumed, r->start, g->world) != 0) return -1;
     ckpt_run_state_free(&r->rs); /* the checkpoint's record of its data: ours from now on */
@@ -739,19 +763,26 @@ static int run_probe_save(Run *r) {
 /* time_limit = auto: the seconds from the process's start to the SLURM
  * job's end, found by rank 0 and shared; outside a job, or when SLURM
  * gives no end, no limit (logged). The stop's save is budgeted before it
- * as for any time_limit. */
-static void run_time_limit_auto(Run *r) {
+ * as for any time_limit. A malformed SLURM_JOB_ID or SLURM_JOB_END_TIME
+ * is an error: returns -1 (printed), else 0. */
+static int run_time_limit_auto(Run *r) {
     Config *c = &r->cfg;
-    if (c->time_limit != CONFIG_TIME_LIMIT_AUTO) return;
+    if (c->time_limit != CONFIG_TIME_LIMIT_AUTO) return 0;
     double limit = 0;
     char why[256] = "", when[64] = "";
     time_t end = 0;
-    if (r->grid.world_rank == 0 && cmd_slurm_end_time(&end, why, sizeof why)) {
+    int found = 0;
+    if (r->grid.world_rank == 0) found = cmd_slurm_end_time(&end, why, sizeof why);
+    if (found > 0) {
         const double left = difftime(end, time(NULL));
         limit = (now_s() - cmd_start_s) + (left > 1 ? left : 1);
         struct tm tm;
-        strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", localtime_r(&end, &tm));
+        if (!localtime_r(&end, &tm) || !strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm))
+            snprintf(when, sizeof when, "%lld s since 1970", (long long)end);
     }
+    Err err;
+    if (found < 0) err_set(&err, "time_limit = auto: %s", why);
+    if (cmd_agree(found < 0 ? -1 : 0, &err, r->grid.world) != 0) return -1;
     MPI_CHECK(MPI_Bcast(&limit, 1, MPI_DOUBLE, 0, r->grid.world));
     c->time_limit = limit;
     char d[32];
@@ -760,6 +791,7 @@ static void run_time_limit_auto(Run *r) {
         log0("train: time_limit = auto: job %s ends at %s (%s): %.0f s from the start, %s\n",
              getenv("SLURM_JOB_ID"), when, why, limit, d);
     else log0("train: time_limit = auto: %s: no time limit\n", why);
+    return 0;
 }
 
 /* The watchdog: a thread that ends the job when neither training nor a
@@ -768,12 +800,26 @@ static void run_time_limit_auto(Run *r) {
  * stopped answering. _exit, not MPI_Abort: MPI itself may be what hangs. */
 static atomic_int watch_step;
 
+/* The watchdog ends cleanly: teardown sets watch_stop under watch_lock and
+ * wakes it, then joins it (a cancelled thread is what sanitizers misread). */
+static pthread_mutex_t watch_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t watch_wake = PTHREAD_COND_INITIALIZER;
+static int watch_stop;
+
 static void *watchdog_main(void *arg) {
     const Run *r = arg;
     const double limit = r->cfg.watchdog_s;
-    for (;;) {
-        struct timespec nap = {0, 200 * 1000 * 1000};
-        nanosleep(&nap, NULL); /* a cancellation point */
+    pthread_mutex_lock(&watch_lock);
+    while (!watch_stop) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 200 * 1000 * 1000;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&watch_wake, &watch_lock, &until);
+        if (watch_stop) break;
         const char *phase;
         const double idle = now_s() - fault_last_progress(&phase);
         if (idle <= limit) continue;
@@ -783,6 +829,7 @@ static void *watchdog_main(void *arg) {
                 r->grid.world_rank, idle, phase, atomic_load(&watch_step), limit, EXIT_WATCHDOG);
         _exit(EXIT_WATCHDOG);
     }
+    pthread_mutex_unlock(&watch_lock);
     return NULL;
 }
 
@@ -812,7 +859,7 @@ static int run_setup(Run *r, int argc, char **argv) {
         r->async = ckpt_async_new(r->grid.world, r->m.nparams + 2 * r->opt.n, r->threads, &err);
         if (!r->async && r->grid.world_rank == 0) err_print(&err);
     }
-    run_time_limit_auto(r);
+    if (run_time_limit_auto(r) != 0) return EXIT_USAGE;
     if (r->cfg.time_limit > 0 && run_probe_save(r) != 0) return EXIT_USAGE;
     if (r->cfg.watchdog_s > 0) watchdog_start(r);
     const char *trace = getenv("MODTRAIN_DATA_TRACE");
@@ -830,7 +877,10 @@ static int run_setup(Run *r, int argc, char **argv) {
 
 static void run_teardown(Run *r) {
     if (r->watchdog_ready) {
-        pthread_cancel(r->watchdog);
+        pthread_mutex_lock(&watch_lock);
+        watch_stop = 1;
+        pthread_cond_signal(&watch_wake);
+        pthread_mutex_unlock(&watch_lock);
         pthread_join(r->watchdog, NULL);
     }
     ckpt_async_free(r->async);
@@ -1244,6 +1294,12 @@ static void run_log_stall(Run *r, int done, double stall) {
     phases_add(&r->ph, PH_CKPT, stall);
 }
 
+/* A save of `step` committed: what a rollback returns to from now on. */
+static void run_committed(Run *r, int step) {
+    snprintf(r->last_ckpt, sizeof r->last_ckpt, "%s/step-%08d", r->ckpt_dir, step);
+    r->last_step = step;
+}
+
 /* Saves the state after `step` now and logs what the save did. Returns 0
  * or -1 with err set. */
 static int run_save(Run *r, int step, Err *err) {
@@ -1251,10 +1307,12 @@ static int run_save(Run *r, int step, Err *err) {
     const size_t rss0 = peak_rss();
     CkStats st;
     fault_phase("checkpoint");
+    r->rs.parent_step = r->last_step;
     const int rc = ckpt_save(r->ckpt_dir, &r->m, &r->opt, &r->cfg, step, &r->rs, r->grid.world,
                              r->grid.dp, r->grid.dp_rank, &st, err);
     if (rc < 0) return -1;
     if (rc > 0 && r->grid.world_rank == 0) err_print(err); /* committed, with a warning */
+    run_committed(r, step);
     const double dt = now_s() - t0;
     run_log_stall(r, step, dt);
     run_report_save(r, step, step, dt, -1, &st, rss0);
@@ -1277,6 +1335,7 @@ static int run_finish_async(Run *r, int done, int block, double *stall) {
     if (block) *stall += now_s() - t0; /* joining a finished thread is no wait */
     if (rc != 0 && r->grid.world_rank == 0) err_print(&err); /* > 0: committed, a warning */
     if (rc < 0) return -1;
+    run_committed(r, step);
     run_report_save(r, done, step, dt, r->async_stall, &st, r->async_rss0);
     return 0;
 }
@@ -1292,6 +1351,7 @@ static void run_periodic_save(Run *r, int done, double *stall) {
     run_finish_async(r, done, 1, stall);
     const double t0 = now_s();
     r->async_rss0 = peak_rss();
+    r->rs.parent_step = r->last_step;
     ckpt_async_start(r->async, r->ckpt_dir, &r->m, &r->opt, &r->cfg, done, &r->rs, r->grid.dp,
                      r->grid.dp_rank, r->threads);
     r->async_stall = now_s() - t0;
@@ -1391,8 +1451,9 @@ static int run_before_steps(Run *r) {
 }
 
 /* After step index *step found a non-finite loss or gradient (no update
- * made): stop (exit EXIT_DIVERGED), or roll back: reload the newest
- * checkpoint (the seed's init when there is none), skip the global batches
+ * made): stop (exit EXIT_DIVERGED), or roll back: reload the checkpoint this
+ * run loaded or committed last (the seed's init when there is none; never
+ * another run's, nor one outside this launch's steps), skip the global batches
  * of the steps since it, record that in a re-save of its step (so a
  * requeued job skips them too) and go on from there; after nonfinite_tries
  * rollbacks onto one checkpoint, give up. Returns -1 to go on (*step set
@@ -1410,21 +1471,23 @@ static int run_nonfinite(Run *r, int *step, const StepResult *s) {
         return EXIT_DIVERGED;
     }
     double stall = 0;
+    int got_bad = 0;
     run_finish_async(r, done, 1, &stall); /* the save in flight commits first */
     fault_phase("rollback");
-    Config back = *c;
-    snprintf(back.resume, sizeof back.resume, "auto");
     CkptRunState had = {0};
     int to = 0;
-    const int got = resume_run(&back, r->ckpt_dir, &r->m, &r->opt, &to, &had, r->grid.world);
+    const int got = rollback_run(c, r->ckpt_dir, r->last_ckpt, sizeof r->last_ckpt, r->rs.run_id,
+                                 r->start, *step, &r->m, &r->opt, &to, &had, r->grid.world);
+    if (got > 0 && run_check_data(r, &had, "rollback") != 0) got_bad = 1;
     ckpt_run_state_free(&had); /* its samples are skipped: the cursor stays past this step */
-    if (got < 0) return EXIT_FAILURE;
-    if (got == 0) { /* no checkpoint yet: back to the seed's init, or init_from's weights */
+    if (got < 0 || got_bad) return EXIT_FAILURE;
+    if (got == 0) { /* nothing loaded or saved yet: back to the seed's init, or init_from's */
         if (!c->init_from[0]) model_init_weights(&r->m, (uint64_t)c->seed);
         else if (init_from_load(c, r->ckpt_dir, &r->m, -1, 0, r->grid.world) != 0)
             return EXIT_FAILURE;
         adamw_reset(&r->opt);
     }
+    r->last_step = got ? had.parent_step : -1; /* the re-save below descends as it did */
     if (had.rollbacks >= c->nonfinite_tries) {
         if (rank0)
             errorf("train: loss %g at step %d after %d rollbacks onto step %d: giving up with "

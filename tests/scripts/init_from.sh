@@ -70,6 +70,12 @@ refused() { # NAME PATTERN [--key value ...]
         ok "$name: $(cat "$name.err")" || fail "$name: exit $rc, $(cat "$name.err")"
 }
 refused same "is a checkpoint of this run's own ckpt_dir" --run_dir src --init_from src/ckpt/step-00000012
+# spelt with a trailing /. or through a link, it is the same folder
+refused same_dot "is a checkpoint of this run's own ckpt_dir" --run_dir src --resume never \
+    --init_from src/ckpt/step-00000012/.
+ln -s src/ckpt/step-00000012 alias
+refused same_link "is a checkpoint of this run's own ckpt_dir" --run_dir src --resume never \
+    --init_from alias
 refused shape "has d_model = 64 but this run has d_model = 32" --run_dir g --init_from src/ckpt --d_model 32
 refused st_shape "n_layer = 2 but this run has n_layer = 3" --run_dir g --init_from src.safetensors --n_layer 3
 refused missing "init_from: ckpt: 'nowhere'" --run_dir g --init_from nowhere

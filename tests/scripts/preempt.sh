@@ -80,6 +80,17 @@ t=$(sed -n 's/^train: time_limit = auto: job 7 ends at .* (SLURM_JOB_END_TIME): 
 [ "$rc" -eq 75 ] && [ -n "$t" ] && [ "$t" -ge 1 ] && [ "$t" -le 4 ] && grep -q "^stopping at step .* on time_limit" auto.log &&
     ok "time_limit = auto, SLURM_JOB_END_TIME 3 s ahead: a limit of $t s, stopped with exit 75" ||
     { cat auto.log; fail "time_limit = auto under SLURM_JOB_END_TIME (exit $rc, limit '$t')"; }
+# an end time past the calendar (it crashed in localtime) or not a number:
+# one line from one rank, exit 2
+for v in 9223372036854775807 100000000000000000 12x; do
+    rc=0
+    SLURM_JOB_ID=7 SLURM_JOB_END_TIME=$v run --run_dir hostile --steps 1 --time_limit auto \
+        > hostile.log 2> hostile.err || rc=$?
+    [ "$rc" -eq 2 ] && [ "$(grep -c "^modtrain:" hostile.err)" -eq 1 ] &&
+        grep -q "SLURM_JOB_END_TIME = '$v' is not seconds since 1970" hostile.err &&
+        ok "SLURM_JOB_END_TIME = $v: $(grep "^modtrain:" hostile.err | cut -c1-70)..." ||
+        { cat hostile.log hostile.err; fail "SLURM_JOB_END_TIME = $v (exit $rc)"; }
+done
 env -u SLURM_JOB_ID -u SLURM_JOB_END_TIME $MPIRUN -np 2 "$MODTRAIN" train $common --steps 3 --run_dir noslurm \
     --time_limit auto > noslurm.log 2>&1 &&
     grep -q "^train: time_limit = auto: not inside a SLURM job (SLURM_JOB_ID is not set): no time limit" noslurm.log &&

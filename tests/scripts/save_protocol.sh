@@ -2,7 +2,7 @@
 # The save, stop and resume path against what used to lose work:
 # - a stale step-N.tmp holding a leftover file (index.tmp.PID, .nfsXXXX) is
 #   cleared whole and step N saves; a leftover step-N.old is no obstacle to
-#   a re-save of step N; a step-N.old whose step-N is missing (a re-save
+#   a rollback's re-save of step N; a step-N.old whose step-N is missing (a re-save
 #   stopped between its renames) is put back by resume = auto, and
 #   `latest` naming a checkpoint that is gone with none left is an error,
 #   not a fresh start;
@@ -49,13 +49,17 @@ train stale --steps 8 --ckpt_every 4
     ok "a stale step-8.tmp holding leftovers is cleared and step 8 saves" ||
     { cat stale.log; fail "stale .tmp (exit $rc)"; }
 
-# 2. a leftover step-8.old, then a re-save of step 8 (resume = never)
+# 2. a leftover step-8.old, then a re-save of step 8: a rollback's, after
+# a NaN at step 10 of the run resumed from step 8
 cp -r stale runold
 cp -r "$(step ref 4)" runold/ckpt/step-00000008.old
-train runold --steps 8 --ckpt_every 4 --resume never
-[ "$rc" -eq 0 ] && cmp -s "$(step ref 8)/data.bin" "$(step runold 8)/data.bin" &&
+MODTRAIN_FAULT=nan-batch:9 train runold --steps 12 --ckpt_every 100 --ckpt_async 0 \
+    --on_nonfinite rollback
+[ "$rc" -eq 0 ] && grep -q "rolled back to step 8," runold.log &&
+    cmp -s "$(step ref 8)/data.bin" "$(step runold 8)/data.bin" &&
+    grep -q "^kv state.rollbacks 1$" "$(step runold 8)/index" &&
     [ -z "$(ls -d runold/ckpt/*.old 2> /dev/null)" ] &&
-    ok "a leftover .old does not block the re-save of step 8" ||
+    ok "a leftover .old does not block the rollback's re-save of step 8" ||
     { cat runold.log; ls runold/ckpt; fail "re-save over a leftover .old (exit $rc)"; }
 # a re-save stopped between its renames: step-8 missing, step-8.old the good one
 cp -r ref half

@@ -1,0 +1,84 @@
+#!/bin/sh
+# A run's line: resume = auto and a rollback take this run's own state, and
+# never another run's checkpoints in the same ckpt_dir.
+# - rollback after a resume from another ckpt_dir returns to the checkpoint
+#   loaded (its weights and moments bit for bit), not to the seed's init;
+# - resume = never over an older run's ckpt_dir moves its checkpoints to
+#   abandoned/; a rollback then returns to this run's own step, and a crash
+#   relaunched with resume = auto resumes this run, both ending equal to an
+#   uninterrupted run in a clean ckpt_dir;
+# - a newer step-N of this run that `latest` does not name yet (a save
+#   killed before it) is resumed; another run's is never loaded, counted,
+#   pruned or replaced;
+# - a run with watchdog_s > 0 ends normally (the watchdog thread is joined,
+#   not cancelled: the sanitizer pass runs this to its end).
+. "$(dirname "$0")/lib.sh"
+prep_fortunes
+cd "$TMP"
+common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
+    --threads 1 --eval_every 0 --micro_batch 8 --ckpt_keep 5 --log_every 1000 --peak_gflops 50"
+train() { # RUN [--key value ...]: exit code in $rc, output in RUN.log
+    run=$1
+    shift
+    set +e
+    timeout 120 "$MODTRAIN" train $common --run_dir "$run" "$@" > "$run.log" 2>&1
+    rc=$?
+    set -e
+}
+step() { printf '%s/ckpt/step-%08d' "$1" "$2"; }
+same() { cmp -s "$(step "$1" "$2")/data.bin" "$(step "$3" "$4")/data.bin"; }
+index_key() { sed -n "s/^kv $2 //p" "$1/index"; }
+
+# 1. resumed from another ckpt_dir, then a NaN: back to the checkpoint loaded
+train A --steps 12 --ckpt_every 4
+MODTRAIN_FAULT=nan-batch:5 train B --steps 12 --ckpt_every 100 --ckpt_async 0 \
+    --resume "$(step A 4)" --on_nonfinite rollback
+[ "$rc" -eq 0 ] && grep -q "rolled back to step 4," B.log && same B 4 A 4 &&
+    [ "$(index_key "$(step B 4)" state.rollbacks)" = 1 ] &&
+    ok "a rollback after a resume from elsewhere returns to the step-4 weights loaded" ||
+    { cat B.log; fail "rollback after a resume from another ckpt_dir (exit $rc)"; }
+
+# 2. resume = never over an older run's ckpt_dir (seed 1), then a NaN
+train C --steps 12 --ckpt_every 4 --seed 1
+MODTRAIN_FAULT=nan-batch:5 train C --steps 8 --ckpt_every 4 --seed 2 --resume never \
+    --on_nonfinite rollback --ckpt_async 0
+MODTRAIN_FAULT=nan-batch:5 train Cref --steps 8 --ckpt_every 4 --seed 2 \
+    --on_nonfinite rollback --ckpt_async 0
+[ "$rc" -eq 0 ] && grep -q "rolled back to step 4," C.log && same C 8 Cref 8 &&
+    [ -d C/ckpt/abandoned/step-00000012 ] && [ ! -e "$(step C 12)" ] &&
+    [ "$(index_key "$(step C 8)" state.seed)" = 2 ] &&
+    ok "resume = never: the older run's checkpoints moved to abandoned/; rolled back to its own step 4" ||
+    { cat C.log; ls -R C/ckpt; fail "resume = never over an older run, with a rollback (exit $rc)"; }
+
+# 3. the same run (seed 2) crashes at step 10; resume = auto continues it
+train D --steps 12 --ckpt_every 4 --seed 1
+MODTRAIN_FAULT=rank-exit:0:10 train D --steps 12 --ckpt_every 4 --seed 2 --resume never --ckpt_async 0
+train D --steps 12 --ckpt_every 4 --seed 2
+train Dref --steps 12 --ckpt_every 4 --seed 2
+[ "$rc" -eq 0 ] && grep -q "resume: loaded D/ckpt/step-00000008 " D.log && same D 12 Dref 12 &&
+    ok "a resume = never run that crashed resumes its own step 8 and ends equal to an uninterrupted one" ||
+    { cat D.log; ls -R D/ckpt; fail "a crashed resume = never run, relaunched (exit $rc)"; }
+
+# 4. `latest` behind this run's newest (a save killed before it), and a
+# newer checkpoint of another run beside: this run's step 12 is resumed;
+# the other's step 20 is left alone by resume and keep-1, and its step 16
+# moves aside rather than be replaced
+cp -r Dref E
+printf 'step-00000008\n' > E/ckpt/latest
+cp -r "$(step A 12)" "$(step E 20)"
+cp -r "$(step A 12)" "$(step E 16)"
+train E --steps 16 --ckpt_every 4 --seed 2 --ckpt_keep 1
+train Eref --steps 16 --ckpt_every 4 --seed 2
+[ "$rc" -eq 0 ] && grep -q "resume: loaded E/ckpt/step-00000012 " E.log &&
+    grep -q "left alone 2 checkpoints of another run" E.log && same E 16 Eref 16 &&
+    cmp -s "$(step E 20)/data.bin" "$(step A 12)/data.bin" &&
+    cmp -s E/ckpt/abandoned/step-00000016/data.bin "$(step A 12)/data.bin" &&
+    [ ! -e "$(step E 12)" ] && ok "this run's newest is resumed past latest; another run's left alone" ||
+    { cat E.log; ls -R E/ckpt; fail "a run's own line beside another's (exit $rc)"; }
+
+# 5. watchdog_s on a run that ends normally
+train W --steps 4 --watchdog_s 60
+[ "$rc" -eq 0 ] && ! grep -q "ERROR: AddressSanitizer\|runtime error" W.log &&
+    ok "a run with watchdog_s 60 ends normally (exit 0)" ||
+    { cat W.log; fail "a watchdog run's end (exit $rc)"; }
+finish
