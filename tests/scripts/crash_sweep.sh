@@ -12,6 +12,10 @@
 # (once, and once again after the interruption), and a second relaunch
 # that trains and writes nothing.
 #
+# Every case's ckpt_dir holds symbolic links (a stale .tmp and .del naming
+# a folder outside the run, a step-N naming another run's checkpoint) whose
+# targets must come through untouched.
+#
 # Cases: 1 rank synchronous and asynchronous, tp 2 x dp 2 synchronous and
 # asynchronous, and a run whose loss turns NaN on one batch and rolls back
 # (a re-save of the checkpoint's step: its replacement's points). `make
@@ -60,6 +64,23 @@ reference() {
 # points TRACE STEP RANK: the points a save of STEP reached on RANK, in order, once each
 points() { awk -v s="$2" -v r="$3" '$2 == s && $3 == r && !seen[$1]++ { print $1 }' "$1"; }
 
+# Every case's ckpt_dir starts with symbolic links that cleanup must never
+# enter: a leftover step-N.tmp and step-N.del naming folders outside the
+# run, and a step-00000001 naming another run's checkpoint (shared so),
+# older than every save, which pruning and resume must leave alone.
+mkdir -p victim/dir
+echo keep > victim/dir/file
+links() { # RUN
+    mkdir -p "$1/ckpt"
+    ln -s "$TMP/victim/dir" "$1/ckpt/step-00000099.tmp"
+    ln -s "$TMP/victim/dir" "$1/ckpt/step-00000098.del"
+    ln -s "$TMP/victim/ckpt" "$1/ckpt/step-00000001"
+}
+victims_intact() { # RUN
+    [ "$(cat victim/dir/file 2> /dev/null)" = keep ] && [ -s victim/ckpt/data.bin ] &&
+        [ -L "$1/ckpt/step-00000001" ]
+}
+
 # one REF NP POINT STEP ACTION RANK [opts]: one case
 one() {
     ref=$1 np=$2 point=$3 step=$4 action=$5 rank=$6
@@ -67,6 +88,7 @@ one() {
     name=c$cases
     cases=$((cases + 1))
     what="$ref: $action at $point (step $step, rank $rank)"
+    links "$name"
     MODTRAIN_FAULT="at:$point:$step:$action:$rank" launch "$np" "$name.1.log" --run_dir "$name" "$@"
     rc1=$rc
     if ! grep -q "MODTRAIN_FAULT: .*$point" "$name.1.log"; then
@@ -86,14 +108,14 @@ one() {
         { cat "$name.3.log"; fail "$what: the second relaunch exited $rc or trained"; return; }
     [ "$(find "$fin/data.bin" -newermt '2001-01-01' | wc -l)" -eq 0 ] ||
         fail "$what: the second relaunch rewrote the final checkpoint"
-    cmp -s "$ref/ckpt/step-00000006/data.bin" "$fin/data.bin" &&
-        cmp -s "$ref/ckpt/step-00000006/index" "$fin/index" ||
+    same_ckpt "$ref/ckpt/step-00000006" "$fin" ||
         { cat "$name".*.log; fail "$what: the final checkpoint differs from the uninterrupted run's"; return; }
     left=$(find "$name/ckpt" -name '*.tmp*' -o -name '*.old*' -o -name '*.del*' | head -n 3)
     [ -z "$left" ] || { fail "$what: left behind: $left"; return; }
     most=$(sed -n 's/^{"step":\([0-9]*\),"loss".*/\1/p' "$name/metrics.jsonl" | sort | uniq -c |
         sort -rn | awk 'NR == 1 { print $1 }')
     [ "${most:-0}" -le 2 ] || { fail "$what: a step was trained $most times"; return; }
+    victims_intact "$name" || { fail "$what: a link's target was entered"; return; }
     echo "ok: $what: relaunched (exit $rc1 first), equal, clean"
 }
 
@@ -132,6 +154,9 @@ else
 fi
 parts=" ${MODTRAIN_SWEEP_PARTS:-one roll tp2dp2} "
 part() { case $parts in *" $1 "*) return 0 ;; esac; return 1; }
+
+reference victim-src 1 --steps 2 --ckpt_async 0
+cp -r victim-src/ckpt/step-00000002 victim/ckpt
 
 if part one; then
 # 1 rank, synchronous saves
@@ -172,6 +197,7 @@ rollone() { # POINT ACTION
     name=c$cases
     cases=$((cases + 1))
     what="roll: $2 at $1 (the re-save of step 4)"
+    links "$name"
     nth=$(awk -v p="$1" '$1 == p && $2 == 4' roll.trace | wc -l)
     MODTRAIN_FAULT=nan-batch:4 MODTRAIN_FAULT_AT="at:$1:4:$2:0:$nth" launch 1 "$name.1.log" \
         --run_dir "$name" $roll
@@ -179,11 +205,11 @@ rollone() { # POINT ACTION
     grep -q "MODTRAIN_FAULT: .*$1" "$name.1.log" || { cat "$name.1.log"; fail "$what: did not fire"; return; }
     MODTRAIN_FAULT=nan-batch:4 launch 1 "$name.2.log" --run_dir "$name" $roll
     [ "$rc" -eq 0 ] || { cat "$name.1.log" "$name.2.log"; fail "$what: the relaunch exited $rc"; return; }
-    cmp -s roll/ckpt/step-00000006/data.bin "$name/ckpt/step-00000006/data.bin" &&
-        cmp -s roll/ckpt/step-00000006/index "$name/ckpt/step-00000006/index" ||
+    same_ckpt roll/ckpt/step-00000006 "$name/ckpt/step-00000006" ||
         { cat "$name".*.log; fail "$what: the final checkpoint differs"; return; }
     left=$(find "$name/ckpt" -name '*.tmp*' -o -name '*.old*' -o -name '*.del*' | head -n 3)
     [ -z "$left" ] || { fail "$what: left behind: $left"; return; }
+    victims_intact "$name" || { fail "$what: a link's target was entered"; return; }
     echo "ok: $what: relaunched (exit $rc1 first), equal, clean"
 }
 for p in commit.rename_old commit.rename commit.old.unlink commit.old.rmdir; do rollone "$p" kill; done

@@ -65,6 +65,16 @@ open(path, "wb").write(text + b"end %08x\n" % zlib.crc32(text))
 PY
 }
 
+# same_ckpt A B: two checkpoint directories hold the same state byte for
+# byte: data.bin, and the index but for its record of the line (the run id
+# drawn at each fresh start, the step it descends from) and the CRC that
+# covers them
+same_ckpt() {
+    cmp -s "$1/data.bin" "$2/data.bin" &&
+        [ "$(grep -av '^kv state.run_id \|^kv state.parent_step \|^end ' "$1/index")" = \
+            "$(grep -av '^kv state.run_id \|^kv state.parent_step \|^end ' "$2/index")" ]
+}
+
 finish() {
     if [ "$failures" -ne 0 ]; then
         echo "$failures check(s) failed"

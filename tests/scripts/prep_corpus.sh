@@ -162,6 +162,16 @@ grep -q "^prep: left 'empty.prep-tmp.otherhost.1' alone: another host's prep wro
     [ -f empty.prep-tmp.otherhost.1/train_000000.bin ] &&
     ok "another host's folder stays: $(cat err.txt)" || fail "another host's folder: $(cat err.txt)"
 rm -rf empty.prep-tmp.otherhost.1
+# a stale temporary folder of this host that is a symbolic link (to the
+# shards of 'set'): the link goes, never what it names
+pid=999999
+while kill -0 $pid 2> /dev/null; do pid=$((pid + 1)); done
+ln -s set "empty.prep-tmp.$(hostname).$pid"
+"$MODTRAIN" prep --out empty --force --doc-sep % corpus.txt > /dev/null 2> err.txt || true
+[ ! -e "empty.prep-tmp.$(hostname).$pid" ] && [ ! -L "empty.prep-tmp.$(hostname).$pid" ] &&
+    [ "$(cat set/* | cksum)" = "$(cat sum1.txt)" ] &&
+    ok "a stale temporary folder that is a link: removed itself, its target untouched" ||
+    fail "a stale temporary link: $(cat err.txt); set now holds $(ls set)"
 
 # a prep killed midway, reading from a slow pipe: nothing at OUT (with
 # --force, the old set as it was); the next prep removes its temporary folder

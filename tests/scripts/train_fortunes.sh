@@ -42,8 +42,7 @@ else
 fi
 if [ $slow = 0 ]; then
     :
-elif cmp -s a/ckpt/step-00000300/data.bin b/ckpt/step-00000300/data.bin &&
-    cmp -s a/ckpt/step-00000300/index b/ckpt/step-00000300/index; then
+elif same_ckpt a/ckpt/step-00000300 b/ckpt/step-00000300; then
     ok "same seed: identical final weights and moments"
 else
     fail "same seed gave different weights"
