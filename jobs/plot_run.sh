@@ -5,10 +5,11 @@
 # `modtrain train` writes (gnuplot, four panels):
 #   loss (and val_loss, val_loss_causal where the run evaluated) by step,
 #   the learning rate, tokens/s, and where each step's time went (the
-#   phases of phase_ms, stacked, in ms)
+#   phases of phase_ms, stacked, in ms; empty for metrics without phase_ms)
 # A resumed run logs the steps after its checkpoint again: the last line of
-# a step counts, and each resume is a dashed line. A last line cut short (a
-# run still writing, or killed) is left out, with a note.
+# a step counts, and each resume is a dashed line (the summary names the
+# first 10). A last line cut short (a run still writing, or killed) is left
+# out, with a note.
 #
 #   RUN_DIR     a run's run_dir (runs/small for jobs/small.conf)
 #   --out FILE  the PNG (RUN_DIR/metrics.png)
@@ -52,6 +53,7 @@ trap 'rm -rf "$tmp"' EXIT
 import json, math, re, sys
 
 path, tmp = sys.argv[1], sys.argv[2]
+MAX_PHASES = 32  # a key names no more legibly; the names reach gnuplot as one argument
 
 
 def bad(msg):
@@ -98,6 +100,9 @@ for i, text in enumerate(lines, 1):
                 bad("line %d: phase_ms has a key %s, not a phase's name" % (i, re.sub(r"[^ -~]", "?", json.dumps(k)[:24])))
             if k not in phases:
                 phases.append(k)
+        if len(phases) > MAX_PHASES:
+            bad("line %d: phase_ms names more than %d phases, more than a key can tell apart"
+                " (a run logs about 10)" % (i, MAX_PHASES))
         if last is not None and step <= last:
             resumes.append(step)  # logged again: a resume from an earlier checkpoint
         last = step
@@ -117,6 +122,10 @@ with open(tmp + "/steps.dat", "w") as f:
             acc += ph.get(p, 0.0)
             cum.append(acc)
         f.write(" ".join("%.9g" % x for x in [s] + row + cum) + "\n")
+# the resumes as a column, not an argument: a run resumed 15000 times would
+# pass the limit on an argument's length
+with open(tmp + "/resumes.dat", "w") as f:
+    f.write("".join("%d\n" % r for r in resumes))
 with open(tmp + "/evals.dat", "w") as f:
     for s in sorted(evals):
         v, c = evals[s]
@@ -129,7 +138,7 @@ median = totals[len(totals) // 2]
 clip = 4 * median if drawn and median > 0 and totals[-1] > 4 * median else 0
 taller = sum(t > clip for t in totals) if clip else 0
 open(tmp + "/args", "w").write("%d\n%d\n%d\n%s\n%s\n%.6g %d\n" % (
-    len(order), len(evals), has_causal, " ".join(drawn), " ".join(str(r) for r in resumes), clip, taller))
+    len(order), len(evals), has_causal, " ".join(drawn), len(resumes), clip, taller))
 s0, s1 = order[0], order[-1]
 msg = "%d steps (%d to %d), loss %.4f to %.4f" % (len(order), s0, s1, steps[s0][0][0], steps[s1][0][0])
 if evals:
@@ -139,13 +148,15 @@ if evals:
 else:
     msg += ", no evaluation"
 if resumes:
-    msg += ", resumed %d time%s (at step %s)" % (len(resumes), "s" if len(resumes) > 1 else "",
-                                                 ", ".join(str(r) for r in resumes))
+    # the first 10: the line stays a line however often the run resumed
+    msg += ", resumed %d time%s (at step %s%s)" % (len(resumes), "s" if len(resumes) > 1 else "",
+                                                   ", ".join(str(r) for r in resumes[:10]),
+                                                   ", ..." if len(resumes) > 10 else "")
 if cut:
     msg += "; the last line, cut short, left out"
 print(msg)
 PY
-{ read -r nsteps; read -r nevals; read -r causal; read -r phases; read -r resumes; read -r clip; } < "$tmp/args"
+{ read -r nsteps; read -r nevals; read -r causal; read -r phases; read -r nresumes; read -r clip; } < "$tmp/args"
 
 # the script is fixed text: every value comes in as a gnuplot -c argument
 # (ARG1 ...), a string; the paths begin with / or ./ (never < or |, which
@@ -153,8 +164,8 @@ PY
 at() { case $1 in /*) printf '%s' "$1" ;; *) printf './%s' "$1" ;; esac; }
 cat > "$tmp/plot.gp" <<'GP'
 dir = ARG1; out = ARG2; run = ARG3; nsteps = ARG4 + 0; nevals = ARG5 + 0; causal = ARG6 + 0
-phases = ARG7; resumes = ARG8; clip = word(ARG9, 1) + 0; taller = word(ARG9, 2) + 0
-st = dir."/steps.dat"; ev = dir."/evals.dat"
+phases = ARG7; nresumes = ARG8 + 0; clip = word(ARG9, 1) + 0; taller = word(ARG9, 2) + 0
+st = dir."/steps.dat"; ev = dir."/evals.dat"; rs = dir."/resumes.dat"
 set terminal pngcairo size 1280,900 font ",10"
 set termoption noenhanced
 set output out
@@ -162,33 +173,33 @@ if (nsteps < 2) { set style data points } else { set style data lines }
 set grid
 set key top right opaque
 set xlabel "step"
-# a dashed line at every resume, on every panel
-do for [i = 1:words(resumes)] {
-    set arrow i from first word(resumes, i) + 0, graph 0 to first word(resumes, i) + 0, graph 1 \
-        nohead dt 2 lw 1.5 lc rgb "#555555" front
-}
-rs = words(resumes) > 0 ? "; dashed: resumed" : ""
-set multiplot layout 2, 2 title "run ".run." (".nsteps." steps".rs.")"
+# a dashed line at every resume, on every panel: the last plot of each (R),
+# from the bottom (0) to the top (1) of y2
+set y2range [0:1]
+R = ', rs using 1:(0):(0):(1) axes x1y2 with vectors nohead dt 2 lw 1.5 lc rgb "#555555" notitle'
+R = nresumes > 0 ? R : ''
+rsd = nresumes > 0 ? "; dashed: resumed" : ""
+set multiplot layout 2, 2 title "run ".run." (".nsteps." steps".rsd.")"
 set title "loss (nats/token)"
 if (nevals > 0 && causal) {
     plot st using 1:2 lw 1.5 lc rgb "#1f77b4" title "loss", \
          ev using 1:2 with linespoints pt 7 lw 2 lc rgb "#d62728" title "val_loss", \
-         ev using 1:3 with linespoints pt 5 dt 2 lw 1.5 lc rgb "#ff7f0e" title "val_loss_causal"
+         ev using 1:3 with linespoints pt 5 dt 2 lw 1.5 lc rgb "#ff7f0e" title "val_loss_causal" @R
 } else {
     if (nevals > 0) {
         plot st using 1:2 lw 1.5 lc rgb "#1f77b4" title "loss", \
-             ev using 1:2 with linespoints pt 7 lw 2 lc rgb "#d62728" title "val_loss"
+             ev using 1:2 with linespoints pt 7 lw 2 lc rgb "#d62728" title "val_loss" @R
     } else {
-        plot st using 1:2 lw 1.5 lc rgb "#1f77b4" title "loss (no val_loss logged)"
+        plot st using 1:2 lw 1.5 lc rgb "#1f77b4" title "loss (no val_loss logged)" @R
     }
 }
 set title "learning rate"
 set format y "%.1e"
-plot st using 1:3 lw 1.5 lc rgb "#2ca02c" notitle
+plot st using 1:3 lw 1.5 lc rgb "#2ca02c" notitle @R
 set format y "% h"
 set title "throughput (tokens/s)"
 set yrange [0:*]
-plot st using 1:4 lw 1.5 lc rgb "#9467bd" notitle
+plot st using 1:4 lw 1.5 lc rgb "#9467bd" notitle @R
 set title "where the time went: ms per step by phase, stacked"
 if (clip > 0) {
     set yrange [0:clip]
@@ -198,19 +209,29 @@ if (clip > 0) {
 set key outside right top vertical
 np = words(phases)
 if (np == 0) {
+    # metrics without phase_ms: an empty panel that says so, over the steps'
+    # x range (a line nobody sees: a plot of no points at all is an error)
     set label 1 "no phase_ms in these metrics" at graph 0.5, graph 0.5 center
-    plot st using 1:(1/0) notitle
+    set yrange [0:1]
+    unset ytics
+    plot st using 1:(0) with lines lc rgb "#FF000000" notitle @R
 } else {
     if (nsteps < 2) {
-        plot for [i = np:1:-1] st using 1:(column(4 + i)) with points pt 7 lc i title word(phases, i)
+        plot for [i = np:1:-1] st using 1:(column(4 + i)) with points pt 7 lc i title word(phases, i) @R
     } else {
         plot for [i = np:1:-1] st using 1:(column(4 + i)) with filledcurves x1 fs solid 0.85 \
-            lc i title word(phases, i)
+            lc i title word(phases, i) @R
     }
 }
 unset multiplot
 GP
-gnuplot -c "$tmp/plot.gp" "$tmp" "$(at "$out")" "$run" "$nsteps" "$nevals" "$causal" "$phases" "$resumes" "$clip" \
-    2> "$tmp/gp.err" || { sed -n 1p "$tmp/gp.err" >&2; echo "plot_run: gnuplot failed (above)" >&2; exit 1; }
+# on failure, gnuplot's first line that is not a warning (a constant lr
+# warns of an empty y range before any error)
+gnuplot -c "$tmp/plot.gp" "$tmp" "$(at "$out")" "$run" "$nsteps" "$nevals" "$causal" "$phases" \
+    "$nresumes" "$clip" 2> "$tmp/gp.err" || {
+    { grep -v '^Warning' "$tmp/gp.err" || cat "$tmp/gp.err"; } | sed -n 1p >&2
+    echo "plot_run: gnuplot failed (above)" >&2
+    exit 1
+}
 echo "plot_run: $(cat "$tmp/summary")"
 echo "plot_run: wrote $out"

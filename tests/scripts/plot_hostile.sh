@@ -9,8 +9,9 @@
 # nan, negative, 0, more steps than train takes) and a grid that leaves every
 # run out up front: exit 2, one line, nothing created. jobs/plot_run.sh
 # refuses a missing folder, missing, empty, binary, deeply nested or
-# non-run metrics and values that are not numbers (one line, exit 2), takes
-# the last line of a repeated step and leaves out a last line cut short.
+# non-run metrics, values that are not numbers and more than 32 phases (one
+# line, exit 2), takes the last line of a repeated step, leaves out a last
+# line cut short and draws a run resumed 15000 times.
 . "$(dirname "$0")/lib.sh"
 cd "$TMP"
 have_gnuplot=0
@@ -134,6 +135,31 @@ if [ "$rc" = 0 ] && grep -qF "plot_run: $want" pr.log && { [ "$have_gnuplot" = 0
 else
     fail "plot_run: repeated steps / hostile name: exit $rc: $(cat pr.log)"
 fi
+
+# a run resumed 15000 times, its steps 8 digits: the resumes, one word each,
+# would be 132 KiB, past the 128 KiB one argument may hold; the picture has a
+# dashed line at each, the summary names the first 10
+mkdir -p resumed
+awk 'BEGIN { for (r = 0; r <= 15000; r++) for (s = r; s <= r + 1; s++)
+    printf "{\"step\":%d,\"loss\":2,\"lr\":1e-3,\"tokens_per_s\":100,\"phase_ms\":{\"forward\":1}}\n",
+        10000000 + s }' > resumed/metrics.jsonl
+rc=0
+"$pr" resumed > resumed.log 2>&1 || rc=$?
+want="15002 steps (10000000 to 10015001), loss 2.0000 to 2.0000, no evaluation, resumed 15000 times"
+want="$want (at step $(seq -s ', ' 10000001 10000010), ...)"
+if [ "$rc" = 0 ] && grep -qxF "plot_run: $want" resumed.log &&
+    { [ "$have_gnuplot" = 0 ] || [ -s resumed/metrics.png ]; }; then
+    ok "plot_run: a run resumed 15000 times is drawn"
+else
+    fail "plot_run: a run resumed 15000 times: exit $rc: $(head -c 300 resumed.log)"
+fi
+# more phases than a key can name: one line, nothing drawn
+mkdir -p phases
+awk 'BEGIN { printf "{\"step\":1,\"loss\":2,\"lr\":1,\"tokens_per_s\":1,\"phase_ms\":{"
+    for (i = 0; i < 33; i++) printf "%s\"p_%c%c\":1", (i ? "," : ""), 97 + int(i / 26), 97 + i % 26
+    print "}}" }' > phases/metrics.jsonl
+refused "plot_run: 33 phases" "phases/metrics.jsonl': line 1: phase_ms names more than 32 phases" "$pr" phases
+[ ! -e phases/metrics.png ] || fail "plot_run: 33 phases drew phases/metrics.png"
 
 # --- jobs/isoflop.sh --report
 H=budget,kind,d_model,n_layer,params,steps,tokens,flops,epochs,budget_spent,val_loss,val_loss_causal,step_ms,tokens_per_s,wall_s,capacity,route_every

@@ -1,8 +1,8 @@
 #!/bin/sh
 # jobs/plot_run.sh on real runs of jobs/tiny.conf: a run stopped at step 20,
 # cut back to its step-10 checkpoint and resumed to 30 (so steps 11-20 are
-# logged twice), the same metrics with their last line cut short, and
-# without their evaluations. Each draws a PNG, and what the script read (steps,
+# logged twice), the same metrics with their last line cut short, without
+# their evaluations, and without phase_ms. Each draws a PNG, and what the script read (steps,
 # the last loss, the last val_loss, the resume) equals what awk reads from
 # the file independently: the last line of a step counts.
 . "$(dirname "$0")/lib.sh"
@@ -74,6 +74,14 @@ mkdir noeval
 grep -v '"val_loss"' res/metrics.jsonl > noeval/metrics.jsonl
 check_run "a run without val_loss" noeval "$(expected noeval/metrics.jsonl)"
 grep -q "no evaluation" noeval.out || fail "the run without val_loss was not said to have none"
+
+# the same metrics without phase_ms (a run that times no phases): a normal
+# run, drawn, its time panel empty
+mkdir nophase
+sed 's/,"phase_ms":{[^}]*}//' res/metrics.jsonl > nophase/metrics.jsonl
+grep -q '"loss"' nophase/metrics.jsonl && ! grep -q phase_ms nophase/metrics.jsonl ||
+    fail "phase_ms was not taken out of the metrics"
+check_run "a run without phase_ms" nophase "$(expected nophase/metrics.jsonl)"
 
 # --help: the usage, nothing drawn
 rm -f res/metrics.png
