@@ -121,6 +121,29 @@ for lay in 1,,2,2 1,2,2, ,1,2,2 1,2 1,2,2,2 1,2,x 1,2,2.0 1,,2; do
     expect_error "plan: --layout '$lay' is not TP,PP,RANKS_PER_NODE (exactly three whole numbers" \
         "$MODTRAIN" plan --layout "$lay"
 done
+# the SLURM job scripts' own input, refused before anything is submitted or
+# launched: sbatch, srun, mpirun and scontrol are tripwires that record a call
+mkdir bin
+for t in sbatch srun mpirun scontrol; do
+    printf '#!/bin/sh\necho "%s $*" >> "%s"\nexit 1\n' "$t" "$TMP/calls.log" > "bin/$t"
+    chmod +x "bin/$t"
+done
+# tripwired [NAME=VALUE ...] CMD...: CMD outside any SLURM job, under the tripwires
+tripwired() { env -u SLURM_JOB_ID PATH="$TMP/bin:$PATH" "$@"; }
+# a 20-digit N overflows the shell's numbers: refused as a number of jobs
+for n in 18446744073709551616 99999 1001 0 01 x; do
+    expect_error "chain: N = '$n' is not a whole number from 1 to 1000" \
+        tripwired "$srcdir/jobs/chain.sh" "$n" x.conf
+done
+expect_error "train.sbatch: MODTRAIN_LAUNCH = 'bogus' is not a launcher (expected auto, srun or mpirun)" \
+    tripwired MODTRAIN="$MODTRAIN" MODTRAIN_LAUNCH=bogus "$srcdir/jobs/train.sbatch" x.conf
+[ ! -e calls.log ] && ok "the refused job scripts called no SLURM or MPI tool" ||
+    fail "a refused job script called: $(tr '\n' ';' < calls.log)"
+# N = 1000 is the bound, taken: the first submission reaches sbatch
+rm -f calls.log
+tripwired "$srcdir/jobs/chain.sh" 1000 x.conf > /dev/null 2>&1 || true
+[ "$(grep -c '^sbatch ' calls.log 2> /dev/null)" = 1 ] && ok "chain: N = 1000 is taken" ||
+    fail "chain: N = 1000 did not reach sbatch once: $(cat calls.log 2> /dev/null)"
 [ ! -e run ] && ok "no run directory was created by the failed runs" || fail "a failed run created run/"
 [ ! -e data2 ] && ok "no output directory was created by the failed prep" || fail "prep created data2/"
 
