@@ -40,6 +40,9 @@ metrics=$run/metrics.jsonl
 case $out in */) die "--out '$out' is a folder's name, not a file's" ;; esac
 [ -d "$(dirname -- "$out")" ] || die "--out '$out': the folder '$(dirname -- "$out")' does not exist"
 [ ! -d "$out" ] || die "--out '$out' is a folder (give a file name, e.g. run.png)"
+# a FIFO would hold gnuplot until a reader came, a device takes no picture
+[ ! -e "$out" ] || [ -f "$out" ] ||
+    die "--out '$out' is not a regular file (a FIFO or a device: give a file name, e.g. run.png)"
 PYTHON=${PYTHON:-python3}
 command -v "$PYTHON" > /dev/null || die "no $PYTHON to read the metrics (apt-get install python3)"
 command -v gnuplot > /dev/null || die "no gnuplot to draw with (apt-get install gnuplot-nox)"

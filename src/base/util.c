@@ -168,8 +168,7 @@ int write_file_atomic(const char *path, const void *data, size_t len, Err *err) 
     return write_file_durable("file", path, data, len, err) < 0 ? -1 : 0;
 }
 
-/* What a file that is not a regular one is, for the error line. */
-static const char *file_kind(mode_t m) {
+const char *file_kind(mode_t m) {
     return S_ISDIR(m)    ? "a directory"
            : S_ISFIFO(m) ? "a FIFO"
            : S_ISCHR(m)  ? "a character device"
@@ -178,12 +177,14 @@ static const char *file_kind(mode_t m) {
                          : "a special file";
 }
 
-int open_regular(const char *path, int flags, struct stat *st, Err *err) {
+/* open_regular, creating the file (mode 0666 less the umask) when flags
+ * hold O_CREAT. */
+static int open_checked(const char *path, int flags, struct stat *st, Err *err) {
     struct stat s; /* a device is refused before it is opened (opening may act) */
     if (stat(path, &s) == 0 && !S_ISREG(s.st_mode))
         return err_set(err, "'%s' is %s, not a file", path, file_kind(s.st_mode));
-    /* O_NONBLOCK: a FIFO with no writer (put there since) opens at once */
-    int fd = open(path, flags | O_NONBLOCK | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO with no writer or reader (put there since) opens at once */
+    int fd = open(path, flags | O_NONBLOCK | O_CLOEXEC, 0666);
     if (fd < 0) return err_set(err, "cannot open '%s': %s", path, strerror(errno));
     if (fstat(fd, &s) != 0) {
         err_set(err, "cannot open '%s': %s", path, strerror(errno));
@@ -203,6 +204,29 @@ int open_regular(const char *path, int flags, struct stat *st, Err *err) {
     }
     if (st) *st = s;
     return fd;
+}
+
+int open_regular(const char *path, int flags, struct stat *st, Err *err) {
+    return open_checked(path, flags & ~O_CREAT, st, err);
+}
+
+FILE *open_output(const char *path, int append, Err *err) {
+    const int fd =
+        open_checked(path, O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC), NULL, err);
+    if (fd < 0) return NULL;
+    FILE *f = fdopen(fd, append ? "a" : "w");
+    if (!f) {
+        err_set(err, "cannot open '%s': %s", path, strerror(errno));
+        close(fd);
+    }
+    return f;
+}
+
+int close_output(FILE *f, const char *path, Err *err) {
+    const int bad = ferror(f), e = errno;
+    if (fclose(f) != 0 || bad)
+        return err_set(err, "cannot write '%s': %s", path, strerror(bad ? e : errno));
+    return 0;
 }
 
 /* Reads exactly n bytes from fd (at its current offset). 0, -1 with errno

@@ -110,6 +110,18 @@ int write_file_atomic(const char *path, const void *data, size_t len, Err *err);
  * 'X': ..." or "'X' is a directory, not a file" (a FIFO, a character
  * device, ...). Every file modtrain reads is opened here. */
 int open_regular(const char *path, int flags, struct stat *st, Err *err);
+/* What a file that is not a regular one is, for the error line: "a FIFO". */
+const char *file_kind(mode_t m);
+/* Every file modtrain writes outside a checkpoint (metrics, --ids, logits,
+ * routing tables) is opened here: as open_regular does, so that a FIFO (no
+ * hang, with or without a reader), a device (/dev/full) or a directory is
+ * refused with one line, then created or emptied (append: added to).
+ * Returns the stream, or NULL with err set. */
+FILE *open_output(const char *path, int append, Err *err);
+/* Closes an output stream, with the error of any write or of the close
+ * itself (a full file system shows at the flush). Returns 0, or -1 with err
+ * set to "cannot write 'path': ...". */
+int close_output(FILE *f, const char *path, Err *err);
 /* Reads the whole of a regular file (open_regular) of at most max bytes, its
  * size taken from fstat, into a malloc'd buffer (NUL-terminated). NULL on
  * error with err set to one line naming path. */

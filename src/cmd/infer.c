@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <string.h>
 
 #include "checkpoint/ckpt.h"
@@ -464,9 +465,14 @@ static int eval_routing(Infer *in, const EvalArgs *a, Dataset *ds, size_t n_seqs
     char tmp[4096];
     FILE *f = NULL;
     if (rc == 0 && rank0) {
+        struct stat st; /* the table replaces a file: never a FIFO, device or folder */
+        Err why;
         snprintf(tmp, sizeof tmp, "%s.tmp", a->routing);
-        if (!(f = fopen(tmp, "w")))
-            rc = err_set(&err, "eval: cannot write '%s': %s", tmp, strerror(errno));
+        if (stat(a->routing, &st) == 0 && !S_ISREG(st.st_mode))
+            rc = err_set(&err, "eval: --routing: '%s' is %s, not a file", a->routing,
+                         file_kind(st.st_mode));
+        else if (!(f = open_output(tmp, 0, &why)))
+            rc = err_set(&err, "eval: --routing: %s", why.msg);
     }
     if (cmd_agree(rc, &err, MPI_COMM_WORLD) != 0) {
         bpe_free(bpe);
@@ -506,8 +512,8 @@ static int eval_routing(Infer *in, const EvalArgs *a, Dataset *ds, size_t n_seqs
         }
         return EXIT_USAGE;
     }
-    if (f && (ferror(f) | fclose(f)) != 0)
-        rc = err_set(&err, "eval: cannot write '%s': %s", tmp, strerror(errno));
+    Err why;
+    if (f && close_output(f, tmp, &why) != 0) rc = err_set(&err, "eval: --routing: %s", why.msg);
     else if (f && rename(tmp, a->routing) != 0)
         rc =
             err_set(&err, "eval: cannot rename '%s' to '%s': %s", tmp, a->routing, strerror(errno));
@@ -521,11 +527,10 @@ static int write_logits(const char *path, const Model *m, const float *logits, E
     float *all = xmalloc((size_t)m->d.Vp * sizeof(float));
     tp_allgather(all, logits, (size_t)m->d.Vl, &m->tp);
     int rc = 0;
-    FILE *f = m->tp.rank == 0 ? fopen(path, "w") : NULL;
-    if (m->tp.rank == 0 && !f) rc = err_set(err, "cannot write '%s': %s", path, strerror(errno));
+    FILE *f = m->tp.rank == 0 ? open_output(path, 0, err) : NULL;
+    if (m->tp.rank == 0 && !f) rc = -1;
     for (int v = 0; f && v < m->d.V; v++) fprintf(f, "%.9g\n", all[v]);
-    if (f && (ferror(f) | fclose(f)) != 0)
-        rc = err_set(err, "cannot write '%s': %s", path, strerror(errno));
+    if (f && close_output(f, path, err) != 0) rc = -1;
     free(all);
     return rc;
 }
@@ -809,8 +814,9 @@ int sample_main(int argc, char **argv) {
     const int root = in.grid.world_rank == 0;
     Text tx = {.T = m->d.maxT};
     rc = infer_tokenizer(&in, "sample", a.vocab, &bpe, &tx.vdraw, &err);
-    if (rc == 0 && root && a.ids && !(tx.ids = fopen(a.ids, "w")))
-        rc = err_set(&err, "sample: cannot write --ids '%s': %s", a.ids, strerror(errno));
+    Err why;
+    if (rc == 0 && root && a.ids && !(tx.ids = open_output(a.ids, 0, &why)))
+        rc = err_set(&err, "sample: --ids: %s", why.msg);
     if (cmd_agree(rc, &err, MPI_COMM_WORLD) != 0) {
         if (tx.ids) fclose(tx.ids);
         bpe_free(bpe);
@@ -835,8 +841,8 @@ int sample_main(int argc, char **argv) {
                         ds.steps ? 100.0 * ds.processed[l] / ds.steps : 0.0);
     }
     rc = EXIT_OK;
-    if (tx.ids && fclose(tx.ids) != 0) {
-        errorf("sample: cannot write --ids '%s': %s", a.ids, strerror(errno));
+    if (tx.ids && close_output(tx.ids, a.ids, &why) != 0) {
+        errorf("sample: --ids: %s", why.msg);
         rc = EXIT_FAILURE;
     }
     decode_free(&ds, m);

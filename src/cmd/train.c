@@ -146,6 +146,26 @@ static void mprintf(FILE *f, const char *fmt, ...) {
     va_end(ap);
 }
 
+/* Rank 0's metrics reach the file system at each step's end. When they
+ * cannot (a full file system, an I/O error), training is worth more than
+ * its log: one warning, and the run goes on without metrics.jsonl, its
+ * checkpoints and exit code unaffected. */
+static void run_metrics_lost(const char *why) {
+    errorf("metrics: %s; the run goes on without metrics.jsonl (training and checkpoints are "
+           "unaffected)",
+           why);
+}
+
+static void run_flush_metrics(Run *r) {
+    if (!r->metrics || (fflush(r->metrics) == 0 && !ferror(r->metrics))) return;
+    char why[CONFIG_STR + 128];
+    snprintf(why, sizeof why, "cannot write '%s/metrics.jsonl': %s", r->cfg.run_dir,
+             strerror(errno));
+    fclose(r->metrics);
+    r->metrics = NULL;
+    run_metrics_lost(why);
+}
+
 /* Test hooks: MODTRAIN_FAULT=rank-exit:R:STEP ends rank R abruptly after
  * the backward of STEP, as a crashed node would; hang:R:STEP makes it stop
  * there for good, as a node whose file system or network died would. */
@@ -735,15 +755,15 @@ static void run_banner(const Run *r) {
 
 /* Rank 0 alone writes the metrics. Returns 0 or -1 (printed). */
 static int run_open_metrics(Run *r) {
-    Err err;
+    Err err, why;
     int rc = 0;
     if (r->grid.world_rank == 0) {
         char path[CONFIG_STR + 32];
         snprintf(path, sizeof path, "%s/metrics.jsonl", r->cfg.run_dir);
         if (mkdirs(r->cfg.run_dir) != 0)
             rc = err_set(&err, "run_dir: cannot create '%s': %s", r->cfg.run_dir, strerror(errno));
-        else if (!(r->metrics = fopen(path, "a")))
-            rc = err_set(&err, "run_dir: cannot open '%s': %s", path, strerror(errno));
+        else if (!(r->metrics = open_output(path, 1, &why)))
+            rc = err_set(&err, "run_dir: %s (metrics.jsonl must be a regular file)", why.msg);
     }
     return cmd_agree(rc, &err, r->grid.world);
 }
@@ -884,7 +904,11 @@ static void run_teardown(Run *r) {
         pthread_join(r->watchdog, NULL);
     }
     ckpt_async_free(r->async);
-    if (r->metrics) fclose(r->metrics);
+    char path[CONFIG_STR + 32];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", r->cfg.run_dir);
+    Err err;
+    if (r->metrics && close_output(r->metrics, path, &err) != 0) run_metrics_lost(err.msg);
+    r->metrics = NULL;
     if (r->data_trace) fclose(r->data_trace);
     free(r->inputs);
     free(r->targets);
@@ -1530,7 +1554,7 @@ static int run_steps(Run *r) {
         }
         run_log(r, step, &s);
         if (run_validate(r, step + 1) != 0) return EXIT_USAGE;
-        if (r->metrics) fflush(r->metrics);
+        run_flush_metrics(r);
         if (step + 1 == c->steps) break;
         rc = run_maybe_save_or_stop(r, step + 1, s.dt);
         if (rc == EXIT_REQUEUE) phases_summary(&r->ph, r->grid.world);

@@ -6,7 +6,9 @@
 # loads; a process killed in the middle of a save (fault injection and a real
 # kill -9) leaves the previous checkpoint intact and resumable; an unwritable
 # directory and a full disk during a save are clear errors that keep older
-# checkpoints. Resumed runs end bit for bit where an uninterrupted run ends.
+# checkpoints; metrics.jsonl on a disk that fills mid-run costs the metrics,
+# never the training. Resumed runs end bit for bit where an uninterrupted
+# run ends.
 . "$(dirname "$0")/lib.sh"
 prep_fortunes
 cd "$TMP"
@@ -300,5 +302,22 @@ if mount -t tmpfs -o size=$((size * 3 / 2))k tmpfs full 2> /dev/null; then
     umount full
 else
     echo "note: cannot mount a tmpfs here; the full-disk case is skipped"
+fi
+
+# metrics.jsonl on a file system that fills mid-run: one warning, and the
+# run trains on to the uninterrupted run's checkpoint (ckpt_dir elsewhere)
+mkdir mfull
+if mount -t tmpfs -o size=16k tmpfs mfull 2> /dev/null; then
+    set +e
+    train --steps 40 --ckpt_dir mfullck --run_dir mfull > mfull.log 2>&1
+    rc=$?
+    set -e
+    logged=$(grep -c '"loss"' mfull/metrics.jsonl)
+    [ "$rc" -eq 0 ] && [ "$(grep -c 'the run goes on without metrics.jsonl' mfull.log)" -eq 1 ] &&
+        [ "$logged" -gt 0 ] && [ "$logged" -lt 40 ] &&
+        same_ckpt ref/ckpt/step-00000040 mfullck/step-00000040 &&
+        ok "metrics on a full disk after $logged steps: $(grep -m 1 '^modtrain: metrics' mfull.log | cut -c1-90)..." ||
+        { cat mfull.log; fail "metrics.jsonl on a full disk (exit $rc, $logged steps logged)"; }
+    umount mfull
 fi
 finish

@@ -5,7 +5,9 @@
 # or tokenize input, a checkpoint's index, data.bin and latest, a
 # safetensors file to import, a cluster file) are each refused at once: the
 # documented exit code, one stderr line naming the path and what it is, no
-# hang (each command under `timeout 10`) and no 2^63-byte allocation.
+# hang (each command under `timeout 10`) and no 2^63-byte allocation. So
+# is each file it writes beside a checkpoint: metrics.jsonl, sample --ids
+# and eval --logits (eval --routing: moe_cmds.sh).
 # Outputs appear together or not at all (prep's set of shards: see
 # prep_corpus.sh), and jobs/get_gpt2_vocab.sh --from a bad folder
 # leaves a good vocabulary alone; --help does nothing else.
@@ -73,6 +75,12 @@ for k in dir fifo dev; do
     expect_kind 2 x "$w" "$MODTRAIN" tokenize --vocab vocab x
     expect_kind 2 x "$w" "$MODTRAIN" ckpt import --in x --ckpt imp
     expect_kind 2 x "$w" "$MODTRAIN" plan --config "$srcdir/jobs/tiny.conf" --cluster x
+    # outputs: a FIFO (with no reader) would hang, a device takes the bytes
+    expect_kind 2 x "$w" "$MODTRAIN" sample --ckpt run/ckpt --prompt the --tokens 2 --ids x
+    expect_kind 1 x "$w" "$MODTRAIN" eval --ckpt run/ckpt --data data/val_000000.bin --logits x
+    mkdir -p o && w=$(bad $k o/metrics.jsonl)
+    # shellcheck disable=SC2086 # the options
+    expect_kind 2 o/metrics.jsonl "$w" "$MODTRAIN" train $T $M --run_dir o --steps 1
     # a vocabulary's files
     for f in encoder.json vocab.bpe; do
         rm -rf v && cp -r vocab v

@@ -89,7 +89,13 @@ pd=$(grep -m 1 '^modtrain [0-9]' dense.log | sed 's/.*| \([0-9.]*M\) parameters.
 [ "$p1" = "$p2" ] && [ "$p1" = 0.32M ] && [ "$pd" != "$p1" ] && grep -q 'ep 2 | experts 0.26M of the 0.32M parameters' ep2.log &&
     ok "parameters under ep 2 = ep 1 = $p1 (every expert)" || fail "parameters: ep1 $p1 ep2 $p2 dense $pd"
 
-# ---- 4: eval --routing
+# ---- 4: eval --routing (a FIFO named for the table: one line, no hang)
+mkfifo fifo.tsv
+rc=0
+timeout 10 "$MODTRAIN" eval --ckpt mod/ckpt --data data/val_000000.bin --seqs 8 --routing fifo.tsv \
+    > fifo.out 2> fifo.err || rc=$?
+[ "$rc" -eq 2 ] && [ "$(wc -l < fifo.err)" -eq 1 ] && grep -q "'fifo.tsv' is a FIFO, not a file" fifo.err &&
+    ok "eval --routing into a FIFO: $(cat fifo.err)" || fail "eval --routing into a FIFO: exit $rc, $(cat fifo.err)"
 for n in moe staged integ mod; do
     "$MODTRAIN" eval --ckpt $n/ckpt --data data/val_000000.bin --seqs 8 --json --routing $n.tsv --routing_seqs 8 > $n.json ||
         fail "$n: eval --routing"
