@@ -574,12 +574,29 @@ int config_stage_layers(const Config *c, int *layers, Err *err) {
         for (int s = 0; s < nv; s++) layers[s] = c->n_layer / nv + (s < c->n_layer % nv);
         return 0;
     }
-    /* counts between commas, each parsed strictly: a huge or negative
-     * count cannot wrap into a plausible one */
+    char eg[256];
+    int k = snprintf(eg, sizeof eg, "%d", c->n_layer - (nv - 1));
+    for (int i = 1; i < nv && k < (int)sizeof eg - 4; i++)
+        k += snprintf(eg + k, sizeof eg - k, ",1");
+    /* The shape first, by hand: strtok_r skips empty items (a leading comma passed as a split)
+     * and strtoll takes a sign, so every item must be digits alone, between single commas. */
+    const char *s = c->stage_layers;
+    for (const char *p = s;; p++) {
+        size_t d = strspn(p, "0123456789");
+        p += d;
+        if (d == 0 || (*p != ',' && *p != '\0') || (*p == ',' && p[1] == '\0'))
+            return err_set(err,
+                           "config: stage_layers = '%s' is not a list of block counts (expected "
+                           "whole numbers >= 1 separated by single commas, no spaces or signs, "
+                           "%d of them summing to n_layer = %d, e.g. '%s')",
+                           s, nv, c->n_layer, eg);
+        if (*p == '\0') break;
+    }
+    /* each count parsed strictly: a huge one cannot wrap into a plausible one */
     int n = 0;
     long long sum = 0;
     char buf[CONFIG_STR];
-    snprintf(buf, sizeof buf, "%s", c->stage_layers);
+    snprintf(buf, sizeof buf, "%s", s);
     char *save = NULL;
     for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         long long v;
@@ -590,12 +607,7 @@ int config_stage_layers(const Config *c, int *layers, Err *err) {
         layers[n++] = (int)v;
         sum += v;
     }
-    if (strstr(c->stage_layers, ",,") || c->stage_layers[strlen(c->stage_layers) - 1] == ',')
-        n = -1;
     if (n != nv || sum != c->n_layer) {
-        char eg[256];
-        int k = snprintf(eg, sizeof eg, "%d", c->n_layer - (nv - 1));
-        for (int i = 1; i < nv && k < (int)sizeof eg - 4; i++) k += snprintf(eg + k, sizeof eg - k, ",1");
         return err_set(
             err,
             "config: stage_layers = '%s' does not split n_layer = %d over %s = %d %s "

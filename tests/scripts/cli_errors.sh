@@ -51,6 +51,7 @@ expect_error "config: '.' is a directory" "$MODTRAIN" train --config .
 expect_error "blis_arch = 'skylake' is not a BLIS configuration (expected one of auto, " "$MODTRAIN" train $T --blis_arch skylake
 expect_error "gemm = 'mkl' is not one of own/blis" "$MODTRAIN" train $T --gemm mkl
 expect_error "stage_layers = '4294967295,5' does not split n_layer = 4" "$MODTRAIN" train $T --pp 2 --stage_layers 4294967295,5
+expect_error "stage_layers = ',2,2' is not a list of block counts (expected whole numbers >= 1 separated by single commas" "$MODTRAIN" train $T --pp 2 --stage_layers ,2,2
 expect_error "steps = 100000000 is out of range (expected an integer in \[0, 99999999\])" "$MODTRAIN" train $T --steps 100000000
 head -c 2000 data/train_000000.bin > trunc.bin
 expect_error "trunc.bin' is 2000 bytes but its header promises" "$MODTRAIN" train $T --train_data trunc.bin

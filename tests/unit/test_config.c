@@ -196,6 +196,16 @@ static void test_strict_numbers(void) {
         snprintf(c.stage_layers, sizeof c.stage_layers, "%s", splits[i]);
         CU_ASSERT_EQUAL(config_stage_layers(&c, layers, &e), -1);
     }
+    /* digits between single commas only, each refused with the message that shows the shape
+     * (a leading comma or a sign used to pass as 4,2) */
+    const char *shapes[] = {",4,2", "4,2,", "4,,2", " 4,2", "4, 2",  "4 ,2",
+                            "+4,2", "4,+2", ",",    "4,2 ", "4,\t2", "4;2"};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        snprintf(c.stage_layers, sizeof c.stage_layers, "%s", shapes[i]);
+        CU_ASSERT_EQUAL(config_stage_layers(&c, layers, &e), -1);
+        CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "separated by single commas"));
+        CU_ASSERT_PTR_NULL(strchr(e.msg, '\n'));
+    }
     snprintf(c.stage_layers, sizeof c.stage_layers, "%s", "4,2");
     CU_ASSERT_EQUAL(config_stage_layers(&c, layers, &e), 0);
     CU_ASSERT(layers[0] == 4 && layers[1] == 2);
