@@ -76,9 +76,9 @@ static const KeySpec keys[] = {
      "how ids map to text; auto = as the training shard's header says"},
     {"tokenizer_hash", K_STR, 2, OFF(tokenizer_hash), "", 0, 0, 0, NULL,
      "the vocabulary's hash (16 hex digits); empty = the shard's"},
-    {"batch_size", K_INT, 0, OFF(batch_size), "8", 1, 1 << 24, 0, NULL,
+    {"batch_size", K_INT, 0, OFF(batch_size), "8", 1, CONFIG_MAX_BATCH, 0, NULL,
      "global sequences per step"},
-    {"micro_batch", K_INT, 0, OFF(micro_batch), "0", 0, 1 << 24, 0, NULL,
+    {"micro_batch", K_INT, 0, OFF(micro_batch), "0", 0, CONFIG_MAX_BATCH, 0, NULL,
      "sequences per micro-batch; 0 = the whole batch"},
     /* at most 8 digits: checkpoints are step-NNNNNNNN */
     {"steps", K_INT, 0, OFF(steps), "100", 0, CONFIG_MAX_STEP, 0, NULL, "optimizer steps"},

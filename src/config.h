@@ -14,6 +14,7 @@
 #define CONFIG_STR 512 /* longest string value + 1 (paths) */
 #define CONFIG_ARCH 64 /* longest blis_arch + 1 */
 #define CONFIG_MAX_STEP 99999999 /* checkpoint directories are step-NNNNNNNN */
+#define CONFIG_MAX_BATCH (1 << 24)    /* sequences a step: steps x batch_size stays below 2^51 */
 #define CONFIG_TIME_LIMIT_AUTO (-1.0) /* time_limit = auto */
 
 typedef enum { GATE_RAW = 0, GATE_SIGMOID = 1 } RouterGate;

@@ -26,6 +26,8 @@ static void print_summary(const Dataset *ds, long long steps, long long batch) {
            ds->n_parts, ds->n_parts == 1 ? "" : "s", shards, shards == 1 ? "" : "s", ds_tokens(ds),
            seqs, ds->T, tok, ds_meta(ds)->vocab, ds_meta(ds)->vocab ? "" : " (not recorded)",
            ds->seed);
+    _Static_assert((uint64_t)CONFIG_MAX_STEP * CONFIG_MAX_BATCH < (uint64_t)1 << 62,
+                   "a run's samples fit the 2^62 a checkpoint's state.samples may hold");
     const uint64_t samples = (uint64_t)steps * (uint64_t)batch;
     for (int d = 0; d < ds->n_parts; d++) {
         const DsPart *p = &ds->parts[d];
@@ -94,10 +96,12 @@ int data_main(int argc, char **argv) {
         {"seq_len", CLI_I64, &seq_len, "tokens a sequence (the config's default)", NULL, 1,
          1 << 20},
         {"seed", CLI_I64, &seed, "seed of the order (the config's default)", NULL, 0, 9.2e18},
+        /* a run's own bounds: a longer or wider run cannot be trained, and its samples,
+         * steps x batch_size, would wrap past 2^64 (9.2e18 x 2^30 printed a wrapped count) */
         {"steps", CLI_I64, &steps, "with --batch_size: what a run of this length reads", NULL, 0,
-         9.2e18},
+         CONFIG_MAX_STEP},
         {"batch_size", CLI_I64, &batch, "sequences a step (the config's default)", NULL, 1,
-         1 << 30},
+         CONFIG_MAX_BATCH},
         {"from", CLI_I64, &from, "print samples from this one (the g-th sequence a run reads)", "G",
          0, 0x1p62},
         {"count", CLI_I64, &count, "samples --from prints (1)", NULL, 0, 0x1p40},

@@ -405,8 +405,21 @@ static int run_check_data(Run *r, CkptRunState *rs, const char *what) {
     Err why;
     int rc = 0;
     const int cont = c->data_changed == DATA_CHANGED_CONTINUE;
-    if (rs->samples == 0 && r->start > 0) /* older than state.data_cursor: steps of this batch */
-        rs->samples = ((long long)r->start + rs->batch_offset) * c->batch_size;
+    if (rs->samples == 0 && r->start > 0) { /* older than state.data_cursor: steps of this batch */
+        /* state.batch_offset may be up to 2^50 and batch_size 2^24: checked, and bounded as a
+         * checkpoint's own state.samples is, so the cursor cannot wrap into a plausible one */
+        const long long batches = (long long)r->start + rs->batch_offset;
+        long long samples;
+        if (__builtin_mul_overflow(batches, (long long)c->batch_size, &samples) ||
+            samples > 1LL << 62) {
+            errorf("resume: the checkpoint of step %d records no state.samples, and its "
+                   "state.step + state.batch_offset = %lld batches of batch_size %d is more than "
+                   "2^62 samples (a checkpoint's run reads at most 2^62; is its index edited?)",
+                   r->start, batches, c->batch_size);
+            return -1;
+        }
+        rs->samples = samples;
+    }
     if (rs->seed >= 0 && rs->seed != c->seed) {
         if (!cont) {
             errorf("%s: seed = %lld, but the checkpoint's run used seed = %lld, which fixes "

@@ -114,6 +114,22 @@ PY
     resumes "step$bad" 20
 done
 
+# a checkpoint older than state.samples, whose cursor a resume computes as
+# (state.step + state.batch_offset) x batch_size: a batch_offset of 2^50
+# under batch_size 2^14 would wrap past 2^64 into sample 30 x 2^14 (the run
+# asks for no more steps, so only the check can stop it)
+breakcopy offset
+edit_index offset/ckpt/step-00000030 '
+lines = [l for l in lines if not l.startswith((b"kv state.samples ", b"kv state.data_cursor "))]
+lines = [b"kv state.batch_offset 1125899906842624" if l.startswith(b"kv state.batch_offset ") else l for l in lines]'
+set +e
+train --steps 30 --batch_size 16384 --micro_batch 2 --run_dir offset > o.txt 2> oe.txt
+rc=$?
+set -e
+[ "$rc" -eq 2 ] && [ "$(wc -l < oe.txt)" -eq 1 ] &&
+    grep -q "state.step + state.batch_offset = 1125899906842654 batches of batch_size 16384 is more than 2^62 samples" oe.txt &&
+    ok "$(cat oe.txt)" || { cat o.txt oe.txt; fail "batch_offset 2^50 x batch_size 2^14: exit $rc, not refused"; }
+
 # chunk(NAME, i): the index of the i-th chunk line of tensor NAME
 chunk='def chunk(name, i): return [k for k, l in enumerate(lines) if l.split(b" ")[:2] == [b"chunk", name]][i]'
 qkv='b"param/h.0.attn.c_attn.weight"'

@@ -67,6 +67,18 @@ else
     fail "weights 1e308 and 1e308 (their sum overflows): exit $rc, neither refused nor 0.5 each"
 fi
 
+# a run's samples, steps x batch_size: bounded as a run's, so the count
+# cannot wrap past 2^64 (9.2e18 x 2^30 printed a wrapped one); the largest
+# run is counted exactly
+refused "data: --steps = 9200000000000000000 is out of range (expected an integer in \[0, 99999999\])" \
+    "$MODTRAIN" data --data d/train_0.bin --seq_len 64 --steps 9200000000000000000 --batch_size 16
+refused "data: --batch_size = 1073741824 is out of range (expected an integer in \[1, 16777216\])" \
+    "$MODTRAIN" data --data d/train_0.bin --seq_len 64 --steps 10 --batch_size 1073741824
+"$MODTRAIN" data --data d/train_0.bin --seq_len 64 --steps 99999999 --batch_size 16777216 > out.txt
+grep -q "a run of 99999999 steps x 16777216 sequences reads 1677721583222784 of its samples" out.txt &&
+    ok "99999999 steps x 16777216 sequences: 1677721583222784 samples" ||
+    { cat out.txt; fail "the largest run's samples are not 99999999 x 16777216"; }
+
 # a shard of another tokenizer among its neighbours
 cp -r d mixed
 $SHARDS slot mixed/train_1.bin 4 0
