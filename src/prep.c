@@ -20,6 +20,9 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -44,6 +47,73 @@
 #define PATH_CAP 4096
 
 size_t prep_doc_cap(size_t mem) { return mem / 16; }
+
+/* jansson's tree is not bounded by its text: an empty array's 3 bytes ("[],")
+ * cost 138 bytes of malloc chunks, an empty object's 234 (jansson 2.14,
+ * glibc), so a line under the cap of nested empty arrays took 45 times
+ * its size. Hence an estimate first, from the tokens outside strings, each
+ * at its measured cost with a margin (the parent's slot included; a key's
+ * member beside its string), plus 3 bytes a byte: the lexer's buffer (up to
+ * twice the longest token) and the strings' copies. test_data checks it
+ * against jansson's allocations. The other way, a scanner that decodes
+ * only the key's string without a tree, would bound the memory by
+ * construction but would have to redo jansson's strictness (duplicate keys
+ * at every depth, escapes, UTF-8) and its messages; the estimate keeps
+ * jansson as the one judge of what is JSON, at one more pass a line. */
+enum {
+    EST_BYTE = 3,
+    EST_ARRAY = 144,
+    EST_OBJECT = 256,
+    EST_STRING = 96,
+    EST_MEMBER = 16,
+    EST_SCALAR = 48
+};
+
+size_t prep_jsonl_estimate(const char *s, size_t n) {
+    size_t arrays = 0, objects = 0, strings = 0, members = 0, scalars = 0;
+    int in_scalar = 0;
+    for (size_t i = 0; i < n; i++) {
+        switch (s[i]) {
+        case '"': { /* to the closing quote: the next one after an even run of backslashes
+                     * (the runs before different quotes are disjoint: still one pass) */
+            strings++;
+            size_t b = 0;
+            do {
+                const char *q = memchr(s + i + 1, '"', n - i - 1);
+                if (!q) {
+                    i = n; /* unterminated: jansson stops there */
+                    break;
+                }
+                i = (size_t)(q - s);
+                b = 0;
+                while (s[i - 1 - b] == '\\') b++; /* stops at the opening quote */
+            } while (b % 2);
+            break;
+        }
+        case '[': arrays++; break;
+        case '{': objects++; break;
+        case ':': members++; break;
+        case ']':
+        case '}':
+        case ',':
+        case ' ':
+        case '\t':
+        case '\r':
+        case '\n': break;
+        default: /* a number, true, false, null or garbage: one token a run */
+            scalars += !in_scalar;
+            in_scalar = 1;
+            continue;
+        }
+        in_scalar = 0;
+    }
+    size_t est = sat_mul(EST_BYTE, n);
+    est = sat_add(est, sat_mul(EST_ARRAY, arrays));
+    est = sat_add(est, sat_mul(EST_OBJECT, objects));
+    est = sat_add(est, sat_mul(EST_STRING, strings));
+    est = sat_add(est, sat_mul(EST_MEMBER, members));
+    return sat_add(est, sat_mul(EST_SCALAR, scalars));
+}
 
 int prep_parse_size(const char *s, size_t *out) {
     char num[32];
@@ -626,6 +696,9 @@ typedef struct {
     Paths paths;
     Writer w[2];
     size_t cap_doc, block_bytes;
+    size_t parse_cap, est; /* JSON Lines: what parsing a block may take; the block's estimate */
+    size_t held_base;      /* held before any text but a zstd window (for what --mem would do) */
+    int has_zstd;
     char *buf; /* the block: finished documents, then the one being read */
     size_t len, bcap;
     size_t doc_start, line_start;
@@ -701,6 +774,49 @@ static int too_long(Prep *p, uint64_t line, const char *what, Err *err) {
                    "it; give a larger --mem%s)",
                    p->name, (unsigned long long)line, what, cap,
                    p->o->jsonl_key || p->o->doc_sep ? "" : ", or cut files with --doc_sep LINE");
+}
+
+static int zstd_window_log(size_t mem);
+
+/* The block's bytes under mem (0: too little is left), held_base held before
+ * any text and a zstd window besides when there is zstd input: two blocks
+ * at a time (one read while the worker writes the other); bytes of text go
+ * straight through; JSON Lines add the parse (up to 3 bytes a byte) and the
+ * tokens (2), gpt2 its tokens and ids (up to 12, typically 2). */
+static size_t block_bytes_at(const PrepOptions *o, size_t mem, size_t held_base, int has_zstd) {
+    const size_t held = sat_add(held_base, has_zstd ? (size_t)1 << zstd_window_log(mem) : 0);
+    if (held >= mem / 2) return 0;
+    return (mem - held) / (o->bpe ? 48 : o->jsonl_key ? 16 : 8);
+}
+
+/* What parsing a block's JSON Lines may take: the parse's 3 bytes a byte of
+ * the two blocks block_bytes_at counts, all for the one block parsed at a
+ * time, whichever threads parse it. */
+static size_t parse_cap_of(size_t block_bytes) { return sat_mul(6, block_bytes); }
+
+/* Whether a line whose parse takes est would fit under --mem mem. */
+static int parse_fits(const Prep *p, size_t mem, size_t est) {
+    return parse_cap_of(block_bytes_at(p->o, mem, p->held_base, p->has_zstd)) >= est;
+}
+
+/* A JSON Lines line whose parse alone would take more than parse_cap:
+ * refused, with the --mem (whole MiB) under which it would fit. */
+static int too_costly(Prep *p, size_t est, Err *err) {
+    const size_t mib = (size_t)1 << 20;
+    size_t fit = (p->o->mem + mib - 1) / mib * mib;
+    while (fit < SIZE_MAX / 4 && !parse_fits(p, fit, est)) fit *= 2;
+    for (size_t step = fit / 4 / mib * mib; step >= mib; step = step / 2 / mib * mib)
+        if (fit - step > p->o->mem && parse_fits(p, fit - step, est)) fit -= step;
+    char e[32], c[32], m[32];
+    format_bytes(e, sizeof e, est);
+    format_bytes(c, sizeof c, p->parse_cap);
+    format_bytes(m, sizeof m, p->o->mem);
+    return err_set(
+        err,
+        "prep: '%s' line %llu: parsing it would take about %s (a tree of many small arrays, "
+        "objects or values takes up to 90 times their bytes), more than the %s "
+        "that --mem %s leaves for parsing (give --mem %zuM or more)",
+        p->name, (unsigned long long)p->line_no, e, c, m, fit / mib);
 }
 
 /* The name of input i for messages. */
@@ -810,6 +926,12 @@ static int block_write(Prep *p, Sealed *b, Err *err) {
                 json_decref(v);
             }
         }
+#ifdef __GLIBC__
+        /* the trees are freed, but into the arenas of the threads that parsed them, and the
+         * next block's may be parsed on others: each block's parse has to fit parse_cap on
+         * its own, so what is free goes back to the system */
+        if (o->jsonl_key) malloc_trim(0);
+#endif
     }
     int rc = 0;
     uint16_t *wide = parallel ? NULL : xmalloc(WRITE_TOKENS * sizeof *wide);
@@ -887,7 +1009,7 @@ static int block_flush(Prep *p, Err *err) {
         block_reserve(p, keep);
         if (keep > 0) memcpy(p->buf, rest, keep);
         p->line_start -= p->doc_start;
-        p->len = keep, p->doc_start = 0, p->nd = 0;
+        p->len = keep, p->doc_start = 0, p->nd = 0, p->est = 0;
         if (pthread_create(&p->worker, NULL, block_work, p) == 0) p->busy = 1;
         else if (block_work(p), block_done(p, err) != 0) /* no thread to be had: here */ return -1;
     }
@@ -949,12 +1071,21 @@ static int feed_sep(Prep *p, const char *s, size_t n, Err *err) {
 }
 
 /* One JSON Lines line: into the block as it is (parsed on the threads at
- * the flush); a blank one is left out. */
+ * the flush); a blank one is left out. Any of the block's lines may be
+ * parsed at the same time, a thread each, so their estimates add up within
+ * parse_cap: the block is flushed before a line that would go over it, and
+ * a line over it alone is refused. Over the whole block, not a share a
+ * thread: however many threads split it, their trees together stay within
+ * parse_cap. */
 static int jsonl_line(Prep *p, const char *s, size_t n, Err *err) {
     size_t k = 0;
     while (k < n && (s[k] == ' ' || s[k] == '\t' || s[k] == '\r')) k++;
     if (k == n) return 0;
+    const size_t est = prep_jsonl_estimate(s, n);
+    if (est > p->parse_cap) return too_costly(p, est, err);
+    if (p->nd > 0 && sat_add(p->est, est) > p->parse_cap && block_flush(p, err) != 0) return -1;
     block_append(p, s, n);
+    p->est = sat_add(p->est, est);
     return doc_end(p, p->len, err);
 }
 
@@ -1135,11 +1266,14 @@ int prep_run(const PrepOptions *o, const PrepReport *rep, PrepStats *st, Err *er
             }
     }
     const int wl = zstd_window_log(o->mem);
-    size_t held = sat_add(o->held ? o->held : peak_rss(), has_zstd ? (size_t)1 << wl : 0);
-    held = sat_add(held, sat_mul((size_t)threads, (size_t)1 << 20)); /* a thread's caches */
+    p.held_base = /* a thread's caches, 1 MiB each, besides */
+        sat_add(o->held ? o->held : peak_rss(), sat_mul((size_t)threads, (size_t)1 << 20));
+    p.has_zstd = has_zstd;
+    const size_t held = sat_add(p.held_base, has_zstd ? (size_t)1 << wl : 0);
     int rc = -1;
     char *chunk = NULL;
-    if (held >= o->mem / 2) {
+    p.block_bytes = block_bytes_at(o, o->mem, p.held_base, has_zstd);
+    if (p.block_bytes == 0) {
         char m[32], h[32];
         format_bytes(m, sizeof m, o->mem);
         format_bytes(h, sizeof h, held);
@@ -1150,11 +1284,7 @@ int prep_run(const PrepOptions *o, const PrepReport *rep, PrepStats *st, Err *er
         goto done;
     }
     p.cap_doc = prep_doc_cap(o->mem);
-    /* a block's text, two blocks at a time (one read while the worker
-     * writes the other): bytes of text go straight through; JSON Lines add
-     * the parse (up to 3 bytes a byte) and the tokens (2), gpt2 its tokens
-     * and ids (up to 12, typically 2) */
-    p.block_bytes = (o->mem - held) / (o->bpe ? 48 : o->jsonl_key ? 16 : 8);
+    p.parse_cap = parse_cap_of(p.block_bytes);
     if (mkdirs(p.paths.parent) != 0) {
         err_set(err, "prep: cannot create '%s': %s", p.paths.parent, strerror(errno));
         goto done;

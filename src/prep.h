@@ -64,6 +64,10 @@ typedef struct {
  * takes: mem / 16. */
 size_t prep_doc_cap(size_t mem);
 
+/* The memory jansson may take to parse the JSON text s of n bytes, from one
+ * pass over its bytes: an over-estimate for any input (valid or not). */
+size_t prep_jsonl_estimate(const char *s, size_t n);
+
 /* Parses a size: bytes, or a number followed by K, M, G or T (binary: 512M
  * is 512 MiB), the whole string, no overflow. Returns 0 with *out, or -1. */
 int prep_parse_size(const char *s, size_t *out);

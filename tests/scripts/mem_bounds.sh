@@ -113,6 +113,52 @@ vocab big
 refused "encoder.json' is [0-9]* bytes, more than the 8388608 it may have" "$MODTRAIN" tokenize --vocab hv --hash
 LIMIT_KB=262144
 
+# prep's JSON Lines under --mem 64M: jansson's tree takes about 46 bytes a
+# byte of empty arrays (78 of empty objects), so a line of them under the
+# cap (4 MiB) took 173 MiB, and two of half the size as much on 2 threads.
+# Such a line is refused, one line naming it, and a file of smaller ones
+# (each within what --mem leaves for parsing) goes through; at 1 and 2
+# threads the peak RSS stays within --mem plus what a prep of an empty input
+# touches.
+"$PYTHON" - <<'PY'
+def line(k): return '{"text": "a document", "a": [' + ",".join(["[]"] * k) + ']}\n'
+open("wide.jsonl", "w").write(line(1266000))      # 3.8 MB
+open("halves.jsonl", "w").write(line(633000) * 2) # 1.9 MB each
+open("fits.jsonl", "w").write(line(120000) * 12)  # 360 kB each: 17 MiB to parse
+PY
+: > empty.jsonl
+set +e
+"$PEAKRSS" rss0.txt "$MODTRAIN" prep --out pj --jsonl text --mem 64M empty.jsonl > /dev/null 2>&1
+set -e
+bound=$((65536 + $(cat rss0.txt)))
+# prep_within PATTERN FILE THREADS: refused with one line /PATTERN/ (or, for
+# an empty PATTERN, done), within the bound
+prep_within() {
+    rm -rf pj
+    set +e
+    "$PEAKRSS" rss.txt "$MODTRAIN" prep --out pj --jsonl text --mem 64M --val_fraction 0 \
+        --threads "$3" "$2" > out.txt 2> err.txt
+    rc=$?
+    set -e
+    what="prep --mem 64M --threads $3 $2: $(cat rss.txt) KiB (bound $bound)"
+    if [ "$(cat rss.txt)" -gt "$bound" ]; then
+        fail "$what, exit $rc: $(cat err.txt)"
+    elif [ -z "$1" ] && [ "$rc" -eq 0 ]; then
+        ok "$what, done"
+    elif [ -n "$1" ] && [ "$rc" -eq 2 ] && [ "$(wc -l < err.txt)" -eq 1 ] && grep -q -- "$1" err.txt; then
+        ok "$what: $(cat err.txt)"
+    elif [ -n "$1" ]; then
+        fail "$what: exit $rc, expected 2 and one line /$1/: $(cat err.txt)"
+    else
+        fail "$what: exit $rc, expected 0: $(cat err.txt)"
+    fi
+}
+for t in 1 2; do
+    prep_within "prep: 'wide.jsonl' line 1: parsing it would take" wide.jsonl $t
+    prep_within "prep: 'halves.jsonl' line 1: parsing it would take" halves.jsonl $t
+    prep_within "" fits.jsonl $t
+done
+
 # the accounting: the activations of 8 more sequences per micro-batch, as
 # the banner counts them, against the peak RSS they add to a real run
 M="--d_model 128 --n_layer 2 --n_head 4 --seq_len 256 --route_every 2 --threads 1"

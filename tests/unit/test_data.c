@@ -2,6 +2,7 @@
  * test_data: shard round trips, every way a shard can be bad, and prep
  * (the document split, shards, the set).
  */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -194,6 +195,93 @@ static void test_prep_parts(void) {
     CU_ASSERT_EQUAL(prep_doc_cap((size_t)512 << 20), (size_t)32 << 20);
 }
 
+/* jansson's memory at its peak, in glibc's chunks (the request and 8 bytes
+ * of header, rounded up to 16, at least 32): what a parse leaves resident */
+static size_t j_live, j_peak;
+static void *j_malloc(size_t n) {
+    size_t *h = malloc(n + 16);
+    if (!h) return NULL;
+    h[0] = n < 24 ? 32 : (n + 8 + 15) & ~(size_t)15;
+    if ((j_live += h[0]) > j_peak) j_peak = j_live;
+    return h + 2;
+}
+static void j_free(void *p) {
+    if (!p) return;
+    size_t *h = (size_t *)p - 2;
+    j_live -= h[0];
+    free(h);
+}
+
+/* s: pre, then k copies of unit joined by sep, then post (k >= 1) */
+static char *repeat(const char *pre, const char *unit, const char *sep, size_t k,
+                    const char *post) {
+    const size_t lu = strlen(unit), ls = strlen(sep);
+    char *s = malloc(strlen(pre) + k * (lu + ls) + strlen(post) + 1), *q = s;
+    q += sprintf(q, "%s", pre);
+    for (size_t i = 0; i < k; i++, q += lu) {
+        if (i) memcpy(q, sep, ls), q += ls;
+        memcpy(q, unit, lu);
+    }
+    strcpy(q, post);
+    return s;
+}
+
+/* prep's estimate of a JSON Lines line's parse is at least what jansson
+ * takes, for each kind of value, nested, many keys, long and escaped text,
+ * and for lines that are not JSON; and, where the values are many, at most
+ * twice it, so that lines that would fit are not refused */
+static void test_prep_estimate(void) {
+    const size_t K = 20000;
+    struct {
+        char *s;
+        int tight; /* made of many small values: the estimate within 2x */
+    } lines[] = {
+        {repeat("{\"text\":\"x\",\"a\":[", "[]", ",", K, "]}"), 1},
+        {repeat("{\"text\":\"x\",\"a\":[", "{}", ",", K, "]}"), 1},
+        {repeat("{\"text\":\"x\",\"a\":[", "\"\"", ",", K, "]}"), 1},
+        {repeat("{\"text\":\"x\",\"a\":[", "0", ",", K, "]}"), 1},
+        {repeat("{\"text\":\"x\",\"a\":[", "-1.5e3", ",", K, "]}"), 1},
+        {repeat("{\"text\":\"x\",\"a\":[", "[0]", ",", K, "]}"), 1},
+        {repeat("{\"text\":\"x\",\"a\":[", "{\"a\":0}", ",", K, "]}"), 1},
+        {repeat("{\"text\":\"x\",\"a\":[", "{\"a\":{}}", ",", K, "]}"), 1},
+        {repeat("{\"text\":\"x\",\"a\":[", "[[[[[[[[[[]]]]]]]]]]", ",", K / 10, "]}"), 1},
+        {repeat("{\"text\":\"x\",\"a\":", "[", "", 2000, ""), 0}, /* jansson's depth limit */
+        {repeat("{\"text\":\"", "some text ", "", 100 * K, "\"}"), 0},
+        {repeat("{\"text\":\"", "\\u00e9\\n\\\"\\\\", "", 10 * K, "\"}"), 0},
+        {repeat("{\"text\":\"", "x", "", (size_t)1 << 20, "\"}"), 0}, /* the lexer's doubling */
+        {repeat("{\"text\":\"x\",\"a\":[", "null", ",", K, "]}"), 0},
+        {repeat("{\"text\":\"x\",\"a\":[", "[]", ",", K, "], \"text\":\"y\"}"), 0},
+        {repeat("{\"text\":\"x\",\"a\":[", "[]", ",", K, "]"), 0}, /* cut */
+        {repeat("{\"text\":\"", "x", "", K, ""), 0},               /* cut in a string */
+    };
+    char *keys = malloc(K * 16 + 32), *q = keys; /* an object of many keys */
+    q += sprintf(q, "{\"text\":\"x\"");
+    for (size_t i = 0; i < K; i++) q += sprintf(q, ",\"%zx\":%zu", i, i);
+    strcpy(q, "}");
+    json_set_alloc_funcs(j_malloc, j_free);
+    for (size_t i = 0; i <= sizeof lines / sizeof *lines; i++) {
+        const char *s = i < sizeof lines / sizeof *lines ? lines[i].s : keys;
+        const int tight = i < sizeof lines / sizeof *lines ? lines[i].tight : 1;
+        const size_t n = strlen(s);
+        j_live = j_peak = 0;
+        json_error_t je;
+        json_decref(json_loadb(s, n, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je));
+        const size_t est = prep_jsonl_estimate(s, n);
+        if (est < j_peak || (tight && est > 2 * j_peak))
+            printf("\nline %zu (%.40s...): estimate %zu, jansson's peak %zu\n", i, s, est, j_peak);
+        CU_ASSERT(est >= j_peak);
+        if (tight) CU_ASSERT(est <= 2 * j_peak);
+        CU_ASSERT_EQUAL(j_live, 0);
+    }
+    json_set_alloc_funcs(malloc, free);
+    for (size_t i = 0; i < sizeof lines / sizeof *lines; i++) free(lines[i].s);
+    free(keys);
+    /* quotes escaped by an odd run of backslashes do not end a string: its brackets are text */
+    const char *esc = "{\"text\":\"\\\\\\\"[[[[\"}", *plain = "{\"text\":\"\\\\\\\\\"}";
+    CU_ASSERT_EQUAL(prep_jsonl_estimate(esc, strlen(esc)) - 3 * strlen(esc),
+                    prep_jsonl_estimate(plain, strlen(plain)) - 3 * strlen(plain));
+}
+
 int main(void) {
     if (!mkdtemp(dir)) return 99;
     CU_TestInfo tests[] = {
@@ -202,6 +290,7 @@ int main(void) {
          test_bad_shards},
         {"prep: whole documents to val, shards, a set replaced only by force", test_prep_split},
         {"prep: sizes, the val rule, the document cap", test_prep_parts},
+        {"prep: a JSON line's estimate against jansson's allocations", test_prep_estimate},
         CU_TEST_INFO_NULL};
     int rc = run_suite("data", tests);
     char cmd[300];
