@@ -1167,7 +1167,9 @@ static int run_loads(const CkIndex *ix, int fd, const Load *jobs, int n, Err *er
         const CkChunk *c = L->c;
         float *buf = xmalloc(c->usize + 4);
         Err e;
-        if (load_chunk(ix, fd, c, buf, &e) != 0) {
+        int bad = fault_point("load.chunk") != 0; /* a read that fails, or stalls */
+        if (bad) err_set(&e, "ckpt: '%s': reading chunk %s: %s", ix->dir, c->name, strerror(errno));
+        if (bad || load_chunk(ix, fd, c, buf, &e) != 0) {
 #pragma omp critical
             if (i < first) {
                 first = i;

@@ -23,7 +23,7 @@
 typedef struct {
     char point[96];      /* its point */
     long step;           /* its step, -1: any */
-    int err;             /* its errno, 0: kill */
+    int err;             /* its errno, 0: kill, FAULT_STALL: a slow call */
     int rank;            /* its rank, -1: any */
     long nth;            /* it acts the nth time the point matches */
     atomic_long matched; /* the times the point matched */
@@ -31,6 +31,10 @@ typedef struct {
 } Fault;
 
 #define MAX_FAULTS 4
+/* The action stall: the call takes STALL_S longer each time, from the nth
+ * on (a slow file system: the watchdog's tests). */
+#define FAULT_STALL (-2)
+#define STALL_S 0.15
 static struct {
     int nfaults; /* armed faults */
     Fault fault[MAX_FAULTS];
@@ -55,8 +59,9 @@ static int parse_field(Fault *f, int k, const char *s) {
                  : strcmp(s, "ENOSPC") == 0 ? ENOSPC
                  : strcmp(s, "EDQUOT") == 0 ? EDQUOT
                  : strcmp(s, "EINVAL") == 0 ? EINVAL
+                 : strcmp(s, "stall") == 0  ? FAULT_STALL
                                             : -1;
-        return f->err < 0 ? -1 : 0;
+        return f->err == -1 ? -1 : 0;
     case 3:
         if (strcmp(s, "*") == 0) return 0;
         if (parse_i64(s, 0, 1 << 30, &v) != 0) return -1;
@@ -100,7 +105,7 @@ static void cfg_read(void) {
     if (bad) {
         fprintf(stderr,
                 "modtrain: MODTRAIN_FAULT='%s' is not at:POINT[:STEP[:ACTION[:RANK[:NTH]]]], or up "
-                "to %d such joined by commas (ACTION kill, EIO, ENOSPC, EDQUOT or EINVAL); "
+                "to %d such joined by commas (ACTION kill, EIO, ENOSPC, EDQUOT, EINVAL or stall); "
                 "ignored\n",
                 f, MAX_FAULTS);
         return;
@@ -128,9 +133,17 @@ int fault_point(const char *point) {
     for (int i = 0; i < cfg.nfaults; i++) {
         Fault *f = &cfg.fault[i];
         if (strcmp(point, f->point) != 0 || (f->step >= 0 && f->step != cur_step) ||
-            (f->rank >= 0 && f->rank != util_rank) ||
-            atomic_fetch_add(&f->matched, 1) + 1 != f->nth)
+            (f->rank >= 0 && f->rank != util_rank))
             continue;
+        const long m = atomic_fetch_add(&f->matched, 1) + 1;
+        if (f->err == FAULT_STALL && m >= f->nth) {
+            if (m == f->nth)
+                fprintf(stderr, "modtrain: MODTRAIN_FAULT: %s stalls %.2f s a call from here on "
+                        "(step %ld, rank %d)\n", point, STALL_S, cur_step, util_rank);
+            struct timespec nap = {0, (long)(STALL_S * 1e9)};
+            nanosleep(&nap, NULL);
+        }
+        if (f->err == FAULT_STALL || m != f->nth) continue;
         if (f->err == 0) {
             fprintf(stderr, "modtrain: MODTRAIN_FAULT: killed at %s (step %ld, rank %d)\n", point,
                     cur_step, util_rank);

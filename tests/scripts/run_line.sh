@@ -11,7 +11,8 @@
 #   killed before it) is resumed; another run's is never loaded, counted,
 #   pruned or replaced;
 # - a run with watchdog_s > 0 ends normally (the watchdog thread is joined,
-#   not cancelled: the sanitizer pass runs this to its end).
+#   not cancelled: the sanitizer pass runs this to its end), and a rollback
+#   whose reload is slow (MODTRAIN_FAULT's stall) counts it as progress.
 . "$(dirname "$0")/lib.sh"
 prep_fortunes
 cd "$TMP"
@@ -75,6 +76,16 @@ train Eref --steps 16 --ckpt_every 4 --seed 2
     cmp -s E/ckpt/abandoned/step-00000016/data.bin "$(step A 12)/data.bin" &&
     [ ! -e "$(step E 12)" ] && ok "this run's newest is resumed past latest; another run's left alone" ||
     { cat E.log; ls -R E/ckpt; fail "a run's own line beside another's (exit $rc)"; }
+
+# 6. a rollback whose reload outlasts watchdog_s 0.5 (12 chunk reads stalled
+# 0.15 s each): the load is progress, chunk by chunk
+train Sref --steps 4 --ckpt_async 0
+nth=$(($(grep -c '^chunk ' "$(step Sref 4)/index") - 11))
+MODTRAIN_FAULT=nan-batch:5 MODTRAIN_FAULT_AT=at:load.chunk:*:stall:*:$nth train S --steps 8 \
+    --ckpt_every 4 --ckpt_async 0 --on_nonfinite rollback --watchdog_s 0.5
+[ "$rc" -eq 0 ] && grep -q "load.chunk stalls" S.log && grep -q "rolled back to step 4," S.log &&
+    ok "a 1.8 s reload under watchdog_s 0.5: progress, not a hang" ||
+    { cat S.log; fail "a slow reload under the watchdog (exit $rc)"; }
 
 # 5. watchdog_s on a run that ends normally
 train W --steps 4 --watchdog_s 60
