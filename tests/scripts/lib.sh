@@ -65,6 +65,19 @@ open(path, "wb").write(text + b"end %08x\n" % zlib.crc32(text))
 PY
 }
 
+# train RUN [--key value ...]: `modtrain train $common --run_dir RUN ...`
+# (the test's $common) under a 120 s timeout; its exit code in $rc, its
+# output in RUN.log
+train() {
+    run=$1
+    shift
+    set +e
+    # shellcheck disable=SC2086 # the options
+    timeout 120 "$MODTRAIN" train $common --run_dir "$run" "$@" > "$run.log" 2>&1
+    rc=$?
+    set -e
+}
+
 # same_ckpt A B: two checkpoint directories hold the same state byte for
 # byte: data.bin, and the index but for its record of the line (the run id
 # drawn at each fresh start, the step it descends from) and the CRC that

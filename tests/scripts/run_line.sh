@@ -18,14 +18,6 @@ prep_fortunes
 cd "$TMP"
 common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
     --threads 1 --eval_every 0 --micro_batch 8 --ckpt_keep 5 --log_every 1000 --peak_gflops 50"
-train() { # RUN [--key value ...]: exit code in $rc, output in RUN.log
-    run=$1
-    shift
-    set +e
-    timeout 120 "$MODTRAIN" train $common --run_dir "$run" "$@" > "$run.log" 2>&1
-    rc=$?
-    set -e
-}
 step() { printf '%s/ckpt/step-%08d' "$1" "$2"; }
 same() { cmp -s "$(step "$1" "$2")/data.bin" "$(step "$3" "$4")/data.bin"; }
 index_key() { sed -n "s/^kv $2 //p" "$1/index"; }

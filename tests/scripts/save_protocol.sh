@@ -26,14 +26,6 @@ MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 cd "$TMP"
 common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
     --eval_every 0 --log_every 1000 --threads 1 --peak_gflops 50"
-train() { # RUN [--key value ...]: exit code in $rc, output in RUN.log
-    run=$1
-    shift
-    set +e
-    timeout 120 "$MODTRAIN" train $common --run_dir "$run" "$@" > "$run.log" 2>&1
-    rc=$?
-    set -e
-}
 step() { printf '%s/ckpt/step-%08d' "$1" "$2"; }
 
 train ref --steps 8 --ckpt_every 4
