@@ -7,6 +7,8 @@
 #   abandoned/; a rollback then returns to this run's own step, and a crash
 #   relaunched with resume = auto resumes this run, both ending equal to an
 #   uninterrupted run in a clean ckpt_dir;
+# - a rollback whose checkpoint no longer holds a step of this launch's
+#   (swapped mid-run) stops rather than train from it;
 # - a newer step-N of this run that `latest` does not name yet (a save
 #   killed before it) is resumed; another run's is never loaded, counted,
 #   pruned or replaced;
@@ -78,6 +80,27 @@ MODTRAIN_FAULT=nan-batch:5 MODTRAIN_FAULT_AT=at:load.chunk:*:stall:*:$nth train 
 [ "$rc" -eq 0 ] && grep -q "load.chunk stalls" S.log && grep -q "rolled back to step 4," S.log &&
     ok "a 1.8 s reload under watchdog_s 0.5: progress, not a hang" ||
     { cat S.log; fail "a slow reload under the watchdog (exit $rc)"; }
+
+# 7. the checkpoint a rollback returns to, swapped mid-run for one of step 2
+# (before this launch's start at step 4): refused, not trained from
+train A2 --steps 2
+cp -r "$(step A 4)" X
+MODTRAIN_FAULT=nan-batch:299 timeout 120 "$MODTRAIN" train $common --run_dir G --steps 400 \
+    --ckpt_every 1000 --resume X --on_nonfinite rollback > G.log 2>&1 &
+pid=$!
+n=0
+while ! grep -q "resume: loaded X" G.log && [ $n -lt 600 ]; do
+    sleep 0.05
+    n=$((n + 1))
+done
+rm -rf X && cp -r "$(step A2 2)" X
+set +e
+wait $pid
+rc=$?
+set -e
+[ "$rc" -eq 1 ] && grep -q "rollback: 'X' holds step 2, outside this run's steps 4-299" G.log &&
+    ok "a rollback target swapped for an older step: $(grep -m 1 'rollback:' G.log | cut -c1-80)..." ||
+    { cat G.log; fail "a rollback target outside the run's steps (exit $rc)"; }
 
 # 5. watchdog_s on a run that ends normally
 train W --steps 4 --watchdog_s 60
