@@ -2,7 +2,9 @@
 # The random-kill soak: the complement of the crash-point sweep, knowing
 # nothing of the fault points. A run is killed at random moments, over and
 # over, each kill one of: SIGKILL of mpirun (and of its ranks, as a
-# scheduler ends a job), SIGKILL of one rank, SIGTERM or SIGUSR1 to mpirun.
+# scheduler ends a job), SIGKILL of one rank, SIGTERM to mpirun and its
+# ranks (as a scheduler sends it), SIGUSR1 to mpirun (a run that trains 5
+# steps past a signal is then killed, as a scheduler's KillWait would).
 # A kill waits for a save to begin, for a few more steps, or a moment
 # after the launch. Each is followed by a
 # relaunch with resume = auto:
@@ -18,7 +20,8 @@
 # it (CI draws a new one each run). The short form (make check) makes 20
 # kills, each kind at least once and at least 5 of them while a save is in
 # flight (the last fault point traced before the kill, MODTRAIN_FAULT_TRACE,
-# lies inside a save); MODTRAIN_SKIP_SLOW=1 makes one kill of each kind;
+# lies inside a save; where the schedule made fewer, up to 10 more kills,
+# while the run has steps left, wait for a save); MODTRAIN_SKIP_SLOW=1 makes one kill of each kind;
 # MODTRAIN_SOAK_KILLS=N (for instance 400) runs a long soak of N kills.
 . "$(dirname "$0")/../scripts/lib.sh"
 prep_fortunes
@@ -37,8 +40,8 @@ kills=${MODTRAIN_SOAK_KILLS:-20}
 fixed=$(((kills + 1) / 2)) # the rest move between layouts
 [ $slow = 1 ] || [ -n "${MODTRAIN_SOAK_KILLS:-}" ] || fixed=4
 # steps: more than the kills let a run reach (a launch trains at most 15
-# steps before its kill), so every kill lands on a live run
-steps=$((kills * 15 + 60))
+# steps before its kill and 5 after it), so every kill lands on a live run
+steps=$((kills * 20 + 60))
 common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data= \
     --eval_every 0 --log_every 100000 --threads 1 --peak_gflops 50 --ckpt_every 5 --ckpt_keep 3 \
     --steps $steps"
@@ -94,9 +97,10 @@ next_kind() {
     shift
     order="$*"
 }
-# kill_one RUN LAYOUT: one launch, killed at a random moment
+# kill_one RUN LAYOUT [save]: one launch, killed at a random moment (save:
+# once a save is under way)
 kill_one() {
-    run=$1 lay=$2
+    run=$1 lay=$2 only=${3:-}
     layout "$lay"
     launches=$((launches + 1))
     trace=$TMP/$run.trace.$launches
@@ -112,17 +116,18 @@ kill_one() {
     # shell, a fork a look, lagged by tens of steps on a loaded host).
     base=$(logged "$run/metrics.jsonl")
     rand 3
+    [ -z "$only" ] || r=0
     case $r in
     0) mode=save n=$((base + 15)) ;;
     1) rand 12 && mode=steps n=$((base + r + 1)) ;;
-    *) rand 400 && mode=delay n=$r ;;
+    *) rand 400 && mode=delay n=$r ;; # (and at most 15 more steps)
     esac
     next_kind
     rand 4
-    last=$("$PYTHON" - $pid "$trace" "$run/metrics.jsonl" $mode $n $kind $r <<'PY'
+    last=$("$PYTHON" - $pid "$trace" "$run/metrics.jsonl" $mode $n $kind $r $((base + 15)) <<'PY'
 import os, signal, sys, time
-pid, trace, metrics, mode, n, kind, pick = sys.argv[1:]
-pid, n, kind, pick = int(pid), int(n), int(kind), int(pick)
+pid, trace, metrics, mode, n, kind, pick, cap = sys.argv[1:]
+pid, n, kind, pick, cap = int(pid), int(n), int(kind), int(pick), int(cap)
 def alive(p):
     try:
         return open("/proc/%d/stat" % p).read().rsplit(")", 1)[1].split()[0] != "Z"
@@ -153,33 +158,50 @@ def logged():
     return count
 t0 = time.monotonic()
 while alive(pid) and time.monotonic() - t0 < 30:
-    if mode == "delay" and time.monotonic() - t0 >= n / 1000:
+    if mode == "delay" and (time.monotonic() - t0 >= n / 1000 or logged() >= cap):
         break
     if mode != "delay" and logged() >= n:
         break
     if mode == "save" and in_save(last_line()):
         break
     time.sleep(0.002)
-kids = []
-for d in os.listdir("/proc"):
-    try:
-        st = open("/proc/%s/stat" % d).read()
-    except OSError:
-        continue
-    name, rest = st.split("(", 1)[1].rsplit(")", 1)
-    if name == "modtrain" and int(rest.split()[1]) == pid:
-        kids.append(int(d))
+def ranks():
+    kids = []
+    for d in os.listdir("/proc"):
+        try:
+            st = open("/proc/%s/stat" % d).read()
+        except OSError:
+            continue
+        name, rest = st.split("(", 1)[1].rsplit(")", 1)
+        if name == "modtrain" and int(rest.split()[1]) == pid:
+            kids.append(int(d))
+    return kids
+def send(procs, sig):
+    for p in procs:
+        try:
+            os.kill(p, sig)
+        except ProcessLookupError:
+            pass
+kids = ranks()
 last = last_line()
-try:
-    if kind == 0:
-        for p in [pid] + kids:
-            os.kill(p, signal.SIGKILL)
-    elif kind == 1:
-        os.kill(kids[pick % len(kids)] if kids else pid, signal.SIGKILL)
-    else:
-        os.kill(pid, signal.SIGTERM if kind == 2 else signal.SIGUSR1)
-except ProcessLookupError:
-    pass
+if kind == 0:
+    send([pid] + kids, signal.SIGKILL)
+elif kind == 1:
+    send([kids[pick % len(kids)] if kids else pid], signal.SIGKILL)
+elif kind == 2:  # as a scheduler sends it: to every task too
+    send([pid] + kids, signal.SIGTERM)
+else:
+    send([pid], signal.SIGUSR1)
+# a run told to stop saves at its next step; one that trains 5 steps more
+# (mpirun signalled before its ranks began) is killed, as a scheduler's
+# KillWait would: no launch trains more than 20 steps
+stop_at = logged() + 5
+t0 = time.monotonic()
+while alive(pid) and time.monotonic() - t0 < 30:
+    if logged() >= stop_at:
+        send([pid] + ranks(), signal.SIGKILL)
+        break
+    time.sleep(0.002)
 print(last)
 PY
 )
@@ -245,6 +267,16 @@ while [ $i -lt "$kills" ]; do
     case $r in 0) l=one ;; 1) l=dp2 ;; 2) l=tp2 ;; 3) l=pp2 ;; *) l=tp2dp2 ;; esac
     kill_one moved $l
     i=$((i + 1))
+done
+# kills while a save is in flight, until there are 5 (at most 10 more)
+extra=0
+newest() { sed -n 's/^{"step":\([0-9]*\),"samples".*/\1/p' "$1" | sort -n | tail -n 1; }
+while [ $slow = 1 ] && [ "$kills" -gt "$fixed" ] && [ "$n_save" -lt 5 ] && [ $extra -lt 10 ] &&
+    [ "$(newest moved/metrics.jsonl)" -lt $((steps - 40)) ]; do
+    rand 5
+    case $r in 0) l=one ;; 1) l=dp2 ;; 2) l=tp2 ;; 3) l=pp2 ;; *) l=tp2dp2 ;; esac
+    kill_one moved $l save
+    extra=$((extra + 1))
 done
 if [ "$kills" -gt "$fixed" ]; then
     rand 5
