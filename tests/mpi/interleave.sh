@@ -111,22 +111,11 @@ reshard() { # FROM NP NAME ARGS...: loaded and saved at once, then on to step 12
 reshard mod-pp2-v2 4 to-pp4-v2 --pp 4 --virtual_stages 2
 [ $slow = 0 ] || reshard mod-pp4 2 to-pp2-v2 --pp 2 --virtual_stages 2
 
-expect_error() { # NP PATTERN ARGS...
-    np=$1 pattern=$2
-    shift 2
-    set +e
-    timeout 120 $MPIRUN -np "$np" "$MODTRAIN" train $common --run_dir bad "$@" > bad.log 2>&1
-    rc=$?
-    set -e
-    n=$(grep -c "^modtrain: " bad.log)
-    [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$n" -eq 1 ] && grep -q -- "$pattern" bad.log &&
-        ok "$(grep '^modtrain: ' bad.log)" || { cat bad.log; fail "expected one line matching /$pattern/"; }
-}
-expect_error 1 "virtual_stages = 2 interleaves a 1F1B pipeline, not pp = 1" --virtual_stages 2
-expect_error 2 "not schedule gpipe" --pp 2 --virtual_stages 2 --schedule gpipe
-expect_error 2 "pp = 2 x virtual_stages = 8 = 16 virtual stages cannot split n_layer = 8" --pp 2 --virtual_stages 8
-expect_error 2 "each dp rank has 3 a step" --pp 2 --virtual_stages 2 --batch_size 6
-expect_error 2 "stage_layers = '4,4' does not split n_layer = 8 over pp x virtual_stages = 4" \
+expect_train_error 1 "virtual_stages = 2 interleaves a 1F1B pipeline, not pp = 1" --virtual_stages 2
+expect_train_error 2 "not schedule gpipe" --pp 2 --virtual_stages 2 --schedule gpipe
+expect_train_error 2 "pp = 2 x virtual_stages = 8 = 16 virtual stages cannot split n_layer = 8" --pp 2 --virtual_stages 8
+expect_train_error 2 "each dp rank has 3 a step" --pp 2 --virtual_stages 2 --batch_size 6
+expect_train_error 2 "stage_layers = '4,4' does not split n_layer = 8 over pp x virtual_stages = 4" \
     --pp 2 --virtual_stages 2 --stage_layers 4,4
-expect_error 2 "virtual_stages = 9" --pp 2 --virtual_stages 9
+expect_train_error 2 "virtual_stages = 9" --pp 2 --virtual_stages 9
 finish

@@ -127,18 +127,7 @@ train three 2 --pp 2 --n_layer 3
 train three-base 1 --n_layer 3
 matches three-base three && ok "3 blocks over pp 2 (2 + 1) = one rank" || { cat diff.txt; fail "3 blocks over pp 2"; }
 
-expect_error() { # NP PATTERN ARGS...
-    np=$1 pattern=$2
-    shift 2
-    set +e
-    timeout 120 $MPIRUN -np "$np" "$MODTRAIN" train $common --run_dir bad "$@" > bad.log 2>&1
-    rc=$?
-    set -e
-    n=$(grep -c "^modtrain: " bad.log)
-    [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$n" -eq 1 ] && grep -q -- "$pattern" bad.log &&
-        ok "$(grep '^modtrain: ' bad.log)" || { cat bad.log; fail "expected one line matching /$pattern/"; }
-}
-expect_error 4 "pp = 4 stages cannot split n_layer = 3 blocks" --pp 4 --n_layer 3
-expect_error 2 "stage_layers = '4,0' does not split n_layer = 4 over pp = 2 stages" --pp 2 --stage_layers 4,0
-expect_error 2 "stage_layers = '1,1' does not split n_layer = 4" --pp 2 --stage_layers 1,1
+expect_train_error 4 "pp = 4 stages cannot split n_layer = 3 blocks" --pp 4 --n_layer 3
+expect_train_error 2 "stage_layers = '4,0' does not split n_layer = 4 over pp = 2 stages" --pp 2 --stage_layers 4,0
+expect_train_error 2 "stage_layers = '1,1' does not split n_layer = 4" --pp 2 --stage_layers 1,1
 finish

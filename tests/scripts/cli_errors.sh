@@ -4,29 +4,6 @@
 . "$(dirname "$0")/lib.sh"
 cd "$TMP"
 
-# expect_exit CODE PATTERN CMD... : exit CODE, one stderr line matching PATTERN.
-expect_exit() {
-    code=$1
-    pattern=$2
-    shift 2
-    set +e
-    "$@" > out.txt 2> err.txt
-    rc=$?
-    set -e
-    lines=$(wc -l < err.txt)
-    if [ "$rc" -ne "$code" ]; then
-        fail "'$*' exited $rc, expected $code ($(cat err.txt))"
-    elif [ "$lines" -ne 1 ]; then
-        fail "'$*' printed $lines lines on stderr, expected 1: $(cat err.txt)"
-    elif ! grep -q -- "$pattern" err.txt; then
-        fail "'$*' said '$(cat err.txt)', expected /$pattern/"
-    else
-        ok "$(cat err.txt)"
-    fi
-}
-# expect_error PATTERN CMD... : exit 2 (bad input found before any work).
-expect_error() { expect_exit 2 "$@"; }
-
 # a real shard to train on, and broken ones
 printf 'the quick brown fox jumps over the lazy dog\n%%\n%.0s' $(seq 1 400) > text.txt
 "$MODTRAIN" prep --out data --doc-sep % text.txt > /dev/null

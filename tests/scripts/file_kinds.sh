@@ -104,32 +104,11 @@ for k in dir fifo dev; do
 done
 rm -rf x
 
-# expect_code CODE PATTERN CMD...: exit CODE within 10 s, one stderr line
-# matching PATTERN.
-expect_code() {
-    code=$1 pattern=$2
-    shift 2
-    set +e
-    timeout 10 "$@" > out.txt 2> err.txt < /dev/null
-    rc=$?
-    set -e
-    lines=$(wc -l < err.txt)
-    if [ "$rc" -ne "$code" ]; then
-        fail "'$*' exited $rc, expected $code ($(cat err.txt))"
-    elif [ "$lines" -ne 1 ]; then
-        fail "'$*' printed $lines lines on stderr, expected 1: $(cat err.txt)"
-    elif ! grep -q -- "$pattern" err.txt; then
-        fail "'$*' said '$(cat err.txt)', expected /$pattern/"
-    else
-        ok "$(cat err.txt)"
-    fi
-}
-
 # a vocabulary of 0 tokens (an index edited, a safetensors file made so)
 # exports and imports nothing usable: refused
 rm -rf c && cp -r run/ckpt c
 edit_index "c/$step" 'lines = [b"kv config.vocab_size 0" if l.startswith(b"kv config.vocab_size ") else l for l in lines]'
-expect_code 2 "ckpt export: 'c' has vocab_size = 0, below the 256" "$MODTRAIN" ckpt export --ckpt c --out o.st
+expect_exit 2 "ckpt export: 'c' has vocab_size = 0, below the 256" "$MODTRAIN" ckpt export --ckpt c --out o.st
 "$PYTHON" - good.st v0.st <<'PY'
 import json, struct, sys
 raw = open(sys.argv[1], "rb").read()
@@ -149,7 +128,7 @@ js = json.dumps(h).encode()
 js += b" " * (-len(js) % 8)
 open(sys.argv[2], "wb").write(struct.pack("<Q", len(js)) + js + body)
 PY
-expect_code 2 "ckpt import: 'v0.st' has vocab_size = 0, below the 256" "$MODTRAIN" ckpt import --in v0.st --ckpt imp
+expect_exit 2 "ckpt import: 'v0.st' has vocab_size = 0, below the 256" "$MODTRAIN" ckpt import --in v0.st --ckpt imp
 
 
 # jobs/get_gpt2_vocab.sh --from: a bad folder leaves a good vocabulary alone
@@ -172,7 +151,7 @@ for case in missing dir fifo json merges; do
     json) echo '["not", "an", "encoder"]' > src/encoder.json ;;
     merges) printf '\0\0\0\n' > src/vocab.bpe ;;
     esac
-    expect_code 1 "get_gpt2_vocab: 'src/" "$G" gv --from src
+    expect_exit 1 "get_gpt2_vocab: 'src/" "$G" gv --from src
     check_vocab "--from a folder with $case"
 done
 mkdir h && (cd h && "$G" --help > ../out.txt 2>&1) && grep -q "^usage: jobs/get_gpt2_vocab.sh DIR" out.txt &&

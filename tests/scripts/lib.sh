@@ -65,6 +65,45 @@ open(path, "wb").write(text + b"end %08x\n" % zlib.crc32(text))
 PY
 }
 
+# expect_exit CODE PATTERN CMD...: CMD (stdin empty) exits CODE with one
+# stderr line matching PATTERN; its output in out.txt and err.txt
+expect_exit() {
+    code=$1 pattern=$2
+    shift 2
+    set +e
+    "$@" > out.txt 2> err.txt < /dev/null
+    rc=$?
+    set -e
+    lines=$(wc -l < err.txt)
+    if [ "$rc" -ne "$code" ]; then
+        fail "'$*' exited $rc, expected $code ($(cat err.txt))"
+    elif [ "$lines" -ne 1 ]; then
+        fail "'$*' printed $lines lines on stderr, expected 1: $(cat err.txt)"
+    elif ! grep -q -- "$pattern" err.txt; then
+        fail "'$*' said '$(cat err.txt)', expected /$pattern/"
+    else
+        ok "$(cat err.txt)"
+    fi
+}
+# expect_error PATTERN CMD...: exit 2 (bad input found before any work)
+expect_error() { expect_exit 2 "$@"; }
+
+# expect_train_error NP PATTERN ARGS...: `modtrain train $common ARGS`
+# under $MPIRUN -np NP fails (not by time-out) with one "modtrain:" line
+# matching PATTERN, mpirun's own lines aside
+expect_train_error() {
+    np=$1 pattern=$2
+    shift 2
+    set +e
+    # shellcheck disable=SC2086 # the options
+    timeout 120 $MPIRUN -np "$np" "$MODTRAIN" train $common --run_dir bad "$@" > bad.log 2>&1
+    rc=$?
+    set -e
+    n=$(grep -c "^modtrain: " bad.log)
+    [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$n" -eq 1 ] && grep -q -- "$pattern" bad.log &&
+        ok "$(grep '^modtrain: ' bad.log)" || { cat bad.log; fail "expected one line matching /$pattern/"; }
+}
+
 # train RUN [--key value ...]: `modtrain train $common --run_dir RUN ...`
 # (the test's $common) under a 120 s timeout; its exit code in $rc, its
 # output in RUN.log

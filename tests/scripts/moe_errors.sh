@@ -10,26 +10,6 @@
 . "$(dirname "$0")/lib.sh"
 cd "$TMP"
 MPIRUN="mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader"
-
-# expect_error PATTERN CMD...: exit 2, one stderr line matching PATTERN
-expect_error() {
-    pattern=$1
-    shift
-    set +e
-    "$@" > out.txt 2> err.txt
-    rc=$?
-    set -e
-    lines=$(wc -l < err.txt)
-    if [ "$rc" -ne 2 ]; then
-        fail "'$*' exited $rc, expected 2 ($(cat err.txt))"
-    elif [ "$lines" -ne 1 ]; then
-        fail "'$*' printed $lines lines on stderr, expected 1: $(cat err.txt)"
-    elif ! grep -q -- "$pattern" err.txt; then
-        fail "'$*' said '$(cat err.txt)', expected /$pattern/"
-    else
-        ok "$(cat err.txt)"
-    fi
-}
 # expect_mpi_error NP PATTERN ARGS...: under mpirun, exit 2 and one error
 # line (mpirun's own banner and thread warnings aside) matching PATTERN
 expect_mpi_error() {

@@ -36,25 +36,11 @@ stage=$(echo "$b2" | sed -n 's/.*M parameters (\([0-9.]*\)M on stage 0).*/\1/p')
 check_ab "${stage:-0}" "$want" 'a > 0 && a < b' && ok "pp 2: stage 0 holds ${stage}M of ${want}M" ||
     fail "pp 2: no stage count below the whole in '$b2'"
 
-# expect CODE PATTERN CMD...: exit CODE and one stderr line matching PATTERN
-expect() {
-    code=$1 pattern=$2
-    shift 2
-    set +e
-    "$@" > out.txt 2> err.txt
-    rc=$?
-    set -e
-    if [ "$rc" -eq "$code" ] && [ "$(wc -l < err.txt)" -eq 1 ] && grep -q -e "$pattern" err.txt; then
-        ok "$(cat err.txt)"
-    else
-        fail "'$*': exit $rc, '$(cat err.txt)', expected $code and /$pattern/"
-    fi
-}
 
 # (b) plan without a model is refused, without a cluster says what it assumes
-expect 2 "plan: no model to plan: give --config FILE" "$MODTRAIN" plan --cluster "$srcdir/jobs/cluster_16x64.conf"
-expect 2 "plan: no model to plan" "$MODTRAIN" plan --batch_size 64
-expect 0 "plan: no --cluster FILE: assuming 1 node of 2 cores, 24 GiB" "$MODTRAIN" plan --config "$srcdir/jobs/tiny.conf"
+expect_exit 2 "plan: no model to plan: give --config FILE" "$MODTRAIN" plan --cluster "$srcdir/jobs/cluster_16x64.conf"
+expect_exit 2 "plan: no model to plan" "$MODTRAIN" plan --batch_size 64
+expect_exit 0 "plan: no --cluster FILE: assuming 1 node of 2 cores, 24 GiB" "$MODTRAIN" plan --config "$srcdir/jobs/tiny.conf"
 grep -q "1 node x 2 cores, 24 GiB" out.txt && ok "and plans on that cluster" || fail "plan: $(head -n 1 out.txt)"
 printf 'nodes = 1\ncores_per_node = 4\n' > one.cluster
 "$MODTRAIN" plan --config "$srcdir/jobs/tiny.conf" --cluster one.cluster > out.txt 2> err.txt &&
@@ -62,17 +48,17 @@ printf 'nodes = 1\ncores_per_node = 4\n' > one.cluster
     fail "with --cluster: $(cat err.txt) $(head -n 1 out.txt)"
 
 # (d) a bad number names its option and range
-expect 2 "sample: --temperature = -1 is out of range (expected a number in \[0, " "$MODTRAIN" sample --ckpt x --temperature -1
-expect 2 "sample: --tokens = -5 is out of range (expected an integer in \[0, " "$MODTRAIN" sample --ckpt x --tokens -5
-expect 2 "sample: --threads = 5000 is out of range (expected an integer in \[0, 4096\])" "$MODTRAIN" sample --ckpt x --threads 5000
-expect 2 "sample: --pp = 0 is out of range" "$MODTRAIN" sample --ckpt x --pp 0
-expect 2 "eval: --threads = -1 is out of range" "$MODTRAIN" eval --ckpt x --data y --threads -1
-expect 2 "eval: --aux_weight = -1 is out of range (expected a number >= 0)" "$MODTRAIN" eval --ckpt x --data y --aux_weight -1
-expect 2 "eval: --seqs = -1 is out of range" "$MODTRAIN" eval --ckpt x --data y --seqs -1
-expect 2 "data: --count = -1 is out of range" "$MODTRAIN" data --data y --count -1
-expect 2 "data: --batch_size = 0 is out of range" "$MODTRAIN" data --data y --batch_size 0
-expect 2 "plan: --top = '0' is not a count in \[1, " "$MODTRAIN" plan --config "$srcdir/jobs/tiny.conf" --top 0
-expect 2 "ckpt diff: --tol = -1 is out of range (expected a number >= 0)" "$MODTRAIN" ckpt diff --a x --b y --tol -1
+expect_exit 2 "sample: --temperature = -1 is out of range (expected a number in \[0, " "$MODTRAIN" sample --ckpt x --temperature -1
+expect_exit 2 "sample: --tokens = -5 is out of range (expected an integer in \[0, " "$MODTRAIN" sample --ckpt x --tokens -5
+expect_exit 2 "sample: --threads = 5000 is out of range (expected an integer in \[0, 4096\])" "$MODTRAIN" sample --ckpt x --threads 5000
+expect_exit 2 "sample: --pp = 0 is out of range" "$MODTRAIN" sample --ckpt x --pp 0
+expect_exit 2 "eval: --threads = -1 is out of range" "$MODTRAIN" eval --ckpt x --data y --threads -1
+expect_exit 2 "eval: --aux_weight = -1 is out of range (expected a number >= 0)" "$MODTRAIN" eval --ckpt x --data y --aux_weight -1
+expect_exit 2 "eval: --seqs = -1 is out of range" "$MODTRAIN" eval --ckpt x --data y --seqs -1
+expect_exit 2 "data: --count = -1 is out of range" "$MODTRAIN" data --data y --count -1
+expect_exit 2 "data: --batch_size = 0 is out of range" "$MODTRAIN" data --data y --batch_size 0
+expect_exit 2 "plan: --top = '0' is not a count in \[1, " "$MODTRAIN" plan --config "$srcdir/jobs/tiny.conf" --top 0
+expect_exit 2 "ckpt diff: --tol = -1 is out of range (expected a number >= 0)" "$MODTRAIN" ckpt diff --a x --b y --tol -1
 
 # (e) train --help: every key an error calls an enumeration shows its values
 "$MODTRAIN" train --help > help.txt
