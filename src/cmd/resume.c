@@ -166,8 +166,9 @@ static int try_line(const char *ckpt_dir, const char *want, int lo, int hi, cons
              others == 1 ? "" : "s", ckpt_dir);
     *tried = 0;
     for (int i = 0; i < n && r == 0 && !*fatal; i++) {
-        const int step = atoi(names[i] + 5); /* step-NNNNNNNN, as listed */
-        if (step < lo || step > hi) continue;
+        long long step = -1; /* step-NNNNNNNN, as listed: 8 digits */
+        if (parse_i64(names[i] + 5, 0, CONFIG_MAX_STEP, &step) != 0 || step < lo || step > hi)
+            continue;
         snprintf(loaded, ln, "%s/%s", ckpt_dir, names[i]);
         ++*tried;
         r = try_resume(loaded, cfg, m, opt, start, rs, comm, fatal);
