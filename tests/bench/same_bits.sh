@@ -1,10 +1,13 @@
 #!/bin/bash
 # Two builds of modtrain, bit for bit: trains the same runs with both (one
 # rank dense, MoD with the router's BCE, MoD with the predictor and sigmoid
-# gate; tp 2, dp 2, pp 2, (pp 2, tp 2) GPipe, (pp 2, dp 2); a run stopped
-# by time_limit and resumed), then compares every checkpoint with
+# gate; tp 2, dp 2, pp 2, (pp 2, tp 2) GPipe, (pp 2, dp 2); MoE, staged
+# and integrated MoDE on one rank, ep 2, zero 1, interleaved 1F1B
+# (virtual_stages 2), recompute = block and = attention (under tp 2),
+# synchronous and asynchronous saves side by side; a run stopped by
+# time_limit and resumed), then compares every checkpoint with
 # `ckpt diff --tol 0`, every metrics line's loss, gradient norm and routing
-# figures, and eval and sample outputs (one rank, tp 2, pp 2).
+# figures, and eval and sample outputs (one rank, tp 2, pp 2, MoDE).
 # For refactors that must not change a bit.
 # usage: tests/bench/same_bits.sh OLD_MODTRAIN NEW_MODTRAIN [WORKDIR]
 set -u
@@ -21,7 +24,9 @@ common="--config $srcdir/jobs/tiny.conf --train_data $data/train_000000.bin --va
     --n_layer 4 --micro_batch 2 --steps 12 --ckpt_every 6 --ckpt_keep 5 --eval_every 6 \
     --log_every 1000 --peak_gflops 50 --resume never"
 mod="--route_every 2 --capacity 0.25"
-runs="dense1 mod1 pred1 tp2 dp2 pp2 pp2tp2 pp2dp2 resumed"
+moe="--n_expert 4 --expert_top_k 2 --capacity_factor 1"
+runs="dense1 mod1 pred1 tp2 dp2 pp2 pp2tp2 pp2dp2 moe1 mode_staged1 mode_integrated1 ep2 zero1 pp2v2
+    recompute_block1 recompute_attn_tp2 save_sync_dp2 save_async_dp2 resumed"
 
 run_all() { # BINARY DIR
     local b=$1 d=$2
@@ -35,12 +40,23 @@ run_all() { # BINARY DIR
     t pp2 2 --threads 1 $mod --pp 2
     t pp2tp2 4 --threads 1 $mod --pp 2 --tp 2 --schedule gpipe
     t pp2dp2 4 --threads 1 --pp 2
+    t moe1 1 --threads 2 $moe
+    t mode_staged1 1 --threads 2 $moe $mod --moe_every 2
+    t mode_integrated1 1 --threads 2 $moe --n_noop_expert 2
+    t ep2 2 --threads 1 $moe --ep 2
+    t zero1 2 --threads 1 $mod --zero 1
+    t pp2v2 2 --threads 1 $mod --pp 2 --virtual_stages 2
+    t recompute_block1 1 --threads 2 $mod --recompute block
+    t recompute_attn_tp2 2 --threads 1 $mod --tp 2 --recompute attention
+    t save_sync_dp2 2 --threads 1 $moe --ckpt_every 4 --ckpt_async 0
+    t save_async_dp2 2 --threads 1 $moe --ckpt_every 4 --ckpt_async 1
     t resumed 1 --threads 2 $mod --time_limit 0.001 # stops after step 1, exit 75
     t resumed 1 --threads 2 $mod --resume auto
     "$b" eval --ckpt mod1/ckpt --data "$data/val_000000.bin" --seqs 32 --json --threads 2 > eval1.txt 2>&1
     $MPIRUN -np 2 "$b" eval --ckpt pp2/ckpt --data "$data/val_000000.bin" --seqs 32 --json --threads 1 --pp 2 > evalpp2.txt 2>&1
     "$b" sample --ckpt pred1/ckpt --tokens 200 --threads 2 --seed 3 > sample1.txt 2>&1
     $MPIRUN -np 2 "$b" sample --ckpt tp2/ckpt --tokens 200 --threads 1 --seed 3 > sampletp2.txt 2>&1
+    "$b" sample --ckpt mode_staged1/ckpt --tokens 100 --threads 2 --seed 3 > samplemode1.txt 2>&1
     $MPIRUN -np 2 "$b" sample --ckpt mod1/ckpt --tokens 100 --threads 1 --seed 3 --pp 2 --prompt Hello > samplepp2.txt 2>&1
     cd ..
 }
@@ -57,7 +73,7 @@ for r in $runs; do
         bad=1
     fi
 done
-for f in eval1 evalpp2 sample1 sampletp2 samplepp2; do
+for f in eval1 evalpp2 sample1 sampletp2 samplepp2 samplemode1; do
     if [ -s "new/$f.txt" ] && cmp -s "old/$f.txt" "new/$f.txt"; then echo "same: $f output"; else echo "DIFFERENT: $f"; bad=1; fi
 done
 exit $bad
