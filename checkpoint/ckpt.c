@@ -22,7 +22,7 @@
 #include "mpi/check.h"
 #include "src/base/fault.h"
 #include "src/base/util.h"
-#include "src/kernels.h"
+#include "src/kernels/kernels.h"
 #include "checkpoint/ckio.h"
 #include "checkpoint/safetensors.h"
 

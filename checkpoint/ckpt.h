@@ -18,9 +18,9 @@
 #include "checkpoint/ckio.h"
 #include "checkpoint/safetensors.h"
 #include "src/base/util.h"
-#include "src/config.h"
-#include "src/model.h"
-#include "src/optim.h"
+#include "src/config/config.h"
+#include "src/model/model.h"
+#include "src/model/optim.h"
 
 /* The training state beyond the step that a checkpoint records: the
  * global batches skipped so far (step s trains on batch s + batch_offset),

@@ -19,7 +19,7 @@
 
 /* A rank's share of the flat parameter buffer under ZeRO-1: ranges
  * [lo[i], hi[i]) of it, ascending and disjoint (AdamW's moments hold them
- * back to back: src/optim.h). */
+ * back to back: src/model/optim.h). */
 typedef struct {
     int n;
     size_t *lo, *hi;

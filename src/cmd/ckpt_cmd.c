@@ -16,7 +16,7 @@
 #include "checkpoint/safetensors.h"
 #include "src/cmd/cli.h"
 #include "src/cmd/cmd.h"
-#include "src/config.h"
+#include "src/config/config.h"
 
 /* The codec mix of a checkpoint: "v1 zlib", or for version 2 the share of
  * the raw bytes in Huffman-coded planes, e.g. "v2 h 25% r 75%". */

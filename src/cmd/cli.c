@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/config.h"
+#include "src/config/config.h"
 #include "src/base/util.h"
 
 int cli_option_name(const char *a, char *name, size_t n, const char **value) {

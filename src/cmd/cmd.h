@@ -14,10 +14,10 @@
 
 #include "checkpoint/ckpt.h"
 #include "src/base/util.h"
-#include "src/data.h"
-#include "src/dataset.h"
-#include "src/model.h"
-#include "src/optim.h"
+#include "src/data/data.h"
+#include "src/data/dataset.h"
+#include "src/model/model.h"
+#include "src/model/optim.h"
 
 /* Exit codes. EXIT_FAILURE (1, from <stdlib.h>) is a failure while working:
  * a save that could not be written, a diverged loss, a checkpoint that does

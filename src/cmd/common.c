@@ -18,9 +18,9 @@
 #include "mpi/pipeline.h"
 #include "mpi/sync.h"
 #include "src/base/fault.h"
-#include "src/cluster.h"
+#include "src/plan/cluster.h"
 #include "src/cmd/cmd.h"
-#include "src/kernels.h"
+#include "src/kernels/kernels.h"
 
 /* OMP_NUM_THREADS, the hybrid MPI + OpenMP convention (mpirun -x
  * OMP_NUM_THREADS=N), is each process's count when it is a whole number (its

@@ -8,8 +8,8 @@
 
 #include "src/cmd/cli.h"
 #include "src/cmd/cmd.h"
-#include "src/config.h"
-#include "src/dataset.h"
+#include "src/config/config.h"
+#include "src/data/dataset.h"
 
 /* The summary: the datasets, their shards, tokens and sequences, the
  * tokenizer, and what a run of steps x batch_size would read. */

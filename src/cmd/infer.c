@@ -12,10 +12,10 @@
 #include "mpi/check.h"
 #include "mpi/grid.h"
 #include "src/base/rng.h"
-#include "src/bpe.h"
+#include "src/tokenizer/bpe.h"
 #include "src/cmd/cli.h"
 #include "src/cmd/cmd.h"
-#include "src/kernels.h"
+#include "src/kernels/kernels.h"
 
 /* A checkpoint opened for inference: the grid, and this rank's part of the
  * model. */

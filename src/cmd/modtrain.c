@@ -11,7 +11,7 @@
 
 #include "src/cmd/cli.h"
 #include "src/cmd/cmd.h"
-#include "src/kernels.h"
+#include "src/kernels/kernels.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: modtrain <command> [options]\n\n"

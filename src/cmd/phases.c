@@ -7,7 +7,7 @@
 
 #include "mpi/check.h"
 #include "src/base/util.h"
-#include "src/kernels.h"
+#include "src/kernels/kernels.h"
 
 static const char *const names[PH_N] = {"forward", "backward", "tp_comm",   "ep_comm",
                                         "dp_comm", "pp_wait",  "optimizer", "ckpt_stall",

@@ -15,10 +15,10 @@
 #include "mpi/pipeline.h"
 #include "src/cmd/cli.h"
 #include "src/cmd/cmd.h"
-#include "src/dataset.h"
-#include "src/data.h"
-#include "src/kernels.h"
-#include "src/plan.h"
+#include "src/data/dataset.h"
+#include "src/data/data.h"
+#include "src/kernels/kernels.h"
+#include "src/plan/plan.h"
 
 typedef struct {
     const char *cluster, *out;

@@ -9,7 +9,7 @@
 
 #include "src/cmd/cli.h"
 #include "src/cmd/cmd.h"
-#include "src/prep.h"
+#include "src/prep/prep.h"
 
 /* A progress line on stderr: text read, rate, documents, tokens, shards,
  * and when the input's size is known the share done and an ETA. */

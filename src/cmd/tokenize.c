@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "src/bpe.h"
+#include "src/tokenizer/bpe.h"
 #include "src/cmd/cli.h"
 #include "src/cmd/cmd.h"
 

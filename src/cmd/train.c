@@ -29,11 +29,11 @@
 #include "src/base/rng.h"
 #include "src/cmd/cli.h"
 #include "src/cmd/cmd.h"
-#include "src/plan.h"
+#include "src/plan/plan.h"
 #include "src/cmd/phases.h"
-#include "src/config.h"
-#include "src/dataset.h"
-#include "src/kernels.h"
+#include "src/config/config.h"
+#include "src/data/dataset.h"
+#include "src/kernels/kernels.h"
 
 /* Everything a training run holds. The *_ready flags say what setup reached,
  * so one teardown is right wherever setup stopped. */

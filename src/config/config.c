@@ -4,7 +4,7 @@
  * accepted range, because a job that dies an hour into a queue wait over a
  * typo is the most expensive kind of error.
  */
-#include "src/config.h"
+#include "src/config/config.h"
 
 #include <ctype.h>
 #include <errno.h>

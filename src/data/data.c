@@ -1,7 +1,7 @@
 /*
  * data: shard headers and shard I/O.
  */
-#include "src/data.h"
+#include "src/data/data.h"
 
 #include <errno.h>
 #include <fcntl.h>

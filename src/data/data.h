@@ -4,7 +4,7 @@
  * A shard is a 256-int32 header (magic 20240520, version 1, token count;
  * slots 3-8 are modtrain's ShardMeta, zero in llm.c's shards) followed by
  * uint16 tokens. A sequence is a window of T+1 tokens starting at a
- * multiple of T. Training reads shards through src/dataset.h (headers,
+ * multiple of T. Training reads shards through src/data/dataset.h (headers,
  * then the sequences it needs); shard_load reads a whole one, for tools
  * and tests.
  */

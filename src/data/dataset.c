@@ -2,7 +2,7 @@
  * dataset: specs, their shards' headers, the blend schedule, the keyed
  * permutation and the reads (see dataset.h for the order).
  */
-#include "src/dataset.h"
+#include "src/data/dataset.h"
 
 #include <errno.h>
 #include <fcntl.h>

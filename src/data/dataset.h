@@ -34,7 +34,7 @@
 #include <stdint.h>
 
 #include "src/base/util.h"
-#include "src/data.h"
+#include "src/data/data.h"
 
 #define DS_MAX_PARTS 64          /* datasets in a blend */
 #define DS_MAX_SHARDS 1000000    /* shards in a spec */

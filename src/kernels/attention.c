@@ -22,8 +22,8 @@
 #include <string.h>
 
 #include "src/base/util.h"
-#include "src/kernels.h"
-#include "src/kernels_impl.h"
+#include "src/kernels/kernels.h"
+#include "src/kernels/kernels_impl.h"
 
 /* Row t of a causal softmax: probabilities over columns 0..t, zeros after. */
 VEC_IMPL softmax_causal_row_impl(float *row, int t, int T) {

@@ -4,7 +4,7 @@
  * each on BLIS's micro-kernel (mm_tile). Every reduction has a fixed order
  * for a fixed thread count, so runs are bitwise repeatable.
  */
-#include "src/kernels.h"
+#include "src/kernels/kernels.h"
 
 #include <blis.h>
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -21,7 +21,7 @@
 #include <time.h>
 
 #include "src/base/util.h"
-#include "src/kernels_impl.h"
+#include "src/kernels/kernels_impl.h"
 
 static int g_threads = 1;
 int kernels_avx2 = 0;

@@ -167,7 +167,7 @@ void bias_gelu_forward(float *pre, float *out, const float *bias, int N, int F);
  * row; sequence b is rows off[b] .. off[b+1] (B+1 offsets, lengths may
  * differ). out(N,NH*hs); lse keeps each row's log-sum-exp for backward:
  * per sequence its NH heads of len rows, packed (N*NH floats). O(T) memory:
- * the T x T probabilities exist one tile at a time (src/attention.c). The
+ * the T x T probabilities exist one tile at a time (src/kernels/attention.c). The
  * same bits on any number of threads, whole heads or parts of them. */
 void attention_forward(float *out, float *lse, const float *qkv, int B, const int *off, int NH,
                        int hs);

@@ -10,8 +10,8 @@
 #include "mpi/pipeline.h"
 #include "mpi/tp.h"
 #include "src/base/util.h"
-#include "src/kernels.h"
-#include "src/model_impl.h"
+#include "src/kernels/kernels.h"
+#include "src/model/model_impl.h"
 
 void decode_init(DecodeState *s, const Model *m) {
     const ModelDims *d = &m->d;

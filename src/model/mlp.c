@@ -14,8 +14,8 @@
 
 #include "mpi/ep.h"
 #include "mpi/tp.h"
-#include "src/kernels.h"
-#include "src/model_impl.h"
+#include "src/kernels/kernels.h"
+#include "src/model/model_impl.h"
 
 /* ------------------------------------------------------------------ dense */
 

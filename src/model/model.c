@@ -10,7 +10,7 @@
  * Routing reads only the replicated residual stream, so every tp rank
  * chooses the same tokens without talking to the others.
  */
-#include "src/model_impl.h"
+#include "src/model/model_impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -23,9 +23,9 @@
 #endif
 
 #include "mpi/check.h"
-#include "src/config.h"
-#include "src/kernels.h"
-#include "src/kernels_impl.h"
+#include "src/config/config.h"
+#include "src/kernels/kernels.h"
+#include "src/kernels/kernels_impl.h"
 #include "src/base/rng.h"
 #include "src/base/util.h"
 

@@ -22,7 +22,7 @@
 #include "mpi/ep.h"
 #include "mpi/tp.h"
 #include "src/base/util.h"
-#include "src/config.h"
+#include "src/config/config.h"
 
 /* Chunks of blocks a pipeline rank may hold (virtual_stages at most). */
 enum { MODEL_MAX_CHUNKS = CONFIG_MAX_VIRTUAL_STAGES };

@@ -15,7 +15,7 @@
 #ifndef MODTRAIN_MODEL_IMPL_H
 #define MODTRAIN_MODEL_IMPL_H
 
-#include "src/model.h"
+#include "src/model/model.h"
 
 /* Decoding's view of a block's attention: one new token against the
  * block's KV cache instead of whole sequences. */

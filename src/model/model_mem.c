@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "src/base/util.h"
-#include "src/kernels.h"
-#include "src/model_impl.h"
+#include "src/kernels/kernels.h"
+#include "src/model/model_impl.h"
 
 /* The activation size table (after llm.c's act_sizes): one row per buffer,
  * naming the field that points at it, its element size, its element count

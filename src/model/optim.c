@@ -1,7 +1,7 @@
 /*
  * optim: AdamW over the registry, elementwise and so trivially deterministic.
  */
-#include "src/optim.h"
+#include "src/model/optim.h"
 
 #include <math.h>
 #include <omp.h>
@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "src/base/util.h"
-#include "src/kernels_impl.h"
+#include "src/kernels/kernels_impl.h"
 
 void adamw_init(AdamW *o, const Model *model) { adamw_init_shard(o, model, NULL); }
 

@@ -10,8 +10,8 @@
 #include <stddef.h>
 
 #include "mpi/zero.h"
-#include "src/config.h"
-#include "src/model.h"
+#include "src/config/config.h"
+#include "src/model/model.h"
 
 typedef struct {
     /* (n) each: laid out like Model.params, or, with a shard, its ranges

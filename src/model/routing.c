@@ -16,8 +16,8 @@
 
 #include "mpi/tp.h"
 #include "src/base/util.h"
-#include "src/kernels.h"
-#include "src/model_impl.h"
+#include "src/kernels/kernels.h"
+#include "src/model/model_impl.h"
 
 /* ------------------------------------------------------- Mixture-of-Depths */
 

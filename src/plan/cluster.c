@@ -2,7 +2,7 @@
  * cluster: the description of a cluster `modtrain plan` plans for, as a
  * strict `key = value` file (see cluster.h).
  */
-#include "src/cluster.h"
+#include "src/plan/cluster.h"
 
 #include <ctype.h>
 #include <errno.h>

@@ -1,7 +1,7 @@
 /*
  * plan: memory, bytes and an estimated step time per layout (see plan.h).
  */
-#include "src/plan.h"
+#include "src/plan/plan.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -10,7 +10,7 @@
 
 #include "mpi/dp.h"
 #include "mpi/pipeline.h"
-#include "src/dataset.h"
+#include "src/data/dataset.h"
 
 /* ------------------------------------------------------------- the model */
 

@@ -41,9 +41,9 @@
 
 #include <stddef.h>
 
-#include "src/cluster.h"
-#include "src/config.h"
-#include "src/model.h"
+#include "src/plan/cluster.h"
+#include "src/config/config.h"
+#include "src/model/model.h"
 
 typedef struct {
     int tp, pp, dp, ranks_per_node, threads;

@@ -13,7 +13,7 @@
  * real header (count, CRC-32) and fsync. All of it lands in
  * OUT.prep-tmp.HOST.PID beside OUT, which is renamed to OUT at the end.
  */
-#include "src/prep.h"
+#include "src/prep/prep.h"
 
 #include <dirent.h>
 #include <errno.h>

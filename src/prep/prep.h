@@ -12,8 +12,8 @@
 #include <stdint.h>
 
 #include "src/base/util.h"
-#include "src/bpe.h"
-#include "src/data.h"
+#include "src/tokenizer/bpe.h"
+#include "src/data/data.h"
 
 #define PREP_MEM_DEFAULT ((size_t)512 << 20)
 #define PREP_MEM_MIN ((size_t)16 << 20)

@@ -2,7 +2,7 @@
  * bpe: GPT-2's byte-level BPE (see bpe.h).
  */
 #define PCRE2_CODE_UNIT_WIDTH 8
-#include "src/bpe.h"
+#include "src/tokenizer/bpe.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "src/base/util.h"
-#include "src/kernels.h"
+#include "src/kernels/kernels.h"
 #include "tests/bench/bench_util.h"
 
 static const char *prog = "attn_bench";

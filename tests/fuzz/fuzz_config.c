@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/config.h"
+#include "src/config/config.h"
 #include "tests/fuzz/fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

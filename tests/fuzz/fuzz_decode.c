@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/bpe.h"
+#include "src/tokenizer/bpe.h"
 #include "tests/fuzz/fuzz.h"
 
 /* GPT-2's alphabet character of byte b, as UTF-8 into out (1 or 2 bytes). */

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/bpe.h"
+#include "src/tokenizer/bpe.h"
 #include "tests/fuzz/fuzz.h"
 
 typedef struct {

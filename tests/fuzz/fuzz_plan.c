@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/plan.h"
+#include "src/plan/plan.h"
 #include "tests/fuzz/fuzz.h"
 
 /* The next section of text (up to a line "%%" or the end): *len bytes

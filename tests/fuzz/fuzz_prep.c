@@ -13,8 +13,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "src/data.h"
-#include "src/prep.h"
+#include "src/data/data.h"
+#include "src/prep/prep.h"
 #include "tests/fuzz/fuzz.h"
 
 static char dir[512];

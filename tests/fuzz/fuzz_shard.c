@@ -2,7 +2,7 @@
  * standing for the whole file. */
 #include <stdlib.h>
 
-#include "src/data.h"
+#include "src/data/data.h"
 #include "tests/fuzz/fuzz.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

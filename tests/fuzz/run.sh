@@ -23,17 +23,17 @@ if ! command -v "${FUZZ_CC:-clang}" > /dev/null; then
 fi
 flags="-std=gnu11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer -fopenmp -I$srcdir \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined"
-lib="src/base/util.c src/base/fault.c src/base/rng.c mpi/check.c src/config.c src/data.c checkpoint/ckio.c checkpoint/huff.c \
-    checkpoint/safetensors.c src/bpe.c src/cluster.c src/dataset.c"
+lib="src/base/util.c src/base/fault.c src/base/rng.c mpi/check.c src/config/config.c src/data/data.c checkpoint/ckio.c checkpoint/huff.c \
+    checkpoint/safetensors.c src/tokenizer/bpe.c src/plan/cluster.c src/data/dataset.c"
 
 # one T: builds and runs harness T; its report goes to $out/T.report, and
 # $out/T.failed marks a finding
 one() {
     t=$1 srcs="$srcdir/tests/fuzz/fuzz_$1.c" more= libs=
     # the planner sizes models: the model, its kernels and collectives link in
-    [ "$t" = plan ] && more="src/plan.c src/model.c src/model_mem.c src/routing.c src/mlp.c src/head.c src/decode.c src/kernels.c src/attention.c mpi/tp.c mpi/ep.c mpi/pipeline.c" libs="-lblis -lm"
+    [ "$t" = plan ] && more="src/plan/plan.c src/model/model.c src/model/model_mem.c src/model/routing.c src/model/mlp.c src/model/head.c src/model/decode.c src/kernels/kernels.c src/kernels/attention.c mpi/tp.c mpi/ep.c mpi/pipeline.c" libs="-lblis -lm"
     # prep reads gzip, zstd and JSON Lines
-    [ "$t" = prep ] && more="src/prep.c" libs="-lzstd -ljansson -lm"
+    [ "$t" = prep ] && more="src/prep/prep.c" libs="-lzstd -ljansson -lm"
     for f in $lib $more; do srcs="$srcs $srcdir/$f"; done
     rm -f "$out/$t.failed"
     exec > "$out/$t.report" 2>&1

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Every call that changes the file system in checkpoint/, in the
 # durable-write helper (src/base/util.c) and in prep's shard writer and
-# set commit (src/prep.c) sits behind a fault point, so that the
+# set commit (src/prep/prep.c) sits behind a fault point, so that the
 # crash-point sweeps (tests/scripts/crash_sweep.sh, prep_crash_sweep.sh)
 # cannot quietly leave a step of a save or a commit out: write, pwrite, fsync, fdatasync, rename, unlink,
 # rmdir, mkdir, ftruncate, fwrite, fopen for writing, open for writing and

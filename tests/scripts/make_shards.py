@@ -17,7 +17,7 @@ of the token bytes, 1 when slot 7 holds it), then uint16 tokens.
       sets one header slot
   make_shards.py sample SEED N SEQ
       the sample g of epoch 0 of a one-dataset run (seed SEED, N sequences)
-      that reads sequence SEQ: the inverse of the order of src/dataset.c
+      that reads sequence SEQ: the inverse of the order of src/data/dataset.c
       (ds_permute keyed as ds_locate keys it, rng_u64 of src/base/rng.c)
 """
 import array

@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "src/bpe.h"
+#include "src/tokenizer/bpe.h"
 #include "tests/unit/testutil.h"
 
 /* GPT-2's byte alphabet, written out again: the printable Latin-1 bytes

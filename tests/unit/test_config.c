@@ -7,7 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "src/config.h"
+#include "src/config/config.h"
 #include "testutil.h"
 
 static void test_defaults(void) {

@@ -8,8 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "src/data.h"
-#include "src/prep.h"
+#include "src/data/data.h"
+#include "src/prep/prep.h"
 #include "src/base/util.h"
 #include "testutil.h"
 

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "src/base/util.h"
-#include "src/dataset.h"
+#include "src/data/dataset.h"
 #include "testutil.h"
 
 static char dir[] = "/tmp/modtrain-dataset-XXXXXX";

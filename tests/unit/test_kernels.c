@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "src/kernels.h"
+#include "src/kernels/kernels.h"
 #include "src/base/util.h"
 #include "testutil.h"
 

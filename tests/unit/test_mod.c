@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/kernels.h"
-#include "src/model.h"
+#include "src/kernels/kernels.h"
+#include "src/model/model.h"
 #include "src/base/rng.h"
 #include "src/base/util.h"
 #include "testutil.h"

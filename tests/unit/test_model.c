@@ -8,9 +8,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "src/kernels.h"
-#include "src/model.h"
-#include "src/optim.h"
+#include "src/kernels/kernels.h"
+#include "src/model/model.h"
+#include "src/model/optim.h"
 #include "src/base/util.h"
 #include "testutil.h"
 

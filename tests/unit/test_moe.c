@@ -14,9 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/kernels.h"
-#include "src/model.h"
-#include "src/model_impl.h"
+#include "src/kernels/kernels.h"
+#include "src/model/model.h"
+#include "src/model/model_impl.h"
 #include "src/base/util.h"
 #include "testutil.h"
 

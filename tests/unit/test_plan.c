@@ -21,8 +21,8 @@
 
 #include "mpi/dp.h"
 #include "mpi/pipeline.h"
-#include "src/kernels.h"
-#include "src/plan.h"
+#include "src/kernels/kernels.h"
+#include "src/plan/plan.h"
 #include "testutil.h"
 
 static Config small(void) {

@@ -12,9 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/kernels.h"
-#include "src/model.h"
-#include "src/optim.h"
+#include "src/kernels/kernels.h"
+#include "src/model/model.h"
+#include "src/model/optim.h"
 #include "src/base/util.h"
 #include "testutil.h"
 
