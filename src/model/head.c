@@ -25,15 +25,15 @@
  * The reference head (m->ref_logits set, tests only) is the unchunked one:
  * the whole micro-batch's logits in the caller's buffer.
  */
-#include "src/model_impl.h"
+#include "src/model/model_impl.h"
 
 #include <assert.h>
 #include <math.h>
 #include <string.h>
 
 #include "mpi/tp.h"
-#include "src/kernels.h"
-#include "src/kernels_impl.h"
+#include "src/kernels/kernels.h"
+#include "src/kernels/kernels_impl.h"
 
 /* This rank's columns that are real tokens (the rest pad V to tp's multiple). */
 static int valid_cols(const ModelDims *d) {
