@@ -1,20 +1,26 @@
 /*
  * model_impl: what the model's own files share and nothing else includes.
  *
- *   model.c    dims, the parameter registry, initialisation, forward and
- *              backward
- *   model_mem.c  activations and memory: the size tables, allocation and
- *              model_memory
- *   routing.c  Mixture-of-Depths (router, top-k, causal decision, routed
- *              blocks) and the experts' router (choices, capacity, the
- *              load-balancing loss)
- *   mlp.c      the MLP branch: the dense MLP and the Mixture-of-Experts one
- *   head.c     ln_f, the tied head and the loss, in chunks of rows
- *   decode.c   incremental decoding with a KV cache
+ * The room from the top down; a file calls only the files below it:
+ *   forward.c    a stage's forward and backward over a micro-batch
+ *   decode.c     incremental decoding with a KV cache
+ *   routing.c    Mixture-of-Depths: router, top-k, causal decision, routed
+ *                blocks
+ *   block.c      a block's two branches, attention and MLP
+ *   mlp.c        the MLP branch: dense, or the experts
+ *   experts.c    the experts' router (choices, capacity, the
+ *                load-balancing loss) and the experts with their dispatch
+ *   head.c       ln_f, the tied head and the loss, in chunks of rows
+ *   model_mem.c  activations and memory: the size tables, allocation,
+ *                model_init and model_memory
+ *   params.c     the parameter registry, initial weights, gradient norms
+ *   dims.c       the model's shape, stages and routed blocks, FLOPs
+ *   optim.c      AdamW over the registry (beside the rest)
  */
 #ifndef MODTRAIN_MODEL_IMPL_H
 #define MODTRAIN_MODEL_IMPL_H
 
+#include "src/kernels/kernels.h"
 #include "src/model/model.h"
 
 /* Decoding's view of a block's attention: one new token against the
@@ -34,10 +40,38 @@ static inline void gated_add(float *y, const float *a, const float *mo, float g,
     }
 }
 
-/* model.c */
-/* The registry of m->d's stage into m->reg (measure: only m->nparams,
- * with one expert's rows standing for a block's El). */
+/* The MLP's GELU in the backward, for the dense MLP (mlp.c) and the
+ * experts (experts.c) alike. */
+/* The GELU output out of the kept pre-activation pre (n floats) again, for
+ * the backward: the sets never keep it (its buffer is the working copy's,
+ * which later blocks' forwards overwrite). With it, grad = gelu'(pre) on
+ * the same tanh, which the GELU's backward then multiplies by its output's
+ * gradient: the same floats as gelu_forward and gelu_backward_set. Returns
+ * 0 under recompute = block, where the block's forward has just made out
+ * and grad is left for gelu_backward_set. */
+static inline int gelu_again(const Model *m, const float *pre, float *out, float *grad, size_t n) {
+    if (m->d.recompute == RECOMPUTE_BLOCK) return 0;
+    if (n) gelu_with_grad(out, grad, pre, n);
+    return 1;
+}
+
+/* The GELU's backward: dpre = gelu'(pre) * dout, dpre holding gelu'(pre)
+ * already when gelu_again made it. */
+static inline void gelu_back(int have_grad, float *dpre, const float *pre, const float *dout, size_t n) {
+    if (have_grad) mul_inplace(dpre, dout, n);
+    else gelu_backward_set(dpre, pre, dout, n);
+}
+
+/* dims.c: the first block at or after l this rank holds, or L: a loop over
+ * the held blocks costs their count, not L (the planner measures stages
+ * of models of thousands of blocks). */
+int model_next_held(const ModelDims *d, int l);
+
+/* params.c: the registry of m->d's stage into m->reg (measure: only
+ * m->nparams, with one expert's rows standing for a block's El). */
 void model_build_registry(Model *m, int measure);
+
+/* block.c */
 /* Block l's two branches on N rows x (B sequences, rows off[b]..off[b+1];
  * or, with kv, one token attending to its cache): a = attention branch
  * (projected, all-reduced, biased), mo = MLP branch, with res2 = x + a
@@ -85,7 +119,7 @@ int routed_forward(Model *m, int l, const float *x, float *y, int B, int T);
 void routed_backward(Model *m, int l, const float *x, float *dres, int B, int T, float aux_scale,
                      float pred_scale);
 
-/* routing.c: the experts' router */
+/* experts.c: the experts' router */
 /* Routes block l's N rows u (the MLP's input) to experts: probabilities,
  * choices, and (capped: by capacity; else every choice of a real expert is
  * kept) each slot's row among the rows sent, grouped by expert; the rows
@@ -97,6 +131,12 @@ void moe_route(Model *m, int l, const float *u, int N, int capped);
  * combine on entry; adds the load-balancing loss's gradient (scaled by
  * m's moe_aux scale), then dL/du into du and dL/dW into the router. */
 void moe_route_backward(Model *m, int l, const float *u, int N, float *du, float aux_scale);
+
+/* experts.c: block l's Mixture-of-Experts MLP branch, forward and
+ * backward, as mlp_forward and mlp_backward below (which call them). */
+void moe_forward(Model *m, int l, const float *u, int N, float *out, int capped);
+void moe_backward(Model *m, int l, const float *u, int N, const float *dout, float *du,
+                  float aux_scale);
 
 /* mlp.c */
 /* The MLP branch of block l on its N rows u = ln_2(res2): out(N,C),

@@ -419,3 +419,60 @@ void model_alloc_work(Model *m) {
     }
     m->work = bytes ? xcalloc(1, bytes) : NULL;
 }
+
+void model_init(Model *m, const ModelDims *d, int maxB, const TpGroup *tp) {
+    memset(m, 0, sizeof *m);
+    m->d = *d;
+    if (tp) m->tp = *tp;
+    else m->tp = (TpGroup){MPI_COMM_NULL, 1, 0};
+    model_build_registry(m, 0);
+    m->params = xcalloc(m->nparams, sizeof(float));
+    m->grads = xcalloc(m->nparams, sizeof(float));
+    m->P.h = xcalloc((size_t)d->L, sizeof(BlockParams));
+    m->G.h = xcalloc((size_t)d->L, sizeof(BlockParams));
+    for (int l = model_next_held(d, 0); l < d->L; l = model_next_held(d, l + 1))
+        if (model_is_moe(d, l)) {
+            m->P.h[l].ex = xcalloc((size_t)d->El, sizeof(ExpertParams));
+            m->G.h[l].ex = xcalloc((size_t)d->El, sizeof(ExpertParams));
+        }
+    model_point(m, &m->P, m->params);
+    model_point(m, &m->G, m->grads);
+    m->predictor_on = 1;
+    RouteStats *st[2] = {&m->stats, &m->restats};
+    for (int i = 0; i < 2; i++) {
+        st[i]->processed = xcalloc((size_t)d->L, sizeof(long long));
+        st[i]->moe = xcalloc((size_t)d->L * (d->E + d->Nn + 2), sizeof(long long));
+        st[i]->expert_rows = xcalloc((size_t)d->L * d->El + 1, sizeof(long long));
+    }
+    m->ep = (EpGroup){MPI_COMM_NULL, 1, 0};
+    m->maxB = maxB;
+    m->pp_comm = MPI_COMM_NULL;
+    model_alloc_work(m);
+    model_set_slots(m, 1);
+    model_alloc_scratch(m);
+}
+
+void model_free(Model *m) {
+    for (int k = 0; k < m->nslots; k++) free(m->slots[k].mem);
+    for (int l = 0; m->P.h && l < m->d.L; l++) {
+        free(m->P.h[l].ex);
+        free(m->G.h[l].ex);
+    }
+    void *bufs[] = {m->params, m->grads, m->s.mem,           m->slots,     m->P.h,
+                    m->G.h,    m->reg,   m->stats.processed, m->stats.moe, m->stats.expert_rows};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    free(m->work);
+    free(m->restats.processed), free(m->restats.moe), free(m->restats.expert_rows);
+    memset(m, 0, sizeof *m);
+}
+
+float *model_stage_output(const Model *m) {
+    const int c0 = m->d.c0[m->cur->chunk], c1 = m->d.c1[m->cur->chunk];
+    return c1 > c0 ? m->cur->acts[c1 - 1].res3 : m->cur->enc;
+}
+
+int model_set_embeds(const Model *m) { return model_first_stage(&m->d) && m->cur->chunk == 0; }
+
+int model_set_heads(const Model *m) {
+    return model_last_stage(&m->d) && m->cur->chunk == m->d.nchunk - 1;
+}

@@ -1,14 +1,11 @@
 /*
- * routing: every decision about which tokens a block's work sees.
+ * routing: Mixture-of-Depths, which tokens a routed block's work sees.
  *
- * Mixture-of-Depths: a router (one logit per token, and optionally a small
+ * A router (one logit per token, and optionally a small
  * predictor of it) chooses the top-k tokens of each sequence for a routed
  * block, or a causal decision does when sampling; the rest skip the block on
  * the residual path, and the block's output is scaled by the router's gate.
- *
- * Mixture-of-Experts: a router of E + Nn logits (Nn no-op experts) sends
- * each of a block's rows to its top-k experts, as many as each expert's
- * capacity takes; the rest are dropped and keep their residual stream.
+ * The experts' router is in experts.c.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -267,121 +264,4 @@ void routed_backward(Model *m, int l, const float *x, float *dres, int B, int T,
         }
     }
     router_backward(m, l, x, dres, N, aux_scale, pred_scale);
-}
-
-/* ------------------------------------------------------ the experts' router */
-
-int model_expert_capacity(const ModelDims *d, int N) {
-    const double c = floor(d->cf * (double)N * d->ek / d->E);
-    return c < 1 ? 1 : c > N ? N : (int)c;
-}
-
-/* Softmax of each of the N rows of z (n columns), in place. */
-static void softmax_rows(float *z, int N, int n) {
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < N; i++) {
-        float *row = z + (size_t)i * n, mx = row[0], sum = 0.f;
-        for (int e = 1; e < n; e++) mx = row[e] > mx ? row[e] : mx;
-        for (int e = 0; e < n; e++) sum += row[e] = expf(row[e] - mx);
-        for (int e = 0; e < n; e++) row[e] /= sum;
-    }
-}
-
-/* The k best columns of each row of p (largest first, ties to the lower
- * column). */
-static void choose(int *ch, const float *p, int N, int n, int k) {
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < N; i++) {
-        const float *row = p + (size_t)i * n;
-        int first = 0, second = -1;
-        for (int e = 1; e < n; e++)
-            if (row[e] > row[first]) first = e;
-        for (int e = 0; e < n && k > 1; e++)
-            if (e != first && (second < 0 || row[e] > row[second])) second = e;
-        ch[(size_t)i * k] = first;
-        if (k > 1) ch[(size_t)i * k + 1] = second;
-    }
-}
-
-/* Slots in priority order (every row's first choice, then every row's
- * second): each kept while its expert has room, counted into cnt[0 .. E);
- * slot[] first holds the place within the expert, then the row among all
- * the rows sent. Counts what happened to the slots in st (E + Nn + 2). */
-static void assign_slots(const ModelDims *d, const int *ch, int *slot, int *cnt, int N, int cap,
-                         long long *st) {
-    const int E = d->E, k = d->ek;
-    memset(cnt, 0, (size_t)E * sizeof(int));
-    for (int j = 0; j < k; j++)
-        for (int i = 0; i < N; i++) {
-            const size_t s = (size_t)i * k + j;
-            const int e = ch[s];
-            if (e >= E) slot[s] = MOE_NOOP, st[e]++;
-            else if (cnt[e] < cap) slot[s] = cnt[e]++, st[e]++;
-            else slot[s] = MOE_DROPPED, st[d->E + d->Nn]++;
-        }
-    st[d->E + d->Nn + 1] += (long long)N * k;
-    int base[4096 + 1];
-    base[0] = 0;
-    for (int e = 0; e < E; e++) base[e + 1] = base[e] + cnt[e];
-    for (size_t s = 0; s < (size_t)N * k; s++)
-        if (slot[s] >= 0) slot[s] += base[ch[s]];
-}
-
-/* Switch's load-balancing loss Et * sum_e f_e * P_e over all Et = E + Nn
- * columns: f_e the share of the N*k choices that picked e (before
- * capacity), P_e the mean probability of e. f into f[0 .. Et). */
-static double balance_loss(const ModelDims *d, const float *p, const int *ch, int N, double *f) {
-    const int Et = d->E + d->Nn, k = d->ek;
-    memset(f, 0, (size_t)Et * sizeof(double));
-    if (N == 0) return 0;
-    for (size_t s = 0; s < (size_t)N * k; s++) f[ch[s]] += 1;
-    double loss = 0;
-    for (int e = 0; e < Et; e++) {
-        double P = 0;
-        for (int i = 0; i < N; i++) P += p[(size_t)i * Et + e];
-        f[e] /= (double)N * k;
-        loss += f[e] * P / N;
-    }
-    return Et * loss;
-}
-
-void moe_route(Model *m, int l, const float *u, int N, int capped) {
-    const ModelDims *d = &m->d;
-    BlockActs *A = &m->cur->acts[l];
-    const int C = d->C, Et = d->E + d->Nn, k = d->ek;
-    if (N > 0) mm(0, 0, N, Et, C, 1.f, u, C, m->P.h[l].mrw, Et, 0.f, A->mp, Et);
-    softmax_rows(A->mp, N, Et);
-    choose(A->mch, A->mp, N, Et, k);
-    const int cap = capped ? model_expert_capacity(d, N) : N;
-    assign_slots(d, A->mch, A->mslot, A->mcnt, N, cap, m->stats.moe + (size_t)l * (Et + 2));
-#pragma omp parallel for schedule(static)
-    for (size_t s = 0; s < (size_t)N * k; s++)
-        if (A->mslot[s] >= 0)
-            memcpy(A->mxs + (size_t)A->mslot[s] * C, u + s / k * C, (size_t)C * sizeof(float));
-    double f[4096 * 2 + 1];
-    const double aux = balance_loss(d, A->mp, A->mch, N, f);
-    m->cur->moe_aux += (float)aux; /* model_forward counts it into the stats */
-}
-
-void moe_route_backward(Model *m, int l, const float *u, int N, float *du, float aux_scale) {
-    const ModelDims *d = &m->d;
-    const BlockActs *A = &m->cur->acts[l];
-    const int C = d->C, Et = d->E + d->Nn;
-    float *dp = m->s.mdp;
-    if (N == 0) return;
-    double f[4096 * 2 + 1];
-    balance_loss(d, A->mp, A->mch, N, f);
-    /* d(aux)/dp[i][e] = Et * f_e / N; then the softmax's backward */
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < N; i++) {
-        const float *p = A->mp + (size_t)i * Et;
-        float *g = dp + (size_t)i * Et, dot = 0.f;
-        for (int e = 0; e < Et; e++) {
-            g[e] += aux_scale * (float)(Et * f[e] / N);
-            dot += p[e] * g[e];
-        }
-        for (int e = 0; e < Et; e++) g[e] = p[e] * (g[e] - dot);
-    }
-    mm(1, 0, C, Et, N, 1.f, u, C, dp, Et, 1.f, m->G.h[l].mrw, Et);
-    mm(0, 1, N, C, Et, 1.f, dp, Et, m->P.h[l].mrw, Et, 1.f, du, C);
 }

@@ -31,7 +31,7 @@ lib="src/base/util.c src/base/fault.c src/base/rng.c mpi/check.c src/config/conf
 one() {
     t=$1 srcs="$srcdir/tests/fuzz/fuzz_$1.c" more= libs=
     # the planner sizes models: the model, its kernels and collectives link in
-    [ "$t" = plan ] && more="src/plan/plan.c src/model/forward.c src/model/model_mem.c src/model/routing.c src/model/mlp.c src/model/head.c src/model/decode.c src/kernels/kernels.c src/kernels/attention.c mpi/tp.c mpi/ep.c mpi/pipeline.c" libs="-lblis -lm"
+    [ "$t" = plan ] && more="src/plan/plan.c src/model/dims.c src/model/params.c src/model/model_mem.c src/model/head.c src/model/experts.c src/model/mlp.c src/model/block.c src/model/routing.c src/model/forward.c src/model/decode.c src/kernels/kernels.c src/kernels/attention.c mpi/tp.c mpi/ep.c mpi/pipeline.c" libs="-lblis -lm"
     # prep reads gzip, zstd and JSON Lines
     [ "$t" = prep ] && more="src/prep/prep.c" libs="-lzstd -ljansson -lm"
     for f in $lib $more; do srcs="$srcs $srcdir/$f"; done
