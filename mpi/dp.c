@@ -8,10 +8,16 @@
 #include <time.h>
 
 #include "mpi/check.h"
-#include "mpi/zero.h"
 #include "src/base/util.h"
 
 unsigned long long dp_bytes = 0;
+
+void zero_part(size_t lo, size_t hi, int p, int r, size_t *a, size_t *b) {
+    const size_t len = hi - lo, q = ((len + (size_t)p - 1) / (size_t)p + 15) & ~(size_t)15;
+    const size_t x = (size_t)r * q, y = (size_t)(r + 1) * q;
+    *a = lo + (x < len ? x : len);
+    *b = lo + (y < len ? y : len);
+}
 
 void dp_allreduce_sum(float *buf, size_t n, MPI_Comm comm) {
     int size = 1;

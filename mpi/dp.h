@@ -72,6 +72,9 @@ typedef struct {
  * overlap (o is then unusable; reduce after the backward instead). */
 int dp_overlap_init(DpOverlap *o, MPI_Comm comm, float *buf, const size_t *seg_lo,
                     const size_t *seg_hi, int nseg, size_t bucket_floats, int uses);
+/* ZeRO-1's partition, which the reduce-scatter here and mpi/zero.c share:
+ * rank r of p's part of the piece [lo, hi): [*a, *b), perhaps empty. */
+void zero_part(size_t lo, size_t hi, int p, int r, size_t *a, size_t *b);
 /* Makes o reduce-scatter its chunks (ZeRO-1's pieces: zero.h) over its p
  * ranks, this one r, instead of all-reducing them: a non-blocking reduce
  * of each part to its owner, in place there (Open MPI's non-blocking

@@ -12,13 +12,6 @@
 
 unsigned long long dp_gather_bytes = 0;
 
-void zero_part(size_t lo, size_t hi, int p, int r, size_t *a, size_t *b) {
-    const size_t len = hi - lo, q = ((len + (size_t)p - 1) / (size_t)p + 15) & ~(size_t)15;
-    const size_t x = (size_t)r * q, y = (size_t)(r + 1) * q;
-    *a = lo + (x < len ? x : len);
-    *b = lo + (y < len ? y : len);
-}
-
 /* The counts of a reduce-scatter of piece [lo, hi) over p ranks. */
 static void zero_counts(size_t lo, size_t hi, int p, int *counts) {
     for (int r = 0; r < p; r++) {

@@ -35,9 +35,6 @@ typedef struct {
     ZeroShard shard; /* this rank's non-empty parts, ascending */
 } Zero;
 
-/* Rank r of p's part of the piece [lo, hi): [*a, *b), perhaps empty. */
-void zero_part(size_t lo, size_t hi, int p, int r, size_t *a, size_t *b);
-
 /* Cuts [0, n) into pieces: [0, shared) over dp, [shared, n) over edp
  * (edp MPI_COMM_NULL: over dp as well), each also cut at cut[0..ncut).
  * Local. */
