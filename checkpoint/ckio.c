@@ -29,6 +29,7 @@
 
 #include "mpi/check.h"
 #include "src/base/fault.h"
+#include "src/base/files.h"
 #include "src/base/util.h"
 
 /* Byte b of every float to plane b. On a little-endian machine a float's

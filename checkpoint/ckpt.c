@@ -21,6 +21,7 @@
 
 #include "mpi/check.h"
 #include "src/base/fault.h"
+#include "src/base/files.h"
 #include "src/base/util.h"
 #include "src/kernels/kernels.h"
 #include "checkpoint/ckio.h"

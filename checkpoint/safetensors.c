@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "src/base/files.h"
 #include "src/base/util.h"
 
 typedef struct {

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "checkpoint/ckio.h"
+#include "src/base/files.h"
 #include "checkpoint/ckpt.h"
 #include "checkpoint/safetensors.h"
 #include "src/cmd/cli.h"

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "checkpoint/ckpt.h"
+#include "src/base/files.h"
 #include "mpi/check.h"
 #include "mpi/grid.h"
 #include "src/base/rng.h"

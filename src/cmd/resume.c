@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "checkpoint/ckpt.h"
+#include "src/base/files.h"
 #include "mpi/check.h"
 #include "src/base/fault.h"
 #include "src/cmd/cmd.h"

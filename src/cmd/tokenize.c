@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "src/tokenizer/bpe.h"
+#include "src/base/files.h"
 #include "src/cmd/cli.h"
 #include "src/cmd/cmd.h"
 

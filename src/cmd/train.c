@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "checkpoint/ckpt.h"
+#include "src/base/files.h"
 #include "mpi/check.h"
 #include "mpi/dp.h"
 #include "mpi/grid.h"

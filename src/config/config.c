@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <fcntl.h>
 
+#include "src/base/files.h"
 #include "src/base/util.h"
 
 typedef enum { K_INT, K_I64, K_FLOAT, K_STR, K_ENUM } KeyType;

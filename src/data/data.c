@@ -17,6 +17,7 @@
 #endif
 
 #include "src/base/rng.h"
+#include "src/base/files.h"
 #include "src/base/util.h"
 
 int shard_parse_header(const uint8_t *buf, size_t len, uint64_t file_size, const char *name,

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "src/base/files.h"
 #include "src/base/rng.h"
 
 #define MARK_BITS 8 /* a count of each dataset every 2^MARK_BITS samples */

@@ -3,6 +3,7 @@
  * strict `key = value` file (see cluster.h).
  */
 #include "src/plan/cluster.h"
+#include "src/base/files.h"
 
 #include <ctype.h>
 #include <errno.h>

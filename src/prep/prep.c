@@ -40,6 +40,7 @@
 #endif
 
 #include "src/base/fault.h"
+#include "src/base/files.h"
 #include "src/base/util.h"
 
 #define IO_CHUNK ((size_t)1 << 20)

@@ -3,6 +3,7 @@
  */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "src/tokenizer/bpe.h"
+#include "src/base/files.h"
 
 #include <errno.h>
 #include <jansson.h>

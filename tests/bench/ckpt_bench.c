@@ -13,6 +13,7 @@
 #include <zlib.h>
 
 #include "checkpoint/ckio.h"
+#include "src/base/files.h"
 #include "src/base/util.h"
 
 int main(int argc, char **argv) {

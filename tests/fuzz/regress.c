@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "src/base/files.h"
 #include "src/base/util.h"
 #include "tests/fuzz/fuzz.h"
 

@@ -23,7 +23,7 @@ if ! command -v "${FUZZ_CC:-clang}" > /dev/null; then
 fi
 flags="-std=gnu11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer -fopenmp -I$srcdir \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined"
-lib="src/base/util.c src/base/fault.c src/base/rng.c mpi/check.c src/config/config.c src/data/data.c checkpoint/ckio.c checkpoint/huff.c \
+lib="src/base/util.c src/base/files.c src/base/fault.c src/base/rng.c mpi/check.c src/config/config.c src/data/data.c checkpoint/ckio.c checkpoint/huff.c \
     checkpoint/safetensors.c src/tokenizer/bpe.c src/plan/cluster.c src/data/dataset.c"
 
 # one T: builds and runs harness T; its report goes to $out/T.report, and

@@ -18,6 +18,7 @@
 
 #include "checkpoint/ckio.h"
 #include "src/base/rng.h"
+#include "src/base/files.h"
 #include "src/base/util.h"
 
 static float value(const char *name, int64_t r, int64_t c) {
