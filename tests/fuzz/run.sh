@@ -21,24 +21,38 @@ if ! command -v "${FUZZ_CC:-clang}" > /dev/null; then
     echo "fuzz: ${FUZZ_CC:-clang} not found (apt-get install clang libclang-rt-14-dev libomp-14-dev)" >&2
     exit 2
 fi
-flags="-std=gnu11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer -fopenmp -I$srcdir \
-    -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined"
-lib="src/base/util.c src/base/files.c src/base/fault.c src/base/rng.c mpi/check.c src/config/config.c src/data/data.c checkpoint/ckio.c checkpoint/huff.c \
-    checkpoint/safetensors.c src/tokenizer/bpe.c src/plan/cluster.c src/data/dataset.c"
+# The library (every source of src/, mpi/ and checkpoint/ but the command
+# and the trainer's rooms) is compiled once into an archive, with the
+# fuzzer's coverage but not its main; each harness links what it needs.
+cflags="-std=gnu11 -D_GNU_SOURCE -g -O1 -fno-omit-frame-pointer -fopenmp -I$srcdir \
+    -fno-sanitize-recover=undefined"
+libs="-lz -lpcre2-8 -ljansson -lzstd -lblis -lm"
+
+# $out/libfuzz.a; returns 1 (each failure's report printed) when a source
+# did not build
+build_library() {
+    mkdir -p "$out/obj"
+    rm -f "$out/libfuzz.a" "$out/obj/"*.o "$out/obj/"*.failed
+    # shellcheck disable=SC2016 # the script given to sh -c expands its own arguments
+    (cd "$srcdir" && find src mpi checkpoint -name '*.c' ! -path 'src/cmd/*' ! -path 'src/train/*') |
+        LC_ALL=C sort | xargs -P "$jobs" -I{} sh -c '
+            o="$3/obj/$(echo "${1%.c}" | tr / _).o"
+            OMPI_CC="$4" "$5" $6 -fsanitize=fuzzer-no-link,address,undefined -c -o "$o" "$2/$1" \
+                > "$o.log" 2>&1 || { cat "$o.log"; : > "$o.failed"; }' sh {} "$srcdir" "$out" \
+        "${FUZZ_CC:-clang}" "$mpicc" "$cflags"
+    ! ls "$out/obj/"*.failed > /dev/null 2>&1 || return 1
+    ar rcs "$out/libfuzz.a" "$out/obj/"*.o
+}
 
 # one T: builds and runs harness T; its report goes to $out/T.report, and
 # $out/T.failed marks a finding
 one() {
-    t=$1 srcs="$srcdir/tests/fuzz/fuzz_$1.c" more= libs=
-    # the planner sizes models: the model, its kernels and collectives link in
-    [ "$t" = plan ] && more="src/plan/plan.c src/model/dims.c src/model/params.c src/model/model_mem.c src/model/head.c src/model/experts.c src/model/mlp.c src/model/block.c src/model/routing.c src/model/forward.c src/model/decode.c src/kernels/kernels.c src/kernels/attention.c mpi/tp.c mpi/ep.c mpi/pipeline.c" libs="-lblis -lm"
-    # prep reads gzip, zstd and JSON Lines
-    [ "$t" = prep ] && more="src/prep/prep.c" libs="-lzstd -ljansson -lm"
-    for f in $lib $more; do srcs="$srcs $srcdir/$f"; done
+    t=$1
     rm -f "$out/$t.failed"
     exec > "$out/$t.report" 2>&1
-    # shellcheck disable=SC2086 # word splitting of the flag and source lists is meant
-    if ! OMPI_CC=${FUZZ_CC:-clang} "$mpicc" $flags -o "$out/fuzz_$t" $srcs -lz -lpcre2-8 -ljansson $libs; then
+    # shellcheck disable=SC2086 # word splitting of the flag and library lists is meant
+    if ! OMPI_CC=${FUZZ_CC:-clang} "$mpicc" $cflags -fsanitize=fuzzer,address,undefined -o "$out/fuzz_$t" \
+        "$srcdir/tests/fuzz/fuzz_$t.c" "$out/libfuzz.a" $libs; then
         echo "fuzz: $t did not build"
         : > "$out/$t.failed"
         return 0
@@ -71,6 +85,7 @@ one() {
 }
 
 mkdir -p "$out"
+build_library || { echo "fuzz: the library did not build" >&2; exit 1; }
 # FUZZ_JOBS harnesses at a time; each report is printed whole, in order
 running=0 status=0 failed=
 for t in $targets; do
