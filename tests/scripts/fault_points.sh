@@ -7,7 +7,7 @@
 # rmdir, mkdir, ftruncate, fwrite, fopen for writing, open for writing and
 # MPI-IO's open, set_size, write, sync and close may be called only by the
 # fault layer's wrappers (the fp_ functions of src/base/fault.c, and
-# ckio.c's fp_file_ ones, each naming its point). The test also checks
+# ckio_write.c's fp_file_ ones, each naming its point). The test also checks
 # that it finds what it looks for: a call planted in a copy is reported.
 . "$(dirname "$0")/lib.sh"
 # scan FILE...: prints FILE:LINE: CALL for each unguarded call
@@ -27,8 +27,10 @@ scan() {
                 printf "%s:%d: %s\n", FILENAME, FNR, substr(line, RSTART, RLENGTH)
         }' "$@"
 }
-files="$srcdir/checkpoint/ckio.c $srcdir/checkpoint/ckpt.c $srcdir/checkpoint/safetensors.c \
-    $srcdir/checkpoint/huff.c $srcdir/src/base/util.c $srcdir/src/prep.c"
+files="$srcdir/checkpoint/ckio_codec.c $srcdir/checkpoint/ckio_index.c \
+    $srcdir/checkpoint/ckio_read.c $srcdir/checkpoint/ckio_write.c $srcdir/checkpoint/ckpt.c \
+    $srcdir/checkpoint/safetensors.c $srcdir/checkpoint/huff.c \
+    $srcdir/src/base/util.c $srcdir/src/prep/prep.c"
 # shellcheck disable=SC2086 # the file list
 found=$(scan $files)
 if [ -z "$found" ]; then
