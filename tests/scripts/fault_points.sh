@@ -28,7 +28,9 @@ scan() {
         }' "$@"
 }
 files="$srcdir/checkpoint/ckio_codec.c $srcdir/checkpoint/ckio_index.c \
-    $srcdir/checkpoint/ckio_read.c $srcdir/checkpoint/ckio_write.c $srcdir/checkpoint/ckpt.c \
+    $srcdir/checkpoint/ckio_read.c $srcdir/checkpoint/ckio_write.c \
+    $srcdir/checkpoint/ckpt_slices.c $srcdir/checkpoint/ckpt_commit.c \
+    $srcdir/checkpoint/ckpt_save.c $srcdir/checkpoint/ckpt_load.c $srcdir/checkpoint/ckpt_hf.c \
     $srcdir/checkpoint/safetensors.c $srcdir/checkpoint/huff.c \
     $srcdir/src/base/util.c $srcdir/src/prep/prep.c"
 # shellcheck disable=SC2086 # the file list
@@ -40,7 +42,7 @@ else
 $found"
 fi
 # the scan sees a planted call (and one in a comment is not one)
-cp "$srcdir/checkpoint/ckpt.c" "$TMP/planted.c"
+cp "$srcdir/checkpoint/ckpt_commit.c" "$TMP/planted.c"
 printf 'static void planted(const char *p) {\n    /* rename(p, p) in a comment */\n    unlink(p);\n}\n' >> "$TMP/planted.c"
 n=$(scan "$TMP/planted.c" | wc -l)
 [ "$n" -eq 1 ] && ok "a planted unlink is found, a comment is not" ||
