@@ -3,8 +3,9 @@
 # the tree and points to a room below (the table in rooms() below, drawn in
 # docs/architecture.md), library code never prints errors or chooses exit
 # codes (only src/cmd does), nothing but mpi/pipeline.c calls MPI
-# point-to-point, and no function in src/, mpi/ or checkpoint/ is longer
-# than 100 lines.
+# point-to-point, no two files call each other round a circle (the graph
+# of which object uses a symbol another defines, from nm), and no function
+# in src/, mpi/ or checkpoint/ is longer than 100 lines.
 . "$(dirname "$0")/lib.sh"
 cd "$srcdir"
 
@@ -56,6 +57,34 @@ printing=$(grep -n '\berrorf(\|\blog0(\|\berr_print(\|\bprintf(\|\bexit(' $lib |
 p2p=$(grep -n 'MPI_I\?[SR][ec][nc]v\?\b\|MPI_Sendrecv\|MPI_Isend\|MPI_Irecv\|MPI_Send\b\|MPI_Recv\b' $files |
     grep -v '^mpi/pipeline\.c' || true)
 [ -z "$p2p" ] && ok "only mpi/pipeline.c calls MPI point-to-point" || fail "point-to-point elsewhere: $p2p"
+
+# The calls between files: an edge A -> B when A's object uses a symbol
+# B's defines; tsort finds any circle. The objects are the build's (next to
+# the binary the tests run).
+build=$(dirname "$MODTRAIN")
+objs=$(cd "$build" && find src mpi checkpoint -name '*.o' | LC_ALL=C sort)
+if [ -z "$objs" ]; then
+    fail "no object files under $build/src: the call graph needs a build"
+else
+    # each live object's FILE.c and SYMBOL, defined (global) or used
+    live=$(for o in $objs; do [ -f "$srcdir/${o%.o}.c" ] && echo "$o"; done) # not a removed file's
+    # shellcheck disable=SC2086 # the object list
+    (cd "$build" && nm -A -P --defined-only $live) |
+        awk '$3 ~ /^[TDBRGSVW]$/ { sub(/\.o:$/, ".c", $1); print $2, $1 }' > "$TMP/defs"
+    # shellcheck disable=SC2086
+    calls=$(cd "$build" && nm -A -P -u $live | awk '{ sub(/\.o:$/, ".c", $1); print $2, $1 }' |
+        awk 'NR == FNR { def[$1] = $2; next } ($1 in def) && def[$1] != $2 { print $2, def[$1] }' \
+            "$TMP/defs" - | LC_ALL=C sort -u)
+    n=$(printf '%s\n' "$calls" | grep -c .)
+    circles=$(printf '%s\n' "$calls" | tsort 2>&1 > /dev/null | sed -e 's/^tsort: //' -e 's/^-: input contains a loop:/;/' | tr '\n' ' ')
+    if [ "$n" -lt 100 ]; then
+        fail "only $n calls between files found in $build's objects: the scan is broken"
+    elif [ -z "$circles" ]; then
+        ok "no circle among the $n calls between files (from nm)"
+    else
+        fail "files call each other round a circle: $circles"
+    fi
+fi
 
 # A function starts at a line beginning with a type and ending in "{" (or
 # continued from such a line) and ends at the first "}" in column 0.
