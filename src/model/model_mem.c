@@ -3,7 +3,8 @@
  * buffer (a block's, an activation set's own, the scratch) says what each
  * buffer holds and where it exists; allocation lays the buffers out from
  * it, and model_memory measures the same table, so what the planner and
- * train's memory check count is what model_init allocates.
+ * train's memory check count is what model_init (here, at the end, with
+ * model_free and the accessors of a set's stage output) allocates.
  */
 #include <stdlib.h>
 #include <string.h>
