@@ -15,57 +15,35 @@
 #   one rank and under pp 2.
 . "$(dirname "$0")/../scripts/lib.sh"
 prep_fortunes
-MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 cd "$TMP"
 common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
     --steps 20 --ckpt_keep 5 --eval_every 0 --log_every 1000 --threads 1 --peak_gflops 50 \
     --route_every 2 --capacity 0.25"
-# train RUN NP [--key value ...]: the exit code in $rc
-train() {
-    run=$1 ranks=$2
-    shift 2
-    set +e
-    if [ "$ranks" -eq 1 ]; then
-        timeout 300 "$MODTRAIN" train $common --run_dir "$run" "$@" > "$run.log" 2>&1
-    else
-        timeout 300 $MPIRUN -np "$ranks" "$MODTRAIN" train $common --run_dir "$run" "$@" \
-            > "$run.log" 2>&1
-    fi
-    rc=$?
-    set -e
-}
-must() {
-    train "$@"
-    [ "$rc" -eq 0 ] || { cat "$run.log"; fail "$run: training failed (exit $rc)"; }
-}
-same() { # A B WHAT: two checkpoints hold the same state, bit for bit
-    if d=$("$MODTRAIN" ckpt diff --a "$1" --b "$2" --tol 0 2>&1); then ok "$3: $d"; else fail "$3: $d"; fi
-}
-bytes() { # A B WHAT: the same data.bin byte for byte
+same_data_bin() { # A B WHAT: the same data.bin byte for byte
     cmp -s "$1/data.bin" "$2/data.bin" && ok "$3" || fail "$3: data.bin differs"
 }
 step20() { echo "$1/ckpt/step-00000020"; }
 
 for lay in "one:1:--threads 2" "tp2dp2:4:--tp 2" "pp2dp2:4:--pp 2"; do
     name=${lay%%:*} rest=${lay#*:} np=${rest%%:*} opts=${rest#*:}
-    must "$name-sync" "$np" $opts --ckpt_every 10 --ckpt_async 0
-    must "$name-async" "$np" $opts --ckpt_every 10
+    train_ok "$name-sync" "$np" $opts --ckpt_every 10 --ckpt_async 0
+    train_ok "$name-async" "$np" $opts --ckpt_every 10
     grep -q "^checkpoint: $name-async/ckpt/step-00000010 | [0-9.]*s in the background, stall" \
         "$name-async.log" && ok "$name: step 10 saved in the background" ||
         { cat "$name-async.log"; fail "$name: step 10 not saved in the background"; }
-    bytes "$name-sync/ckpt/step-00000010" "$name-async/ckpt/step-00000010" \
+    same_data_bin "$name-sync/ckpt/step-00000010" "$name-async/ckpt/step-00000010" \
         "$name: the asynchronous step-10 save holds the synchronous one's bytes"
     mkdir -p "$name-resumed/ckpt"
     cp -r "$name-async/ckpt/step-00000010" "$name-resumed/ckpt/"
-    must "$name-resumed" "$np" $opts --ckpt_every 10
+    train_ok "$name-resumed" "$np" $opts --ckpt_every 10
     grep -q "resume: loaded $name-resumed/ckpt/step-00000010" "$name-resumed.log" ||
         fail "$name: did not resume from step 10"
-    bytes "$(step20 "$name-sync")" "$(step20 "$name-resumed")" \
+    same_data_bin "$(step20 "$name-sync")" "$(step20 "$name-resumed")" \
         "$name: 10 steps + asynchronous save + resume + 10 = 20 steps straight"
 done
 
 # killed at each phase of the asynchronous save of step 10
-killed() { # NAME NP FAULT REFERENCE [--key value ...]
+killed_in_save() { # NAME NP FAULT REFERENCE [--key value ...]
     name=$1 np=$2 fault=$3 ref=$4
     shift 4
     MODTRAIN_FAULT=$fault train "$name" "$np" --ckpt_every 5 "$@"
@@ -79,18 +57,18 @@ killed() { # NAME NP FAULT REFERENCE [--key value ...]
         "$MODTRAIN" ckpt verify --ckpt "$name/ckpt/step-00000005" > /dev/null &&
         ok "$name: killed by $fault (exit $rc), step 5 the newest checkpoint, verified" ||
         fail "$name: after $fault the newest checkpoint is '$newest'"
-    must "$name" "$np" --ckpt_every 5 "$@"
+    train_ok "$name" "$np" --ckpt_every 5 "$@"
     grep -q "resume: loaded $name/ckpt/step-00000005" "$name.log" || fail "$name: not resumed from step 5"
-    bytes "$(step20 "$ref")" "$(step20 "$name")" "$name: the resumed run ends bitwise equal"
+    same_data_bin "$(step20 "$ref")" "$(step20 "$name")" "$name: the resumed run ends bitwise equal"
 }
 for phase in staged pack write rename; do
-    killed "kill-$phase" 1 "save-kill:$phase:10" one-sync --threads 2
+    killed_in_save "kill-$phase" 1 "save-kill:$phase:10" one-sync --threads 2
 done
-killed kill-index 1 "save-crash:10" one-sync --threads 2
-killed kill-write-tp2dp2 4 "save-kill:write:10" tp2dp2-sync --tp 2
+killed_in_save kill-index 1 "save-crash:10" one-sync --threads 2
+killed_in_save kill-write-tp2dp2 4 "save-kill:write:10" tp2dp2-sync --tp 2
 
 # SIGUSR1 to mpirun while the step-5 save is in flight (each save made 2 s slower)
-must dp2-sync 2 --ckpt_every 10 --ckpt_async 0
+train_ok dp2-sync 2 --ckpt_every 10 --ckpt_async 0
 MODTRAIN_FAULT=save-slow:2000 $MPIRUN -np 2 "$MODTRAIN" train $common --run_dir usr1 --ckpt_every 5 \
     > usr1.log 2>&1 &
 pid=$!
@@ -119,8 +97,8 @@ stall=$(grep "\"step\":$k,\"ckpt_stall_ms\"" usr1/metrics.jsonl | head -n 1 |
     sed 's/.*"ckpt_stall_ms":\([0-9.]*\).*/\1/')
 check_ab "${stall:-0}" 0 'a > 0' && ok "the wait for the save in flight is in metrics: ${stall} ms at step $k" ||
     fail "no ckpt_stall_ms at step $k: $(grep ckpt_stall usr1/metrics.jsonl)"
-must usr1 2 --ckpt_every 5
-bytes "$(step20 dp2-sync)" "$(step20 usr1)" "SIGUSR1: the resumed run ends bitwise equal"
+train_ok usr1 2 --ckpt_every 5
+same_data_bin "$(step20 dp2-sync)" "$(step20 usr1)" "SIGUSR1: the resumed run ends bitwise equal"
 
 # time_limit while a save is in flight: the save commits, then the stop's
 # (the probe write at setup is slowed as much as a save, 1.5 s, and the
@@ -142,8 +120,8 @@ for lay in "re-one:1:" "re-pp2:2:--pp 2"; do
     name=${lay%%:*} rest=${lay#*:} np=${rest%%:*} opts=${rest#*:}
     mkdir -p "$name/ckpt"
     cp -r tp2dp2-async/ckpt/step-00000010 "$name/ckpt/"
-    must "$name" "$np" $opts --steps 10
-    same tp2dp2-async/ckpt/step-00000010 "$name/ckpt/step-00000010" \
+    train_ok "$name" "$np" $opts --steps 10
+    expect_same_ckpt tp2dp2-async/ckpt/step-00000010 "$name/ckpt/step-00000010" \
         "asynchronous (tp 2, dp 2) step 10 loaded under ${name#re-}"
 done
 finish

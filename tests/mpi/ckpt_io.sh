@@ -5,9 +5,8 @@
 # byte that verify and a reader both report naming the chunk.
 . "$(dirname "$0")/../scripts/lib.sh"
 IO=${CKPT_IO:-$(dirname "$MODTRAIN")/tests/mpi/ckpt_io}
-MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 cd "$TMP"
-run() { # NP ARGS...
+run_io() { # NP ARGS...
     np=$1
     shift
     if $MPIRUN -np "$np" "$IO" "$@" > out.txt 2>&1; then
@@ -17,10 +16,10 @@ run() { # NP ARGS...
         fail "$np ranks: ckpt_io $*"
     fi
 }
-run 4 write w4
-for np in 1 2 3 4; do run "$np" read w4; done
-run 2 write w2
-run 4 read w2
+run_io 4 write w4
+for np in 1 2 3 4; do run_io "$np" read w4; done
+run_io 2 write w2
+run_io 4 read w2
 "$MODTRAIN" ckpt verify --ckpt w4 > v.txt 2>&1 && ok "$(cat v.txt)" || { cat v.txt; fail "verify"; }
 "$MODTRAIN" ckpt inspect --ckpt w4 > inspect.txt && grep -q "param/C" inspect.txt &&
     ok "inspect lists the tensors" || fail "inspect"

@@ -10,20 +10,10 @@
 # and saved again as version 2 holds the same state.
 . "$(dirname "$0")/../scripts/lib.sh"
 prep_fortunes
-MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 cd "$TMP"
 common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
     --steps 20 --ckpt_every 10 --ckpt_keep 5 --eval_every 0 --log_every 1000 --threads 1 \
     --peak_gflops 50 --route_every 2 --capacity 0.25"
-train() { # RUN NP [--key value ...]
-    run=$1 ranks=$2
-    shift 2
-    timeout 300 $MPIRUN -np "$ranks" "$MODTRAIN" train $common --run_dir "$run" "$@" \
-        > "$run.log" 2>&1 || { cat "$run.log"; fail "$run: training failed"; }
-}
-same() { # A B WHAT: two checkpoints hold the same state, bit for bit
-    if d=$("$MODTRAIN" ckpt diff --a "$1" --b "$2" --tol 0 2>&1); then ok "$3: $d"; else fail "$3: $d"; fi
-}
 # shares N LOG: the last save was written by N ranks, each 0.5x-1.5x the mean
 shares() {
     line=$(grep "^checkpoint: .*step-00000020" "$2" | tail -n 1)
@@ -36,19 +26,19 @@ shares() {
 
 for lay in "dp2:2:" "tp2dp2:4:--tp 2" "pp2dp2:4:--pp 2"; do
     name=${lay%%:*} rest=${lay#*:} np=${rest%%:*} opts=${rest#*:}
-    train "$name-whole" "$np" $opts
-    train "$name-chunks" "$np" $opts --ckpt_chunk 256
+    train_ok "$name-whole" "$np" $opts
+    train_ok "$name-chunks" "$np" $opts --ckpt_chunk 256
     n=$(grep -c "^chunk param/wte.weight" "$name-chunks/ckpt/step-00000020/index")
     [ "$n" -ge 32 ] && ok "$name: wte in $n chunks" || fail "$name: wte in $n chunks"
-    same "$name-whole/ckpt/step-00000020" "$name-chunks/ckpt/step-00000020" "$name: chunked = whole"
+    expect_same_ckpt "$name-whole/ckpt/step-00000020" "$name-chunks/ckpt/step-00000020" "$name: chunked = whole"
     shares "$np" "$name-chunks.log"
     # resumed from the chunked step 10: bitwise the uninterrupted run
     mkdir -p "$name-resumed/ckpt"
     cp -r "$name-chunks/ckpt/step-00000010" "$name-resumed/ckpt/"
-    train "$name-resumed" "$np" $opts --ckpt_chunk 256
+    train_ok "$name-resumed" "$np" $opts --ckpt_chunk 256
     grep -q "resume: loaded $name-resumed/ckpt/step-00000010" "$name-resumed.log" ||
         fail "$name: did not resume from step 10"
-    same "$name-chunks/ckpt/step-00000020" "$name-resumed/ckpt/step-00000020" "$name: 10 + resume + 10"
+    expect_same_ckpt "$name-chunks/ckpt/step-00000020" "$name-resumed/ckpt/step-00000020" "$name: 10 + resume + 10"
     cmp -s "$name-chunks/ckpt/step-00000020/data.bin" "$name-resumed/ckpt/step-00000020/data.bin" &&
         ok "$name: the same data.bin byte for byte" || fail "$name: data.bin differs"
 done
@@ -58,8 +48,8 @@ for lay in "one:1:" "pp2:2:--pp 2"; do
     name=${lay%%:*} rest=${lay#*:} np=${rest%%:*} opts=${rest#*:}
     mkdir -p "re-$name/ckpt"
     cp -r tp2dp2-chunks/ckpt/step-00000020 "re-$name/ckpt/"
-    train "re-$name" "$np" $opts
-    same tp2dp2-chunks/ckpt/step-00000020 "re-$name/ckpt/step-00000020" "(tp 2, dp 2) chunks loaded under $name"
+    train_ok "re-$name" "$np" $opts
+    expect_same_ckpt tp2dp2-chunks/ckpt/step-00000020 "re-$name/ckpt/step-00000020" "(tp 2, dp 2) chunks loaded under $name"
 done
 
 # version 1
@@ -82,7 +72,7 @@ cp -r "$v1" v2/ckpt/
 rm -rf v2/ckpt/step-00000004
 "$MODTRAIN" train $fx --run_dir v2 --resume "$v1" --steps 4 > v2.log 2>&1 || { cat v2.log; fail "v1 resume"; }
 head -n 1 v2/ckpt/step-00000004/index | grep -q "modtrain-checkpoint 2" &&
-    same "$v1" v2/ckpt/step-00000004 "v1 saved again as v2" || fail "v1 resaved: not version 2"
+    expect_same_ckpt "$v1" v2/ckpt/step-00000004 "v1 saved again as v2" || fail "v1 resaved: not version 2"
 e2=$("$MODTRAIN" eval --ckpt v2/ckpt/step-00000004 --data fx/val_000000.bin --json)
 [ "$e1" = "$e2" ] && ok "v1 and its v2 copy evaluate the same: $e1" || fail "eval: $e1 vs $e2"
 "$MODTRAIN" train $fx --run_dir v2 --steps 6 > v2b.log 2>&1 &&

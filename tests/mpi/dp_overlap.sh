@@ -9,40 +9,26 @@
 # within fp32 rounding. Both keys refuse bad values in one line.
 . "$(dirname "$0")/../scripts/lib.sh"
 prep_fortunes
-MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 cd "$TMP"
 common="--config $srcdir/jobs/tiny.conf --n_layer 4 --train_data data/train_000000.bin \
     --val_data data/val_000000.bin --eval_seqs 8 --steps 5 --ckpt_every 0 --log_every 1000 \
     --micro_batch 2 --threads 1 --resume never --dp_bucket_mb 0"
-run() { # NAME RANKS [--key value ...]
-    name=$1 n=$2
-    shift 2
-    timeout 300 $MPIRUN -np "$n" "$MODTRAIN" train $common --run_dir "$name" "$@" > "$name.log" 2>&1 ||
-        { cat "$name.log"; fail "$name: training failed"; }
-}
-same() { # A B WHAT: the final checkpoints' bytes are equal
-    if cmp -s "$1/ckpt/step-00000005/data.bin" "$2/ckpt/step-00000005/data.bin"; then
-        ok "$3: byte for byte"
-    else
-        fail "$3: the final checkpoints differ"
-    fi
-}
-run dp2_after 2 --dp_overlap 0
-run dp2_overlap 2 --dp_overlap 1
-same dp2_after dp2_overlap "dp 2, dp_overlap 1 against 0"
+train_ok dp2_after 2 --dp_overlap 0
+train_ok dp2_overlap 2 --dp_overlap 1
+expect_same_step dp2_after dp2_overlap 5 "dp 2, dp_overlap 1 against 0"
 grep -q "dp_overlap: a block's or ln_f's tensors are not one range" dp2_overlap.log &&
     fail "dp 2: the overlap fell back to the reduction after the backward"
-run pp2_after 4 --pp 2 --dp_overlap 0
-run pp2_overlap 4 --pp 2
-same pp2_after pp2_overlap "pp 2 x dp 2, dp_overlap 1 against 0"
+train_ok pp2_after 4 --pp 2 --dp_overlap 0
+train_ok pp2_overlap 4 --pp 2
+expect_same_step pp2_after pp2_overlap 5 "pp 2 x dp 2, dp_overlap 1 against 0"
 moe="--n_expert 4 --expert_top_k 2 --ep 2"
-run moe_after 2 $moe --dp_overlap 0
-run moe_overlap 2 $moe
-same moe_after moe_overlap "MoE top-2 at ep 2 (dp 2), dp_overlap 1 against 0"
-run dp4_overlap 4
-run dp4_again 4
-same dp4_overlap dp4_again "dp 4 with dp_overlap 1, run twice"
-run dp4_after 4 --dp_overlap 0
+train_ok moe_after 2 $moe --dp_overlap 0
+train_ok moe_overlap 2 $moe
+expect_same_step moe_after moe_overlap 5 "MoE top-2 at ep 2 (dp 2), dp_overlap 1 against 0"
+train_ok dp4_overlap 4
+train_ok dp4_again 4
+expect_same_step dp4_overlap dp4_again 5 "dp 4 with dp_overlap 1, run twice"
+train_ok dp4_after 4 --dp_overlap 0
 "$PYTHON" - dp4_after dp4_overlap <<'PY' && ok "dp 4: losses of dp_overlap 1 within 1e-5 of 0's" || fail "dp 4: losses differ"
 import json, sys
 a, b = ([json.loads(l)["loss"] for l in open(d + "/metrics.jsonl") if '"loss"' in l] for d in sys.argv[1:])

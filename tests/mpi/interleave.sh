@@ -15,26 +15,18 @@
 # - layouts it cannot run are one-line errors.
 . "$(dirname "$0")/../scripts/lib.sh"
 prep_fortunes
-MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 cd "$TMP"
 common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
     --n_layer 8 --micro_batch 2 --steps 12 --ckpt_every 6 --ckpt_keep 5 --eval_every 6 \
     --log_every 1000 --threads 1 --debug_checks 1 --peak_gflops 50 --resume never"
-train() { # NAME NP [--key value ...]
-    name=$1 np=$2
-    shift 2
-    timeout 300 $MPIRUN -np "$np" "$MODTRAIN" train $common --run_dir "$name" "$@" > "$name.log" 2>&1 ||
-        { cat "$name.log"; fail "$name: training failed"; }
-}
 # every loss and val_loss of a run, in order
 curve() { grep -o '"\(val_\)*loss":[^,}]*' "$1/metrics.jsonl"; }
-same() { # A B: the same curve and checkpoints, bit for bit
+same_curve() { # A B: the same curve and checkpoints, bit for bit
     [ "$(curve "$1" | wc -l)" -ge 14 ] && [ "$(curve "$1")" = "$(curve "$2")" ] &&
         "$MODTRAIN" ckpt diff --a "$1/ckpt" --b "$2/ckpt" > diff.txt
 }
-live() { grep -o '"pp_live":[0-9]*' "$1/metrics.jsonl" | cut -d: -f2 | sort -n | tail -n 1; }
-check() { # A B WHAT
-    if same "$1" "$2"; then ok "$3: bit for bit as $1"; else cat diff.txt; fail "$3 differs from $1"; fi
+expect_same_curve() { # A B WHAT
+    if same_curve "$1" "$2"; then ok "$3: bit for bit as $1"; else cat diff.txt; fail "$3 differs from $1"; fi
 }
 
 # MODTRAIN_SKIP_SLOW (the sanitizer pass, after a first pass of all of
@@ -51,13 +43,13 @@ for model in $models; do
         for v in $vs; do
             [ $((pp * v)) -le 8 ] || continue
             name="$model-pp$pp-v$v"
-            train "$name" $pp --pp $pp --virtual_stages $v $extra
-            check "$model-pp$pp" "$name" "$model (pp $pp, virtual_stages $v)"
+            train_ok "$name" $pp --pp $pp --virtual_stages $v $extra
+            expect_same_curve "$model-pp$pp" "$name" "$model (pp $pp, virtual_stages $v)"
             grep -q "^layout dp=1 tp=1 pp=$pp ($v chunks a rank)" "$name.log" ||
                 fail "$name: the banner does not say the pipeline is interleaved"
             bound=$(((pp - 1) * 2 + (v - 1) * pp + 1))
-            l=$(live "$name")
-            [ "$l" -le "$bound" ] && [ "$l" -gt "$(live "$model-pp$pp")" ] &&
+            l=$(pp_live_max "$name")
+            [ "$l" -le "$bound" ] && [ "$l" -gt "$(pp_live_max "$model-pp$pp")" ] &&
                 ok "$model (pp $pp, v $v): at most $l chunks of activations in flight (bound $bound)" ||
                 fail "$model (pp $pp, v $v): $l chunks in flight, bound $bound"
         done
@@ -73,43 +65,43 @@ for key in $lays; do
     esac
     train "plain-$key" $np $args
     train "v2-$key" $np $args --virtual_stages 2
-    check "plain-$key" "v2-$key" "mod (pp 2, v 2, $key $val)"
+    expect_same_curve "plain-$key" "v2-$key" "mod (pp 2, v 2, $key $val)"
 done
 
 # MoDE (MoE blocks beside routed ones) under ep 2 x dp 2: every rank of an
 # expert group runs the same chunks' blocks in the same order
 moe="--n_expert 4 --ep 2 --moe_every 2 --route_every 2 --capacity 0.5"
 if [ $slow = 1 ]; then
-    train mode-pp2 4 --pp 2 $moe
-    train mode-pp2-v2 4 --pp 2 --virtual_stages 2 $moe
-    check mode-pp2 mode-pp2-v2 "MoDE (pp 2, v 2, ep 2 x dp 2)"
+    train_ok mode-pp2 4 --pp 2 $moe
+    train_ok mode-pp2-v2 4 --pp 2 --virtual_stages 2 $moe
+    expect_same_curve mode-pp2 mode-pp2-v2 "MoDE (pp 2, v 2, ep 2 x dp 2)"
 fi
 
 # chunks of unequal size share the sets: 7 blocks (2, 2, 2, 1), and
 # stage_layers' counts per virtual stage
 if [ $slow = 1 ]; then
-    train dense-l7 2 --pp 2 --n_layer 7
-    train dense-l7-v2 2 --pp 2 --n_layer 7 --virtual_stages 2
-    check dense-l7 dense-l7-v2 "dense, 7 blocks (pp 2, v 2)"
+    train_ok dense-l7 2 --pp 2 --n_layer 7
+    train_ok dense-l7-v2 2 --pp 2 --n_layer 7 --virtual_stages 2
+    expect_same_curve dense-l7 dense-l7-v2 "dense, 7 blocks (pp 2, v 2)"
 fi
-train mod-pp2-v2-uneven 2 --pp 2 --virtual_stages 2 --stage_layers 1,3,3,1 --route_every 2 --capacity 0.25
-check mod-pp2 mod-pp2-v2-uneven "mod (pp 2, v 2), stage_layers 1,3,3,1"
+train_ok mod-pp2-v2-uneven 2 --pp 2 --virtual_stages 2 --stage_layers 1,3,3,1 --route_every 2 --capacity 0.25
+expect_same_curve mod-pp2 mod-pp2-v2-uneven "mod (pp 2, v 2), stage_layers 1,3,3,1"
 
 # resharding: (pp 2, v 2) -> pp 1 and (pp 4, v 2); plain pp 4 -> (pp 2, v 2)
-reshard() { # FROM NP NAME ARGS...: loaded and saved at once, then on to step 12
+reshard_interleaved() { # FROM NP NAME ARGS...: loaded and saved at once, then on to step 12
     src=$1 n=$2 dst=$3
     shift 3
-    train "$dst-6" "$n" --route_every 2 --capacity 0.25 --resume "$src/ckpt/step-00000006" --steps 6 "$@"
+    train_ok "$dst-6" "$n" --route_every 2 --capacity 0.25 --resume "$src/ckpt/step-00000006" --steps 6 "$@"
     "$MODTRAIN" ckpt diff --a "$src/ckpt/step-00000006" --b "$dst-6/ckpt/step-00000006" > diff.txt ||
         { cat diff.txt; fail "$src -> $dst: the state did not load exactly"; }
-    train "$dst" "$n" --route_every 2 --capacity 0.25 --resume "$src/ckpt/step-00000006" "$@"
+    train_ok "$dst" "$n" --route_every 2 --capacity 0.25 --resume "$src/ckpt/step-00000006" "$@"
     "$MODTRAIN" ckpt diff --a "$src/ckpt/step-00000012" --b "$dst/ckpt/step-00000012" --tol 2e-5 > diff.txt &&
         ok "$src -> $dst: loads exactly; step 12 $(tail -n 1 diff.txt | sed 's/ckpt diff: //')" ||
         { cat diff.txt; fail "$src -> $dst: step 12 differs"; }
 }
-[ $slow = 0 ] || reshard mod-pp2-v2 1 to-pp1
-reshard mod-pp2-v2 4 to-pp4-v2 --pp 4 --virtual_stages 2
-[ $slow = 0 ] || reshard mod-pp4 2 to-pp2-v2 --pp 2 --virtual_stages 2
+[ $slow = 0 ] || reshard_interleaved mod-pp2-v2 1 to-pp1
+reshard_interleaved mod-pp2-v2 4 to-pp4-v2 --pp 4 --virtual_stages 2
+[ $slow = 0 ] || reshard_interleaved mod-pp4 2 to-pp2-v2 --pp 2 --virtual_stages 2
 
 expect_train_error 1 "virtual_stages = 2 interleaves a 1F1B pipeline, not pp = 1" --virtual_stages 2
 expect_train_error 2 "not schedule gpipe" --pp 2 --virtual_stages 2 --schedule gpipe

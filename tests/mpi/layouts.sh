@@ -12,18 +12,15 @@
 #   (measured: at most 2.8e-6)
 . "$(dirname "$0")/../scripts/lib.sh"
 prep_fortunes
-MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 cd "$TMP"
 common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
     --steps 20 --ckpt_every 10 --ckpt_keep 5 --eval_every 10 --log_every 1000 --threads 1 \
     --debug_checks 1 --peak_gflops 50 --resume never"
-train() { # NAME TP DP [--key value ...]
+train_layout() { # NAME TP DP [--key value ...]
     name=$1 tp=$2 dp=$3
     shift 3
-    timeout 300 $MPIRUN -np $((tp * dp)) "$MODTRAIN" train $common --tp "$tp" --run_dir "$name" "$@" \
-        > "$name.log" 2>&1 || { cat "$name.log"; fail "$name: training under tp $tp, dp $dp failed"; }
+    train_ok "$name" $((tp * dp)) --tp "$tp" "$@"
 }
-losses() { grep '"loss"' "$1/metrics.jsonl" | sed -e 's/.*"loss":\([^,]*\).*/\1/'; }
 same_losses() { # A B: every step's loss within 2e-5 relative
     losses "$1" > a.txt
     losses "$2" > b.txt
@@ -40,7 +37,7 @@ for model in dense mod; do
     [ $slow = 1 ] || [ "$model" = mod ] || lays=2-2
     for lay in 1-1 $lays; do
         set -- ${lay%-*} ${lay#*-}
-        train "$model-$1-$2" "$1" "$2" $extra
+        train_layout "$model-$1-$2" "$1" "$2" $extra
     done
     for lay in $lays; do
         set -- ${lay%-*} ${lay#*-}
@@ -61,7 +58,7 @@ done
 tps="2 4"
 [ $slow = 1 ] || tps=2
 for tp in 1 $tps; do
-    train "pad-$tp-1" "$tp" 1 --vocab_size 257 --seq_len 128
+    train_layout "pad-$tp-1" "$tp" 1 --vocab_size 257 --seq_len 128
 done
 for tp in $tps; do
     if same_losses pad-1-1 "pad-$tp-1" &&
@@ -94,7 +91,7 @@ done
 
 # the same layout twice: bit for bit
 if [ $slow = 1 ]; then
-    train mod-2-2-again 2 2 --route_every 2 --capacity 0.25
+    train_layout mod-2-2-again 2 2 --route_every 2 --capacity 0.25
     cmp -s mod-2-2/ckpt/step-00000020/data.bin mod-2-2-again/ckpt/step-00000020/data.bin &&
         [ "$(losses mod-2-2)" = "$(losses mod-2-2-again)" ] &&
         ok "(tp 2, dp 2) twice: identical losses and checkpoint bytes" || fail "(tp 2, dp 2) twice differs"
@@ -108,41 +105,26 @@ for lay in $lays; do
     name="reshard-$1-$2"
     # --steps 10: load from the other run, train nothing, save step 10 into
     # this run's ckpt_dir under the new layout
-    train "$name" "$1" "$2" --route_every 2 --capacity 0.25 --resume mod-2-2/ckpt/step-00000010 \
+    train_layout "$name" "$1" "$2" --route_every 2 --capacity 0.25 --resume mod-2-2/ckpt/step-00000010 \
         --steps 10
     "$MODTRAIN" ckpt inspect --ckpt "$name/ckpt" | grep -q "layout.tp .*$1" &&
         "$MODTRAIN" ckpt diff --a mod-2-2/ckpt/step-00000010 --b "$name/ckpt/step-00000010" > diff.txt &&
         ok "saved under (tp 2, dp 2), loaded under (tp $1, dp $2): weights and moments exact" ||
         { cat diff.txt; fail "resharding to (tp $1, dp $2) changed the state"; }
-    train "$name" "$1" "$2" --route_every 2 --capacity 0.25 --resume auto
+    train_layout "$name" "$1" "$2" --route_every 2 --capacity 0.25 --resume auto
     "$MODTRAIN" ckpt diff --a mod-1-1/ckpt/step-00000020 --b "$name/ckpt/step-00000020" --tol 2e-5 > diff.txt &&
         ok "resumed under (tp $1, dp $2), step 20 matches the uninterrupted run: $(tail -n 1 diff.txt | sed 's/ckpt diff: //')" ||
         { cat diff.txt; fail "resumed under (tp $1, dp $2) drifted"; }
 done
 
 # layouts that do not fit: one line before any work
-expect_layout_error() { # NP PATTERN ARGS...
-    np=$1 pattern=$2
-    shift 2
-    set +e
-    timeout 120 $MPIRUN -np "$np" "$MODTRAIN" train $common --run_dir bad "$@" > bad.log 2>&1
-    rc=$?
-    set -e
-    n=$(grep -c "^modtrain: " bad.log)
-    if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$n" -eq 1 ] && grep -q -- "$pattern" bad.log; then
-        ok "$np ranks $*: $(grep '^modtrain: ' bad.log)"
-    else
-        cat bad.log
-        fail "$np ranks $*: expected one line matching /$pattern/ (rc $rc, $n lines)"
-    fi
-}
-expect_layout_error 3 "3 ranks are not divisible by tp x pp = 2 x 1" --tp 2
-expect_layout_error 2 "n_head = 4 is not divisible by tp = 3 (choose tp in {1, 2, 4})" --tp 3
-expect_layout_error 3 "dp = 3, which does not divide batch_size = 16" --tp 1
-expect_layout_error 4 "takes 4 sequences a step, not a multiple of micro_batch = 8" --tp 1
+expect_train_error 3 "3 ranks are not divisible by tp x pp = 2 x 1" --tp 2
+expect_train_error 2 "n_head = 4 is not divisible by tp = 3 (choose tp in {1, 2, 4})" --tp 3
+expect_train_error 3 "dp = 3, which does not divide batch_size = 16" --tp 1
+expect_train_error 4 "takes 4 sequences a step, not a multiple of micro_batch = 8" --tp 1
 # errors every rank finds alike are reported once, by the lowest rank
-expect_layout_error 2 "cannot open 'nope.bin'" --tp 1 --train_data nope.bin
-expect_layout_error 2 "lr = 'abc' is not a number" --tp 2 --lr abc
+expect_train_error 2 "cannot open 'nope.bin'" --tp 1 --train_data nope.bin
+expect_train_error 2 "lr = 'abc' is not a number" --tp 2 --lr abc
 
 # a rank that dies mid-run ends the job with a clear message and a non-zero exit
 set +e

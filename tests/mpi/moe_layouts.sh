@@ -18,7 +18,6 @@
 #   (the tp tolerance of layouts.sh; measured: at most 4.8e-6)
 . "$(dirname "$0")/../scripts/lib.sh"
 prep_fortunes
-MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 cd "$TMP"
 common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
     --micro_batch 4 --steps 20 --ckpt_every 10 --ckpt_keep 5 --eval_every 10 --log_every 1000 \
@@ -26,22 +25,8 @@ common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val
 moe="--n_expert 4 --expert_top_k 2 --capacity_factor 1"
 mode="$moe --route_every 2 --capacity 0.25 --moe_every 2"
 imode="$moe --n_noop_expert 2"
-train() { # NAME NP [--key value ...]
-    name=$1 np=$2
-    shift 2
-    timeout 300 $MPIRUN -np "$np" "$MODTRAIN" train $common --run_dir "$name" "$@" > "$name.log" 2>&1 ||
-        { cat "$name.log"; fail "$name: training on $np ranks ($*) failed"; }
-}
-losses() { grep '"loss"' "$1/metrics.jsonl" | sed -e 's/.*"loss":\([^,]*\).*/\1/'; }
-matches() { # A B: every step's loss within 2e-5 relative, state within 2e-5
-    losses "$1" > a.txt
-    losses "$2" > b.txt
-    worst=$(paste a.txt b.txt | awk '{ d = ($1 - $2) / $2; if (d < 0) d = -d; if (d > m) m = d } END { printf "%.2g", m }')
-    [ "$(wc -l < a.txt)" -eq 20 ] && [ "$(wc -l < b.txt)" -eq 20 ] && check_ab "$worst" 2e-5 'a <= b' &&
-        "$MODTRAIN" ckpt diff --a "$1/ckpt" --b "$2/ckpt" --tol 2e-5 > diff.txt
-}
 compare() { # REF NAME WHAT
-    if matches "$1" "$2"; then
+    if close_runs "$1" "$2" 2e-5 20; then
         ok "$3 = $1: losses differ by at most $worst relative (as logged), $(tail -n 1 diff.txt | sed 's/ckpt diff: //')"
     else
         paste a.txt b.txt
@@ -73,33 +58,31 @@ check_ab "$(echo "$drop" | sed 's/.*"expert_drop":\([^,}]*\).*/\1/')" 0 'a > 0' 
 # ep 2 with pp 2 and with tp 2 (4 ranks, dp 2), and with both (8 ranks), against ep 1 at dp 2
 for model in moe mode; do
     eval "opts=\$$model"
-    train "$model-dp2" 2 $opts
-    train "$model-ep2-pp2" 4 --ep 2 --pp 2 $opts
-    train "$model-ep2-tp2" 4 --ep 2 --tp 2 $opts
+    train_ok "$model-dp2" 2 $opts
+    train_ok "$model-ep2-pp2" 4 --ep 2 --pp 2 $opts
+    train_ok "$model-ep2-tp2" 4 --ep 2 --tp 2 $opts
     compare "$model-dp2" "$model-ep2-pp2" "$model (ep 2, pp 2, dp 2)"
     compare "$model-dp2" "$model-ep2-tp2" "$model (ep 2, tp 2, dp 2)"
 done
 # all four at once: 8 ranks, ep 2 x tp 2 x pp 2, dp 2
 if [ $slow = 1 ]; then
-    train moe-ep2-tp2-pp2 8 --ep 2 --tp 2 --pp 2 $moe
+    train_ok moe-ep2-tp2-pp2 8 --ep 2 --tp 2 --pp 2 $moe
     compare moe-dp2 moe-ep2-tp2-pp2 "moe (ep 2, tp 2, pp 2, dp 2)"
 fi
 
 # recompute = block: every rank of the expert group recomputes the same
 # blocks in the same order, so the forward's all-to-alls meet again
-same() { grep -v '"ckpt_' "$1/metrics.jsonl" | sed -e 's/"tokens_per_s":[^,]*,"step_time_ms":[^,]*,"mfu":[^,]*,//' \
-    -e 's/"tp_bytes":[0-9]*,//' -e 's/"ep_bytes":[0-9]*,//' -e 's/,"pp_bubble".*//'; }
 epb() { grep '"loss"' "$1/metrics.jsonl" | sed -e 's/.*"ep_bytes":\([0-9]*\).*/\1/'; }
 for case in "mode-ep2 4 --ep 2 $mode" "moe-ep2-tp2 4 --ep 2 --tp 2 $moe"; do
     set -- $case
     ref=$1 np=$2
     shift 2
-    train "$ref-block" "$np" "$@" --recompute block
+    train_ok "$ref-block" "$np" "$@" --recompute block
     epb "$ref" > a.txt
     epb "$ref-block" > b.txt
     bad=$(paste a.txt b.txt | awk '$1 * 3 != $2 * 2 || $1 == 0 { bad++ } END { print bad + 0 }')
     "$MODTRAIN" ckpt diff --a "$ref/ckpt" --b "$ref-block/ckpt" > diff.txt &&
-        [ "$(same "$ref")" = "$(same "$ref-block")" ] && [ "$bad" -eq 0 ] &&
+        [ "$(stable_metrics "$ref")" = "$(stable_metrics "$ref-block")" ] && [ "$bad" -eq 0 ] &&
         ok "$ref, recompute = block: metrics and checkpoints bitwise as none, ep_bytes 3/2 of none's" ||
         { cat diff.txt; paste a.txt b.txt; fail "$ref, recompute = block differs from none"; }
 done
@@ -109,11 +92,11 @@ for ep in 1 4; do
     name="reshard-ep$ep"
     # --steps 10: load from the other run, train nothing, save step 10 into
     # this run's ckpt_dir under the new layout
-    train "$name" 4 --ep $ep $moe --resume moe-ep2/ckpt/step-00000010 --steps 10
+    train_ok "$name" 4 --ep $ep $moe --resume moe-ep2/ckpt/step-00000010 --steps 10
     "$MODTRAIN" ckpt diff --a moe-ep2/ckpt/step-00000010 --b "$name/ckpt/step-00000010" --tol 0 > diff.txt &&
         ok "saved under ep 2, loaded under ep $ep: weights and moments exact" ||
         { cat diff.txt; fail "resharding from ep 2 to ep $ep changed the state"; }
-    train "$name" 4 --ep $ep $moe --resume auto
+    train_ok "$name" 4 --ep $ep $moe --resume auto
     grep -q "resume: loaded $name/ckpt/step-00000010" "$name.log" || fail "$name: did not resume at step 10"
     "$MODTRAIN" ckpt diff --a moe-ep2/ckpt/step-00000020 --b "$name/ckpt/step-00000020" --tol 2e-5 > diff.txt &&
         ok "resumed under ep $ep, step 20 matches the uninterrupted ep 2 run: $(tail -n 1 diff.txt | sed 's/ckpt diff: //')" ||
@@ -131,7 +114,7 @@ for case in $cases; do
     shift 2
     name="reshard-$src-np$np"
     eval "opts=\$${src%%-*}"
-    train "$name" "$np" "$@" $opts --resume "$src/ckpt/step-00000010" --steps 10
+    train_ok "$name" "$np" "$@" $opts --resume "$src/ckpt/step-00000010" --steps 10
     "$MODTRAIN" ckpt diff --a "$src/ckpt/step-00000010" --b "$name/ckpt/step-00000010" --tol 0 > diff.txt &&
         ok "saved as $src, loaded on $np ranks $*: weights and moments exact" ||
         { cat diff.txt; fail "resharding $src to $np ranks $* changed the state"; }
@@ -149,7 +132,7 @@ set -e
 [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -q "rank 3 exits at step 14" killed.1.log &&
     ok "ep 2: rank 3 dies at step 14 (exit $rc), no hang" || { cat killed.1.log; fail "killing under ep 2 (exit $rc)"; }
 mv killed.1.log killed-first.log
-train killed 4 --ep 2 $moe --resume auto
+train_ok killed 4 --ep 2 $moe --resume auto
 : > diff.txt
 grep -q "resume: loaded killed/ckpt/step-00000010" killed.log &&
     "$MODTRAIN" ckpt diff --a moe-ep2/ckpt/step-00000020 --b killed/ckpt/step-00000020 --tol 0 > diff.txt &&
@@ -167,7 +150,7 @@ set -e
     cat savekill-first.log
     fail "save-kill under ep 2 did not kill (exit $rc)"
 }
-train savekill 4 --ep 2 $mode --ckpt_every 5 --resume auto
+train_ok savekill 4 --ep 2 $mode --ckpt_every 5 --resume auto
 grep -q "resume: loaded savekill/ckpt/step-00000005" savekill.log &&
     "$MODTRAIN" ckpt diff --a mode-ep2/ckpt/step-00000020 --b savekill/ckpt/step-00000020 --tol 0 > diff.txt &&
     ok "ep 2: killed in the step-10 save, resumed at 5: step 20 bitwise equal" ||
@@ -175,7 +158,7 @@ grep -q "resume: loaded savekill/ckpt/step-00000005" savekill.log &&
 
 # 4. the same ep 2 layout twice: bit for bit
 [ $slow = 1 ] || finish
-train mode-ep2-again 4 --ep 2 $mode
+train_ok mode-ep2-again 4 --ep 2 $mode
 cmp -s mode-ep2/ckpt/step-00000020/data.bin mode-ep2-again/ckpt/step-00000020/data.bin &&
     "$MODTRAIN" ckpt diff --a mode-ep2/ckpt --b mode-ep2-again/ckpt --tol 0 > /dev/null &&
     [ "$(losses mode-ep2)" = "$(losses mode-ep2-again)" ] &&

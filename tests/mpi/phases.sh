@@ -13,22 +13,15 @@
 # its data (the data phase is never 0).
 . "$(dirname "$0")/../scripts/lib.sh"
 prep_fortunes
-MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 cd "$TMP"
 common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
     --steps 8 --ckpt_every 3 --ckpt_async 0 --eval_every 4 --eval_seqs 16 --log_every 1000 \
     --threads 1 --peak_gflops 50 --resume never"
-run() { # NAME RANKS [--key value ...]
-    name=$1 n=$2
-    shift 2
-    timeout 300 $MPIRUN -np "$n" "$MODTRAIN" train $common --run_dir "$name" "$@" > "$name.log" 2>&1 ||
-        { cat "$name.log"; fail "$name: training failed"; }
-}
-run one 1
-run tp2 2 --tp 2
-run pp2 2 --pp 2
-run dp2 2
-check() { # NAME: the checks above; prints what it found
+train_ok one 1
+train_ok tp2 2 --tp 2
+train_ok pp2 2 --pp 2
+train_ok dp2 2
+check_phases() { # NAME: the checks above; prints what it found
     "$PYTHON" - "$1" <<'PY'
 import json, sys
 name = sys.argv[1]
@@ -63,7 +56,7 @@ PY
 }
 for name in one tp2 pp2 dp2; do
     [ -f "$name/metrics.jsonl" ] || continue
-    if got=$(check "$name" 2>&1); then ok "$name: ms per step: $got"; else fail "$name: $got"; fi
+    if got=$(check_phases "$name" 2>&1); then ok "$name: ms per step: $got"; else fail "$name: $got"; fi
     share=$(sed -n '/^where the time went/,/^  other/p' "$name.log" | awk 'NR > 2 { s += $3 } END { print s }')
     rows=$(sed -n '/^where the time went/,/^  other/p' "$name.log" | wc -l)
     [ "$rows" -eq 13 ] && check_ab "$share" 100 'a > b - 0.6 && a < b + 0.6' &&

@@ -17,7 +17,6 @@
 . "$(dirname "$0")/../scripts/lib.sh"
 prep_fortunes
 PEAKRSS=${PEAKRSS:-$(dirname "$MODTRAIN")/tests/tools/peakrss}
-MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 asan=0
 ldd "$MODTRAIN" | grep -q libasan && asan=1
 cd "$TMP"
@@ -40,7 +39,7 @@ log_every = 1000
 resume = never
 threads = 1
 CONF
-check() { # NAME TP PP RANKS
+check_plan() { # NAME TP PP RANKS
     name=$1 tp=$2 pp=$3 n=$4
     "$MODTRAIN" plan --config plan.conf --cluster cluster.conf --layout "$tp,$pp,$n" > "$name.plan" 2>&1 ||
         { cat "$name.plan"; return 1; }
@@ -82,7 +81,7 @@ bytes_as_planned() {
 }
 for lay in "one 1 1 1" "tp2 2 1 2" "dp2 1 1 2" "pp2 1 2 2"; do
     set -- $lay
-    if got=$(check "$@" 2>&1); then ok "$1: $got"; else fail "$1: $got"; fi
+    if got=$(check_plan "$@" 2>&1); then ok "$1: $got"; else fail "$1: $got"; fi
 done
 sed -e 's/^n_layer = 8/n_layer = 4/' -e 's/^d_model = 512/d_model = 64/' -e 's/^vocab_size = 50257/vocab_size = 300/' \
     -e 's/^route_every = 0/route_every = 2\ncapacity = 0.25/' -e 's/^seq_len = 64/seq_len = 32\nmicro_batch = 2/' plan.conf > mod.conf

@@ -25,7 +25,6 @@
 # MODTRAIN_SOAK_KILLS=N (for instance 400) runs a long soak of N kills.
 . "$(dirname "$0")/../scripts/lib.sh"
 prep_fortunes
-MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 cd "$TMP"
 seed=${MODTRAIN_SOAK_SEED:-$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}
 case $seed in '' | *[!0-9]*) echo "soak: MODTRAIN_SOAK_SEED = '$seed' is not a whole number" >&2; exit 2 ;; esac
@@ -238,7 +237,7 @@ finish_run() {
 
 # what every run must show: each step's batch as the uninterrupted run's,
 # none skipped, nothing left behind
-check_run() { # RUN
+check_soak_run() { # RUN
     hashes "$1/metrics.jsonl" > "$1.hashes"
     bad=$(awk 'NR == FNR { want[$1] = $2; next } want[$1] != $2 { print; exit }' ref.hashes "$1.hashes")
     [ -z "$bad" ] || fail "$1: step ${bad% *} read batch ${bad#* }, not the uninterrupted run's"
@@ -256,7 +255,7 @@ while [ $i -lt "$fixed" ]; do
     i=$((i + 1))
 done
 finish_run fixed dp2
-check_run fixed
+check_soak_run fixed
 same_ckpt "ref/ckpt/step-$(printf %08d "$steps")" "fixed/ckpt/step-$(printf %08d "$steps")" &&
     ok "fixed layout: the final checkpoint equals the uninterrupted run's" ||
     fail "fixed layout: the final checkpoint differs from the uninterrupted run's"
@@ -282,7 +281,7 @@ if [ "$kills" -gt "$fixed" ]; then
     rand 5
     case $r in 0) l=one ;; 1) l=dp2 ;; 2) l=tp2 ;; 3) l=pp2 ;; *) l=tp2dp2 ;; esac
     finish_run moved $l
-    check_run moved
+    check_soak_run moved
 fi
 
 echo "soak: $n_kill kills ($n_kind0 of mpirun, $n_kind1 of a rank, $n_kind2 TERM, $n_kind3 USR1), $n_save while a save was in flight, $launches launches, $(($(date +%s) - t0)) s (seed $seed)"

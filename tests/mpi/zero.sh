@@ -17,37 +17,17 @@
 #   losses: |a - b| <= 2e-5 * |b|;  weights and moments: max |a - b| <= 2e-5
 . "$(dirname "$0")/../scripts/lib.sh"
 prep_fortunes
-MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 cd "$TMP"
 common="--config $srcdir/jobs/tiny.conf --n_layer 4 --train_data data/train_000000.bin \
     --val_data data/val_000000.bin --eval_seqs 8 --steps 8 --ckpt_every 4 --ckpt_keep 5 \
     --log_every 1000 --micro_batch 2 --threads 1 --resume never --dp_bucket_mb 0"
-run() { # NAME RANKS [--key value ...]
-    name=$1 n=$2
-    shift 2
-    timeout 300 $MPIRUN -np "$n" "$MODTRAIN" train $common --run_dir "$name" "$@" > "$name.log" 2>&1 ||
-        { cat "$name.log"; fail "$name: training failed"; }
-}
-losses() { grep '"loss"' "$1/metrics.jsonl" | sed -e 's/.*"loss":\([^,]*\).*/\1/'; }
 close() { # A B WHAT: losses within 2e-5 relative, final state within 2e-5
-    losses "$1" > a.txt
-    losses "$2" > b.txt
-    if [ "$(wc -l < a.txt)" -eq 8 ] && paste a.txt b.txt |
-        awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 2e-5 * $2) bad++ } END { exit bad > 0 }' &&
-        "$MODTRAIN" ckpt diff --a "$1/ckpt" --b "$2/ckpt" --tol 2e-5 > diff.txt; then
+    if close_runs "$1" "$2" 2e-5 8; then
         ok "$3: losses, $(tail -n 1 diff.txt | sed 's/ckpt diff: //')"
     else
         paste a.txt b.txt
         cat diff.txt
         fail "$3: zero 1 differs from zero 0"
-    fi
-}
-same() { # A B WHAT: the final checkpoints' bytes and the losses are equal
-    if cmp -s "$1/ckpt/step-00000008/data.bin" "$2/ckpt/step-00000008/data.bin" &&
-        [ "$(losses "$1")" = "$(losses "$2")" ]; then
-        ok "$3: byte for byte"
-    else
-        fail "$3: the final checkpoints differ"
     fi
 }
 exact() { # A B WHAT: the same losses, and every weight and moment equal (the
@@ -61,28 +41,28 @@ exact() { # A B WHAT: the same losses, and every weight and moment equal (the
     fi
 }
 
-run dp2_z0 2 --zero 0
-run dp2_z1 2 --zero 1
+train_ok dp2_z0 2 --zero 0
+train_ok dp2_z1 2 --zero 1
 exact dp2_z0 dp2_z1 "dp 2, zero 1 against zero 0"
-run dp2_z1_after 2 --zero 1 --dp_overlap 0
+train_ok dp2_z1_after 2 --zero 1 --dp_overlap 0
 exact dp2_z1 dp2_z1_after "dp 2, zero 1 with the overlapped reduce-scatter against after the backward"
 grep -q '"dp_gather_bytes":[1-9]' dp2_z1/metrics.jsonl && ok "zero 1 counts the parameters gathered" ||
     fail "zero 1: no dp_gather_bytes in the metrics"
 
-run dp4_z0 4 --zero 0
-run dp4_z1 4 --zero 1
+train_ok dp4_z0 4 --zero 0
+train_ok dp4_z1 4 --zero 1
 close dp4_z0 dp4_z1 "dp 4, zero 1 against zero 0"
-run dp4_z1_again 4 --zero 1
-same dp4_z1 dp4_z1_again "dp 4 with zero 1, run twice"
-run tp2_z0 4 --tp 2 --zero 0
-run tp2_z1 4 --tp 2 --zero 1
+train_ok dp4_z1_again 4 --zero 1
+expect_same_step dp4_z1 dp4_z1_again 8 "dp 4 with zero 1, run twice"
+train_ok tp2_z0 4 --tp 2 --zero 0
+train_ok tp2_z1 4 --tp 2 --zero 1
 close tp2_z0 tp2_z1 "tp 2 x dp 2, zero 1 against zero 0"
-run pp2_z0 4 --pp 2 --zero 0
-run pp2_z1 4 --pp 2 --zero 1
+train_ok pp2_z0 4 --pp 2 --zero 0
+train_ok pp2_z1 4 --pp 2 --zero 1
 close pp2_z0 pp2_z1 "pp 2 x dp 2 (the tied embedding on two stages), zero 1 against zero 0"
 moe="--n_expert 4 --expert_top_k 2 --ep 2"
-run moe_z0 4 $moe --zero 0
-run moe_z1 4 $moe --zero 1
+train_ok moe_z0 4 $moe --zero 0
+train_ok moe_z1 4 $moe --zero 1
 close moe_z0 moe_z1 "MoE top-2 at ep 2 x dp 4 (experts over their replicas), zero 1 against zero 0"
 
 # the moments each rank holds (as allocated, on train's memory line) halve at dp 2
@@ -96,20 +76,20 @@ check_ab "$a" "$b" 'b > 0 && b <= a / 2 * 1.02' && ok "dp 2: a rank's moments $a
 
 # resharding both ways: step 4 saved under one, loaded under the other
 # (--steps 4 loads and saves it again, training nothing), then on to step 8
-reshard() { # FROM NAME RANKS ARGS...: loads FROM's step 4 under the layout ARGS
+reshard_zero() { # FROM NAME RANKS ARGS...: loads FROM's step 4 under the layout ARGS
     from=$1 name=$2 n=$3
     shift 3
-    run "$name" "$n" "$@" --resume "$from/ckpt/step-00000004" --steps 4
+    train_ok "$name" "$n" "$@" --resume "$from/ckpt/step-00000004" --steps 4
     "$MODTRAIN" ckpt diff --a "$from/ckpt/step-00000004" --b "$name/ckpt/step-00000004" > diff.txt &&
         ok "$name: $from's step 4 loaded exactly (weights and moments)" ||
         { cat diff.txt; fail "$name: loading $from's step 4 changed the state"; }
-    run "$name" "$n" "$@" --resume auto
+    train_ok "$name" "$n" "$@" --resume auto
     "$MODTRAIN" ckpt diff --a "$from/ckpt/step-00000008" --b "$name/ckpt/step-00000008" --tol 2e-5 > diff.txt &&
         ok "$name: step 8 matches $from's uninterrupted run: $(tail -n 1 diff.txt | sed 's/ckpt diff: //')" ||
         { cat diff.txt; fail "$name: resumed run drifted from $from's"; }
 }
-reshard dp4_z1 z1dp4_to_z0dp2 2 --zero 0
-reshard dp2_z0 z0dp2_to_z1dp4 4 --zero 1
+reshard_zero dp4_z1 z1dp4_to_z0dp2 2 --zero 0
+reshard_zero dp2_z0 z0dp2_to_z1dp4 4 --zero 1
 
 rc=0
 $MODTRAIN train $common --zero 2 --run_dir bad > bad.log 2>&1 || rc=$?

@@ -14,13 +14,13 @@ prep_fortunes
 cd "$TMP"
 common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
     --eval_every 0 --log_every 1000 --ckpt_every 10 --ckpt_keep 5"
-train() { "$MODTRAIN" train $common "$@"; }
+train_cmd() { "$MODTRAIN" train $common "$@"; } # output as the caller redirects it
 
-train --steps 40 --run_dir ref > ref.log 2>&1 || { cat ref.log; fail "reference run"; finish; }
+train_cmd --steps 40 --run_dir ref > ref.log 2>&1 || { cat ref.log; fail "reference run"; finish; }
 # base: the same run, killed while saving its last step (fault injection):
 # checkpoints of steps 10, 20 and 30 of the 40-step run
 set +e
-MODTRAIN_FAULT=save-crash:40 train --steps 40 --run_dir base > base.log 2>&1
+MODTRAIN_FAULT=save-crash:40 train_cmd --steps 40 --run_dir base > base.log 2>&1
 rc=$?
 set -e
 [ "$rc" -eq 137 ] || { cat base.log; fail "base run did not stop at its last save"; finish; }
@@ -46,7 +46,7 @@ expect_bad() {
 # checkpoint, loads step FROM and ends equal to the uninterrupted run
 resumes() {
     cp -r "$1" "$1.run"
-    train --steps 40 --run_dir "$1.run" > "$1.log" 2>&1 || { cat "$1.log"; fail "$1: resume failed"; return; }
+    train_cmd --steps 40 --run_dir "$1.run" > "$1.log" 2>&1 || { cat "$1.log"; fail "$1: resume failed"; return; }
     grep -q "resume: loaded $1.run/ckpt/step-000000$2" "$1.log" &&
         cmp -s ref/ckpt/step-00000040/data.bin "$1.run/ckpt/step-00000040/data.bin" &&
         ok "$1: resume passed over what is broken, loaded step $2, ended bitwise equal to the uninterrupted run" ||
@@ -123,7 +123,7 @@ edit_index offset/ckpt/step-00000030 '
 lines = [l for l in lines if not l.startswith((b"kv state.samples ", b"kv state.data_cursor "))]
 lines = [b"kv state.batch_offset 1125899906842624" if l.startswith(b"kv state.batch_offset ") else l for l in lines]'
 set +e
-train --steps 30 --batch_size 16384 --micro_batch 2 --run_dir offset > o.txt 2> oe.txt
+train_cmd --steps 30 --batch_size 16384 --micro_batch 2 --run_dir offset > o.txt 2> oe.txt
 rc=$?
 set -e
 [ "$rc" -eq 2 ] && [ "$(wc -l < oe.txt)" -eq 1 ] &&
@@ -248,7 +248,7 @@ resumes dangling 30
 breakcopy allbad
 for d in allbad/ckpt/step-*; do truncate -s 100 "$d/data.bin"; done
 set +e
-train --steps 40 --run_dir allbad > allbad.log 2>&1
+train_cmd --steps 40 --run_dir allbad > allbad.log 2>&1
 rc=$?
 set -e
 [ "$rc" -eq 2 ] && grep -q "none of the 3 checkpoints in 'allbad/ckpt' loads" allbad.log &&
@@ -256,14 +256,14 @@ set -e
 
 # killed in the middle of a save (fault injection): the previous checkpoint stays
 set +e
-MODTRAIN_FAULT=save-crash:20 train --steps 40 --run_dir crash > crash.log 2>&1
+MODTRAIN_FAULT=save-crash:20 train_cmd --steps 40 --run_dir crash > crash.log 2>&1
 rc=$?
 set -e
 [ "$rc" -eq 137 ] && [ -d crash/ckpt/step-00000020.tmp ] && [ ! -e crash/ckpt/step-00000020 ] &&
     grep -q step-00000010 crash/ckpt/latest && "$MODTRAIN" ckpt verify --ckpt crash/ckpt > /dev/null &&
     ok "a crash in the middle of saving step 20 left step 10 as latest, verified" ||
     { cat crash.log; ls crash/ckpt; fail "crash mid-save"; }
-train --steps 40 --run_dir crash > crash2.log 2>&1
+train_cmd --steps 40 --run_dir crash > crash2.log 2>&1
 grep -q "resume: loaded crash/ckpt/step-00000010" crash2.log &&
     cmp -s ref/ckpt/step-00000040/data.bin crash/ckpt/step-00000040/data.bin &&
     [ ! -e crash/ckpt/step-00000020.tmp ] &&
@@ -282,7 +282,7 @@ if grep -q BAD kl.txt; then fail "kill -9 left a damaged checkpoint"; else ok "k
 # resume = auto takes the newest checkpoint, not `latest`: a kill between the
 # rename of step N into place and the update of `latest` leaves latest at N-1
 last=$(sed -n 's/^step-0*\([0-9][0-9]*\) .*verified.*/\1/p' kl.txt | tail -n 1)
-train --steps $((last + 2)) --ckpt_every 1 --ckpt_keep 3 --run_dir killed > killed2.log 2>&1 &&
+train_cmd --steps $((last + 2)) --ckpt_every 1 --ckpt_keep 3 --run_dir killed > killed2.log 2>&1 &&
     grep -q "resume: loaded killed/ckpt/step-.*(step $last)" killed2.log &&
     ok "resumed from step $last after kill -9" || { cat killed2.log; fail "resume after kill -9"; }
 
@@ -291,7 +291,7 @@ train --steps $((last + 2)) --ckpt_every 1 --ckpt_keep 3 --run_dir killed > kill
 # final save fails the run
 echo > afile
 set +e
-train --steps 12 --ckpt_dir afile/ckpt --run_dir unwritable > unw.log 2>&1
+train_cmd --steps 12 --ckpt_dir afile/ckpt --run_dir unwritable > unw.log 2>&1
 rc=$?
 set -e
 [ "$rc" -eq 1 ] && grep -q "cannot create 'afile/ckpt'" unw.log &&
@@ -307,7 +307,7 @@ if mount -t tmpfs -o size=$((size * 3 / 2))k tmpfs full 2> /dev/null; then
     echo step-00000030 > full/ckpt/latest
     before=$(md5sum full/ckpt/step-00000030/data.bin)
     set +e
-    train --steps 32 --ckpt_every 0 --ckpt_dir full/ckpt --run_dir fullrun > full.log 2>&1
+    train_cmd --steps 32 --ckpt_every 0 --ckpt_dir full/ckpt --run_dir fullrun > full.log 2>&1
     rc=$?
     set -e
     after=$(md5sum full/ckpt/step-00000030/data.bin)
@@ -325,7 +325,7 @@ fi
 mkdir mfull
 if mount -t tmpfs -o size=16k tmpfs mfull 2> /dev/null; then
     set +e
-    train --steps 40 --ckpt_dir mfullck --run_dir mfull > mfull.log 2>&1
+    train_cmd --steps 40 --ckpt_dir mfullck --run_dir mfull > mfull.log 2>&1
     rc=$?
     set -e
     logged=$(grep -c '"loss"' mfull/metrics.jsonl)

@@ -30,7 +30,6 @@
 # no ENOSPC or EDQUOT case (the kill and EIO cases take the same paths).
 . "$(dirname "$0")/lib.sh"
 prep_fortunes
-MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 cd "$TMP"
 full=${MODTRAIN_SWEEP:-}
 common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
@@ -122,7 +121,7 @@ one() {
 # sweep REF NP STEPS ACTIONS RANK EVERY [opts]: every EVERY-th point of the
 # saves of STEPS with each action (errno actions skip the phase points,
 # which guard no call, and ENOSPC/EDQUOT all but the writes)
-sweep() {
+crash_sweep() {
     ref=$1 np=$2 steps=$3 actions=$4 rank=$5 every=$6
     shift 6
     for step in $steps; do
@@ -161,7 +160,7 @@ cp -r victim-src/ckpt/step-00000002 victim/ckpt
 if part one; then
 # 1 rank, synchronous saves
 reference one-sync 1 --ckpt_async 0
-sweep one-sync 1 "$steps" "${actions:-kill EIO}" 0 "$every" --ckpt_async 0
+crash_sweep one-sync 1 "$steps" "${actions:-kill EIO}" 0 "$every" --ckpt_async 0
 [ -n "$full" ] || [ $slow = 0 ] || for a in ENOSPC EDQUOT; do
     for p in data.write index.write latest.write; do one one-sync 1 "$p" 4 "$a" 0 --ckpt_async 0; done
 done
@@ -169,7 +168,7 @@ done
 # 1 rank, asynchronous periodic saves (the final one is synchronous)
 reference one-async 1 --threads 2
 if [ -n "$full" ]; then
-    sweep one-async 1 "$steps" "$actions" 0 1 --threads 2
+    crash_sweep one-async 1 "$steps" "$actions" 0 1 --threads 2
 else
     points="phase.staged phase.pack data.write phase.index commit.rename latest.rename"
     [ $slow = 1 ] || points="phase.staged data.write commit.rename"
@@ -222,8 +221,8 @@ reference tp2dp2-sync 4 --tp 2 --ckpt_async 0
 reference tp2dp2-async 4 --tp 2
 if [ -n "$full" ]; then
     for r in 0 3; do
-        sweep tp2dp2-sync 4 "$steps" "$actions" "$r" 1 --tp 2 --ckpt_async 0
-        sweep tp2dp2-async 4 "$steps" "$actions" "$r" 1 --tp 2
+        crash_sweep tp2dp2-sync 4 "$steps" "$actions" "$r" 1 --tp 2 --ckpt_async 0
+        crash_sweep tp2dp2-async 4 "$steps" "$actions" "$r" 1 --tp 2
     done
 else
     one tp2dp2-sync 4 data.write 4 kill 3 --tp 2 --ckpt_async 0

@@ -17,7 +17,7 @@ common="--config $srcdir/jobs/tiny.conf --batch_size 8 --micro_batch 8 --steps 2
 
 # refused PATTERN CMD...: exit 2, one line on stderr matching PATTERN, and
 # no training step
-refused() {
+refused_data() {
     pattern=$1
     shift
     rm -rf run
@@ -36,9 +36,9 @@ refused() {
 }
 # bad_spec PATTERN SPEC: refused by modtrain data, as train_data and as val_data
 bad_spec() {
-    refused "$1" "$MODTRAIN" data --data "$2" --seq_len 64
-    refused "$1" "$MODTRAIN" train $common --train_data "$2" --val_data d/val.bin --run_dir run
-    refused "$1" "$MODTRAIN" train $common --train_data "d/train_*.bin" --val_data "$2" --run_dir run
+    refused_data "$1" "$MODTRAIN" data --data "$2" --seq_len 64
+    refused_data "$1" "$MODTRAIN" train $common --train_data "$2" --val_data d/val.bin --run_dir run
+    refused_data "$1" "$MODTRAIN" train $common --train_data "d/train_*.bin" --val_data "$2" --run_dir run
 }
 bad_spec "'d/none_\*.bin' matches no file" "d/none_*.bin"
 bad_spec "cannot open\|no such\|No such" "d/absent.bin"
@@ -49,8 +49,8 @@ bad_spec "'d/train_1.bin' in the blend .* has no weight" "0.5:d/train_0.bin,d/tr
 bad_spec "a part of '0.5:' names no shard" "0.5:"
 bad_spec "a part of '0.5:d/train_0.bin,0.5:' names no shard" "0.5:d/train_0.bin,0.5:"
 bad_spec "'' in the blend .* has no weight" "0.5:d/train_0.bin,"
-refused "the spec is empty" "$MODTRAIN" data --data "" --seq_len 64
-refused "the spec is empty" "$MODTRAIN" train $common --train_data "" --val_data d/val.bin --run_dir run # val_data = "": none
+refused_data "the spec is empty" "$MODTRAIN" data --data "" --seq_len 64
+refused_data "the spec is empty" "$MODTRAIN" train $common --train_data "" --val_data d/val.bin --run_dir run # val_data = "": none
 
 # weights whose sum overflows a double: refused, or normalised to 0.5 each
 # (not "weight 0" each, which blends the validation losses to 0)
@@ -70,9 +70,9 @@ fi
 # a run's samples, steps x batch_size: bounded as a run's, so the count
 # cannot wrap past 2^64 (9.2e18 x 2^30 printed a wrapped one); the largest
 # run is counted exactly
-refused "data: --steps = 9200000000000000000 is out of range (expected an integer in \[0, 99999999\])" \
+refused_data "data: --steps = 9200000000000000000 is out of range (expected an integer in \[0, 99999999\])" \
     "$MODTRAIN" data --data d/train_0.bin --seq_len 64 --steps 9200000000000000000 --batch_size 16
-refused "data: --batch_size = 1073741824 is out of range (expected an integer in \[1, 16777216\])" \
+refused_data "data: --batch_size = 1073741824 is out of range (expected an integer in \[1, 16777216\])" \
     "$MODTRAIN" data --data d/train_0.bin --seq_len 64 --steps 10 --batch_size 1073741824
 "$MODTRAIN" data --data d/train_0.bin --seq_len 64 --steps 99999999 --batch_size 16777216 > out.txt
 grep -q "a run of 99999999 steps x 16777216 sequences reads 1677721583222784 of its samples" out.txt &&
@@ -97,7 +97,7 @@ bad_spec "'short/train_1.bin' is 100 bytes, shorter than the 1024-byte shard hea
 # an llm.c shard (vocabulary 0 in its header) without vocab_size
 mkdir llmc
 $SHARDS text llmc/train_0.bin 20000 --vocab 0 --tokenizer 0
-refused "'llmc/train_0.bin' does not record its vocabulary (an llm.c shard); set vocab_size" \
+refused_data "'llmc/train_0.bin' does not record its vocabulary (an llm.c shard); set vocab_size" \
     "$MODTRAIN" train $common --train_data llmc/train_0.bin --val_data "" --run_dir run
 "$MODTRAIN" train $common --train_data llmc/train_0.bin --val_data "" --vocab_size 256 --run_dir llmc-run \
     > llmc.log 2>&1 && ok "the llm.c shard trains with vocab_size 256" || { cat llmc.log; fail "llm.c shard with vocab_size"; }
@@ -122,9 +122,9 @@ set -e
 # the same in validation data (read after the last step) and in eval --data
 $SHARDS text llmc/val.bin 20000 --vocab 0 --tokenizer 0
 $SHARDS poke llmc/val.bin 10 300
-refused "'llmc/val.bin' holds token 300 at offset 10, outside vocab_size = 256" \
+refused_data "'llmc/val.bin' holds token 300 at offset 10, outside vocab_size = 256" \
     "$MODTRAIN" train $common --train_data llmc/train_0.bin --val_data llmc/val.bin --vocab_size 256 --run_dir run-val
-refused "'llmc/val.bin' holds token 300 at offset 10, outside vocab_size = 256" \
+refused_data "'llmc/val.bin' holds token 300 at offset 10, outside vocab_size = 256" \
     "$MODTRAIN" eval --ckpt llmc-run/ckpt --data llmc/val.bin --seqs 8
 
 # a folder among the shards a pattern matches

@@ -12,7 +12,6 @@
 set -f # the specs hold glob patterns: modtrain expands them, not the shell
 [ -d "${FORTUNES_DIR:-/usr/share/games/fortunes}" ] || { echo "SKIP: no fortunes text"; exit 77; }
 SHARDS="$PYTHON $srcdir/tests/scripts/make_shards.py"
-MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 cd "$TMP"
 mkdir d b
 for i in 0 1 2 3; do $SHARDS text d/train_$i.bin 20000 --skip $((i * 20000)); done
@@ -22,11 +21,10 @@ $SHARDS text b/val.bin 20000 --skip 400000
 
 common="--config $srcdir/jobs/tiny.conf --val_data d/val.bin --batch_size 8 --micro_batch 4 \
     --eval_every 0 --eval_seqs 4 --log_every 1000 --ckpt_every 0 --threads 1"
-train() { # RUN_DIR NP [--key value ...]: trains on d/ unless told otherwise
-    name=$1 np=$2
+train_d() { # RUN_DIR NP [--key value ...]: trains on d/ unless told otherwise
+    run=$1 np=$2
     shift 2
-    timeout 300 $MPIRUN -np "$np" "$MODTRAIN" train $common --train_data "d/train_*.bin" --run_dir "$name" \
-        "$@" >> "$name.log" 2>&1 || { cat "$name.log"; fail "$name: training ($*)"; }
+    train_ok "$run" "$np" --train_data "d/train_*.bin" "$@"
 }
 # samples RUN_DIR N: the run's steps 1..N (the last line of each), their
 # "samples" tiling [0, total) without gap or repeat; prints the total and
@@ -51,27 +49,27 @@ print(prev, "%016x" % (sum(int(steps[s]["data_hash"], 16) for s in steps) % 2**6
 PY
 }
 
-train straight 1 --steps 8
+train_d straight 1 --steps 8
 ref=$(samples straight 8) || fail "straight run: $ref"
 [ "${ref%% *}" = 64 ] && ok "straight run: 8 steps read samples [0, 64), fingerprint ${ref#* }" ||
     fail "straight run: $ref"
 
 # stopped at step 4 on one rank, resumed to 8 on various layouts
-train base 1 --steps 4
+train_d base 1 --steps 4
 for lay in "one 1" "dp2 2" "tp2 2 --tp 2" "pp2 2 --pp 2"; do
     set -- $lay
     name=$1 np=$2
     shift 2
     cp -r base "$name"
-    train "$name" "$np" --steps 8 "$@"
+    train_d "$name" "$np" --steps 8 "$@"
     got=$(samples "$name" 8) || true
     [ "$got" = "$ref" ] && ok "stopped at 4 on 1 rank, resumed to 8 ($name): samples [0, 64), the same fingerprint" ||
         fail "$name: resumed run read '$got', the straight run '$ref'"
 done
 # and the other way: stopped at 4 under dp 2, resumed to 8 on one rank
-train base-dp2 2 --steps 4
+train_d base-dp2 2 --steps 4
 cp -r base-dp2 from-dp2
-train from-dp2 1 --steps 8
+train_d from-dp2 1 --steps 8
 got=$(samples from-dp2 8) || true
 [ "$got" = "$ref" ] && ok "stopped at 4 under dp 2, resumed to 8 on 1 rank: samples [0, 64), the same fingerprint" ||
     fail "from-dp2: resumed run read '$got', the straight run '$ref'"
@@ -81,7 +79,7 @@ cmp -s straight/ckpt/step-00000008/data.bin one/ckpt/step-00000008/data.bin &&
 
 # another batch_size on resume: 4 steps of 8, then 8 steps of 4
 cp -r base rebatch
-train rebatch 1 --steps 12 --batch_size 4 --micro_batch 4
+train_d rebatch 1 --steps 12 --batch_size 4 --micro_batch 4
 got=$(samples rebatch 12) || true
 [ "$got" = "$ref" ] && ok "4 steps of batch 8 + 8 of batch 4: samples [0, 64), the straight run's fingerprint" ||
     fail "batch 8 then 4: '$got', the straight run '$ref'"
@@ -89,7 +87,7 @@ grep '"step":12,' rebatch/metrics.jsonl | grep -q '"samples":64,' && ok "step 12
     fail "rebatch: step 12 does not end at sample 64"
 
 # refused: exit 2, one line naming the difference
-refused() { # NAME PATTERN SPEC [--key value ...]
+refused_on_resume() { # NAME PATTERN SPEC [--key value ...]
     name=$1 pattern=$2 spec=$3
     shift 3
     rm -rf "r-$name"
@@ -106,27 +104,27 @@ refused() { # NAME PATTERN SPEC [--key value ...]
         fail "$name: exit $rc, expected 2 and one line /$pattern/"
     fi
 }
-refused seed "seed = 7, but the checkpoint's run used seed = 1337" "d/train_*.bin" --seed 7
+refused_on_resume seed "seed = 7, but the checkpoint's run used seed = 1337" "d/train_*.bin" --seed 7
 cp -r d added && $SHARDS text added/train_4.bin 20000 --skip 200000
-refused "a shard added" "has a shard 4, 'added/train_4.bin'" "added/train_*.bin"
+refused_on_resume "a shard added" "has a shard 4, 'added/train_4.bin'" "added/train_*.bin"
 cp -r d removed && rm removed/train_3.bin
-refused "a shard removed" "lacks the shard 'train_3.bin" "removed/train_*.bin"
+refused_on_resume "a shard removed" "lacks the shard 'train_3.bin" "removed/train_*.bin"
 cp -r d rewritten && $SHARDS text rewritten/train_2.bin 20000 --skip 500000
 [ "$(stat -c %s rewritten/train_2.bin)" = "$(stat -c %s d/train_2.bin)" ] || fail "rewritten shard's size"
-refused "a shard rewritten" "shard 2 of dataset 0 is 'train_2.bin 20000 crc32:" "rewritten/train_*.bin"
+refused_on_resume "a shard rewritten" "shard 2 of dataset 0 is 'train_2.bin 20000 crc32:" "rewritten/train_*.bin"
 cp -r d reordered && mv reordered/train_0.bin t && mv reordered/train_1.bin reordered/train_0.bin &&
     mv t reordered/train_1.bin
-refused "shards reordered" "shard 0 of dataset 0 is 'train_0.bin" "reordered/train_*.bin"
-refused "a blend for one dataset" "a blend of 1 datasets, this spec has 2" "0.5:d/train_*.bin,0.5:b/train_*.bin"
+refused_on_resume "shards reordered" "shard 0 of dataset 0 is 'train_0.bin" "reordered/train_*.bin"
+refused_on_resume "a blend for one dataset" "a blend of 1 datasets, this spec has 2" "0.5:d/train_*.bin,0.5:b/train_*.bin"
 
 # data_changed = continue carries on over the new data
 cp -r base cont
-train cont 1 --steps 8 --train_data "added/train_*.bin" --data_changed continue
+train_d cont 1 --steps 8 --train_data "added/train_*.bin" --data_changed continue
 grep -q "resume: data_changed = continue: dataset 0 ('added/train_\*.bin') has a shard 4" cont.log &&
     [ -e cont/ckpt/step-00000008 ] && ok "data_changed = continue: carried on to step 8, logged" ||
     { cat cont.log; fail "data_changed = continue"; }
 # the data a continued run read is what its checkpoints record from then on
-train cont 1 --steps 9 --train_data "added/train_*.bin"
+train_d cont 1 --steps 9 --train_data "added/train_*.bin"
 grep -q '"step":9,"samples":72,' cont/metrics.jsonl && ok "resumed on over the new data without data_changed" ||
     { cat cont.log; fail "resuming after data_changed = continue"; }
 rm -rf r-back && cp -r cont r-back
@@ -137,12 +135,12 @@ set -e
 [ "$rc" -eq 2 ] && [ "$(wc -l < err.txt)" -eq 1 ] && grep -q "lacks the shard 'train_4.bin" err.txt &&
     ok "and the old data is refused after it: $(cut -c1-100 err.txt)..." || { cat err.txt; fail "old data after continue: exit $rc"; }
 cp -r base cont-seed
-train cont-seed 1 --steps 8 --seed 7 --data_changed continue
+train_d cont-seed 1 --steps 8 --seed 7 --data_changed continue
 grep -q "seed 7 replaces the checkpoint's 1337" cont-seed.log && [ -e cont-seed/ckpt/step-00000008 ] &&
     ok "data_changed = continue: a new seed, logged" || { cat cont-seed.log; fail "data_changed = continue, seed"; }
 
 # a blend: each dataset's share, each validated
-train blend 1 --steps 8 --train_data "0.7:d/train_*.bin,0.3:b/train_*.bin" \
+train_d blend 1 --steps 8 --train_data "0.7:d/train_*.bin,0.3:b/train_*.bin" \
     --val_data "0.5:d/val.bin,0.5:b/val.bin"
 rm -rf r-reweigh && cp -r blend r-reweigh
 set +e

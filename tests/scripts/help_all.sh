@@ -18,7 +18,7 @@ for tool in apt-get apt dpkg sudo mpirun mpiexec srun sbatch scontrol squeue mak
 done
 
 # check NAME CMD...: CMD --help and CMD -h, in an empty folder under the tripwires
-check() {
+check_help() {
     name=$1
     shift
     for h in --help -h; do
@@ -51,17 +51,17 @@ for f in "$srcdir"/jobs/*.sh "$srcdir"/jobs/*.sbatch; do
         fail "jobs/$(basename "$f") is not executable"
         continue
     fi
-    check "jobs/$(basename "$f")" "$f"
+    check_help "jobs/$(basename "$f")" "$f"
     n=$((n + 1))
 done
 [ "$n" -ge 9 ] && ok "$n scripts in jobs/" || fail "only $n scripts found in $srcdir/jobs"
 
 # the commands as modtrain's own help lists them, then ckpt's subcommands
-check "modtrain" "$MODTRAIN"
+check_help "modtrain" "$MODTRAIN"
 cmds=$("$MODTRAIN" --help | sed -n '/^commands:/,/^$/s/^  \([a-z][a-z]*\) .*/\1/p')
 [ "$(echo $cmds | wc -w)" -ge 8 ] && ok "commands: $(echo $cmds)" || fail "modtrain --help lists '$cmds'"
-for c in $cmds; do check "modtrain $c" "$MODTRAIN" "$c"; done
+for c in $cmds; do check_help "modtrain $c" "$MODTRAIN" "$c"; done
 subs=$("$MODTRAIN" ckpt --help | sed -n '1s/^usage: modtrain ckpt \([a-z|]*\) .*/\1/p' | tr '|' ' ')
 [ "$(echo $subs | wc -w)" -ge 6 ] && ok "ckpt subcommands: $subs" || fail "modtrain ckpt --help lists '$subs'"
-for s in $subs; do check "modtrain ckpt $s" "$MODTRAIN" ckpt "$s"; done
+for s in $subs; do check_help "modtrain ckpt $s" "$MODTRAIN" ckpt "$s"; done
 finish

@@ -12,7 +12,6 @@
 # line what it does.
 . "$(dirname "$0")/lib.sh"
 prep_fortunes
-MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 SHARDS="$PYTHON $srcdir/tests/scripts/make_shards.py"
 cd "$TMP"
 common="--config $srcdir/jobs/tiny.conf --val_data data/val_000000.bin --log_every 1 --ckpt_every 0 \
@@ -60,7 +59,7 @@ for r in c d e; do
 done
 
 # refusals: one line, exit 2, nothing trained
-refused() { # NAME PATTERN [--key value ...]
+refused_init() { # NAME PATTERN [--key value ...]
     name=$1 pat=$2
     shift 2
     rc=0
@@ -69,16 +68,16 @@ refused() { # NAME PATTERN [--key value ...]
     [ "$rc" = 2 ] && [ "$(wc -l < "$name.err")" = 1 ] && grep -q -- "$pat" "$name.err" && ! grep -q '^step' "$name.out" &&
         ok "$name: $(cat "$name.err")" || fail "$name: exit $rc, $(cat "$name.err")"
 }
-refused same "is a checkpoint of this run's own ckpt_dir" --run_dir src --init_from src/ckpt/step-00000012
+refused_init same "is a checkpoint of this run's own ckpt_dir" --run_dir src --init_from src/ckpt/step-00000012
 # spelt with a trailing /. or through a link, it is the same folder
-refused same_dot "is a checkpoint of this run's own ckpt_dir" --run_dir src --resume never \
+refused_init same_dot "is a checkpoint of this run's own ckpt_dir" --run_dir src --resume never \
     --init_from src/ckpt/step-00000012/.
 ln -s src/ckpt/step-00000012 alias
-refused same_link "is a checkpoint of this run's own ckpt_dir" --run_dir src --resume never \
+refused_init same_link "is a checkpoint of this run's own ckpt_dir" --run_dir src --resume never \
     --init_from alias
-refused shape "has d_model = 64 but this run has d_model = 32" --run_dir g --init_from src/ckpt --d_model 32
-refused st_shape "n_layer = 2 but this run has n_layer = 3" --run_dir g --init_from src.safetensors --n_layer 3
-refused missing "init_from: ckpt: 'nowhere'" --run_dir g --init_from nowhere
+refused_init shape "has d_model = 64 but this run has d_model = 32" --run_dir g --init_from src/ckpt --d_model 32
+refused_init st_shape "n_layer = 2 but this run has n_layer = 3" --run_dir g --init_from src.safetensors --n_layer 3
+refused_init missing "init_from: ckpt: 'nowhere'" --run_dir g --init_from nowhere
 
 # a requeued fine-tune resumes its own run
 ft a 1 src/ckpt --steps 3

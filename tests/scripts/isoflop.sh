@@ -28,7 +28,7 @@
 . "$(dirname "$0")/lib.sh"
 prep_fortunes
 cd "$TMP"
-sweep() { MODTRAIN=$MODTRAIN "$srcdir/jobs/isoflop.sh" --quick --train data/train_000000.bin --val data/val_000000.bin "$@"; }
+isoflop_quick() { MODTRAIN=$MODTRAIN "$srcdir/jobs/isoflop.sh" --quick --train data/train_000000.bin --val data/val_000000.bin "$@"; }
 budgets="2e10 5e10" sizes="32x2 64x2"
 
 # --- an interrupted sweep: SIGTERM once a run has finished and another has
@@ -67,7 +67,7 @@ ok "SIGTERM: the sweep stopped with exit code 75 (try $attempt), $victim unfinis
 done_before=$(ls s/runs/*/result.csv 2> /dev/null | wc -l)
 sums() { for f in s/runs/*/result.csv; do md5sum "$f" "$(dirname "$f")/metrics.jsonl"; done; }
 before=$(sums)
-sweep --out s > second.log 2>&1 || { cat second.log; fail "the resumed sweep failed"; }
+isoflop_quick --out s > second.log 2>&1 || { cat second.log; fail "the resumed sweep failed"; }
 skipped=$(grep -c 'done before, skipped' second.log || true)
 [ "$skipped" = "$done_before" ] && ok "resumed sweep skipped the $skipped finished runs" ||
     fail "resumed sweep skipped $skipped runs, $done_before had finished"
@@ -128,7 +128,7 @@ grep -q "optimum of dense lies at 0.1M parameters, loss 2.0000; of MoD at 0.316M
 # every MoE kind under it)
 if [ $slow = 1 ]; then
 all="dense mod moe mode_staged mode_integrated moe_capped"
-sweep --out k --kinds "${all// /,}" > k.log 2>&1 || { cat k.log; fail "the sweep of every kind failed"; }
+isoflop_quick --out k --kinds "${all// /,}" > k.log 2>&1 || { cat k.log; fail "the sweep of every kind failed"; }
 rows=$(tail -n +2 k/results.csv | wc -l)
 [ "$rows" = 24 ] && ok "--kinds ${all// /,}: results.csv has the 24 runs" ||
     fail "--kinds ${all// /,}: results.csv has $rows runs, not 24"
@@ -233,7 +233,7 @@ MODTRAIN=$MODTRAIN "$srcdir/jobs/isoflop.sh" --report badk > bad.out 2> bad.err 
 # --- under mpirun: dp 2
 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
     MODTRAIN_MPIRUN_ARGS="--oversubscribe --bind-to none --mca btl self,vader" \
-    sweep --out dp --np 2 --budgets 2e10 --sizes 32x2 > dp.log 2>&1 ||
+    isoflop_quick --out dp --np 2 --budgets 2e10 --sizes 32x2 > dp.log 2>&1 ||
     { cat dp.log; fail "the sweep under mpirun -np 2 failed"; }
 one=$(awk -F, '$1 == "2e10" && $3 == 32 { print $2, $6, $8 }' s/results.csv)
 two=$(awk -F, 'NR > 1 { print $2, $6, $8 }' dp/results.csv)
@@ -296,7 +296,7 @@ for bad in "--budgets 1e10x" "--sizes 64" "--sizes 48x2" "--capacity 0" "--np tw
     "--kinds dense,bogus" "--kinds mod,mod" "--kinds ," "--expert_top_k 3" "--experts 0" "--capped_factor 0"; do
     rc=0
     # shellcheck disable=SC2086
-    sweep --out bad $bad > bad.out 2> bad.err || rc=$?
+    isoflop_quick --out bad $bad > bad.out 2> bad.err || rc=$?
     [ "$rc" = 2 ] && [ "$(wc -l < bad.err)" = 1 ] && ok "$bad: $(cat bad.err)" ||
         fail "$bad: exit $rc, '$(cat bad.err)'"
 done

@@ -10,6 +10,8 @@ export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1} # waiting
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/modtrain-test.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
 PYTHON=${PYTHON:-/usr/bin/python3}
+# ranks as root, more ranks than cores, shared memory between them
+MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 failures=0
 # slow = 0 under MODTRAIN_SKIP_SLOW (CI's passes after the first): tests
 # trim their longest matrices by it (README's Tests section lists how)
@@ -104,17 +106,84 @@ expect_train_error() {
         ok "$(grep '^modtrain: ' bad.log)" || { cat bad.log; fail "expected one line matching /$pattern/"; }
 }
 
-# train RUN [--key value ...]: `modtrain train $common --run_dir RUN ...`
-# (the test's $common) under a 120 s timeout; its exit code in $rc, its
-# output in RUN.log
+# train RUN [NP] [--key value ...]: `modtrain train $common --run_dir RUN
+# ...` (the test's $common), under `$MPIRUN -np NP` when NP is given and as
+# one process when not, within $TRAIN_TIMEOUT seconds (300); its exit code
+# in $rc, its output in RUN.log
 train() {
     run=$1
     shift
+    launch=
+    case ${1:-} in
+    [0-9]*) launch="$MPIRUN -np $1" && shift ;;
+    esac
     set +e
-    # shellcheck disable=SC2086 # the options
-    timeout 120 "$MODTRAIN" train $common --run_dir "$run" "$@" > "$run.log" 2>&1
+    # shellcheck disable=SC2086 # the launcher and the options
+    timeout "${TRAIN_TIMEOUT:-300}" $launch "$MODTRAIN" train $common --run_dir "$run" "$@" > "$run.log" 2>&1
     rc=$?
     set -e
+}
+# train_ok RUN [NP] [--key value ...]: train, and a failure (with its log)
+# unless it exits 0
+train_ok() {
+    train "$@"
+    [ "$rc" -eq 0 ] || { cat "$run.log"; fail "$run: training ($*) failed (exit $rc)"; }
+}
+
+# losses RUN: the loss of each step in RUN/metrics.jsonl, a line each
+losses() { grep '"loss"' "$1/metrics.jsonl" | sed -e 's/.*"loss":\([^,]*\).*/\1/'; }
+# stable_metrics RUN: RUN's metrics lines without what timing and traffic
+# change between layouts (speed, MFU, bytes sent, the bubble) or saves add
+stable_metrics() {
+    grep -v '"ckpt_' "$1/metrics.jsonl" | sed -e 's/"tokens_per_s":[^,]*,"step_time_ms":[^,]*,"mfu":[^,]*,//' \
+        -e 's/"tp_bytes":[0-9]*,//' -e 's/"ep_bytes":[0-9]*,//' -e 's/,"pp_bubble".*//'
+}
+# close_runs A B TOL STEPS: runs A and B logged STEPS losses each, every
+# one within TOL of the other (relative), and their final checkpoints
+# agree within TOL (ckpt diff's report in diff.txt)
+close_runs() {
+    losses "$1" > a.txt
+    losses "$2" > b.txt
+    worst=$(paste a.txt b.txt | awk '{ d = ($1 - $2) / $2; if (d < 0) d = -d; if (d > m) m = d } END { printf "%.2g", m }')
+    [ "$(wc -l < a.txt)" -eq "$4" ] && [ "$(wc -l < b.txt)" -eq "$4" ] && check_ab "$worst" "$3" 'a <= b' &&
+        "$MODTRAIN" ckpt diff --a "$1/ckpt" --b "$2/ckpt" --tol "$3" > diff.txt
+}
+# pp_live_max RUN: the most activations a stage held live, over RUN's steps
+pp_live_max() { grep -o '"pp_live":[0-9]*' "$1/metrics.jsonl" | cut -d: -f2 | sort -n | tail -n 1; }
+# step_dir RUN N: RUN's checkpoint directory of step N
+step_dir() { printf '%s/ckpt/step-%08d' "$1" "$2"; }
+# wait_steps RUN N: waits (up to 2 minutes) until RUN has logged N steps;
+# fails (returns 1) if it never does
+wait_steps() {
+    i=0
+    while [ $i -lt 1200 ]; do
+        n=$(cat "$1/metrics.jsonl" 2> /dev/null | grep -c '"loss"' || true)
+        [ "${n:-0}" -ge "$2" ] && return 0
+        sleep 0.1
+        i=$((i + 1))
+    done
+    return 1
+}
+# same_files A B: directories A and B hold the same names, byte for byte
+same_files() {
+    [ -d "$1" ] && [ -d "$2" ] || return 1
+    [ "$(ls "$1")" = "$(ls "$2")" ] || return 1
+    for f in "$1"/*; do cmp -s "$f" "$2/$(basename "$f")" || return 1; done
+}
+# expect_same_ckpt A B WHAT: checkpoints A and B hold the same state, bit for
+# bit (ckpt diff --tol 0)
+expect_same_ckpt() {
+    if d=$("$MODTRAIN" ckpt diff --a "$1" --b "$2" --tol 0 2>&1); then ok "$3: $d"; else fail "$3: $d"; fi
+}
+# expect_same_step A B STEP WHAT: runs A and B logged the same losses and
+# wrote the same checkpoint of step STEP, byte for byte
+expect_same_step() {
+    if cmp -s "$(step_dir "$1" "$3")/data.bin" "$(step_dir "$2" "$3")/data.bin" &&
+        [ "$(losses "$1")" = "$(losses "$2")" ]; then
+        ok "$4: byte for byte"
+    else
+        fail "$4: the losses or the final checkpoints differ"
+    fi
 }
 
 # same_ckpt A B: two checkpoint directories hold the same state byte for

@@ -15,7 +15,7 @@ T="--train_data data/train_000000.bin --val_data data/val_000000.bin --run_dir r
 
 # refused PATTERN CMD...: exit 2, one stderr line matching PATTERN, peak RSS
 # under LIMIT_KB, no run directory
-refused() {
+refused_within() {
     pattern=$1
     shift
     rm -rf run
@@ -36,10 +36,10 @@ refused() {
 }
 
 needs="the model needs .* per rank (parameters and gradients .*, AdamW moments .*, activations .*), more than"
-refused "train: $needs" "$MODTRAIN" train $T --d_model 65536 --n_head 4
-refused "train: $needs" "$MODTRAIN" train $T --batch_size 16777216
-refused "train: $needs" "$MODTRAIN" train $T --batch_size 1048576 --micro_batch 1048576
-refused "train: $needs" "$MODTRAIN" train $T --n_layer 4096 --d_model 4096
+refused_within "train: $needs" "$MODTRAIN" train $T --d_model 65536 --n_head 4
+refused_within "train: $needs" "$MODTRAIN" train $T --batch_size 16777216
+refused_within "train: $needs" "$MODTRAIN" train $T --batch_size 1048576 --micro_batch 1048576
+refused_within "train: $needs" "$MODTRAIN" train $T --n_layer 4096 --d_model 4096
 # one micro-batch in flight is what counts: a batch in small pieces fits
 "$MODTRAIN" train $T --batch_size 1048576 --micro_batch 2 --steps 0 > ok.txt 2>&1 &&
     ok "batch_size 1048576 in micro-batches of 2 fits" || fail "micro-batches of 2: $(cat ok.txt)"
@@ -53,9 +53,9 @@ cp -r run/ckpt/step-00000001 huge/
 cp -r run/ckpt/step-00000001 small
 edit_index huge/step-00000001 '
 lines = [b"kv config.d_model 65536" if l.startswith(b"kv config.d_model ") else l for l in lines]'
-refused "ckpt: 'huge/step-00000001': $needs" "$MODTRAIN" eval --ckpt huge/step-00000001 --data data/val_000000.bin
-refused "ckpt: 'huge/step-00000001': $needs" "$MODTRAIN" sample --ckpt huge/step-00000001 --tokens 4
-refused "ckpt: 'huge/step-00000001': $needs" "$MODTRAIN" ckpt export --ckpt huge/step-00000001 --out x.safetensors
+refused_within "ckpt: 'huge/step-00000001': $needs" "$MODTRAIN" eval --ckpt huge/step-00000001 --data data/val_000000.bin
+refused_within "ckpt: 'huge/step-00000001': $needs" "$MODTRAIN" sample --ckpt huge/step-00000001 --tokens 4
+refused_within "ckpt: 'huge/step-00000001': $needs" "$MODTRAIN" ckpt export --ckpt huge/step-00000001 --out x.safetensors
 [ ! -e x.safetensors ] && ok "nothing exported" || fail "export wrote x.safetensors"
 
 # sample --tokens N keeps a window of 2·T tokens, not N: under a 4 GiB
@@ -104,13 +104,13 @@ PY
 }
 LIMIT_KB=524288
 vocab flat
-refused "encoder.json: 9[0-9]* tokens with ids up to 0; expected the ids 0 to" "$MODTRAIN" tokenize --vocab hv --hash
+refused_within "encoder.json: 9[0-9]* tokens with ids up to 0; expected the ids 0 to" "$MODTRAIN" tokenize --vocab hv --hash
 vocab dense
-refused "encoder.json: no token for the byte 0x00" "$MODTRAIN" tokenize --vocab hv --hash
+refused_within "encoder.json: no token for the byte 0x00" "$MODTRAIN" tokenize --vocab hv --hash
 vocab nested
-refused "encoder.json: at byte 6: a '\['" "$MODTRAIN" tokenize --vocab hv --hash
+refused_within "encoder.json: at byte 6: a '\['" "$MODTRAIN" tokenize --vocab hv --hash
 vocab big
-refused "encoder.json' is [0-9]* bytes, more than the 8388608 it may have" "$MODTRAIN" tokenize --vocab hv --hash
+refused_within "encoder.json' is [0-9]* bytes, more than the 8388608 it may have" "$MODTRAIN" tokenize --vocab hv --hash
 LIMIT_KB=262144
 
 # prep's JSON Lines under --mem 64M: jansson's tree takes about 46 bytes a

@@ -19,19 +19,14 @@
 . "$(dirname "$0")/lib.sh"
 prep_fortunes
 cd "$TMP"
-MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
     --eval_every 0 --log_every 4 --steps 8"
-train() { # NAME ARGS...: a run in NAME
-    n=$1; shift
-    "$MODTRAIN" train $common --run_dir "$n" "$@" > "$n.log" 2>&1 || { cat "$n.log"; fail "$n: train"; finish; }
-}
-train dense
-train mod --route_every 2
-train moe --n_expert 4 --expert_top_k 2 --n_noop_expert 1 --capacity_factor 0.5
-train moe16 --n_expert 4 --expert_top_k 2 --capacity_factor 16
-train staged --n_expert 4 --expert_top_k 2 --route_every 2 --capacity 0.5 --capacity_factor 16
-train integ --n_expert 4 --expert_top_k 1 --n_noop_expert 2 --capacity_factor 16
+train_ok dense
+train_ok mod --route_every 2
+train_ok moe --n_expert 4 --expert_top_k 2 --n_noop_expert 1 --capacity_factor 0.5
+train_ok moe16 --n_expert 4 --expert_top_k 2 --capacity_factor 16
+train_ok staged --n_expert 4 --expert_top_k 2 --route_every 2 --capacity 0.5 --capacity_factor 16
+train_ok integ --n_expert 4 --expert_top_k 1 --n_noop_expert 2 --capacity_factor 16
 
 # ---- 1, 2: metrics
 "$PYTHON" - moe/metrics.jsonl dense/metrics.jsonl <<'PY' && ok "metrics: expert_load + expert_drop = 1 per block, moe_aux, FLOPs from the slots kept, ep_comm 0" || fail "MoE metrics"
@@ -66,7 +61,7 @@ grep -q '^step 8/8 | loss [0-9.]* | experts drop [0-9.]*% |' moe.log && ok "prog
 
 $MPIRUN -np 2 "$MODTRAIN" train $common --threads 1 --n_expert 4 --expert_top_k 2 --ep 2 --run_dir ep2 > ep2.log 2>&1 ||
     { cat ep2.log; fail "ep 2: train"; }
-train ep1 --n_expert 4 --expert_top_k 2
+train_ok ep1 --n_expert 4 --expert_top_k 2
 "$PYTHON" - ep2/metrics.jsonl <<'PY' && ok "ep 2: ep_bytes and ep_comm > 0" || fail "ep 2 metrics"
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]

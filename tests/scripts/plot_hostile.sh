@@ -20,7 +20,7 @@ no_marker() { # WHAT
     if ls marker* > /dev/null 2>&1; then fail "$1: a crafted field ran a command ($(ls marker*))"; rm -f marker*; fi
 }
 # refused NAME PATTERN CMD...: exit 2, one stderr line matching PATTERN, no marker
-refused() {
+refused_plot() {
     local name=$1 pattern=$2 rc=0
     shift 2
     "$@" > out.txt 2> err.txt || rc=$?
@@ -39,7 +39,7 @@ sys='system("touch${IFS}marker")'
 hdr=$(printf '# modtrain routing: checkpoint step 1, seq_len 4, k 2\nseq\tpos\tblock\ttoken\ttext\ttopk\trouter\tweight\tcausal')
 row() { printf '%s\t' "$@" | sed 's/\t$//'; echo; }
 { echo "$hdr"; row 0 0 1 65 A 1 0.3 0.5 1; row 0 1 "1\"0);$sys;#" 66 B 0 -0.1 -0.2 0; } > block.tsv
-refused "routing: a block that is a gnuplot command" "block.tsv': line 4: block = .* is not a whole number" \
+refused_plot "routing: a block that is a gnuplot command" "block.tsv': line 4: block = .* is not a whole number" \
     "$srcdir/jobs/routing_plot.sh" block.tsv b
 [ ! -e b.png ] || fail "routing: a refused file drew b.png"
 # shellcheck disable=SC2089 # the quotes are the messages' text
@@ -49,7 +49,7 @@ for col in "0 x 1 65 A 1 0.3 0.5 1:pos = 'x' is not a whole number" \
     "0 0 1 65 A 1 0.3 0.5:has 8 columns, not 9"; do
     # shellcheck disable=SC2086,SC2090 # the fields are words
     { echo "$hdr"; row ${col%%:*}; } > col.tsv
-    refused "routing: ${col#*:}" "${col#*:}" "$srcdir/jobs/routing_plot.sh" col.tsv c
+    refused_plot "routing: ${col#*:}" "${col#*:}" "$srcdir/jobs/routing_plot.sh" col.tsv c
 done
 # hostile decoded text is data: drawn, never run
 {
@@ -79,9 +79,9 @@ if [ "$have_gnuplot" = 1 ]; then
         fail "routing: the default --positions is not seq_len = 4: $(cat d.log d4.log)"
 fi
 sed '1s/seq_len 4, //' text.tsv > nolen.tsv
-refused "routing: no seq_len and no --positions" "nolen.tsv' does not record seq_len on its first line (give --positions N)" \
+refused_plot "routing: no seq_len and no --positions" "nolen.tsv' does not record seq_len on its first line (give --positions N)" \
     "$srcdir/jobs/routing_plot.sh" nolen.tsv n
-refused "routing: --positions 0" "--positions = '0' is not a whole number >= 1" \
+refused_plot "routing: --positions 0" "--positions = '0' is not a whole number >= 1" \
     "$srcdir/jobs/routing_plot.sh" text.tsv n --positions 0
 # an output prefix is a name, never a command
 mkdir -p "x\";$sys;\""
@@ -94,32 +94,32 @@ no_marker "routing: a hostile prefix"
 # --- jobs/plot_run.sh
 pr=$srcdir/jobs/plot_run.sh
 st() { printf '{"step":%s,"loss":%s,"lr":1e-3,"tokens_per_s":100,"phase_ms":{"forward":%s,"backward":2}}\n' "$@"; }
-refused "plot_run: no RUN_DIR" "usage: jobs/plot_run.sh RUN_DIR" "$pr"
-refused "plot_run: a missing folder" "'nowhere' is not a folder" "$pr" nowhere
+refused_plot "plot_run: no RUN_DIR" "usage: jobs/plot_run.sh RUN_DIR" "$pr"
+refused_plot "plot_run: a missing folder" "'nowhere' is not a folder" "$pr" nowhere
 mkdir -p none empty bin mid deep phase big arr
-refused "plot_run: a folder without metrics" "'none/metrics.jsonl' does not exist" "$pr" none
+refused_plot "plot_run: a folder without metrics" "'none/metrics.jsonl' does not exist" "$pr" none
 : > empty/metrics.jsonl
-refused "plot_run: empty metrics" "'empty/metrics.jsonl' is empty" "$pr" empty
+refused_plot "plot_run: empty metrics" "'empty/metrics.jsonl' is empty" "$pr" empty
 head -c 4096 /dev/urandom > bin/metrics.jsonl
-refused "plot_run: binary garbage" "bin/metrics.jsonl': line 1 is not a JSON object" "$pr" bin
+refused_plot "plot_run: binary garbage" "bin/metrics.jsonl': line 1 is not a JSON object" "$pr" bin
 { st 1 2 1; echo "set output '|touch marker'"; st 2 1 1; } > mid/metrics.jsonl
-refused "plot_run: a line of garbage before the last" "mid/metrics.jsonl': line 2 is not a JSON object" "$pr" mid
+refused_plot "plot_run: a line of garbage before the last" "mid/metrics.jsonl': line 2 is not a JSON object" "$pr" mid
 { st 1 2 1; "$PYTHON" -c 'print("[" * 100000 + "]" * 100000)'; st 2 1 1; } > deep/metrics.jsonl
-refused "plot_run: JSON nested 100000 deep" "deep/metrics.jsonl': line 2 is not a JSON object" "$pr" deep
+refused_plot "plot_run: JSON nested 100000 deep" "deep/metrics.jsonl': line 2 is not a JSON object" "$pr" deep
 # (a bad line before the last: a last line that is not JSON is one cut short)
 for v in '"`touch marker`"' true NaN 1e999 -1 2.5; do
     mkdir -p "v$v"
     { st 1 2 1; st "$v" 1 1; st 3 1 1; } > "v$v/metrics.jsonl"
-    refused "plot_run: step = $v" "line 2: step = .* is not a whole number >= 0" "$pr" "v$v"
+    refused_plot "plot_run: step = $v" "line 2: step = .* is not a whole number >= 0" "$pr" "v$v"
 done
 { st 1 2 1; st 2 '"1); system(\"touch marker\"); (1"' 1; st 3 1 1; } > big/metrics.jsonl
-refused "plot_run: a loss that is a command" "big/metrics.jsonl': line 2: loss = .* is not a number" "$pr" big
+refused_plot "plot_run: a loss that is a command" "big/metrics.jsonl': line 2: loss = .* is not a number" "$pr" big
 { st 1 2 1; echo '{"step":2,"loss":1,"lr":1,"tokens_per_s":1,"phase_ms":{"a\"$sys":1}}'; } > phase/metrics.jsonl
-refused "plot_run: a phase that is a command" "phase/metrics.jsonl': line 2: phase_ms has a key .*, not a phase's name" "$pr" phase
+refused_plot "plot_run: a phase that is a command" "phase/metrics.jsonl': line 2: phase_ms has a key .*, not a phase's name" "$pr" phase
 echo '[1, 2]' > arr/metrics.jsonl
-refused "plot_run: JSON that is not a run's" "arr/metrics.jsonl': line 1 is not a JSON object" "$pr" arr
-refused "plot_run: --out in a missing folder" "the folder 'nowhere' does not exist" "$pr" mid --out nowhere/x.png
-refused "plot_run: an unknown option" "unknown option '--bogus'" "$pr" mid --bogus
+refused_plot "plot_run: JSON that is not a run's" "arr/metrics.jsonl': line 1 is not a JSON object" "$pr" arr
+refused_plot "plot_run: --out in a missing folder" "the folder 'nowhere' does not exist" "$pr" mid --out nowhere/x.png
+refused_plot "plot_run: an unknown option" "unknown option '--bogus'" "$pr" mid --bogus
 [ ! -e mid/metrics.png ] || fail "plot_run: a refused run drew mid/metrics.png"
 # the last line of a step counts (a resume logs it again), a last line cut
 # short is left out, and a hostile folder name is only a name
@@ -158,7 +158,7 @@ mkdir -p phases
 awk 'BEGIN { printf "{\"step\":1,\"loss\":2,\"lr\":1,\"tokens_per_s\":1,\"phase_ms\":{"
     for (i = 0; i < 33; i++) printf "%s\"p_%c%c\":1", (i ? "," : ""), 97 + int(i / 26), 97 + i % 26
     print "}}" }' > phases/metrics.jsonl
-refused "plot_run: 33 phases" "phases/metrics.jsonl': line 1: phase_ms names more than 32 phases" "$pr" phases
+refused_plot "plot_run: 33 phases" "phases/metrics.jsonl': line 1: phase_ms names more than 32 phases" "$pr" phases
 [ ! -e phases/metrics.png ] || fail "plot_run: 33 phases drew phases/metrics.png"
 
 # --- jobs/isoflop.sh --report
@@ -170,20 +170,20 @@ runs() { # BUDGET: a grid of two sizes, both kinds
 }
 csv() { mkdir -p "$1"; { echo "$H"; cat; } > "$1/results.csv"; }
 runs "1e15\";$sys;x=\"1" | csv inj
-refused "report: a budget that is a gnuplot command" "inj/results.csv: line 2: budget = .* is not a number > 0" \
+refused_plot "report: a budget that is a gnuplot command" "inj/results.csv: line 2: budget = .* is not a number > 0" \
     "$srcdir/jobs/isoflop.sh" --report inj
 { runs 1e15; echo "1e15,dense\"$sys,64,2,5,100,1000,1e15,1,1,2,2,10,100,1,1,0"; } | csv kind
-refused "report: a kind that no sweep trains" "kind/results.csv: line 6: kind = .* is not dense, mod, moe, mode_staged, mode_integrated or moe_capped" \
+refused_plot "report: a kind that no sweep trains" "kind/results.csv: line 6: kind = .* is not dense, mod, moe, mode_staged, mode_integrated or moe_capped" \
     "$srcdir/jobs/isoflop.sh" --report kind
 runs 1e15 | sed '1s/,2\.[0-9],/,`touch marker`,/' | csv loss
-refused "report: a loss that is a command" "loss/results.csv: line 2: val_loss = .* is not a number" \
+refused_plot "report: a loss that is a command" "loss/results.csv: line 2: val_loss = .* is not a number" \
     "$srcdir/jobs/isoflop.sh" --report loss
 runs "../1e15" | csv dots
-refused "report: a budget that is a path" "dots/results.csv: line 2: budget = '../1e15' is not a number > 0" \
+refused_plot "report: a budget that is a path" "dots/results.csv: line 2: budget = '../1e15' is not a number > 0" \
     "$srcdir/jobs/isoflop.sh" --report dots
 mkdir -p hdr
 echo "$H,x" > hdr/results.csv
-refused "report: another header" "hdr/results.csv: line 1 is not the header a sweep writes" \
+refused_plot "report: another header" "hdr/results.csv: line 1 is not the header a sweep writes" \
     "$srcdir/jobs/isoflop.sh" --report hdr
 out="r\";$sys;\""
 runs 1e15 | csv "$out"
@@ -195,14 +195,14 @@ no_marker "report: a hostile folder name"
     fail "report: a hostile folder name: exit $rc: $(cat r.log)"
 
 # --- jobs/isoflop.sh: bad budgets and a grid of no runs, up front
-sweep() { MODTRAIN=$MODTRAIN "$srcdir/jobs/isoflop.sh" --quick --out sweep --train none.bin --val none.bin "$@"; }
+isoflop_none() { MODTRAIN=$MODTRAIN "$srcdir/jobs/isoflop.sh" --quick --out sweep --train none.bin --val none.bin "$@"; }
 for b in 1e999 1e-999 nan -1 0 0.0 1e31 "2e10 inf"; do
-    refused "budgets '$b'" "budget = '[^']*' is not a number > 0 and <= 1e30" sweep --budgets "$b"
+    refused_plot "budgets '$b'" "budget = '[^']*' is not a number > 0 and <= 1e30" isoflop_none --budgets "$b"
 done
-refused "budget 1e29: more steps than train takes" "budget 1e29 buys size 32x2 (dense) more than 99999999 steps" \
-    sweep --budgets 1e29
-refused "a grid that leaves every run out" "every run is left out: no budget of '1e3 1e5' buys --min_steps 10 steps" \
-    sweep --budgets "1e3 1e5"
-refused "capacity 2" "--capacity = '2' is not a number > 0 and <= 1" sweep --capacity 2
+refused_plot "budget 1e29: more steps than train takes" "budget 1e29 buys size 32x2 (dense) more than 99999999 steps" \
+    isoflop_none --budgets 1e29
+refused_plot "a grid that leaves every run out" "every run is left out: no budget of '1e3 1e5' buys --min_steps 10 steps" \
+    isoflop_none --budgets "1e3 1e5"
+refused_plot "capacity 2" "--capacity = '2' is not a number > 0 and <= 1" isoflop_none --capacity 2
 [ ! -e sweep ] && ok "the refused sweeps created nothing" || fail "a refused sweep created sweep/"
 finish

@@ -43,7 +43,7 @@ expected() {
         print ""
     }' "$1"
 }
-check_run() { # WHAT DIR EXPECTED [plot_run options]: DIR.out, DIR.err
+check_plot() { # WHAT DIR EXPECTED [plot_run options]: DIR.out, DIR.err
     what=$1 dir=$2 want=$3
     shift 3
     rc=0
@@ -58,21 +58,21 @@ check_run() { # WHAT DIR EXPECTED [plot_run options]: DIR.out, DIR.err
     fi
 }
 
-check_run "a resumed run" res "$(expected res/metrics.jsonl)"
+check_plot "a resumed run" res "$(expected res/metrics.jsonl)"
 grep -q "resumed 1 time (at step 11)" res.out || fail "the resume at step 11 was not seen"
 
 # the last line cut short, mid-number, as a run killed while writing leaves it
 mkdir cut
 awk '/"loss"/ { n = NR } { line[NR] = $0 } END { for (i = 1; i <= n; i++) print line[i] }' res/metrics.jsonl > cut/full
 head -c $(($(wc -c < cut/full) - 40)) cut/full > cut/metrics.jsonl
-check_run "a last line cut short" cut "$(sed '$d' cut/metrics.jsonl | expected /dev/stdin); the last line, cut short, left out" \
+check_plot "a last line cut short" cut "$(sed '$d' cut/metrics.jsonl | expected /dev/stdin); the last line, cut short, left out" \
     --out cut.png
 
 # a run's metrics without its evaluations (a run ends with one even at
 # eval_every = 0)
 mkdir noeval
 grep -v '"val_loss"' res/metrics.jsonl > noeval/metrics.jsonl
-check_run "a run without val_loss" noeval "$(expected noeval/metrics.jsonl)"
+check_plot "a run without val_loss" noeval "$(expected noeval/metrics.jsonl)"
 grep -q "no evaluation" noeval.out || fail "the run without val_loss was not said to have none"
 
 # the same metrics without phase_ms (a run that times no phases): a normal
@@ -81,7 +81,7 @@ mkdir nophase
 sed 's/,"phase_ms":{[^}]*}//' res/metrics.jsonl > nophase/metrics.jsonl
 grep -q '"loss"' nophase/metrics.jsonl && ! grep -q phase_ms nophase/metrics.jsonl ||
     fail "phase_ms was not taken out of the metrics"
-check_run "a run without phase_ms" nophase "$(expected nophase/metrics.jsonl)"
+check_plot "a run without phase_ms" nophase "$(expected nophase/metrics.jsonl)"
 
 # --help: the usage, nothing drawn
 rm -f res/metrics.png

@@ -7,12 +7,11 @@
 # hostile one is one line.
 . "$(dirname "$0")/lib.sh"
 prep_fortunes
-MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 cd "$TMP"
 common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
     --steps 120 --log_every 1000 --eval_every 0 --ckpt_every 0 --threads 1"
-run() { $MPIRUN -np 2 "$MODTRAIN" train $common "$@"; }
-run --run_dir ref > ref.log 2>&1 || { cat ref.log; fail "reference run"; finish; }
+train_2ranks() { $MPIRUN -np 2 "$MODTRAIN" train $common "$@"; }
+train_2ranks --run_dir ref > ref.log 2>&1 || { cat ref.log; fail "reference run"; finish; }
 
 # started, signalled once it has trained a few steps, resumed
 stop_and_resume() { # NAME SIGNALS...
@@ -48,7 +47,7 @@ stop_and_resume() { # NAME SIGNALS...
         fail "$name: $* (exit $rc)"
         return
     fi
-    run --run_dir "$name" > "$name.2.log" 2>&1 &&
+    train_2ranks --run_dir "$name" > "$name.2.log" 2>&1 &&
         cmp -s ref/ckpt/step-00000120/data.bin "$name/ckpt/step-00000120/data.bin" &&
         ok "$name: resumed from step $step, ended bitwise equal to the uninterrupted run" ||
         { cat "$name.2.log"; fail "$name: resumed run differs"; }
@@ -59,13 +58,13 @@ stop_and_resume term TERM
 
 # time_limit: saves and stops before the limit without any signal
 set +e
-run --run_dir limited --time_limit 1.5 > limited.log 2>&1
+train_2ranks --run_dir limited --time_limit 1.5 > limited.log 2>&1
 rc=$?
 set -e
 step=$(sed -n 's/^stopping at step \([0-9]*\)\/.* on time_limit.*/\1/p' limited.log)
 [ "$rc" -eq 75 ] && [ -n "$step" ] && ok "time_limit 1.5 s: stopped at step $step, exit 75" ||
     { cat limited.log; fail "time_limit (exit $rc)"; }
-run --run_dir limited > limited.2.log 2>&1 &&
+train_2ranks --run_dir limited > limited.2.log 2>&1 &&
     cmp -s ref/ckpt/step-00000120/data.bin limited/ckpt/step-00000120/data.bin &&
     ok "time_limit: the next run completed it, bitwise equal" || { cat limited.2.log; fail "after time_limit"; }
 
@@ -73,7 +72,7 @@ run --run_dir limited > limited.2.log 2>&1 &&
 # so the limit is at most 3 s from the start); outside a job, no limit
 set +e
 end=$(($(date +%s) + 3))
-SLURM_JOB_ID=7 SLURM_JOB_END_TIME=$end run --run_dir auto --steps 100000 --time_limit auto > auto.log 2>&1
+SLURM_JOB_ID=7 SLURM_JOB_END_TIME=$end train_2ranks --run_dir auto --steps 100000 --time_limit auto > auto.log 2>&1
 rc=$?
 set -e
 t=$(sed -n 's/^train: time_limit = auto: job 7 ends at .* (SLURM_JOB_END_TIME): \([0-9]*\) s from the start.*/\1/p' auto.log)
@@ -84,7 +83,7 @@ t=$(sed -n 's/^train: time_limit = auto: job 7 ends at .* (SLURM_JOB_END_TIME): 
 # one line from one rank, exit 2
 for v in 9223372036854775807 100000000000000000 12x; do
     rc=0
-    SLURM_JOB_ID=7 SLURM_JOB_END_TIME=$v run --run_dir hostile --steps 1 --time_limit auto \
+    SLURM_JOB_ID=7 SLURM_JOB_END_TIME=$v train_2ranks --run_dir hostile --steps 1 --time_limit auto \
         > hostile.log 2> hostile.err || rc=$?
     [ "$rc" -eq 2 ] && [ "$(grep -c "^modtrain:" hostile.err)" -eq 1 ] &&
         grep -q "SLURM_JOB_END_TIME = '$v' is not seconds since 1970" hostile.err &&

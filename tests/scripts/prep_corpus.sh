@@ -54,11 +54,6 @@ else
     echo "note: no zstd command: the .zst cases are skipped"
 fi
 
-# same_set A B: the same shard names and bytes in both folders
-same_set() {
-    [ "$(ls "$1")" = "$(ls "$2")" ] || return 1
-    for f in "$1"/*; do cmp -s "$f" "$2/$(basename "$f")" || return 1; done
-}
 
 S="--shard_tokens 400000"
 # shellcheck disable=SC2086 # the options
@@ -71,7 +66,7 @@ for v in "gz --doc-sep % corpus.txt.gz" "zst --doc-sep % corpus.txt.zst" "jsonl 
     case $name in *zst) [ $zst = yes ] || continue ;; esac
     # shellcheck disable=SC2086 # the options
     "$MODTRAIN" prep --out "o-$name" $S ${v#* } < corpus.txt > o.log 2>&1 || fail "prep of $name: $(cat o.log)"
-    same_set text "o-$name" && ok "$name gives the shards of the text, byte for byte" ||
+    same_files text "o-$name" && ok "$name gives the shards of the text, byte for byte" ||
         fail "$name gives other shards than the text: $(ls text "o-$name" | tr '\n' ' ')"
 done
 
@@ -89,8 +84,8 @@ for t in 1 2; do
     "$MODTRAIN" prep --out "g$t" --shard_tokens 100000 --tokenizer gpt2 --vocab "$vocab" --jsonl text \
         --threads $t corpus.jsonl.gz > "g$t.log" || fail "gpt2 prep on $t threads: $(cat "g$t.log")"
 done
-same_set b1 b2 && same_set b1 text && ok "byte, JSON Lines: the same shards on 1 and 2 threads" || fail "byte: 1 and 2 threads differ"
-same_set g1 g2 && ok "gpt2: the same $(ls g1 | wc -l) shards on 1 and 2 threads ($(basename "$(dirname "$vocab")")/$(basename "$vocab"))" ||
+same_files b1 b2 && same_files b1 text && ok "byte, JSON Lines: the same shards on 1 and 2 threads" || fail "byte: 1 and 2 threads differ"
+same_files g1 g2 && ok "gpt2: the same $(ls g1 | wc -l) shards on 1 and 2 threads ($(basename "$(dirname "$vocab")")/$(basename "$vocab"))" ||
     fail "gpt2: 1 and 2 threads differ"
 
 # the shards: valid headers, CRC-32 of the tokens, counts that add up,
@@ -176,7 +171,7 @@ ln -s set "empty.prep-tmp.$(hostname).$pid"
 # a prep killed midway, reading from a slow pipe: nothing at OUT (with
 # --force, the old set as it was); the next prep removes its temporary folder
 mkfifo slow
-killed() { # OUT OPTIONS...: starts a prep, kills it once it has closed a shard
+kill_prep_midway() { # OUT OPTIONS...: starts a prep, kills it once it has closed a shard
     out=$1
     shift
     "$PYTHON" -c '
@@ -201,14 +196,14 @@ for _ in range(400):
     [ -n "$tmp" ] && [ -d "$tmp" ] && ok "killed prep $pid with $(ls "$tmp" | wc -l) files in $tmp" ||
         fail "the prep was not killed while writing (no $out.prep-tmp.HOST.$pid)"
 }
-killed k
+kill_prep_midway k
 [ ! -e k ] && ok "a killed prep leaves no OUT" || fail "a killed prep left OUT: $(ls k)"
 "$MODTRAIN" prep --out k --doc-sep % corpus.txt > out.txt 2> err.txt || fail "prep after a killed one: $(cat err.txt)"
 grep -q "^prep: removed 'k.prep-tmp.[^']*\.[0-9]*', left by a prep (process [0-9]*) that did not finish$" err.txt &&
     ! ls -d k.prep-* > /dev/null 2>&1 && ok "the next prep said: $(cat err.txt)" ||
     fail "the next prep did not remove the stale folder: $(cat err.txt) $(ls -d k.prep-* 2> /dev/null)"
 cat k/* | cksum > sumk.txt
-killed k --force
+kill_prep_midway k --force
 [ "$(cat k/* | cksum)" = "$(cat sumk.txt)" ] && ok "a killed prep --force leaves the old set untouched" ||
     fail "a killed prep --force changed the set"
 "$MODTRAIN" prep --out k --force --doc-sep % corpus.txt > /dev/null 2> err.txt && ! ls -d k.prep-* > /dev/null 2>&1 &&

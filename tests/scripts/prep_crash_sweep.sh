@@ -26,12 +26,6 @@ for path, seed in ((sys.argv[1], 1), (sys.argv[2], 2)):
 PY
 opts="--doc-sep % --shard-tokens 4000 --threads 1"
 
-# same_set A B: the same shard names and bytes in both folders
-same_set() {
-    [ -d "$1" ] && [ -d "$2" ] || return 1
-    [ "$(ls "$1")" = "$(ls "$2")" ] || return 1
-    for f in "$1"/*; do cmp -s "$f" "$2/$(basename "$f")" || return 1; done
-}
 
 # the reference sets: new (what every prep below must leave), old
 # shellcheck disable=SC2086 # the options
@@ -53,7 +47,7 @@ force_of() { [ "$1" = fresh ] || echo "--force"; }
 
 cases=0
 # sweep MODE: one case a point reached and an action
-sweep() {
+prep_sweep() {
     mode=$1
     setup "$mode"
     rm -f trace
@@ -61,7 +55,7 @@ sweep() {
     MODTRAIN_FAULT_TRACE=$TMP/trace MODTRAIN_FAULT="$(base_fault "$mode" | sed 's/,$//')" \
         "$MODTRAIN" prep --out out $(force_of "$mode") $opts new.txt > /dev/null 2> err ||
         { fail "$mode: the traced prep failed: $(cat err)"; return; }
-    same_set out ref.new || fail "$mode: the traced prep did not write the new set"
+    same_files out ref.new || fail "$mode: the traced prep did not write the new set"
     # the points in order, each with the number of times it was reached
     awk '{ if (!($1 in n)) order[k++] = $1; n[$1]++ }
          END { for (i = 0; i < k; i++) print order[i], n[order[i]] }' trace > points
@@ -98,9 +92,9 @@ one_case() {
     # what a reader of OUT finds now: nothing, the old set or the new one
     if [ ! -e out ]; then
         state=absent
-    elif same_set out ref.new; then
+    elif same_files out ref.new; then
         state=new
-    elif same_set out ref.old; then
+    elif same_files out ref.old; then
         state=old
     else
         state=mixed
@@ -132,11 +126,11 @@ one_case() {
     # shellcheck disable=SC2086
     "$MODTRAIN" prep --out out --force $opts new.txt > /dev/null 2> err2 ||
         fail "$name: the prep run again failed: $(cat err2)"
-    same_set out ref.new || fail "$name: the prep run again left OUT other than the new set"
+    same_files out ref.new || fail "$name: the prep run again left OUT other than the new set"
     ! ls -d out.prep-* > /dev/null 2>&1 || fail "$name: the prep run again left $(ls -d out.prep-*)"
 }
 
-for mode in fresh force fallback; do sweep "$mode"; done
+for mode in fresh force fallback; do prep_sweep "$mode"; done
 ok "$cases cases: each left OUT absent, old or new, and the prep run again wrote the new set"
 
 # a prep killed between the fallback's two renames: the next prep puts the
@@ -149,7 +143,7 @@ MODTRAIN_FAULT="at:prep.commit.exchange:*:EINVAL,at:prep.commit.rename_new" \
     fail "killed between the renames: expected OUT absent and OUT.prep-old.*: $(ls -d out*)"
 # shellcheck disable=SC2086
 "$MODTRAIN" prep --out out $opts new.txt > /dev/null 2> err || true
-grep -q "put .* back as 'out'" err && same_set out ref.old &&
+grep -q "put .* back as 'out'" err && same_files out ref.old &&
     ok "the next prep put the old set back (and, without --force, refused to replace it)" ||
     fail "the next prep did not put the old set back: $(cat err); $(ls out 2>&1)"
 finish

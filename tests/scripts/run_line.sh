@@ -20,16 +20,15 @@ prep_fortunes
 cd "$TMP"
 common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
     --threads 1 --eval_every 0 --micro_batch 8 --ckpt_keep 5 --log_every 1000 --peak_gflops 50"
-step() { printf '%s/ckpt/step-%08d' "$1" "$2"; }
-same() { cmp -s "$(step "$1" "$2")/data.bin" "$(step "$3" "$4")/data.bin"; }
+same_data() { cmp -s "$(step_dir "$1" "$2")/data.bin" "$(step_dir "$3" "$4")/data.bin"; }
 index_key() { sed -n "s/^kv $2 //p" "$1/index"; }
 
 # 1. resumed from another ckpt_dir, then a NaN: back to the checkpoint loaded
 train A --steps 12 --ckpt_every 4
 MODTRAIN_FAULT=nan-batch:5 train B --steps 12 --ckpt_every 100 --ckpt_async 0 \
-    --resume "$(step A 4)" --on_nonfinite rollback
-[ "$rc" -eq 0 ] && grep -q "rolled back to step 4," B.log && same B 4 A 4 &&
-    [ "$(index_key "$(step B 4)" state.rollbacks)" = 1 ] &&
+    --resume "$(step_dir A 4)" --on_nonfinite rollback
+[ "$rc" -eq 0 ] && grep -q "rolled back to step 4," B.log && same_data B 4 A 4 &&
+    [ "$(index_key "$(step_dir B 4)" state.rollbacks)" = 1 ] &&
     ok "a rollback after a resume from elsewhere returns to the step-4 weights loaded" ||
     { cat B.log; fail "rollback after a resume from another ckpt_dir (exit $rc)"; }
 
@@ -39,9 +38,9 @@ MODTRAIN_FAULT=nan-batch:5 train C --steps 8 --ckpt_every 4 --seed 2 --resume ne
     --on_nonfinite rollback --ckpt_async 0
 MODTRAIN_FAULT=nan-batch:5 train Cref --steps 8 --ckpt_every 4 --seed 2 \
     --on_nonfinite rollback --ckpt_async 0
-[ "$rc" -eq 0 ] && grep -q "rolled back to step 4," C.log && same C 8 Cref 8 &&
-    [ -d C/ckpt/abandoned/step-00000012 ] && [ ! -e "$(step C 12)" ] &&
-    [ "$(index_key "$(step C 8)" state.seed)" = 2 ] &&
+[ "$rc" -eq 0 ] && grep -q "rolled back to step 4," C.log && same_data C 8 Cref 8 &&
+    [ -d C/ckpt/abandoned/step-00000012 ] && [ ! -e "$(step_dir C 12)" ] &&
+    [ "$(index_key "$(step_dir C 8)" state.seed)" = 2 ] &&
     ok "resume = never: the older run's checkpoints moved to abandoned/; rolled back to its own step 4" ||
     { cat C.log; ls -R C/ckpt; fail "resume = never over an older run, with a rollback (exit $rc)"; }
 
@@ -50,7 +49,7 @@ train D --steps 12 --ckpt_every 4 --seed 1
 MODTRAIN_FAULT=rank-exit:0:10 train D --steps 12 --ckpt_every 4 --seed 2 --resume never --ckpt_async 0
 train D --steps 12 --ckpt_every 4 --seed 2
 train Dref --steps 12 --ckpt_every 4 --seed 2
-[ "$rc" -eq 0 ] && grep -q "resume: loaded D/ckpt/step-00000008 " D.log && same D 12 Dref 12 &&
+[ "$rc" -eq 0 ] && grep -q "resume: loaded D/ckpt/step-00000008 " D.log && same_data D 12 Dref 12 &&
     ok "a resume = never run that crashed resumes its own step 8 and ends equal to an uninterrupted one" ||
     { cat D.log; ls -R D/ckpt; fail "a crashed resume = never run, relaunched (exit $rc)"; }
 
@@ -60,21 +59,21 @@ train Dref --steps 12 --ckpt_every 4 --seed 2
 # moves aside rather than be replaced
 cp -r Dref E
 printf 'step-00000008\n' > E/ckpt/latest
-cp -r "$(step A 12)" "$(step E 20)"
-cp -r "$(step A 12)" "$(step E 16)"
+cp -r "$(step_dir A 12)" "$(step_dir E 20)"
+cp -r "$(step_dir A 12)" "$(step_dir E 16)"
 train E --steps 16 --ckpt_every 4 --seed 2 --ckpt_keep 1
 train Eref --steps 16 --ckpt_every 4 --seed 2
 [ "$rc" -eq 0 ] && grep -q "resume: loaded E/ckpt/step-00000012 " E.log &&
-    grep -q "left alone 2 checkpoints of another run" E.log && same E 16 Eref 16 &&
-    cmp -s "$(step E 20)/data.bin" "$(step A 12)/data.bin" &&
-    cmp -s E/ckpt/abandoned/step-00000016/data.bin "$(step A 12)/data.bin" &&
-    [ ! -e "$(step E 12)" ] && ok "this run's newest is resumed past latest; another run's left alone" ||
+    grep -q "left alone 2 checkpoints of another run" E.log && same_data E 16 Eref 16 &&
+    cmp -s "$(step_dir E 20)/data.bin" "$(step_dir A 12)/data.bin" &&
+    cmp -s E/ckpt/abandoned/step-00000016/data.bin "$(step_dir A 12)/data.bin" &&
+    [ ! -e "$(step_dir E 12)" ] && ok "this run's newest is resumed past latest; another run's left alone" ||
     { cat E.log; ls -R E/ckpt; fail "a run's own line beside another's (exit $rc)"; }
 
 # 6. a rollback whose reload outlasts watchdog_s 0.5 (12 chunk reads stalled
 # 0.15 s each): the load is progress, chunk by chunk
 train Sref --steps 4 --ckpt_async 0
-nth=$(($(grep -c '^chunk ' "$(step Sref 4)/index") - 11))
+nth=$(($(grep -c '^chunk ' "$(step_dir Sref 4)/index") - 11))
 MODTRAIN_FAULT=nan-batch:5 MODTRAIN_FAULT_AT=at:load.chunk:*:stall:*:$nth train S --steps 8 \
     --ckpt_every 4 --ckpt_async 0 --on_nonfinite rollback --watchdog_s 0.5
 [ "$rc" -eq 0 ] && grep -q "load.chunk stalls" S.log && grep -q "rolled back to step 4," S.log &&
@@ -84,7 +83,7 @@ MODTRAIN_FAULT=nan-batch:5 MODTRAIN_FAULT_AT=at:load.chunk:*:stall:*:$nth train 
 # 7. the checkpoint a rollback returns to, swapped mid-run for one of step 2
 # (before this launch's start at step 4): refused, not trained from
 train A2 --steps 2
-cp -r "$(step A 4)" X
+cp -r "$(step_dir A 4)" X
 MODTRAIN_FAULT=nan-batch:299 timeout 120 "$MODTRAIN" train $common --run_dir G --steps 400 \
     --ckpt_every 1000 --resume X --on_nonfinite rollback > G.log 2>&1 &
 pid=$!
@@ -93,7 +92,7 @@ while ! grep -q "resume: loaded X" G.log && [ $n -lt 600 ]; do
     sleep 0.05
     n=$((n + 1))
 done
-rm -rf X && cp -r "$(step A2 2)" X
+rm -rf X && cp -r "$(step_dir A2 2)" X
 set +e
 wait $pid
 rc=$?

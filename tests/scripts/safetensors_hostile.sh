@@ -100,7 +100,7 @@ PY
 
 # refused CASE PATTERN: exit 2, one line naming the file and matching
 # PATTERN, small peak RSS, no checkpoint written
-refused() {
+refused_import() {
     make_case "$1"
     set +e
     "$PEAKRSS" rss.txt "$MODTRAIN" ckpt import --in "$1.safetensors" --ckpt "ck_$1" > out.txt 2> err.txt
@@ -117,25 +117,25 @@ refused() {
     fi
 }
 
-refused step_neg "step = '-5' (expected an integer in \[0, 99999999\])"
-refused step_big "step = '123456789'"
-refused layers_big "lacks tensor 'h.4.ln_1.weight'"
-refused layers_small "tensor 'h.2.ln_1.weight' is not part of the model its metadata describes (n_layer = 2"
-refused dmodel_big "tensor 'wte.weight' has shape \[256, 32\], the model needs \[256, 65536\]"
-refused overlap "overlap in the data section"
-refused gap "bytes \[0, 4) of the data section belong to no tensor"
-refused after_json "malformed JSON header at byte .*: bytes after the JSON object"
-refused overflow "tensor 'h.0.ln_1.weight' has a shape whose size overflows"
-refused shape1d "tensor 'ln_f.weight' has shape \[3\], the model needs \[32\]"
-refused twice "a tensor name appears twice"
-refused bf16 "has dtype 'BF16' (modtrain reads F32)"
-refused nan "tensor 'h.1.router.weight' holds nan at element 1"
-refused hlen "is truncated"
-refused mask_beyond "tensor 'h.7.attn.bias' is not part of the model"
-refused deep "malformed JSON header"
-refused many "malformed JSON header at byte .*: more than 65536 tensors"
-refused many_meta "more than 1024 metadata keys"
-refused meta_twice "a metadata key appears twice ('step')"
+refused_import step_neg "step = '-5' (expected an integer in \[0, 99999999\])"
+refused_import step_big "step = '123456789'"
+refused_import layers_big "lacks tensor 'h.4.ln_1.weight'"
+refused_import layers_small "tensor 'h.2.ln_1.weight' is not part of the model its metadata describes (n_layer = 2"
+refused_import dmodel_big "tensor 'wte.weight' has shape \[256, 32\], the model needs \[256, 65536\]"
+refused_import overlap "overlap in the data section"
+refused_import gap "bytes \[0, 4) of the data section belong to no tensor"
+refused_import after_json "malformed JSON header at byte .*: bytes after the JSON object"
+refused_import overflow "tensor 'h.0.ln_1.weight' has a shape whose size overflows"
+refused_import shape1d "tensor 'ln_f.weight' has shape \[3\], the model needs \[32\]"
+refused_import twice "a tensor name appears twice"
+refused_import bf16 "has dtype 'BF16' (modtrain reads F32)"
+refused_import nan "tensor 'h.1.router.weight' holds nan at element 1"
+refused_import hlen "is truncated"
+refused_import mask_beyond "tensor 'h.7.attn.bias' is not part of the model"
+refused_import deep "malformed JSON header"
+refused_import many "malformed JSON header at byte .*: more than 65536 tensors"
+refused_import many_meta "more than 1024 metadata keys"
+refused_import meta_twice "a metadata key appears twice ('step')"
 
 # a valid file whose data section starts at an odd address imports the same
 make_case unaligned

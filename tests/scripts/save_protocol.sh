@@ -22,11 +22,9 @@
 # - a pipeline micro-batch larger than one MPI message is refused up front.
 . "$(dirname "$0")/lib.sh"
 prep_fortunes
-MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 cd "$TMP"
 common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
     --eval_every 0 --log_every 1000 --threads 1 --peak_gflops 50"
-step() { printf '%s/ckpt/step-%08d' "$1" "$2"; }
 
 train ref --steps 8 --ckpt_every 4
 [ "$rc" -eq 0 ] || { cat ref.log; fail "reference run"; finish; }
@@ -36,7 +34,7 @@ mkdir -p stale/ckpt/step-00000008.tmp
 echo x > stale/ckpt/step-00000008.tmp/index.tmp.12345
 echo x > stale/ckpt/step-00000008.tmp/.nfs000000001
 train stale --steps 8 --ckpt_every 4
-[ "$rc" -eq 0 ] && cmp -s "$(step ref 8)/data.bin" "$(step stale 8)/data.bin" &&
+[ "$rc" -eq 0 ] && cmp -s "$(step_dir ref 8)/data.bin" "$(step_dir stale 8)/data.bin" &&
     [ ! -e stale/ckpt/step-00000008.tmp ] &&
     ok "a stale step-8.tmp holding leftovers is cleared and step 8 saves" ||
     { cat stale.log; fail "stale .tmp (exit $rc)"; }
@@ -44,12 +42,12 @@ train stale --steps 8 --ckpt_every 4
 # 2. a leftover step-8.old, then a re-save of step 8: a rollback's, after
 # a NaN at step 10 of the run resumed from step 8
 cp -r stale runold
-cp -r "$(step ref 4)" runold/ckpt/step-00000008.old
+cp -r "$(step_dir ref 4)" runold/ckpt/step-00000008.old
 MODTRAIN_FAULT=nan-batch:9 train runold --steps 12 --ckpt_every 100 --ckpt_async 0 \
     --on_nonfinite rollback
 [ "$rc" -eq 0 ] && grep -q "rolled back to step 8," runold.log &&
-    cmp -s "$(step ref 8)/data.bin" "$(step runold 8)/data.bin" &&
-    grep -q "^kv state.rollbacks 1$" "$(step runold 8)/index" &&
+    cmp -s "$(step_dir ref 8)/data.bin" "$(step_dir runold 8)/data.bin" &&
+    grep -q "^kv state.rollbacks 1$" "$(step_dir runold 8)/index" &&
     [ -z "$(ls -d runold/ckpt/*.old 2> /dev/null)" ] &&
     ok "a leftover .old does not block the rollback's re-save of step 8" ||
     { cat runold.log; ls runold/ckpt; fail "re-save over a leftover .old (exit $rc)"; }
@@ -59,7 +57,7 @@ mv half/ckpt/step-00000008 half/ckpt/step-00000008.old
 rm -rf half/ckpt/step-00000004
 train half --steps 8 --ckpt_every 4 --ckpt_keep 1
 [ "$rc" -eq 0 ] && grep -q "nothing to train or save" half.log &&
-    cmp -s "$(step ref 8)/data.bin" "$(step half 8)/data.bin" &&
+    cmp -s "$(step_dir ref 8)/data.bin" "$(step_dir half 8)/data.bin" &&
     ok "a step-8.old whose step-8 is missing is put back and resumed" ||
     { cat half.log; ls half/ckpt; fail "the .old of an interrupted re-save (exit $rc)"; }
 # latest names a checkpoint that is gone and none is left: an error
@@ -73,12 +71,12 @@ train gone --steps 8
 # a failed `latest` write (injected): the step is committed and reported saved
 MODTRAIN_FAULT=at:latest.rename:8:EIO train latefail --steps 8 --ckpt_every 4
 [ "$rc" -eq 0 ] && grep -q "step-00000008 saved, but cannot rename" latefail.log &&
-    cmp -s "$(step ref 8)/data.bin" "$(step latefail 8)/data.bin" &&
+    cmp -s "$(step_dir ref 8)/data.bin" "$(step_dir latefail 8)/data.bin" &&
     ok "a failed latest write: $(grep -m 1 'saved, but' latefail.log | cut -c1-90)..." ||
     { cat latefail.log; fail "a failed latest write (exit $rc)"; }
 
 # a run already at `steps`, relaunched, under the same and another layout
-before=$(ls -l --time-style=+%s.%N "$(step ref 8)/data.bin")
+before=$(ls -l --time-style=+%s.%N "$(step_dir ref 8)/data.bin")
 train ref --steps 8 --ckpt_every 4
 rc1=$rc
 set +e
@@ -86,19 +84,19 @@ timeout 120 $MPIRUN -np 2 "$MODTRAIN" train $common --run_dir ref --steps 8 > re
 rc2=$?
 set -e
 [ "$rc1" -eq 0 ] && [ "$rc2" -eq 0 ] && grep -q "nothing to train or save" ref.log ref2.log &&
-    [ "$before" = "$(ls -l --time-style=+%s.%N "$(step ref 8)/data.bin")" ] &&
+    [ "$before" = "$(ls -l --time-style=+%s.%N "$(step_dir ref 8)/data.bin")" ] &&
     ok "a finished run relaunched (1 rank, dp 2) exits 0 and writes nothing" ||
     { cat ref.log ref2.log; fail "a finished run relaunched (exit $rc1, $rc2)"; }
 
 # 4. resumed from step 4 while 8 and 12 exist (12 corrupt): they move aside,
 # and keep-2 keeps this run's 8 and 12
 train line --steps 12 --ckpt_every 4 --ckpt_keep 5
-printf 'garbage' > "$(step line 12)/index"
-train line --steps 16 --ckpt_every 4 --ckpt_keep 2 --resume "$(step line 4)"
+printf 'garbage' > "$(step_dir line 12)/index"
+train line --steps 16 --ckpt_every 4 --ckpt_keep 2 --resume "$(step_dir line 4)"
 ls line/ckpt line/ckpt/abandoned > line.ls 2>&1 || true
 [ "$rc" -eq 0 ] && [ -d line/ckpt/abandoned/step-00000008 ] &&
-    [ -d line/ckpt/abandoned/step-00000012 ] && [ -d "$(step line 12)" ] &&
-    [ -d "$(step line 16)" ] && [ ! -e "$(step line 4)" ] && [ ! -e "$(step line 8)" ] &&
+    [ -d line/ckpt/abandoned/step-00000012 ] && [ -d "$(step_dir line 12)" ] &&
+    [ -d "$(step_dir line 16)" ] && [ ! -e "$(step_dir line 4)" ] && [ ! -e "$(step_dir line 8)" ] &&
     grep -q "^step-00000016$" line/ckpt/latest &&
     ok "resumed from step 4: steps 8 and 12 moved to abandoned/, keep 2 kept this line's 12 and 16" ||
     { cat line.log line.ls; fail "pruning after a resume from an older checkpoint"; }
@@ -111,14 +109,6 @@ train chunk --steps 2 --vocab_size 5000 --ckpt_chunk 64
 
 # 6. SIGINT once: saves and exits 75; twice: 130 at once
 long="--steps 100000 --ckpt_every 0"
-wait_steps() { # RUN N
-    i=0
-    while [ "$(cat "$1/metrics.jsonl" 2> /dev/null | grep -c '"loss"')" -lt "$2" ] &&
-        [ $i -lt 600 ]; do
-        sleep 0.1
-        i=$((i + 1))
-    done
-}
 # signal PID RUN STEPS SIG...: once RUN has trained STEPS steps (0: after
 # a second), sends the job PID each SIG, a second apart; its exit code in
 # $rc and the step it stopped at on the first SIG in $k. (No `timeout`
@@ -126,7 +116,7 @@ wait_steps() { # RUN N
 signal() {
     pid=$1 run=$2 n=$3
     shift 3
-    if [ "$n" -gt 0 ]; then wait_steps "$run" "$n"; else sleep 1; fi
+    if [ "$n" -gt 0 ]; then wait_steps "$run" "$n" || true; else sleep 1; fi
     gap=
     for sig in "$@"; do
         [ -z "$gap" ] || sleep 1
@@ -139,7 +129,7 @@ signal() {
     set -e
     k=$(sed -n "s/^stopping at step \([0-9]*\)\/.* on SIG$1.*/\1/p" "$run.log")
 }
-saved() { [ -n "$k" ] && "$MODTRAIN" ckpt verify --ckpt "$(step "$1" "$k")" > /dev/null; }
+saved() { [ -n "$k" ] && "$MODTRAIN" ckpt verify --ckpt "$(step_dir "$1" "$k")" > /dev/null; }
 "$MODTRAIN" train $common --run_dir int1 $long > int1.log 2>&1 &
 signal $! int1 3 INT
 [ "$rc" -eq 75 ] && saved int1 && ok "SIGINT: saved step $k, exit 75" ||
@@ -172,7 +162,7 @@ wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
 # 7. a NaN loss: stop exits 65, the checkpoint of step 4 intact
 MODTRAIN_FAULT=nan-batch:5 train nan --steps 8 --ckpt_every 4 --ckpt_async 0
 [ "$rc" -eq 65 ] && grep -q "no update made; stopping with exit 65" nan.log &&
-    cmp -s "$(step ref 4)/data.bin" "$(step nan 4)/data.bin" &&
+    cmp -s "$(step_dir ref 4)/data.bin" "$(step_dir nan 4)/data.bin" &&
     ok "on_nonfinite stop: exit 65, step 4 intact" || { cat nan.log; fail "on_nonfinite stop (exit $rc)"; }
 # rollback, with every batch from 5 on bad: gives up after 2 tries, exit 65
 MODTRAIN_FAULT=nan-from:5 train nan2 --steps 8 --ckpt_every 4 --ckpt_async 0 \

@@ -23,7 +23,7 @@ fi
 prep_fortunes
 cd "$TMP"
 MOE_AUX=0.3
-check() { # NAME ROUTING [--key value ...]; a NAME that starts with moe has experts
+check_parity() { # NAME ROUTING [--key value ...]; a NAME that starts with moe has experts
     name=$1
     routing=$2
     shift 2
@@ -61,22 +61,22 @@ check() { # NAME ROUTING [--key value ...]; a NAME that starts with moe has expe
 }
 # dropped: the expert slots PyTorch's assignment dropped at capacity, from its report
 dropped() { sed -n -e 's/.* \([0-9][0-9]*\) dropped .*/\1/p' "$1" 2> /dev/null || true; }
-check dense topk --route_every 0
-check mod topk --route_every 2 --capacity 0.5 --aux_weight 1 --steps 60
-check mod causal
+check_parity dense topk --route_every 0
+check_parity mod topk --route_every 2 --capacity 0.5 --aux_weight 1 --steps 60
+check_parity mod causal
 # the predictor needs 200 steps before it sends a mix of the validation tokens
 # through the routed block (at 60 it sends none)
-check modpred topk --route_every 2 --capacity 0.5 --aux_weight 1 --steps 200 --router_gate sigmoid --causal_router predictor \
+check_parity modpred topk --route_every 2 --capacity 0.5 --aux_weight 1 --steps 200 --router_gate sigmoid --causal_router predictor \
     --predictor_hidden 16
-check modpred causal
+check_parity modpred causal
 # top-1 at capacity factor 1: the test is only worth something if some tokens are dropped
-check moe_top1 topk --route_every 0 --n_expert 4 --expert_top_k 1 --capacity_factor 1
+check_parity moe_top1 topk --route_every 0 --n_expert 4 --expert_top_k 1 --capacity_factor 1
 d=$(dropped moe_top1-topk.out)
 check_ab "${d:-0}" 0 'a > 0' || fail "moe_top1: no expert slot was dropped at capacity factor 1 (${d:-none})"
-check moe_top2 topk --route_every 0 --n_expert 4 --expert_top_k 2 --capacity_factor 1.25 --moe_every 2
+check_parity moe_top2 topk --route_every 0 --n_expert 4 --expert_top_k 2 --capacity_factor 1.25 --moe_every 2
 # staged MoDE: block 1 is MoD-routed and its MLP is the MoE over the chosen tokens
-check moe_staged topk --route_every 2 --capacity 0.5 --aux_weight 1 --steps 60 --n_expert 4 --expert_top_k 1 --moe_every 2
-check moe_staged causal
+check_parity moe_staged topk --route_every 2 --capacity 0.5 --aux_weight 1 --steps 60 --n_expert 4 --expert_top_k 1 --moe_every 2
+check_parity moe_staged causal
 # integrated MoDE: no-op experts in every block, dense attention
-check moe_noop topk --route_every 0 --n_expert 4 --n_noop_expert 4 --expert_top_k 2 --capacity_factor 1
+check_parity moe_noop topk --route_every 0 --n_expert 4 --n_noop_expert 4 --expert_top_k 2 --capacity_factor 1
 finish

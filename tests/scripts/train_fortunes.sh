@@ -7,14 +7,14 @@
 . "$(dirname "$0")/lib.sh"
 prep_fortunes
 cd "$TMP"
-run() {
+train_tiny() {
     "$MODTRAIN" train --config "$srcdir/jobs/tiny.conf" --train_data data/train_000000.bin \
         --val_data data/val_000000.bin --run_dir "$1" --resume never > "$1.log" 2>&1 ||
         { cat "$1.log"; fail "training run $1 failed"; finish; }
 }
 # MODTRAIN_SKIP_SLOW (the sanitizer pass, after the first pass): no repeat
-run a
-[ $slow = 0 ] || run b
+train_tiny a
+[ $slow = 0 ] || train_tiny b
 cat a.log
 
 # 1. learning: the bound is the entropy of the byte distribution of the
@@ -32,10 +32,10 @@ awk -v f="$first" 'BEGIN { exit !(f > 5.3 && f < 5.8) }' && ok "first loss $firs
     fail "first loss $first is not near ln 256 = 5.545"
 
 # 2. determinism: losses, validation losses and final weights bit for bit
-strip() { grep -v '"ckpt_' "$1" | sed -e 's/,"tokens_per_s".*//'; }
+curve_lines() { grep -v '"ckpt_' "$1" | sed -e 's/,"tokens_per_s".*//'; }
 if [ $slow = 0 ]; then
     :
-elif [ "$(strip a/metrics.jsonl)" = "$(strip b/metrics.jsonl)" ]; then
+elif [ "$(curve_lines a/metrics.jsonl)" = "$(curve_lines b/metrics.jsonl)" ]; then
     ok "same seed: identical loss curves"
 else
     fail "same seed gave different losses"

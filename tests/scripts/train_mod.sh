@@ -11,7 +11,7 @@
 . "$(dirname "$0")/lib.sh"
 prep_fortunes
 cd "$TMP"
-run() { # DIR [--key value ...]
+train_mod_run() { # DIR [--key value ...]
     dir=$1
     shift
     "$MODTRAIN" train --config "$srcdir/jobs/tiny.conf" --train_data data/train_000000.bin \
@@ -19,9 +19,9 @@ run() { # DIR [--key value ...]
         "$@" > "$dir.log" 2>&1 || { cat "$dir.log"; fail "training run $dir failed"; finish; }
 }
 # MODTRAIN_SKIP_SLOW (the sanitizer pass, after the first pass): no repeat
-run a
-[ $slow = 0 ] || run b
-run p --causal_router predictor --router_gate sigmoid
+train_mod_run a
+[ $slow = 0 ] || train_mod_run b
+train_mod_run p --causal_router predictor --router_gate sigmoid
 cat a.log
 
 unigram=$(unigram_entropy data/train_000000.bin)
@@ -29,9 +29,9 @@ val=$(last_json a/metrics.jsonl val_loss)
 check_ab "$val" "$unigram" 'a < b - 0.25' && ok "MoD val_loss $val < unigram entropy $unigram - 0.25" ||
     fail "MoD val_loss $val did not fall below unigram entropy $unigram - 0.25"
 
-strip() { grep -v '"ckpt_' "$1" | sed -e 's/,"lr".*//'; }
+loss_lines() { grep -v '"ckpt_' "$1" | sed -e 's/,"lr".*//'; }
 if [ $slow = 1 ]; then
-    [ "$(strip a/metrics.jsonl)" = "$(strip b/metrics.jsonl)" ] && ok "same seed: identical MoD losses" ||
+    [ "$(loss_lines a/metrics.jsonl)" = "$(loss_lines b/metrics.jsonl)" ] && ok "same seed: identical MoD losses" ||
         fail "same seed gave different MoD losses"
     cmp -s a/ckpt/step-00000300/data.bin b/ckpt/step-00000300/data.bin &&
         ok "same seed: identical MoD weights" || fail "same seed gave different MoD weights"
@@ -39,12 +39,12 @@ fi
 
 # recompute: each block's forward again in its backward, counted once
 for rc in none block; do
-    run "r-$rc" --causal_router predictor --router_gate sigmoid --steps 20 --eval_every 10 --recompute $rc
+    train_mod_run "r-$rc" --causal_router predictor --router_gate sigmoid --steps 20 --eval_every 10 --recompute $rc
 done
-same() { grep -v '"ckpt_' "$1" | sed -e 's/,"tokens_per_s".*"flops_per_token":\([0-9]*\).*/,\1/'; }
-bytes() { sed -n 's/^memory (rank 0): .*(recompute '"$2"').*(\([0-9]*\) bytes)$/\1/p' "$1"; }
-mb=$(bytes r-block.log block) mn=$(bytes r-none.log none)
-[ "$(same r-none/metrics.jsonl)" = "$(same r-block/metrics.jsonl)" ] &&
+comparable() { grep -v '"ckpt_' "$1" | sed -e 's/,"tokens_per_s".*"flops_per_token":\([0-9]*\).*/,\1/'; }
+memory_bytes() { sed -n 's/^memory (rank 0): .*(recompute '"$2"').*(\([0-9]*\) bytes)$/\1/p' "$1"; }
+mb=$(memory_bytes r-block.log block) mn=$(memory_bytes r-none.log none)
+[ "$(comparable r-none/metrics.jsonl)" = "$(comparable r-block/metrics.jsonl)" ] &&
     [ "$(grep -c val_loss r-block/metrics.jsonl)" -eq 2 ] &&
     cmp -s r-none/ckpt/step-00000020/data.bin r-block/ckpt/step-00000020/data.bin &&
     [ -n "$mb" ] && [ -n "$mn" ] && [ "$mb" -lt "$mn" ] &&

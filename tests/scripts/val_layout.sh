@@ -9,7 +9,6 @@
 # and --batches are refused with a line naming what replaced them.
 . "$(dirname "$0")/lib.sh"
 prep_fortunes
-MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 cd "$TMP"
 common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
     --log_every 1000 --ckpt_every 0 --threads 1"
@@ -35,15 +34,11 @@ l39=$(ev --seqs 39)
 [ "$l39" != "$l8" ] && ok "--seqs 39 reads another set: $l39" || fail "--seqs 39 gave $l39 too"
 
 # 2. the first validation of training runs at two micro_batch values and dp 2
-run() { # NAME NP [--key value ...]
-    name=$1 np=$2
-    shift 2
-    # shellcheck disable=SC2086 # the options
-    timeout 300 $MPIRUN -np "$np" "$MODTRAIN" train $common --steps 2 --eval_every 1 --eval_seqs 40 \
-        --resume never --run_dir "$name" "$@" > "$name.log" 2>&1 || { cat "$name.log"; fail "$name: train"; }
-    grep '"val_loss"' "$name/metrics.jsonl" | head -n 1 | sed -e 's/.*"val_loss":\([^,}]*\).*/\1/'
+first_val_loss() { # NAME NP [--key value ...]: trains, prints the first val_loss
+    train_ok "$@" --steps 2 --eval_every 1 --eval_seqs 40 --resume never
+    grep '"val_loss"' "$1/metrics.jsonl" | head -n 1 | sed -e 's/.*"val_loss":\([^,}]*\).*/\1/'
 }
-v16=$(run m16 1 --micro_batch 16) v8=$(run m8 1 --micro_batch 8) vdp=$(run dp2 2 --micro_batch 4)
+v16=$(first_val_loss m16 1 --micro_batch 16) v8=$(first_val_loss m8 1 --micro_batch 8) vdp=$(first_val_loss dp2 2 --micro_batch 4)
 [ -n "$v16" ] && [ "$v16" = "$v8" ] && ok "first val_loss $v16 at micro_batch 16 and 8" ||
     fail "first val_loss: micro_batch 16 $v16, 8 $v8"
 check_ab "$vdp" "$v8" '(a - b) < 1e-5 && (b - a) < 1e-5' && ok "at dp 2 (micro_batch 4): $vdp" ||

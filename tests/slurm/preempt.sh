@@ -38,16 +38,6 @@ MPIRUN="mpirun $MODTRAIN_MPIRUN_ARGS"
 $MPIRUN -np 2 "$MODTRAIN" train --config run.conf --run_dir "$TMP/ref" --resume never --threads 1 \
     > ref.log 2>&1 || { cat ref.log; fail "reference run"; finish; }
 
-wait_steps() { # RUN_DIR N: until the run has logged N steps
-    i=0
-    while [ $i -lt 1200 ]; do
-        n=$(cat "$1/metrics.jsonl" 2> /dev/null | grep -c '"loss"' || true)
-        [ "${n:-0}" -ge "$2" ] && return 0
-        sleep 0.1
-        i=$((i + 1))
-    done
-    return 1
-}
 submit() { sbatch --parsable --ntasks=2 --cpus-per-task=1 --output="$TMP/%j.out" "$@"; }
 same_as_ref() { cmp -s "$TMP/ref/ckpt/step-00000150/data.bin" "$1/ckpt/step-00000150/data.bin"; }
 
