@@ -1,8 +1,8 @@
 /*
  * safetensors: a small JSON reader is enough for the header, whose grammar is
  * fixed: an object of objects holding strings, integer arrays and strings.
- * It stays hand-written rather than jansson (which src/tokenizer/bpe.c uses for
- * encoder.json) because it keeps only fixed-size records: a tree of a
+ * It stays hand-written rather than jansson (which src/tokenizer/bpe_load.c
+ * uses for encoder.json) because it keeps only fixed-size records: a tree of a
  * hostile 100 MiB header takes jansson 1.7 GiB (tiny tensor entries) to
  * 7.7 GiB (empty objects), against the 256 MiB README promises.
  */

@@ -40,8 +40,8 @@ int prep_main(int argc, char **argv);   /* prep.c */
 int data_main(int argc, char **argv);   /* data_cmd.c */
 int tokenize_main(int argc, char **argv); /* tokenize.c */
 int train_main(int argc, char **argv);  /* train.c */
-int eval_main(int argc, char **argv);   /* infer.c */
-int sample_main(int argc, char **argv); /* infer.c */
+int eval_main(int argc, char **argv);   /* eval.c */
+int sample_main(int argc, char **argv); /* sample.c */
 int ckpt_main(int argc, char **argv);   /* ckpt_cmd.c */
 int plan_main(int argc, char **argv);   /* plan.c */
 

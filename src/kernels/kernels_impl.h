@@ -1,7 +1,14 @@
 /*
  * kernels_impl: what the kernel files share and nothing else includes: the
  * AVX2 dispatch of hot loops, a vectorisable exp, a fixed split of work
- * between threads.
+ * between threads, each thread's scratch buffers.
+ *
+ * The room: attention.c (causal self-attention, its tiles on mm_tile),
+ * elementwise.c (bias, layer norm, GELU, embeddings, residual), the
+ * products (gemm.c, tile.c, pack.c, microkernel.c, sharing gemm_impl.h)
+ * and kernels.c (threads, vector width, BLIS's configuration, the timer,
+ * the scratch buffers). Every reduction has a fixed order for a fixed
+ * thread count, so runs are bitwise repeatable.
  */
 #ifndef MODTRAIN_KERNELS_IMPL_H
 #define MODTRAIN_KERNELS_IMPL_H

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Hash flooding: the time `modtrain tokenize --hash` takes to load a valid
 # vocabulary of MERGES (default 200000) merges crafted to collide in the
-# merge table of the unkeyed hash bpe.c once used, next to the same size
+# merge table of the unkeyed hash the tokenizer once used, next to the same size
 # spread out (tests/bench/vocab_flood writes both). With a second modtrain
 # (OTHER, e.g. a build of an older commit) it times that one too.
 # usage: tests/bench/bench_vocab_flood.sh [MERGES [OTHER]]

@@ -6,7 +6,7 @@
  *   vocab_flood DIR MERGES crafted|spread
  *
  * crafted: every pair lands in the first 64th of the merge table under
- * the hash bpe.c used before it was keyed ((left << 32 | right) + 1 times
+ * the hash the tokenizer used before it was keyed ((left << 32 | right) + 1 times
  * 2^64 / golden ratio, bits 20 and up), so that its linear probing made
  * one cluster of all of them: MERGES^2 / 2 probes to load. spread: the
  * same tokens, as many merges a left token, the bytes not chosen.

@@ -360,7 +360,7 @@ static void test_decode(void) {
 
 /* ------------------------------------------------------ hash flooding */
 
-/* The hashes bpe.c used before it keyed them, to craft collisions: the
+/* The hashes the tokenizer used before it keyed them, to craft collisions: the
  * merge table's multiplicative hash of (left << 32 | right) + 1, whose
  * slot depends only on the key's low bits, and the string map's FNV-1a. */
 static size_t old_pair_slot(uint32_t a, uint32_t b, size_t mask) {

@@ -1,0 +1,98 @@
+/*
+ * bpe_impl: what the tokenizer's files share and nothing else includes:
+ * the hash tables, the vocabulary a Bpe and its clones share, the Bpe.
+ *
+ * The room from the top down; a file calls only the files below it:
+ *   bpe.c         encode and decode, the accessors of a loaded Bpe
+ *   bpe_load.c    encoder.json and vocab.bpe read and checked, a Bpe made
+ *   bpe_tables.c  the keyed hash tables
+ */
+#ifndef MODTRAIN_BPE_IMPL_H
+#define MODTRAIN_BPE_IMPL_H
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "src/base/util.h"
+#include "src/tokenizer/bpe.h"
+
+/* A table's key (bpe_tables.c: every table keyed by input hashes under a
+ * key of its own). */
+typedef struct {
+    uint64_t k0, k1;
+} HashKey;
+
+/* A fresh key for a new table. */
+HashKey table_key(void);
+
+/* An open-addressing map from byte strings (kept in an arena) to a value,
+ * at most half full. */
+typedef struct {
+    uint32_t *slot; /* entry index + 1, 0 = empty */
+    size_t mask;
+    HashKey key;
+    BpeProbes probes; /* lookups and the slots they looked at */
+    uint8_t *arena;
+    size_t alen, acap;
+    size_t *off;   /* entry -> key offset in arena */
+    uint32_t *len; /* entry -> key length */
+    int64_t *val;
+    size_t n, cap;
+} StrMap;
+
+/* FNV-1a, 64 bits, continued from h: the vocabulary's hash. */
+uint64_t fnv1a(uint64_t h, const uint8_t *p, size_t n);
+uint64_t fnv1a_u32(uint64_t h, uint32_t x);
+
+void strmap_init(StrMap *m, size_t want);
+void strmap_free(StrMap *m);
+int64_t strmap_get(StrMap *m, const uint8_t *k, size_t n, int64_t missing);
+/* Adds key -> v; returns 0, or -1 when the key is there already. */
+int strmap_put(StrMap *m, const uint8_t *k, size_t n, int64_t v);
+
+/* The merges: (left id, right id) -> rank and merged id, at most half
+ * full. */
+typedef struct {
+    uint64_t *key; /* (left << 32 | right) + 1, 0 = empty */
+    int32_t *rank, *to;
+    size_t mask;
+    HashKey hkey;
+    BpeProbes probes; /* of the load (lookups while encoding are not counted: shared) */
+} PairMap;
+
+/* A pair's home slot, and the slot that holds it or the empty one where it
+ * would go. */
+size_t pair_home(const PairMap *p, uint64_t key);
+size_t pair_find(const PairMap *p, uint64_t key);
+
+/* Shared by a Bpe and its clones. */
+typedef struct {
+    int refs;
+    StrMap tokens;   /* bytes -> id */
+    size_t *tok_off; /* id -> offset of its bytes in tokens.arena (SIZE_MAX: none) */
+    uint32_t *tok_len;
+    int vocab, eot;
+    int32_t byte_id[256];
+    int16_t inverse[512]; /* alphabet code point -> byte, -1: none */
+    PairMap merges;
+    uint64_t hash; /* bpe_hash */
+    pcre2_code *re;
+} Vocab;
+
+struct Bpe {
+    Vocab *v;
+    pcre2_match_data *md;
+    pcre2_match_context *mctx;
+    pcre2_jit_stack *stack;
+    StrMap cache; /* word -> offset into cache_ids (low 40 bits) and count (high) */
+    int32_t *cache_ids;
+    size_t cache_n, cache_cap;
+    /* scratch of the merge: symbols as a linked list and a heap of pairs */
+    int32_t *tok, *prev, *next;
+    uint64_t *heap; /* rank << 32 | left position */
+    size_t scratch;
+};
+
+#endif
