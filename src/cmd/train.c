@@ -31,7 +31,7 @@
 #include "src/cmd/cli.h"
 #include "src/cmd/cmd.h"
 #include "src/plan/plan.h"
-#include "src/cmd/phases.h"
+#include "src/train/phases.h"
 #include "src/config/config.h"
 #include "src/data/dataset.h"
 #include "src/kernels/kernels.h"

@@ -8,8 +8,8 @@
  * stalls after step N count in step N+1's interval; "other" is what no
  * phase claims (logging, the stop check, launching sends).
  */
-#ifndef MODTRAIN_CMD_PHASES_H
-#define MODTRAIN_CMD_PHASES_H
+#ifndef MODTRAIN_TRAIN_PHASES_H
+#define MODTRAIN_TRAIN_PHASES_H
 
 #include <mpi.h>
 #include <stdio.h>

@@ -1,7 +1,7 @@
 /*
  * phases: per-phase step timers, reduced over the ranks.
  */
-#include "src/cmd/phases.h"
+#include "src/train/phases.h"
 
 #include <string.h>
 
