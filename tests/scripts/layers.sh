@@ -2,7 +2,7 @@
 # The tree's structure holds: every #include names its room from the top of
 # the tree and points to a room below (the table in rooms() below, drawn in
 # docs/architecture.md), library code never prints errors or chooses exit
-# codes (only src/cmd does), nothing but mpi/pipeline.c calls MPI
+# codes (only src/cmd does; src/train returns a status), nothing but mpi/pipeline.c calls MPI
 # point-to-point, no two files call each other round a circle (the graph
 # of which object uses a symbol another defines, from nm), and no function
 # in src/, mpi/ or checkpoint/ is longer than 100 lines.
@@ -25,7 +25,8 @@ below() {
     prep) echo "prep tokenizer data base" ;;
     plan) echo "plan model data config kernels mpi base" ;;
     checkpoint) echo "checkpoint model config kernels mpi base" ;;
-    cmd) echo "cmd checkpoint plan prep model tokenizer data config kernels mpi base" ;;
+    train) echo "train checkpoint plan model data config kernels mpi base" ;;
+    cmd) echo "cmd train checkpoint plan prep model tokenizer data config kernels mpi base" ;;
     *) echo "" ;;
     esac
 }
@@ -52,6 +53,12 @@ lib=$(echo "$files" | grep -v '^src/cmd/' | grep -v '^src/base/util\.c$' | grep 
 printing=$(grep -n '\berrorf(\|\blog0(\|\berr_print(\|\bprintf(\|\bexit(' $lib | grep -v '^mpi/check\.c' || true)
 [ -z "$printing" ] && ok "library code returns errors; only src/cmd prints them" ||
     fail "library code prints or exits: $printing"
+
+# the trainer returns a TrainStatus; src/cmd/train.c chooses the exit code
+# shellcheck disable=SC2086
+exits=$(grep -n 'exit(\|EXIT_' $(echo "$files" | grep '^src/train/') || true)
+[ -z "$exits" ] && ok "src/train ends no process and names no exit code" ||
+    fail "src/train exits or names an exit code: $exits"
 
 # shellcheck disable=SC2086
 p2p=$(grep -n 'MPI_I\?[SR][ec][nc]v\?\b\|MPI_Sendrecv\|MPI_Isend\|MPI_Irecv\|MPI_Send\b\|MPI_Recv\b' $files |

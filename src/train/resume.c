@@ -1,7 +1,8 @@
 /*
  * resume: restoring a training run from its checkpoints, newest first,
- * with every rank agreeing on which one loaded; and init_from, a new run
- * from another run's weights (Megatron's --finetune).
+ * with every rank agreeing on which one loaded; a rollback's reload; and
+ * init_from, a new run from another run's weights (Megatron's --finetune).
+ * What it has to say goes through a Say; a failure comes back in an Err.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,19 +13,21 @@
 #include "src/base/files.h"
 #include "mpi/check.h"
 #include "src/base/fault.h"
-#include "src/cmd/cmd.h"
+#include "src/train/run.h"
 
 /* Tries one checkpoint: its config must match the run's (a mismatch is the
- * user's error, not a damaged checkpoint: *fatal is set), then every rank
- * loads its slices. Returns 1 when all ranks loaded it. */
+ * user's error, not a damaged checkpoint: *fatal is set, and *fatal_err
+ * says it), then every rank loads its slices. Returns 1 when all ranks
+ * loaded it. */
 static int try_resume(const char *dir, const Config *cfg, Model *m, AdamW *opt, int *start,
-                      CkptRunState *rs, MPI_Comm comm, int *fatal) {
+                      CkptRunState *rs, MPI_Comm comm, int *fatal, const Say *say,
+                      Err *fatal_err) {
     Config ck = *cfg;
     Err err = {""};
     int step = 0, had_m = 0;
     int ok = ckpt_read_config(dir, &ck, &step, &err) == 0;
     if (ok && ckpt_check_model_config(&ck, cfg, dir, &err) != 0) {
-        err_print(&err);
+        *fatal_err = err;
         *fatal = 1;
         return 0;
     }
@@ -36,14 +39,14 @@ static int try_resume(const char *dir, const Config *cfg, Model *m, AdamW *opt, 
     int all = 0;
     MPI_CHECK(MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm));
     if (!all) {
-        if (!ok) errorf("resume: skipping %s: %s", dir, err.msg);
+        if (!ok) say_error(say, "resume: skipping %s: %s", dir, err.msg);
         ckpt_run_state_free(&got);
         return 0;
     }
     *start = step;
     ckpt_run_state_free(rs);
     *rs = got;
-    log0("resume: loaded %s (step %d)%s\n", dir, step,
+    say_log(say, "resume: loaded %s (step %d)%s\n", dir, step,
          had_m ? "" : "; it has no optimizer state, so AdamW starts from zero moments");
     return 1;
 }
@@ -51,13 +54,13 @@ static int try_resume(const char *dir, const Config *cfg, Model *m, AdamW *opt, 
 /* Rank 0 puts right what interrupted saves left in ckpt_dir, and refuses
  * to start over where `latest` names a checkpoint that is gone and none
  * is left (they were moved or deleted: starting from scratch would
- * silently throw the run away). Collective; returns 0 or -1 (printed). */
-static int resume_prepare(const char *ckpt_dir, MPI_Comm comm) {
+ * silently throw the run away). Collective; returns 0 or -1 with err set
+ * (ranks_agree). */
+static int resume_prepare(const char *ckpt_dir, MPI_Comm comm, Err *err) {
     int rank = 0, rc = 0;
     MPI_CHECK(MPI_Comm_rank(comm, &rank));
-    Err err;
     if (rank == 0) {
-        rc = ckpt_recover(ckpt_dir, NULL, &err);
+        rc = ckpt_recover(ckpt_dir, NULL, err);
         char **names, p[1100];
         int n = ckpt_list_steps(ckpt_dir, &names);
         for (int i = 0; i < n; i++) free(names[i]);
@@ -67,43 +70,43 @@ static int resume_prepare(const char *ckpt_dir, MPI_Comm comm) {
         char *latest = n == 0 && rc == 0 ? read_file(p, 4096, NULL, &rerr) : NULL;
         if (latest) {
             latest[strcspn(latest, "\r\n")] = '\0';
-            rc = err_set(&err,
+            rc = err_set(err,
                          "resume: '%s/latest' names '%.40s' but '%s' holds no checkpoint (moved "
                          "or deleted?); put them back, or set resume = never to start over",
                          ckpt_dir, latest, ckpt_dir);
             free(latest);
         }
     }
-    return cmd_agree(rc, &err, comm);
+    return ranks_agree(rc, err, comm);
 }
 
 /* The run resumed from `step`: newer checkpoints of ckpt_dir belong to an
- * abandoned line (see ckpt_abandon_after). Collective; 0 or -1. */
-static int resume_abandon(const char *ckpt_dir, int step, const char *run_id, MPI_Comm comm) {
+ * abandoned line (see ckpt_abandon_after). Collective; 0 or -1 with err
+ * set (ranks_agree). */
+static int resume_abandon(const char *ckpt_dir, int step, const char *run_id, MPI_Comm comm,
+                          Err *err) {
     int rank = 0, rc = 0;
     MPI_CHECK(MPI_Comm_rank(comm, &rank));
-    Err err;
-    if (rank == 0) rc = ckpt_abandon_after(ckpt_dir, step, run_id, &err);
-    return cmd_agree(rc, &err, comm);
+    if (rank == 0) rc = ckpt_abandon_after(ckpt_dir, step, run_id, err);
+    return ranks_agree(rc, err, comm);
 }
 
 /* resume = never: a new line starts in ckpt_dir, so the checkpoints already
  * there (another run's, or this one's before) move to abandoned/, out of
  * the sight of a later resume = auto and of pruning, nothing deleted.
- * Collective; 0 or -1 (printed). */
-static int resume_never(const char *ckpt_dir, MPI_Comm comm) {
+ * Collective; 0 or -1 with err set (ranks_agree). */
+static int resume_never(const char *ckpt_dir, MPI_Comm comm, const Say *say, Err *err) {
     int rank = 0, rc = 0, moved = 0;
     MPI_CHECK(MPI_Comm_rank(comm, &rank));
-    Err err;
     if (rank == 0) {
-        rc = ckpt_recover(ckpt_dir, NULL, &err);
-        if (rc == 0) rc = ckpt_abandon_all(ckpt_dir, &moved, &err);
+        rc = ckpt_recover(ckpt_dir, NULL, err);
+        if (rc == 0) rc = ckpt_abandon_all(ckpt_dir, &moved, err);
         if (rc == 0 && moved)
-            log0("resume: resume = never: the %d checkpoint%s already in '%s' moved to "
+            say_log(say, "resume: resume = never: the %d checkpoint%s already in '%s' moved to "
                  "'%s/abandoned/' (a new run starts there)\n",
                  moved, moved == 1 ? "" : "s", ckpt_dir, ckpt_dir);
     }
-    return cmd_agree(rc, &err, comm);
+    return ranks_agree(rc, err, comm);
 }
 
 /* The checkpoints of one line in ckpt_dir, newest first (malloc'd names,
@@ -155,15 +158,15 @@ static int line_checkpoints(const char *ckpt_dir, const char *want, char ***out,
 
 /* Tries the checkpoints of a line of ckpt_dir newest first, those with a
  * step outside [lo, hi] left out; fills loaded. Returns try_resume's
- * result for the one that loads (0: none, or *fatal). */
+ * result for the one that loads (0: none, or *fatal with err set). */
 static int try_line(const char *ckpt_dir, const char *want, int lo, int hi, const Config *cfg,
                     Model *m, AdamW *opt, int *start, CkptRunState *rs, char *loaded, size_t ln,
-                    MPI_Comm comm, int *fatal, int *tried) {
+                    MPI_Comm comm, int *fatal, int *tried, const Say *say, Err *err) {
     char **names;
     int others = 0, r = 0;
     const int n = line_checkpoints(ckpt_dir, want, &names, &others);
     if (others > 0)
-        log0("resume: left alone %d checkpoint%s of another run in '%s'\n", others,
+        say_log(say, "resume: left alone %d checkpoint%s of another run in '%s'\n", others,
              others == 1 ? "" : "s", ckpt_dir);
     *tried = 0;
     for (int i = 0; i < n && r == 0 && !*fatal; i++) {
@@ -172,7 +175,7 @@ static int try_line(const char *ckpt_dir, const char *want, int lo, int hi, cons
             continue;
         snprintf(loaded, ln, "%s/%s", ckpt_dir, names[i]);
         ++*tried;
-        r = try_resume(loaded, cfg, m, opt, start, rs, comm, fatal);
+        r = try_resume(loaded, cfg, m, opt, start, rs, comm, fatal, say, err);
     }
     for (int i = 0; i < n; i++) free(names[i]);
     free(names);
@@ -180,62 +183,75 @@ static int try_line(const char *ckpt_dir, const char *want, int lo, int hi, cons
     return r;
 }
 
+/* Restores a run from a checkpoint as cfg->resume says:
+ * - auto: the newest checkpoint of ckpt_dir's line that loads (the line of
+ *   the one `latest` names: it, or a newer one of the same run id that a
+ *   save killed before `latest` left; then older ones of the line);
+ *   another run's checkpoints are never loaded;
+ * - never: a fresh start, the checkpoints already in ckpt_dir moved to
+ *   ckpt_dir/abandoned/;
+ * - a path: that checkpoint.
+ * Collective over comm. Returns 1 loaded (*start = its step, *rs its run
+ * state, loaded[ln] its directory), 0 start fresh, -1 an error (err set). */
 int resume_run(const Config *cfg, const char *ckpt_dir, Model *m, AdamW *opt, int *start,
-               CkptRunState *rs, char *loaded, size_t ln, MPI_Comm comm) {
+               CkptRunState *rs, char *loaded, size_t ln, MPI_Comm comm, const Say *say,
+               Err *err) {
     loaded[0] = '\0';
-    if (strcmp(cfg->resume, "never") == 0) return resume_never(ckpt_dir, comm);
+    if (strcmp(cfg->resume, "never") == 0) return resume_never(ckpt_dir, comm, say, err);
     int fatal = 0;
-    if (resume_prepare(ckpt_dir, comm) != 0) return -1;
+    if (resume_prepare(ckpt_dir, comm, err) != 0) return -1;
     if (strcmp(cfg->resume, "auto") != 0) {
         char dir[1100];
-        Err err;
-        if (ckpt_resolve(cfg->resume, dir, sizeof dir, &err) != 0) {
-            err_print(&err);
-            return -1;
-        }
-        if (try_resume(dir, cfg, m, opt, start, rs, comm, &fatal)) {
+        if (ckpt_resolve(cfg->resume, dir, sizeof dir, err) != 0) return -1;
+        if (try_resume(dir, cfg, m, opt, start, rs, comm, &fatal, say, err)) {
             snprintf(loaded, ln, "%s", dir);
-            return resume_abandon(ckpt_dir, *start, rs->run_id, comm) == 0 ? 1 : -1;
+            return resume_abandon(ckpt_dir, *start, rs->run_id, comm, err) == 0 ? 1 : -1;
         }
-        errorf("resume: cannot resume from '%s' (see above)", cfg->resume);
-        return -1;
+        if (fatal) say_error(say, "%s", err->msg);
+        return err_set(err, "resume: cannot resume from '%s' (see above)", cfg->resume);
     }
     int tried = 0;
     const int r = try_line(ckpt_dir, "", 0, CONFIG_MAX_STEP, cfg, m, opt, start, rs, loaded, ln,
-                           comm, &fatal, &tried);
+                           comm, &fatal, &tried, say, err);
     if (fatal) return -1;
-    if (tried > 0 && r == 0) {
-        errorf("resume: none of the %d checkpoints in '%s' loads (see above); move them away, "
-               "or set resume = never or a ckpt_dir of its own",
-               tried, ckpt_dir);
-        return -1;
-    }
-    if (r == 1 && resume_abandon(ckpt_dir, *start, rs->run_id, comm) != 0) return -1;
+    if (tried > 0 && r == 0)
+        return err_set(err,
+                       "resume: none of the %d checkpoints in '%s' loads (see above); move them "
+                       "away, or set resume = never or a ckpt_dir of its own",
+                       tried, ckpt_dir);
+    if (r == 1 && resume_abandon(ckpt_dir, *start, rs->run_id, comm, err) != 0) return -1;
     return r;
 }
 
+/* A rollback's reload: `last` (the checkpoint this run loaded or committed
+ * last), or when it no longer loads the newest of line run_id in ckpt_dir;
+ * only a step in [lo, hi] (the run's start, the current step) is taken.
+ * Collective. Returns 1 (*step, *rs, last[ln] the one loaded), 0 when last
+ * is "" (nothing loaded or saved yet: the caller re-initialises), or -1
+ * with err set. */
 int rollback_run(const Config *cfg, const char *ckpt_dir, char *last, size_t ln,
                  const char *run_id, int lo, int hi, Model *m, AdamW *opt, int *step,
-                 CkptRunState *rs, MPI_Comm comm) {
+                 CkptRunState *rs, MPI_Comm comm, const Say *say, Err *err) {
     if (!last[0]) return 0;
     int fatal = 0, at = -1, tried = 0;
     Config ck = *cfg;
-    Err err;
+    Err why;
     /* the checkpoint's own record of its step, not its name, is checked */
-    if (ckpt_read_config(last, &ck, &at, &err) == 0 && (at < lo || at > hi)) {
-        errorf("rollback: '%s' holds step %d, outside this run's steps %d-%d that a rollback may "
-               "return to; stopping rather than train from another state",
-               last, at, lo, hi);
-        return -1;
-    }
-    if (try_resume(last, cfg, m, opt, step, rs, comm, &fatal)) return 1;
+    if (ckpt_read_config(last, &ck, &at, &why) == 0 && (at < lo || at > hi))
+        return err_set(err,
+                       "rollback: '%s' holds step %d, outside this run's steps %d-%d that a "
+                       "rollback may return to; stopping rather than train from another state",
+                       last, at, lo, hi);
+    if (try_resume(last, cfg, m, opt, step, rs, comm, &fatal, say, err)) return 1;
     if (fatal) return -1;
-    if (try_line(ckpt_dir, run_id, lo, hi, cfg, m, opt, step, rs, last, ln, comm, &fatal, &tried))
+    if (try_line(ckpt_dir, run_id, lo, hi, cfg, m, opt, step, rs, last, ln, comm, &fatal, &tried,
+                 say, err))
         return 1;
     if (!fatal)
-        errorf("rollback: neither '%s' nor any checkpoint of this run in '%s' between steps %d "
-               "and %d loads (see above)",
-               last, ckpt_dir, lo, hi);
+        err_set(err,
+                "rollback: neither '%s' nor any checkpoint of this run in '%s' between steps %d "
+                "and %d loads (see above)",
+                last, ckpt_dir, lo, hi);
     return -1;
 }
 
@@ -273,20 +289,23 @@ static int in_ckpt_dir(const char *stepdir, const char *ckpt_dir) {
     return same;
 }
 
-int init_from_check(const Config *cfg, const char *ckpt_dir, MPI_Comm comm) {
+/* init_from, before resume_run: refuses a checkpoint of the run's own
+ * ckpt_dir, whose step names a new run would collide with. Collective; 0,
+ * or -1 with err set (ranks_agree). */
+int init_from_check(const Config *cfg, const char *ckpt_dir, MPI_Comm comm, Err *err) {
     if (!cfg->init_from[0]) return 0;
     char dir[1100];
     int is_st = 0, rc = 0;
-    Err err;
+    Err why;
     /* one that does not resolve may be gone from a requeued job: resume decides */
-    if (init_locate(cfg->init_from, dir, sizeof dir, &is_st, &err) == 0 && !is_st &&
+    if (init_locate(cfg->init_from, dir, sizeof dir, &is_st, &why) == 0 && !is_st &&
         in_ckpt_dir(dir, ckpt_dir))
-        rc = err_set(&err,
+        rc = err_set(err,
                      "init_from: '%s' is a checkpoint of this run's own ckpt_dir '%s'; a new run "
                      "from it needs a ckpt_dir of its own (set ckpt_dir or run_dir), so that step "
                      "names never collide, or leave init_from out to resume it",
                      cfg->init_from, ckpt_dir);
-    return cmd_agree(rc, &err, comm);
+    return ranks_agree(rc, err, comm);
 }
 
 /* Every model key of `src` (a config read from init_from) equals the run's.
@@ -347,23 +366,29 @@ static int init_load(const Config *cfg, Model *m, char *dir, size_t n, int *step
     return rc;
 }
 
+/* init_from, after resume_run (resumed: its result, start: the step it
+ * loaded; -1: a rollback before the first save, which loads the weights
+ * again): a resumed run says that init_from is ignored; a new one loads
+ * only the weights of init_from (a checkpoint or ckpt_dir under any
+ * layout, or a GPT-2 safetensors file), whose model must be cfg's, and
+ * leaves the moments as they are. Collective; 0, or -1 with err set
+ * (ranks_agree). */
 int init_from_load(const Config *cfg, const char *ckpt_dir, Model *m, int resumed, int start,
-                   MPI_Comm comm) {
+                   MPI_Comm comm, const Say *say, Err *err) {
     if (!cfg->init_from[0]) return 0;
     if (resumed > 0) {
-        log0("init_from: ckpt_dir '%s' holds this run's own checkpoints: resumed at step %d; "
+        say_log(say, "init_from: ckpt_dir '%s' holds this run's own checkpoints: resumed at step %d; "
              "init_from '%s' is ignored\n",
              ckpt_dir, start, cfg->init_from);
         return 0;
     }
     char dir[1100];
     int step = 0;
-    Err err;
-    int rc = init_load(cfg, m, dir, sizeof dir, &step, &err);
-    if (cmd_agree(rc, &err, comm) != 0) return -1;
-    if (resumed < 0) log0("init_from: rolled back to the weights of %s\n", dir);
+    int rc = init_load(cfg, m, dir, sizeof dir, &step, err);
+    if (ranks_agree(rc, err, comm) != 0) return -1;
+    if (resumed < 0) say_log(say, "init_from: rolled back to the weights of %s\n", dir);
     else
-        log0("init_from: the weights of %s (step %d of its run) start a new run at step 0: "
+        say_log(say, "init_from: the weights of %s (step %d of its run) start a new run at step 0: "
              "fresh AdamW moments, the lr schedule from its start, train_data from sample 0\n",
              dir, step);
     return 0;

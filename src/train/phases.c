@@ -1,7 +1,7 @@
 /*
  * phases: per-phase step timers, reduced over the ranks.
  */
-#include "src/cmd/phases.h"
+#include "src/train/phases.h"
 
 #include <string.h>
 
@@ -75,7 +75,7 @@ void phases_json(const Phases *p, MPI_Comm comm, FILE *f) {
     fprintf(f, "},\"gemm_ms\":%.3f", sum[PH_N + 1] / n * 1e3);
 }
 
-void phases_summary(const Phases *p, MPI_Comm comm) {
+void phases_summary(const Phases *p, MPI_Comm comm, const Say *say) {
     double v[NV], sum[NV], lo[NV], hi[NV];
     memcpy(v, p->total, sizeof p->total);
     v[PH_N] = p->total_len;
@@ -84,19 +84,19 @@ void phases_summary(const Phases *p, MPI_Comm comm) {
     reduce(v, comm, sum, lo, hi, &n);
     if (p->steps == 0) return;
     const double len = sum[PH_N] / n, per = 1e3 / p->steps;
-    log0("where the time went: %d steps, %.1f ms each (mean over %d rank%s; min and max over "
+    say_log(say, "where the time went: %d steps, %.1f ms each (mean over %d rank%s; min and max over "
          "ranks)\n",
          p->steps, len * per, n, n == 1 ? "" : "s");
-    log0("  %-11s %10s %7s %10s %10s\n", "phase", "ms/step", "share", "min", "max");
+    say_log(say, "  %-11s %10s %7s %10s %10s\n", "phase", "ms/step", "share", "min", "max");
     for (int i = 0; i < PH_N; i++)
-        log0("  %-11s %10.2f %6.1f%% %10.2f %10.2f\n", names[i], sum[i] / n * per,
+        say_log(say, "  %-11s %10.2f %6.1f%% %10.2f %10.2f\n", names[i], sum[i] / n * per,
              len > 0 ? 100 * sum[i] / n / len : 0, lo[i] * per, hi[i] * per);
     /* the kernel timer: what of the step is sgemm, what lies between */
     const double compute =
         (sum[PH_FORWARD] + sum[PH_BACKWARD] + sum[PH_OPTIMIZER] + sum[PH_EVAL]) / n;
     const double gemm = sum[PH_N + 1] / n;
     if (len > 0 && compute > 0)
-        log0("  sgemm      %10.2f %6.1f%%   (the rest of the step %.1f%%; of forward, backward, "
+        say_log(say, "  sgemm      %10.2f %6.1f%%   (the rest of the step %.1f%%; of forward, backward, "
              "optimizer and eval, sgemm is %.1f%%)\n",
              gemm * per, 100 * gemm / len, 100 * (len - gemm) / len, 100 * gemm / compute);
 }

@@ -8,11 +8,13 @@
  * stalls after step N count in step N+1's interval; "other" is what no
  * phase claims (logging, the stop check, launching sends).
  */
-#ifndef MODTRAIN_CMD_PHASES_H
-#define MODTRAIN_CMD_PHASES_H
+#ifndef MODTRAIN_TRAIN_PHASES_H
+#define MODTRAIN_TRAIN_PHASES_H
 
 #include <mpi.h>
 #include <stdio.h>
+
+#include "src/train/shared.h"
 
 typedef enum {
     PH_FORWARD,   /* forward compute, tp collectives excluded */
@@ -54,9 +56,9 @@ void phases_end_step(Phases *p);
  * (phases: forward, backward, tp_comm, ep_comm, dp_comm, pp_wait, optimizer,
  * ckpt_stall, eval, data, other) */
 void phases_json(const Phases *p, MPI_Comm comm, FILE *f);
-/* Collective over comm: the run's table, printed by rank 0, with the share
+/* Collective over comm: the run's table, said by rank 0, with the share
  * of the compute phases (forward, backward, optimizer, eval) spent in
  * sgemm calls. */
-void phases_summary(const Phases *p, MPI_Comm comm);
+void phases_summary(const Phases *p, MPI_Comm comm, const Say *say);
 
 #endif
