@@ -2,10 +2,12 @@
 # The tree's structure holds: every #include names its room from the top of
 # the tree and points to a room below (the table in rooms() below, drawn in
 # docs/architecture.md), library code never prints errors or chooses exit
-# codes (only src/cmd does; src/train returns a status), nothing but mpi/pipeline.c calls MPI
-# point-to-point, no two files call each other round a circle (the graph
-# of which object uses a symbol another defines, from nm), and no function
-# in src/, mpi/ or checkpoint/ is longer than 100 lines.
+# codes (only src/cmd does; src/train returns a status), nothing but
+# mpi/pipeline.c calls MPI point-to-point, no two files call each other
+# round a circle (the graph of which object uses a symbol another defines,
+# from nm), no function in src/, mpi/ or checkpoint/ is longer than 100
+# lines, and no file there is longer than 800 or opens without a comment
+# saying what it is for.
 . "$(dirname "$0")/lib.sh"
 cd "$srcdir"
 
@@ -103,4 +105,10 @@ long=$(for f in $(echo "$files" | grep '\.c$'); do
     ' "$f"
 done)
 [ -z "$long" ] && ok "no function is longer than 100 lines" || fail "too long: $long"
+
+# shellcheck disable=SC2086 # the list
+big=$(wc -l $files | awk '$2 != "total" && $1 > 800 { print $2 ": " $1 " lines" }')
+[ -z "$big" ] && ok "no file is longer than 800 lines" || fail "files too long (split them by concern): $big"
+bare=$(for f in $files; do head -n 1 "$f" | grep -q '^/\*' || echo "$f"; done)
+[ -z "$bare" ] && ok "every file opens with what it is for" || fail "no opening comment: $bare"
 finish
