@@ -62,6 +62,13 @@ check_parity() { # NAME ROUTING [--key value ...]; a NAME that starts with moe h
 # dropped: the expert slots PyTorch's assignment dropped at capacity, from its report
 dropped() { sed -n -e 's/.* \([0-9][0-9]*\) dropped .*/\1/p' "$1" 2> /dev/null || true; }
 check_parity dense topk --route_every 0
+# MODTRAIN_SKIP_SLOW (the sanitizer pass): dense, MoD under both routings and
+# staged MoDE (experts in a routed block), each code path of eval --grads once
+[ $slow = 1 ] || {
+    check_parity moe_staged topk --route_every 2 --capacity 0.5 --aux_weight 1 --steps 60 --n_expert 4 --expert_top_k 1 --moe_every 2
+    check_parity moe_staged causal
+    finish
+}
 check_parity mod topk --route_every 2 --capacity 0.5 --aux_weight 1 --steps 60
 check_parity mod causal
 # the predictor needs 200 steps before it sends a mix of the validation tokens
