@@ -14,6 +14,8 @@ seconds=${FUZZ_SECONDS:-60}
 out=${FUZZ_OUT:-fuzz-out}
 targets=${FUZZ_TARGETS:-config shard index safetensors vocab cluster plan merges decode spec prep}
 jobs=${FUZZ_JOBS:-$(nproc)}
+# the library compiles on every core, whatever FUZZ_JOBS runs side by side
+build_jobs=$(nproc)
 mpicc=${MPICC:-mpicc}
 case $seconds in '' | *[!0-9]*) echo "fuzz: FUZZ_SECONDS='$seconds' is not a whole number" >&2; exit 2 ;; esac
 case $jobs in '' | *[!0-9]* | 0*) echo "fuzz: FUZZ_JOBS='$jobs' is not a whole number >= 1" >&2; exit 2 ;; esac
@@ -35,7 +37,7 @@ build_library() {
     rm -f "$out/libfuzz.a" "$out/obj/"*.o "$out/obj/"*.failed
     # shellcheck disable=SC2016 # the script given to sh -c expands its own arguments
     (cd "$srcdir" && find src mpi checkpoint -name '*.c' ! -path 'src/cmd/*' ! -path 'src/train/*') |
-        LC_ALL=C sort | xargs -P "$jobs" -I{} sh -c '
+        LC_ALL=C sort | xargs -P "$build_jobs" -I{} sh -c '
             o="$3/obj/$(echo "${1%.c}" | tr / _).o"
             OMPI_CC="$4" "$5" $6 -fsanitize=fuzzer-no-link,address,undefined -c -o "$o" "$2/$1" \
                 > "$o.log" 2>&1 || { cat "$o.log"; : > "$o.failed"; }' sh {} "$srcdir" "$out" \

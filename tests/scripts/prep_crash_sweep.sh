@@ -71,8 +71,16 @@ prep_sweep() {
     while read -r point count; do
         # under fallback the exchange's point fails already (force sweeps it)
         [ "$mode:$point" != fallback:prep.commit.exchange ] || continue
-        for nth in 1 "$count"; do
-            [ "$nth" = 1 ] || [ "$count" -gt 1 ] || continue
+        # its first reach and its last
+        nths="1 $count"
+        [ "$count" -gt 1 ] || nths=1
+        # MODTRAIN_SKIP_SLOW (the sanitizer pass): each point's first reach,
+        # and past the fresh prep only the points of the commit and cleanup
+        if [ $slow = 0 ]; then
+            case $mode:$point in fresh:* | *:prep.commit.* | *:prep.remove.* | *:prep.stale.*) ;; *) continue ;; esac
+            nths=1
+        fi
+        for nth in $nths; do
             actions="kill EIO"
             case $point in *.write | *.zeros | *.header) actions="$actions ENOSPC" ;; esac
             for action in $actions; do one_case "$mode" "$point" "$nth" "$action"; done
