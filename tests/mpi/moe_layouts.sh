@@ -36,7 +36,10 @@ compare() { # REF NAME WHAT
 }
 
 # MODTRAIN_SKIP_SLOW (the sanitizer pass, after a first pass of all of
-# it): no ep 4 at dp 4, no 8 ranks, two of the four reshards, no repeat
+# it): no ep 4 at dp 4; ep 2 x tp 2 (MoE) and ep 2 x pp 2 (staged MoDE)
+# compared with ep 1 at dp 4 (the same micro-batches) rather than with a
+# dp 2 run; no 8 ranks; one recompute case; the ep 2 checkpoint loaded
+# under ep 4 only, and two of the four other reshards; no repeat
 eps="2 4"
 [ $slow = 1 ] || eps=2
 
@@ -56,14 +59,21 @@ check_ab "$(echo "$drop" | sed 's/.*"expert_drop":\([^,}]*\).*/\1/')" 0 'a > 0' 
     ok "capacity_factor 1 drops tokens: $drop" || fail "no token dropped: $drop"
 
 # ep 2 with pp 2 and with tp 2 (4 ranks, dp 2), and with both (8 ranks), against ep 1 at dp 2
-for model in moe mode; do
-    eval "opts=\$$model"
-    train_ok "$model-dp2" 2 $opts
-    train_ok "$model-ep2-pp2" 4 --ep 2 --pp 2 $opts
-    train_ok "$model-ep2-tp2" 4 --ep 2 --tp 2 $opts
-    compare "$model-dp2" "$model-ep2-pp2" "$model (ep 2, pp 2, dp 2)"
-    compare "$model-dp2" "$model-ep2-tp2" "$model (ep 2, tp 2, dp 2)"
-done
+if [ $slow = 1 ]; then
+    for model in moe mode; do
+        eval "opts=\$$model"
+        train_ok "$model-dp2" 2 $opts
+        train_ok "$model-ep2-pp2" 4 --ep 2 --pp 2 $opts
+        train_ok "$model-ep2-tp2" 4 --ep 2 --tp 2 $opts
+        compare "$model-dp2" "$model-ep2-pp2" "$model (ep 2, pp 2, dp 2)"
+        compare "$model-dp2" "$model-ep2-tp2" "$model (ep 2, tp 2, dp 2)"
+    done
+else
+    train_ok moe-ep2-tp2 4 --ep 2 --tp 2 $moe
+    compare moe-ep1 moe-ep2-tp2 "moe (ep 2, tp 2, dp 2)"
+    train_ok mode-ep2-pp2 4 --ep 2 --pp 2 $mode
+    compare mode-ep1 mode-ep2-pp2 "mode (ep 2, pp 2, dp 2)"
+fi
 # all four at once: 8 ranks, ep 2 x tp 2 x pp 2, dp 2
 if [ $slow = 1 ]; then
     train_ok moe-ep2-tp2-pp2 8 --ep 2 --tp 2 --pp 2 $moe
@@ -73,7 +83,11 @@ fi
 # recompute = block: every rank of the expert group recomputes the same
 # blocks in the same order, so the forward's all-to-alls meet again
 epb() { grep '"loss"' "$1/metrics.jsonl" | sed -e 's/.*"ep_bytes":\([0-9]*\).*/\1/'; }
-for case in "mode-ep2 4 --ep 2 $mode" "moe-ep2-tp2 4 --ep 2 --tp 2 $moe"; do
+cases="mode-ep2 4 --ep 2 $mode|moe-ep2-tp2 4 --ep 2 --tp 2 $moe"
+[ $slow = 1 ] || cases="mode-ep2 4 --ep 2 $mode"
+IFS='|'
+for case in $cases; do
+    unset IFS
     set -- $case
     ref=$1 np=$2
     shift 2
@@ -88,7 +102,9 @@ for case in "mode-ep2 4 --ep 2 $mode" "moe-ep2-tp2 4 --ep 2 --tp 2 $moe"; do
 done
 
 # 2. resharding: step 10 of the ep 2 run loaded under ep 1 and ep 4
-for ep in 1 4; do
+reshards="1 4"
+[ $slow = 1 ] || reshards=4
+for ep in $reshards; do
     name="reshard-ep$ep"
     # --steps 10: load from the other run, train nothing, save step 10 into
     # this run's ckpt_dir under the new layout

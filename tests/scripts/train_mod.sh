@@ -18,10 +18,15 @@ train_mod_run() { # DIR [--key value ...]
         --val_data data/val_000000.bin --route_every 2 --capacity 0.125 --run_dir "$dir" --resume never \
         "$@" > "$dir.log" 2>&1 || { cat "$dir.log"; fail "training run $dir failed"; finish; }
 }
-# MODTRAIN_SKIP_SLOW (the sanitizer pass, after the first pass): no repeat
+# MODTRAIN_SKIP_SLOW (the sanitizer pass, after the first pass): no repeat,
+# and the predictor's run 60 steps long, whose causal decision is not yet
+# held to top-k's (the router's run still is)
 train_mod_run a
 [ $slow = 0 ] || train_mod_run b
-train_mod_run p --causal_router predictor --router_gate sigmoid
+short=
+[ $slow = 1 ] || short="--steps 60 --eval_every 20 --ckpt_every 20"
+# shellcheck disable=SC2086 # the options' words
+train_mod_run p --causal_router predictor --router_gate sigmoid $short
 cat a.log
 
 unigram=$(unigram_entropy data/train_000000.bin)
@@ -63,6 +68,7 @@ for r in a p; do
     topk=$(sed -e 's/.*"processed_topk":\[\([^]]*\)\].*/\1/' $r.json)
     [ "$topk" = "0.125000" ] && ok "$r: top-k processed exactly 8 of 64 tokens" ||
         fail "$r: top-k processed $topk, expected 0.125000"
+    [ $slow = 1 ] || [ $r = a ] || continue
     check_ab "$causal" "$loss" 'a < b * 1.02' && ok "$r: loss_causal $causal within 2% of loss $loss" ||
         fail "$r: loss_causal $causal is not within 2% of loss $loss"
     check_ab "$acc" 0.85 'a > b' && ok "$r: predictor accuracy $acc > 0.85" ||
