@@ -13,6 +13,12 @@
 # - time_limit with a save in flight stops after it committed.
 # - A (tp 2, dp 2) asynchronously written checkpoint loads exactly under
 #   one rank and under pp 2.
+# MODTRAIN_SKIP_SLOW=1 runs one rank as one process (no launcher's start to
+# pay, nor to count in time_limit's clock); keeps 1 rank and (tp 2, dp 2)
+# without their resumed runs (the kills' and SIGUSR1's resumes load
+# asynchronous saves too); kills one run at each phase in turn, each
+# relaunch recovering the last kill's leftovers, and not at (tp 2, dp 2);
+# sends SIGUSR1 to one process; loads (tp 2, dp 2) under one rank only.
 . "$(dirname "$0")/../scripts/lib.sh"
 prep_fortunes
 cd "$TMP"
@@ -23,16 +29,20 @@ same_data_bin() { # A B WHAT: the same data.bin byte for byte
     cmp -s "$1/data.bin" "$2/data.bin" && ok "$3" || fail "$3: data.bin differs"
 }
 step20() { echo "$1/ckpt/step-00000020"; }
+# np NP: train's NP argument, none for one process under MODTRAIN_SKIP_SLOW
+np() { [ $slow = 0 ] && [ "$1" = 1 ] || echo "$1"; }
 
 for lay in "one:1:--threads 2" "tp2dp2:4:--tp 2" "pp2dp2:4:--pp 2"; do
     name=${lay%%:*} rest=${lay#*:} np=${rest%%:*} opts=${rest#*:}
-    train_ok "$name-sync" "$np" $opts --ckpt_every 10 --ckpt_async 0
-    train_ok "$name-async" "$np" $opts --ckpt_every 10
+    [ $slow = 1 ] || [ "$name" != pp2dp2 ] || continue
+    train_ok "$name-sync" $(np "$np") $opts --ckpt_every 10 --ckpt_async 0
+    train_ok "$name-async" $(np "$np") $opts --ckpt_every 10
     grep -q "^checkpoint: $name-async/ckpt/step-00000010 | [0-9.]*s in the background, stall" \
         "$name-async.log" && ok "$name: step 10 saved in the background" ||
         { cat "$name-async.log"; fail "$name: step 10 not saved in the background"; }
     same_data_bin "$name-sync/ckpt/step-00000010" "$name-async/ckpt/step-00000010" \
         "$name: the asynchronous step-10 save holds the synchronous one's bytes"
+    [ $slow = 1 ] || continue
     mkdir -p "$name-resumed/ckpt"
     cp -r "$name-async/ckpt/step-00000010" "$name-resumed/ckpt/"
     train_ok "$name-resumed" "$np" $opts --ckpt_every 10
@@ -46,30 +56,51 @@ done
 killed_in_save() { # NAME NP FAULT REFERENCE [--key value ...]
     name=$1 np=$2 fault=$3 ref=$4
     shift 4
-    MODTRAIN_FAULT=$fault train "$name" "$np" --ckpt_every 5 "$@"
+    killed "$name" "$np" "$fault" "$@" || return 0
+    train_ok "$name" "$np" --ckpt_every 5 "$@"
+    grep -q "resume: loaded $name/ckpt/step-00000005" "$name.log" || fail "$name: not resumed from step 5"
+    same_data_bin "$(step20 "$ref")" "$(step20 "$name")" "$name: the resumed run ends bitwise equal"
+}
+killed() { # NAME NP FAULT [--key value ...]: fails (1) unless FAULT killed it
+    name=$1 np=$2 fault=$3
+    shift 3
+    MODTRAIN_FAULT=$fault train "$name" $(np "$np") --ckpt_every 5 "$@"
     if [ "$rc" -eq 0 ] || ! grep -q "MODTRAIN_FAULT=${fault%:10}" "$name.log"; then
         cat "$name.log"
         fail "$name: $fault did not kill the run (exit $rc)"
-        return
+        return 1
     fi
     newest=$("$MODTRAIN" ckpt list --ckpt "$name/ckpt" | awk '$1 ~ /^step-/ { print $1; exit }')
     [ "$newest" = step-00000005 ] && [ ! -e "$name/ckpt/step-00000010" ] &&
         "$MODTRAIN" ckpt verify --ckpt "$name/ckpt/step-00000005" > /dev/null &&
         ok "$name: killed by $fault (exit $rc), step 5 the newest checkpoint, verified" ||
         fail "$name: after $fault the newest checkpoint is '$newest'"
-    train_ok "$name" "$np" --ckpt_every 5 "$@"
-    grep -q "resume: loaded $name/ckpt/step-00000005" "$name.log" || fail "$name: not resumed from step 5"
-    same_data_bin "$(step20 "$ref")" "$(step20 "$name")" "$name: the resumed run ends bitwise equal"
 }
-for phase in staged pack write rename; do
-    killed_in_save "kill-$phase" 1 "save-kill:$phase:10" one-sync --threads 2
-done
-killed_in_save kill-index 1 "save-crash:10" one-sync --threads 2
-killed_in_save kill-write-tp2dp2 4 "save-kill:write:10" tp2dp2-sync --tp 2
+if [ $slow = 1 ]; then
+    for phase in staged pack write rename; do
+        killed_in_save "kill-$phase" 1 "save-kill:$phase:10" one-sync --threads 2
+    done
+    killed_in_save kill-index 1 "save-crash:10" one-sync --threads 2
+    killed_in_save kill-write-tp2dp2 4 "save-kill:write:10" tp2dp2-sync --tp 2
+else # one run killed at each phase in turn: each launch after the first
+    # recovers the last kill's leftovers and resumes from step 5
+    for fault in save-kill:staged:10 save-kill:pack:10 save-kill:write:10 save-kill:rename:10 save-crash:10 ""; do
+        if [ -n "$fault" ]; then
+            killed kill 1 "$fault" --threads 2 || break
+        else
+            train_ok kill $(np 1) --ckpt_every 5 --threads 2
+        fi
+        [ "$fault" = save-kill:staged:10 ] || grep -q "resume: loaded kill/ckpt/step-00000005" kill.log ||
+            fail "kill: not resumed from step 5 after the kill before ${fault:-the last launch}"
+    done
+    same_data_bin "$(step20 one-sync)" "$(step20 kill)" "kill: the run resumed after 5 kills ends bitwise equal"
+fi
 
 # SIGUSR1 to mpirun while the step-5 save is in flight (each save made 2 s slower)
-train_ok dp2-sync 2 --ckpt_every 10 --ckpt_async 0
-MODTRAIN_FAULT=save-slow:2000 $MPIRUN -np 2 "$MODTRAIN" train $common --run_dir usr1 --ckpt_every 5 \
+usr1_ref=dp2-sync usr1_np=2 usr1_launch="$MPIRUN -np 2" usr1_opts=
+[ $slow = 1 ] || usr1_ref=one-sync usr1_np= usr1_launch= usr1_opts="--threads 2" # (to the process itself)
+[ $slow = 0 ] || train_ok dp2-sync 2 --ckpt_every 10 --ckpt_async 0
+MODTRAIN_FAULT=save-slow:2000 $usr1_launch "$MODTRAIN" train $common $usr1_opts --run_dir usr1 --ckpt_every 5 \
     > usr1.log 2>&1 &
 pid=$!
 i=0
@@ -97,8 +128,8 @@ stall=$(grep "\"step\":$k,\"ckpt_stall_ms\"" usr1/metrics.jsonl | head -n 1 |
     sed 's/.*"ckpt_stall_ms":\([0-9.]*\).*/\1/')
 check_ab "${stall:-0}" 0 'a > 0' && ok "the wait for the save in flight is in metrics: ${stall} ms at step $k" ||
     fail "no ckpt_stall_ms at step $k: $(grep ckpt_stall usr1/metrics.jsonl)"
-train_ok usr1 2 --ckpt_every 5
-same_data_bin "$(step20 dp2-sync)" "$(step20 usr1)" "SIGUSR1: the resumed run ends bitwise equal"
+train_ok usr1 $usr1_np $usr1_opts --ckpt_every 5
+same_data_bin "$(step20 $usr1_ref)" "$(step20 usr1)" "SIGUSR1: the resumed run ends bitwise equal"
 
 # time_limit while a save is in flight: the save commits, then the stop's
 # (the probe write at setup is slowed as much as a save, 1.5 s, and the
@@ -107,8 +138,9 @@ same_data_bin "$(step20 dp2-sync)" "$(step20 usr1)" "SIGUSR1: the resumed run en
 # exec, and the exit comes after: a loaded machine (make -j3 on 2 cores)
 # adds up to a second there. A stop's save left out of the budget would
 # end the run at about the limit plus the 1.5 s save, past 9 s.
+# (MODTRAIN_SKIP_SLOW: one process, without the launcher's start and end)
 t0=$(date +%s.%N)
-MODTRAIN_FAULT=save-slow:1500 train limit 1 --ckpt_every 5 --steps 100000 --time_limit 8
+MODTRAIN_FAULT=save-slow:1500 train limit $(np 1) --ckpt_every 5 --steps 100000 --time_limit 8
 wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
 k=$(sed -n 's/^stopping at step \([0-9]*\)\/.* on time_limit.*/\1/p' limit.log)
 check_ab "$wall" 9 'a < b' && ok "time_limit 8 with slow saves: the run took ${wall} s (under 9)" ||
@@ -122,9 +154,10 @@ check_ab "$wall" 9 'a < b' && ok "time_limit 8 with slow saves: the run took ${w
 # an asynchronously written (tp 2, dp 2) checkpoint under other layouts
 for lay in "re-one:1:" "re-pp2:2:--pp 2"; do
     name=${lay%%:*} rest=${lay#*:} np=${rest%%:*} opts=${rest#*:}
+    [ $slow = 1 ] || [ "$name" = re-one ] || continue
     mkdir -p "$name/ckpt"
     cp -r tp2dp2-async/ckpt/step-00000010 "$name/ckpt/"
-    train_ok "$name" "$np" $opts --steps 10
+    train_ok "$name" $(np "$np") $opts --steps 10
     expect_same_ckpt tp2dp2-async/ckpt/step-00000010 "$name/ckpt/step-00000010" \
         "asynchronous (tp 2, dp 2) step 10 loaded under ${name#re-}"
 done
