@@ -9,6 +9,11 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} # idle threads sleep (see Mak
 export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1} # waiting ranks yield
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/modtrain-test.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT
+# Open MPI's session folders in the test's own scratch: a plain process
+# (a singleton) names its folder by a 16-bit hash, and tests side by side
+# must not meet in /tmp (once in CI a singleton's MPI_Init failed so)
+mkdir "$TMP/.mpi"
+export OMPI_MCA_orte_tmpdir_base="$TMP/.mpi"
 PYTHON=${PYTHON:-/usr/bin/python3}
 # ranks as root, more ranks than cores, shared memory between them
 MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
