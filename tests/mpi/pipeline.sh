@@ -1,9 +1,9 @@
 #!/bin/sh
 # Pipeline parallelism on real ranks (Open MPI, oversubscribed, a 4-block
 # model, 8 micro-batches a step): (pp 2), (pp 4), (pp 2, tp 2), (pp 2, dp 2)
-# under both schedules train the same dense and MoD model as one rank, within
-# fp32 round-off (losses 5e-5 relative, weights and moments 5e-5 absolute;
-# measured at most 5.9e-6);
+# under both schedules train the same MoD model as one rank, and (pp 2) and
+# (pp 4) the same dense model, within fp32 round-off (losses 5e-5 relative,
+# weights and moments 5e-5 absolute; measured at most 5.9e-6);
 # GPipe and 1F1B are bitwise identical; 1F1B never holds more than pp
 # micro-batches of activations (GPipe holds all 8); a checkpoint saved under
 # (pp 2, tp 2) loads exactly under pp 1 and pp 4; uneven splits and a block
@@ -30,8 +30,10 @@ common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val
 models="dense mod"
 [ $slow = 1 ] || models=mod
 for model in $models; do
-    extra="" lays="2 1 1|4 1 1|2 2 1|2 1 2"
-    [ "$model" = mod ] && extra="--route_every 2 --capacity 0.25"
+    # the dense model at pp 2 and pp 4: tp and dp run its blocks' code in
+    # the MoD model's dense blocks
+    extra="" lays="2 1 1|4 1 1"
+    [ "$model" = mod ] && extra="--route_every 2 --capacity 0.25" lays="2 1 1|4 1 1|2 2 1|2 1 2"
     [ $slow = 1 ] || lays="2 2 1"
     train_ok "$model-base" 1 $extra
     IFS='|'

@@ -31,9 +31,9 @@
 # (a failed save of step 2, of step 4, and `latest` of step 6 failing), one
 # asynchronous kill and EIO, the rollback's three recoveries (the .old put
 # back, the .old removed, the rename undone) and the tp 2 x dp 2 kill of
-# rank 3, relaunched once each (the second relaunch, the same every time,
-# once for 1 rank and once for tp 2 x dp 2); no ENOSPC or EDQUOT case (the
-# kill and EIO cases take the same paths).
+# rank 3, relaunched once each; no ENOSPC or EDQUOT case (the kill and EIO
+# cases take the same paths). But in the full sweep, the second relaunch
+# (the same every time) follows the first case of each uninterrupted run.
 . "$(dirname "$0")/lib.sh"
 prep_fortunes
 cd "$TMP"
@@ -109,10 +109,11 @@ one() {
     launch "$np" "$name.2.log" --run_dir "$name" "$@"
     [ "$rc" -eq 0 ] || { cat "$name.1.log" "$name.2.log"; fail "$what: the relaunch exited $rc"; return; }
     fin=$name/ckpt/step-00000006
-    # (under MODTRAIN_SKIP_SLOW, the first case of each NP only: the
-    # second relaunch takes the same path after every case)
-    if [ $slow = 1 ] || [ "$np" != "${twice:-}" ]; then
-        twice=$np
+    # (the first case of each uninterrupted run only, but in the full
+    # sweep: the first relaunch ends with the same save of step 6 after
+    # every fault in the save of step 4, so the second takes the same path)
+    if [ -n "$full" ] || [ "$ref" != "${twice:-}" ]; then
+        twice=$ref
         touch -d '2000-01-01' "$fin/data.bin" 2> /dev/null || true
         launch "$np" "$name.3.log" --run_dir "$name" "$@"
         [ "$rc" -eq 0 ] && grep -q "nothing to train or save" "$name.3.log" ||
