@@ -14,6 +14,10 @@ trap 'rm -rf "$TMP"' EXIT
 # must not meet in /tmp (once in CI a singleton's MPI_Init failed so)
 mkdir "$TMP/.mpi"
 export OMPI_MCA_orte_tmpdir_base="$TMP/.mpi"
+# A plain process starts without Open MPI's daemon: the suite starts
+# thousands, and each daemon took 0.15 s and a core's share to start
+# (README's commands keep the default: readme_commands.sh)
+export OMPI_MCA_ess_singleton_isolated=${OMPI_MCA_ess_singleton_isolated:-1}
 PYTHON=${PYTHON:-/usr/bin/python3}
 # ranks as root, more ranks than cores, shared memory between them
 MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
