@@ -121,7 +121,7 @@ lookup() { # TABLE COMMAND: the value of the first row whose prefix starts COMMA
 
 export PATH="$W/bin:$PATH" MODTRAIN_MAX_STEPS=${MODTRAIN_MAX_STEPS:-8}
 export OMPI_MCA_rmaps_base_oversubscribe=1 # README's 4-rank examples on a 2-core machine
-unset OMPI_MCA_ess_singleton_isolated # as a user's shell: a plain process starts Open MPI's daemon
+unset OMPI_MCA_ess_singleton_isolated OMPI_MCA_pml # Open MPI's defaults, as in a user's shell
 ran=0 skipped=0
 while IFS="	" read -r at cmd; do
     reason=$(lookup "$SKIP" "$cmd")
