@@ -26,6 +26,9 @@
 # steps (10 past what its 4 launches can reach: the uninterrupted run and
 # the last relaunch train no more than the kills need);
 # MODTRAIN_SOAK_KILLS=N (for instance 400) runs a long soak of N kills.
+# Nothing waits unbounded: a launch still running 60 s after its kill fails
+# the test (its processes' states printed, then killed with SIGKILL), and
+# the uninterrupted run and each last relaunch have 300 s.
 . "$(dirname "$0")/../scripts/lib.sh"
 prep_fortunes
 cd "$TMP"
@@ -63,7 +66,7 @@ layout() { # NAME: np and opts for mpirun
 # The uninterrupted run (dp 2): the final checkpoint and each step's batch
 layout dp2
 # shellcheck disable=SC2086 # the options
-$MPIRUN -np $np "$MODTRAIN" train $common $opts --run_dir ref > ref.log 2>&1 ||
+timeout -k 10 300 $MPIRUN -np $np "$MODTRAIN" train $common $opts --run_dir ref > ref.log 2>&1 ||
     { cat ref.log; fail "the uninterrupted run"; finish; }
 hashes() { sed -n 's/^{"step":\([0-9]*\),"samples":[0-9]*,"data_hash":"\([0-9a-f]*\)".*/\1 \2/p' "$1"; }
 hashes ref/metrics.jsonl > ref.hashes
@@ -110,7 +113,7 @@ kill_one() {
     trace=$TMP/$run.trace.$launches
     : > "$trace"
     # shellcheck disable=SC2086 # the options
-    MODTRAIN_FAULT_TRACE=$trace $MPIRUN -np $np "$MODTRAIN" train $common $opts --run_dir "$run" \
+    MODTRAIN_FAULT_TRACE=$trace $MPIRUN -np $np "$MODTRAIN" train $common $opts --run_dir "$TMP/$run" \
         >> "$run.log" 2>&1 &
     pid=$!
     # the moment: when a save begins (or, missed, 15 more steps), after 1 to
@@ -211,13 +214,22 @@ PY
 )
     set +e
     timeout 60 sh -c "while kill -0 $pid 2> /dev/null; do sleep 0.05; done"
+    hung=$?
+    # no rank outlives its job (as a scheduler ends what a job started): the
+    # ranks of this launch alone (its run_dir is under this test's $TMP)
+    ranks=$(pgrep -f "modtrain train .*--run_dir $TMP/$run\$")
+    if [ "$hung" -ne 0 ]; then # what each process was doing, then as KillWait would
+        ps -o pid,ppid,stat,wchan:24,etime,time,args -p "$(echo $pid $ranks | tr " " ,)" 2>&1 | cut -c1-160
+        kill -KILL $pid $ranks 2> /dev/null
+    fi
     wait $pid
     rc=$?
+    [ -z "$ranks" ] || kill -KILL $ranks 2> /dev/null
     set -e
-    # no rank outlives its job (as a scheduler ends what a job started)
-    for k in $(pgrep -f "modtrain train .*--run_dir $run\$" || true); do
-        kill -KILL "$k" 2> /dev/null || true
-    done
+    if [ "$hung" -ne 0 ]; then
+        tail -n 30 "$run.log"
+        fail "$run: launch $launches still ran 60 s after its kill (kind $kind, last point ${last:-none}); killed then"
+    fi
     # (mpirun signalled before its ranks start may exit 0, having run nothing)
     if [ -d "$run/ckpt/step-$(printf %08d "$steps")" ]; then
         fail "$run: launch $launches finished before its kill (steps = $steps too few for the kills)"
@@ -234,7 +246,7 @@ finish_run() {
     layout "$2"
     set +e
     # shellcheck disable=SC2086 # the options
-    timeout 300 $MPIRUN -np $np "$MODTRAIN" train $common $opts --run_dir "$1" >> "$1.log" 2>&1
+    timeout -k 10 300 $MPIRUN -np $np "$MODTRAIN" train $common $opts --run_dir "$TMP/$1" >> "$1.log" 2>&1
     rc=$?
     set -e
     [ "$rc" -eq 0 ] || { tail -n 30 "$1.log"; fail "$1: the last relaunch exited $rc"; }
