@@ -25,3 +25,23 @@ void mpi_abort_job(const char *msg) {
     MPI_Abort(MPI_COMM_WORLD, 1);
     exit(EXIT_FAILURE);
 }
+
+void mpi_env_defaults(void) {
+    /* zero 1's overlapped reduce-scatter is a non-blocking reduce a part
+     * (mpi/dp.c): for large ones on few ranks Open MPI's libnbc picks a
+     * chain of segments, each moved by a test of the request, and the
+     * progress thread's tests then slowed GPT-2 small's backward by a fifth
+     * on shared memory (3.75 against 3.0 s); binomial sends a part at once.
+     * Open MPI reads it at MPI_Init; a user's own setting wins. */
+    setenv("OMPI_MCA_coll_libnbc_ireduce_algorithm", "2", 0);
+    /* Every MPI_File_open (a checkpoint's data.bin) also opens a shared
+     * file pointer, which modtrain never uses. On one node Open MPI's
+     * default for it (sharedfp sm) guards it with a POSIX semaphore named
+     * after the file's base name alone, "OMPIO_data.bin", machine-wide: a
+     * rank killed while holding it (a preemption during a save) left it
+     * taken, and every later save on that node, of any job, waited at
+     * MPI_File_open forever. lockedfile, what Open MPI takes when the ranks
+     * span nodes, locks a file in the save's own .tmp folder instead, which
+     * a killed process's lock does not outlive. */
+    setenv("OMPI_MCA_sharedfp", "^sm", 0);
+}

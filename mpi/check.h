@@ -24,4 +24,8 @@ void mpi_check_fail(int rc, const char *call, const char *file, int line) __attr
  * see (they would wait forever): prints msg from this rank and aborts. */
 void mpi_abort_job(const char *msg) __attribute__((noreturn));
 
+/* Open MPI's settings modtrain's processes need, each unless the user set
+ * it: called before MPI_Init, which reads them. */
+void mpi_env_defaults(void);
+
 #endif

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "mpi/check.h"
 #include "src/cmd/cli.h"
 #include "src/cmd/cmd.h"
 #include "src/kernels/kernels.h"
@@ -63,13 +64,7 @@ int main(int argc, char **argv) {
      * checkpoint's writes while the other threads pack the next round);
      * training's asynchronous saves call it from a thread of their own too */
     if (run == train_main) train_install_signals();
-    /* zero 1's overlapped reduce-scatter is a non-blocking reduce a part
-     * (mpi/dp.c): for large ones on few ranks Open MPI's libnbc picks a
-     * chain of segments, each moved by a test of the request, and the
-     * progress thread's tests then slowed GPT-2 small's backward by a fifth
-     * on shared memory (3.75 against 3.0 s); binomial sends a part at once.
-     * Open MPI reads it at MPI_Init; a user's own setting wins. */
-    setenv("OMPI_MCA_coll_libnbc_ireduce_algorithm", "2", 0);
+    mpi_env_defaults();
     int provided = MPI_THREAD_SINGLE;
     MPI_Init_thread(&argc, &argv, run == train_main ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED,
                     &provided);

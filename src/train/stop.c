@@ -163,10 +163,14 @@ TrainStatus run_maybe_save_or_stop(Run *r, int done, double dt, Err *err) {
         run_finish_async(r, done, 1, &stall);
         if (stall > 0) run_log_stall(r, done, stall);
         if (run_save(r, done, err) != 0) return TRAIN_FAILED;
+        char why[80];
+        if (stop > 0) snprintf(why, sizeof why, "%s", signal_name(stop));
+        else /* the process's own clock, the stop's save included */
+            snprintf(why, sizeof why, "time_limit (%.2f s of %g from the start)",
+                     now_s() - r->t_start, c->time_limit);
         say_log(r->say, "stopping at step %d/%d on %s: checkpoint %s/step-%08d saved; exit %d (requeue "
              "to continue)\n",
-             done, c->steps, stop > 0 ? signal_name(stop) : "time_limit", r->ckpt_dir, done,
-             r->opts.code_stopped);
+             done, c->steps, why, r->ckpt_dir, done, r->opts.code_stopped);
         return TRAIN_STOPPED;
     }
     if (c->ckpt_every && done % c->ckpt_every == 0) run_periodic_save(r, done, &stall);

@@ -13,11 +13,13 @@
 #include <zlib.h>
 
 #include "checkpoint/ckio.h"
+#include "mpi/check.h"
 #include "src/base/files.h"
 #include "src/base/util.h"
 
 int main(int argc, char **argv) {
     int provided = MPI_THREAD_SINGLE;
+    mpi_env_defaults();
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
     if (argc < 3) {
         fprintf(stderr, "usage: ckpt_bench STEPDIR SCRATCHDIR [REPEATS]\n");

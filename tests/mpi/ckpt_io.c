@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "checkpoint/ckio.h"
+#include "mpi/check.h"
 #include "src/base/rng.h"
 #include "src/base/files.h"
 #include "src/base/util.h"
@@ -58,6 +59,7 @@ static int check_slice(const CkSlice *s) {
 
 int main(int argc, char **argv) {
     int provided = MPI_THREAD_SINGLE;
+    mpi_env_defaults();
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
     int rank, W;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);

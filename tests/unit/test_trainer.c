@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "mpi/check.h"
 #include "src/base/rng.h"
 #include "src/data/data.h"
 #include "src/train/trainer.h"
@@ -179,6 +180,7 @@ int main(int argc, char **argv) {
     write_shard("val.bin", 2000, 8);
     run_binary();
     int provided;
+    mpi_env_defaults();
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     CU_TestInfo inproc[] = {{"three steps, a save, a resume to six", test_steps_save_resume},
                             {"every loss is the binary's", test_losses_match_binary},
