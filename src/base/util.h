@@ -17,6 +17,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* The largest vocabulary a model, a shard or a tokenizer may have: 2^24
+ * ids (today's largest are about 262,000; an id is an int everywhere). */
+#define MODTRAIN_MAX_VOCAB (1 << 24)
+
 /* A failure: one line naming what is wrong and what would be right. */
 typedef struct {
     char msg[1024];

@@ -22,10 +22,11 @@ static void print_summary(const Dataset *ds, long long steps, long long batch) {
     char tok[96];
     shard_describe_tokenizer(ds_meta(ds), tok, sizeof tok);
     printf("data: %d dataset%s, %" PRIu64 " shard%s, %" PRIu64 " tokens, %" PRIu64
-           " sequences of seq_len %d; written by %s, vocabulary %d%s; seed %" PRIu64 "\n",
+           " sequences of seq_len %d; written by %s, vocabulary %d%s, uint%d tokens; seed %" PRIu64
+           "\n",
            ds->n_parts, ds->n_parts == 1 ? "" : "s", shards, shards == 1 ? "" : "s", ds_tokens(ds),
            seqs, ds->T, tok, ds_meta(ds)->vocab, ds_meta(ds)->vocab ? "" : " (not recorded)",
-           ds->seed);
+           8 * ds_meta(ds)->width, ds->seed);
     _Static_assert((uint64_t)CONFIG_MAX_STEP * CONFIG_MAX_BATCH < (uint64_t)1 << 62,
                    "a run's samples fit the 2^62 a checkpoint's state.samples may hold");
     const uint64_t samples = (uint64_t)steps * (uint64_t)batch;
@@ -70,7 +71,8 @@ static int print_samples(Dataset *ds, long long from, long long count, int token
         if (tokens) {
             /* the inputs and, past them, the last target: the whole window */
             int *win = xmalloc(((size_t)ds->T + 1) * sizeof(int));
-            rc = ds_read(ds, &s, 65536, win, win + 1, &err);
+            const int vocab = ds_meta(ds)->vocab ? ds_meta(ds)->vocab : MODTRAIN_MAX_VOCAB;
+            rc = ds_read(ds, &s, vocab, win, win + 1, &err);
             if (rc == 0) {
                 printf(",\"tokens\":[");
                 for (int t = 0; t < 8 && t < ds->T; t++) printf("%s%d", t ? "," : "", win[t]);

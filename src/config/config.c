@@ -44,7 +44,7 @@ static const KeySpec keys[] = {
     {"n_head", K_INT, 1, OFF(n_head), "4", 1, 4096, 0, NULL, "attention heads (NH)"},
     {"d_model", K_INT, 1, OFF(d_model), "128", 1, 1 << 16, 0, NULL, "channels (C)"},
     {"seq_len", K_INT, 1, OFF(seq_len), "256", 1, 1 << 20, 0, NULL, "tokens per sequence (T)"},
-    {"vocab_size", K_INT, 1, OFF(vocab_size), "0", 0, 65536, 0, NULL,
+    {"vocab_size", K_INT, 1, OFF(vocab_size), "0", 0, MODTRAIN_MAX_VOCAB, 0, NULL,
      "vocabulary (V); 0 = from the data"},
     {"capacity", K_FLOAT, 1, OFF(capacity), "0.125", 0, 1, 1, NULL,
      "fraction of tokens a routed block processes"},

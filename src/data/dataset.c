@@ -216,19 +216,21 @@ static int shard_fd(Dataset *ds, int part, int shard, Err *err) {
 void ds_prefetch(Dataset *ds, const DsSample *s) {
     const int fd = shard_fd(ds, s->part, s->shard, NULL);
     if (fd < 0) return; /* the read will say why */
-    const off_t at = (off_t)(HDR_BYTES + s->offset * sizeof(uint16_t));
-    (void)posix_fadvise(fd, at, (off_t)(((size_t)ds->T + 1) * sizeof(uint16_t)), POSIX_FADV_WILLNEED);
+    const int width = ds->parts[s->part].shards[s->shard].meta.width;
+    const off_t at = (off_t)(HDR_BYTES + s->offset * (uint64_t)width);
+    (void)posix_fadvise(fd, at, (off_t)(((size_t)ds->T + 1) * (size_t)width), POSIX_FADV_WILLNEED);
 }
 
 int ds_read(Dataset *ds, const DsSample *s, int vocab, int *inputs, int *targets, Err *err) {
     const DsShard *sh = &ds->parts[s->part].shards[s->shard];
     const int fd = shard_fd(ds, s->part, s->shard, err);
     if (fd < 0) return -1;
-    const size_t want = ((size_t)ds->T + 1) * sizeof(uint16_t);
-    const uint64_t at = HDR_BYTES + s->offset * sizeof(uint16_t);
+    const int width = sh->meta.width;
+    const size_t want = ((size_t)ds->T + 1) * (size_t)width;
+    const uint64_t at = HDR_BYTES + s->offset * (uint64_t)width;
     size_t got = 0;
     while (got < want) {
-        const ssize_t n = pread(fd, (char *)ds->buf + got, want - got, (off_t)(at + got));
+        const ssize_t n = pread(fd, ds->raw + got, want - got, (off_t)(at + got));
         if (n < 0 && errno == EINTR) continue;
         if (n < 0)
             return err_set(err, "data: cannot read '%s' at token %" PRIu64 ": %s", sh->path,
@@ -244,16 +246,24 @@ int ds_read(Dataset *ds, const DsSample *s, int vocab, int *inputs, int *targets
         }
         got += (size_t)n;
     }
-    for (int t = 0; t <= ds->T; t++)
-        if (ds->buf[t] >= vocab)
-            return err_set(err,
-                           "data: '%s' holds token %d at offset %" PRIu64
-                           ", outside vocab_size = %d (set vocab_size > %d, or give shards of "
-                           "this vocabulary)",
-                           sh->path, ds->buf[t], s->offset + (uint64_t)t, vocab, ds->buf[t]);
+    shard_unpack_tokens(ds->raw, (size_t)ds->T + 1, width, ds->buf);
+    for (int t = 0; t <= ds->T; t++) {
+        const uint32_t id = ds->buf[t];
+        if (id < (uint32_t)vocab) continue;
+        char fix[96];
+        if (id < MODTRAIN_MAX_VOCAB)
+            snprintf(fix, sizeof fix, "set vocab_size > %" PRIu32 ", or", id);
+        else
+            snprintf(fix, sizeof fix,
+                     "no vocabulary reaches it, ids end below %d:", MODTRAIN_MAX_VOCAB);
+        return err_set(err,
+                       "data: '%s' holds token %" PRIu32 " at offset %" PRIu64
+                       ", outside vocab_size = %d (%s give shards of this vocabulary)",
+                       sh->path, id, s->offset + (uint64_t)t, vocab, fix);
+    }
     for (int t = 0; t < ds->T; t++) {
-        inputs[t] = ds->buf[t];
-        targets[t] = ds->buf[t + 1];
+        inputs[t] = (int)ds->buf[t];
+        targets[t] = (int)ds->buf[t + 1];
     }
     return 0;
 }
@@ -393,6 +403,11 @@ fail:
  * the first one. Returns 0 or -1 with err naming both. */
 static int check_same_tokens(const DsShard *first, const DsShard *sh, Err *err) {
     const ShardMeta *a = &first->meta, *b = &sh->meta;
+    if (a->width != b->width)
+        return err_set(err,
+                       "data: '%s' holds uint%d tokens, but '%s' uint%d; a dataset's shards need "
+                       "one vocabulary (prep them alike)",
+                       sh->path, 8 * b->width, first->path, 8 * a->width);
     if (a->vocab == b->vocab && a->tokenizer == b->tokenizer && a->vocab_hash == b->vocab_hash)
         return 0;
     char wa[96], wb[96];
@@ -413,7 +428,8 @@ static int ds_finish(Dataset *ds, Err *err) {
         if (blend_quotas(ds, w, err) != 0) return -1;
         blend_schedule(ds);
     }
-    ds->buf = xmalloc(((size_t)ds->T + 1) * sizeof(uint16_t));
+    ds->buf = xmalloc(((size_t)ds->T + 1) * sizeof *ds->buf);
+    ds->raw = xmalloc(((size_t)ds->T + 1) * sizeof *ds->buf); /* the widest tokens */
     return 0;
 }
 
@@ -591,6 +607,7 @@ void ds_free(Dataset *ds) {
     free(ds->sched);
     free(ds->marks);
     free(ds->buf);
+    free(ds->raw);
     memset(ds, 0, sizeof *ds);
 }
 
@@ -604,7 +621,7 @@ uint64_t ds_tokens(const Dataset *ds) {
 
 size_t ds_memory(const char *spec, int local_batch, int T, size_t shards) {
     size_t bytes = sat_mul(sat_mul(2 * sizeof(int), (size_t)local_batch), (size_t)T);
-    bytes = sat_add(bytes, ((size_t)T + 1) * sizeof(uint16_t));
+    bytes = sat_add(bytes, sat_mul(2 * sizeof(uint32_t), (size_t)T + 1)); /* buf and raw */
     bytes = sat_add(bytes, sat_mul(shards, sizeof(DsShard) + 256));
     char *pats[DS_MAX_PARTS];
     double w[DS_MAX_PARTS];

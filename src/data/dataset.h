@@ -73,7 +73,8 @@ typedef struct {
         uint64_t used;
     } files[DS_FILES];
     uint64_t clock;
-    uint16_t *buf; /* (T + 1) */
+    uint8_t *raw;  /* ((T + 1) x 4): a sequence's bytes as read */
+    uint32_t *buf; /* (T + 1): its tokens */
 } Dataset;
 
 /* Where sample g of the run (or a sequence of a dataset) lies. */

@@ -93,7 +93,7 @@ static int check_inputs(const PrepOptions *o, PrepStats *st, int *has_zstd, Err 
 /* What the shards' headers record, and the id of <|endoftext|> (gpt2).
  * Returns 0 or -1 (a vocabulary shards cannot hold). */
 static int shard_meta(const PrepOptions *o, ShardMeta *meta, int *eot, Err *err) {
-    *meta = (ShardMeta){.vocab = 256, .tokenizer = SHARD_TOK_BYTE};
+    *meta = (ShardMeta){.width = 2, .vocab = 256, .tokenizer = SHARD_TOK_BYTE};
     if (!o->bpe) return 0;
     const int vocab = bpe_vocab_size(o->bpe);
     *eot = bpe_eot(o->bpe);
@@ -102,8 +102,8 @@ static int shard_meta(const PrepOptions *o, ShardMeta *meta, int *eot, Err *err)
                        "prep: the vocabulary has %d tokens%s; shards hold ids below 65536 "
                        "and documents are separated by <|endoftext|>",
                        vocab, *eot < 0 ? " and no <|endoftext|>" : "");
-    *meta =
-        (ShardMeta){.vocab = vocab, .tokenizer = SHARD_TOK_GPT2, .vocab_hash = bpe_hash(o->bpe)};
+    *meta = (ShardMeta){
+        .width = 2, .vocab = vocab, .tokenizer = SHARD_TOK_GPT2, .vocab_hash = bpe_hash(o->bpe)};
     return 0;
 }
 

@@ -119,6 +119,11 @@ int run_setup_layout(Run *r, int argc, char **argv, Err *err) {
 static int resolve_tokenizer(Config *c, const Dataset *train, const Dataset *val, Err *err) {
     const ShardMeta *t = ds_meta(train);
     const char *tpath = train->parts[0].shards[0].path;
+    if (val && ds_meta(val)->width != t->width)
+        return err_set(
+            err,
+            "data: '%s' holds uint%d tokens but '%s' uint%d; prep both with the same tokenizer",
+            val->parts[0].shards[0].path, 8 * ds_meta(val)->width, tpath, 8 * t->width);
     if (val && ds_meta(val)->tokenizer &&
         (ds_meta(val)->tokenizer != t->tokenizer || ds_meta(val)->vocab_hash != t->vocab_hash)) {
         char v[64], w[64];

@@ -1,6 +1,7 @@
 #!/bin/sh
 # Hostile data: bad specs, shards of another tokenizer than their
-# neighbours, truncated shards, llm.c shards without vocab_size, a shard
+# neighbours, truncated shards, llm.c shards without vocab_size, uint32
+# shards (their ids, their neighbours, their training), a shard
 # truncated while a run reads it, a token outside the vocabulary. Each is
 # one line on stderr and exit 2; those found at the start are refused
 # before the first step (no metrics line).
@@ -126,6 +127,34 @@ refused_data "'llmc/val.bin' holds token 300 at offset 10, outside vocab_size = 
     "$MODTRAIN" train $common --train_data llmc/train_0.bin --val_data llmc/val.bin --vocab_size 256 --run_dir run-val
 refused_data "'llmc/val.bin' holds token 300 at offset 10, outside vocab_size = 256" \
     "$MODTRAIN" eval --ckpt llmc-run/ckpt --data llmc/val.bin --seqs 8
+
+# uint32 shards (llm.c's Llama 3 format, written here without modtrain):
+# the same tokens train as the uint16 shards do, batch for batch and bit for
+# bit; an id is checked up to 2^32 - 1; a dataset or a run does not mix
+# the two widths
+mkdir w32
+for i in 0 1 2; do $SHARDS text w32/train_$i.bin 20000 --skip $((i * 20000)) --width 4; done
+$SHARDS text w32/val.bin 20000 --skip 100000 --width 4
+for w in d w32; do
+    "$MODTRAIN" train $common --train_data "$w/train_*.bin" --val_data $w/val.bin --run_dir $w-run \
+        > $w.log 2>&1 || { cat $w.log; fail "training on $w"; }
+done
+stable_metrics d-run > d.metrics
+stable_metrics w32-run > w32.metrics
+[ -s d.metrics ] && cmp -s d.metrics w32.metrics &&
+    ok "uint32 shards: every step's batch (data_hash), loss and val loss those of uint16 shards" ||
+    { diff d.metrics w32.metrics | head -n 5; fail "uint32 shards train otherwise than uint16 ones"; }
+cp w32/train_1.bin d/train_w32.bin
+bad_spec "'d/train_w32.bin' holds uint32 tokens, but 'd/train_0.bin' uint16" "d/train_*.bin"
+rm d/train_w32.bin
+refused_data "'w32/val.bin' holds uint32 tokens but 'd/train_0.bin' uint16" \
+    "$MODTRAIN" train $common --train_data "d/train_*.bin" --val_data w32/val.bin --run_dir run
+cp w32/val.bin w32/bad.bin
+$SHARDS poke w32/bad.bin 10 4294967295
+refused_data "'w32/bad.bin' holds token 4294967295 at offset 10, outside vocab_size = 256" \
+    "$MODTRAIN" train $common --train_data w32/train_0.bin --val_data w32/bad.bin --run_dir run-val32 # (read after the last step)
+truncate -s 60000 w32/bad.bin
+bad_spec "'w32/bad.bin' is 60000 bytes but its header promises 20000 tokens (81024 bytes)" "w32/bad.bin"
 
 # a folder among the shards a pattern matches
 cp -r d withdir

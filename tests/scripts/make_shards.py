@@ -3,10 +3,13 @@
 
 A shard: 256 little-endian int32 (magic 20240520, version 1, token count,
 vocab size, tokenizer (0 unknown, 1 byte, 2 gpt2), vocab hash lo/hi, CRC-32
-of the token bytes, 1 when slot 7 holds it), then uint16 tokens.
+of the token bytes, 1 when slot 7 holds it), then uint16 tokens; with
+--width 4, llm.c's Llama 3 shard: magic 20240801, version 7, uint32 tokens.
 
   make_shards.py text OUT N [--skip K] [--vocab V] [--tokenizer K] [--no-crc]
-      N byte tokens of the fortunes text (from byte K of it, wrapping)
+                 [--width 4] [--add A]
+      N byte tokens of the fortunes text (from byte K of it, wrapping), each
+      plus A
   make_shards.py many PREFIX COUNT N [--vocab V]
       COUNT shards PREFIX000000.bin... of N tokens each, each another slice
   make_shards.py sparse OUT N [--vocab V]
@@ -27,7 +30,8 @@ import struct
 import sys
 import zlib
 
-MAGIC, VERSION, HDR = 20240520, 1, 1024
+HDR = 1024
+FORMATS = {2: (20240520, 1, "H"), 4: (20240801, 7, "I")}  # width: magic, version, array type
 FORTUNES = os.environ.get("FORTUNES_DIR", "/usr/share/games/fortunes")
 
 
@@ -40,23 +44,33 @@ def text_bytes():
     return data
 
 
-def header(n, vocab=256, tokenizer=1, crc=None):
+def header(n, vocab=256, tokenizer=1, crc=None, width=2):
     h = [0] * 256
-    h[0:5] = [MAGIC, VERSION, n, vocab, tokenizer]
+    h[0:5] = [FORMATS[width][0], FORMATS[width][1], n, vocab, tokenizer]
     if crc is not None:
         h[7] = struct.unpack("<i", struct.pack("<I", crc & 0xFFFFFFFF))[0]
         h[8] = 1
     return struct.pack("<256i", *h)
 
 
-def write_tokens(path, toks, vocab=256, tokenizer=1, crc=True):
-    a = array.array("H", list(toks))
+def packed(toks, width):
+    a = array.array(FORMATS[width][2], list(toks))
+    assert a.itemsize == width
     if sys.byteorder != "little":
         a.byteswap()
-    raw = a.tobytes()
+    return a.tobytes()
+
+
+def write_tokens(path, toks, vocab=256, tokenizer=1, crc=True, width=2):
+    raw = packed(toks, width)
     with open(path, "wb") as f:
-        f.write(header(len(toks), vocab, tokenizer, zlib.crc32(raw) if crc else None))
+        f.write(header(len(toks), vocab, tokenizer, zlib.crc32(raw) if crc else None, width))
         f.write(raw)
+
+
+def width_of(path):
+    magic = struct.unpack("<i", open(path, "rb").read(4))[0]
+    return next(w for w, (m, _, _) in FORMATS.items() if m == magic)
 
 
 def slice_of(text, skip, n):
@@ -108,7 +122,7 @@ def unpermute(y, n, key):
 
 
 def opts(args):
-    o = {"skip": 0, "vocab": 256, "tokenizer": 1, "crc": True}
+    o = {"skip": 0, "vocab": 256, "tokenizer": 1, "crc": True, "width": 2, "add": 0}
     rest = []
     i = 0
     while i < len(args):
@@ -127,8 +141,8 @@ def opts(args):
 def main(argv):
     cmd, (o, a) = argv[1], opts(argv[2:])
     if cmd == "text":
-        write_tokens(a[0], slice_of(text_bytes(), o["skip"], int(a[1])), o["vocab"],
-                     o["tokenizer"], o["crc"])
+        toks = [t + o["add"] for t in slice_of(text_bytes(), o["skip"], int(a[1]))]
+        write_tokens(a[0], toks, o["vocab"], o["tokenizer"], o["crc"], o["width"])
     elif cmd == "many":
         text, n = text_bytes(), int(a[2])
         for i in range(int(a[1])):
@@ -137,15 +151,13 @@ def main(argv):
     elif cmd == "sparse":
         n = int(a[1])
         with open(a[0], "wb") as f:
-            f.write(header(n, o["vocab"], o["tokenizer"]))
-            f.truncate(HDR + 2 * n)
+            f.write(header(n, o["vocab"], o["tokenizer"], width=o["width"]))
+            f.truncate(HDR + o["width"] * n)
     elif cmd == "poke":
-        toks = array.array("H", [int(t) for t in a[2:]])
-        if sys.byteorder != "little":
-            toks.byteswap()
+        width = width_of(a[0])
         with open(a[0], "r+b") as f:
-            f.seek(HDR + 2 * int(a[1]))
-            f.write(toks.tobytes())
+            f.seek(HDR + width * int(a[1]))
+            f.write(packed([int(t) for t in a[2:]], width))
     elif cmd == "slot":
         with open(a[0], "r+b") as f:
             f.seek(4 * int(a[1]))

@@ -17,28 +17,66 @@ static char dir[] = "/tmp/modtrain-data-XXXXXX";
 
 static void path_in(char *buf, size_t n, const char *name) { snprintf(buf, n, "%s/%s", dir, name); }
 
+/* Token i of the round trip at a width: below the vocabulary, the widest
+ * near its top. */
+static uint32_t tok_at(int i, int vocab) {
+    return (uint32_t)((i * 7919u + 65530u) % (unsigned)vocab);
+}
+
 static void test_roundtrip(void) {
     Err e;
-    uint16_t tok[100];
-    for (int i = 0; i < 100; i++) tok[i] = (uint16_t)(i * 37 % 300);
+    /* uint16 (vocabulary 300) and uint32 (o200k's 200,019 ids) */
+    const int vocabs[2] = {300, 200019};
+    for (int k = 0; k < 2; k++) {
+        const int vocab = vocabs[k], width = shard_width(vocab);
+        CU_ASSERT_EQUAL(width, k ? 4 : 2);
+        uint32_t tok[100];
+        for (int i = 0; i < 100; i++) tok[i] = tok_at(i, vocab);
+        char p[256];
+        path_in(p, sizeof p, "a.bin");
+        const ShardMeta meta = {.width = width,
+                                .vocab = vocab,
+                                .tokenizer = SHARD_TOK_GPT2,
+                                .vocab_hash = 0xfedcba9876543210ull};
+        CU_ASSERT_EQUAL(shard_write(p, tok, 100, &meta, NULL), 0);
+        /* the file as llm.c writes it: magic, version, count; little-endian tokens */
+        uint8_t raw[1024 + 400];
+        FILE *f = fopen(p, "rb");
+        CU_ASSERT_EQUAL_FATAL(fread(raw, 1, sizeof raw, f), 1024 + 100 * (size_t)width);
+        fclose(f);
+        int32_t h[3];
+        memcpy(h, raw, sizeof h);
+        CU_ASSERT_EQUAL(h[0], k ? 20240801 : 20240520);
+        CU_ASSERT_EQUAL(h[1], k ? 7 : 1);
+        CU_ASSERT_EQUAL(h[2], 100);
+        for (int i = 0; i < 100; i++) {
+            uint32_t t = 0;
+            for (int b = width - 1; b >= 0; b--) t = t << 8 | raw[1024 + i * width + b];
+            CU_ASSERT_EQUAL(t, tok[i]);
+        }
+        Shard s;
+        CU_ASSERT_EQUAL_FATAL(shard_load(&s, p, &e), 0);
+        CU_ASSERT_EQUAL(s.n_tokens, 100);
+        CU_ASSERT_EQUAL(s.meta.width, width);
+        CU_ASSERT_EQUAL(s.meta.vocab, vocab);
+        CU_ASSERT_EQUAL(s.meta.tokenizer, SHARD_TOK_GPT2);
+        CU_ASSERT_EQUAL(s.meta.vocab_hash, 0xfedcba9876543210ull); /* both halves, no sign spill */
+        CU_ASSERT_EQUAL(memcmp(s.tokens, tok, sizeof tok), 0);
+        CU_ASSERT_EQUAL(shard_num_seqs(&s, 10), 9); /* windows need T+1 tokens */
+        int in[10], tg[10];
+        shard_get_seq(&s, 2, 10, in, tg);
+        CU_ASSERT_EQUAL(in[0], (int)tok[20]);
+        CU_ASSERT_EQUAL(tg[9], (int)tok[30]);
+        shard_free(&s);
+    }
+    /* an id past 65535 does not fit a uint16 shard: refused, not wrapped */
+    uint32_t wide[4] = {1, 2, 65536, 3};
     char p[256];
-    path_in(p, sizeof p, "a.bin");
-    const ShardMeta meta = {
-        .vocab = 300, .tokenizer = SHARD_TOK_GPT2, .vocab_hash = 0xfedcba9876543210ull};
-    CU_ASSERT_EQUAL(shard_write(p, tok, 100, &meta, NULL), 0);
-    Shard s;
-    CU_ASSERT_EQUAL_FATAL(shard_load(&s, p, &e), 0);
-    CU_ASSERT_EQUAL(s.n_tokens, 100);
-    CU_ASSERT_EQUAL(s.meta.vocab, 300);
-    CU_ASSERT_EQUAL(s.meta.tokenizer, SHARD_TOK_GPT2);
-    CU_ASSERT_EQUAL(s.meta.vocab_hash, 0xfedcba9876543210ull); /* both halves, no sign spill */
-    CU_ASSERT_EQUAL(memcmp(s.tokens, tok, sizeof tok), 0);
-    CU_ASSERT_EQUAL(shard_num_seqs(&s, 10), 9); /* windows need T+1 tokens */
-    int in[10], tg[10];
-    shard_get_seq(&s, 2, 10, in, tg);
-    CU_ASSERT_EQUAL(in[0], tok[20]);
-    CU_ASSERT_EQUAL(tg[9], tok[30]);
-    shard_free(&s);
+    path_in(p, sizeof p, "wide.bin");
+    const ShardMeta narrow = {.width = 2, .vocab = 300, .tokenizer = SHARD_TOK_BYTE};
+    CU_ASSERT_EQUAL(shard_write(p, wide, 4, &narrow, &e), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "token 65536 at offset 2 does not fit"));
+    CU_ASSERT_EQUAL(access(p, F_OK), -1);
 }
 
 static void write_raw(const char *p, const void *data, size_t n) {
@@ -92,6 +130,38 @@ static void test_bad_shards(void) {
     CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "names tokenizer 3"));
     CU_ASSERT_EQUAL(shard_load(&s, dir, &e), -1); /* a directory */
     CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "is a directory, not a file"));
+    /* uint32 shards: the same 100 bytes of tokens are 25 of them */
+    int32_t *h = (int32_t *)buf;
+    memset(buf, 0, sizeof buf);
+    h[0] = SHARD_MAGIC_U32, h[1] = SHARD_VERSION_U32, h[2] = 25;
+    write_raw(p, buf, sizeof buf);
+    CU_ASSERT_EQUAL(shard_load(&s, p, &e), 0);
+    CU_ASSERT_EQUAL(s.n_tokens, 25);
+    CU_ASSERT_EQUAL(s.meta.width, 4);
+    shard_free(&s);
+    const struct {
+        int32_t magic, version, count, vocab;
+        const char *says;
+    } bad[] = {
+        {SHARD_MAGIC_U32, 50, 25, 0, "has magic 20240801 and version 50, expected version 7"},
+        {SHARD_MAGIC_U32, SHARD_VERSION, 25, 0, "version 1, expected version 7 (uint32"},
+        {SHARD_MAGIC, SHARD_VERSION_U32, 50, 0, "version 7, expected version 1 (uint16"},
+        {SHARD_MAGIC_U32, SHARD_VERSION_U32, 50, 0, "promises 50 tokens (1224 bytes)"},
+        {SHARD_MAGIC, SHARD_VERSION, 50, 65537,
+         "has 65537 tokens (expected 0 for unknown, or 2 to 65536 for uint16"},
+        {SHARD_MAGIC_U32, SHARD_VERSION_U32, 25, MODTRAIN_MAX_VOCAB + 1,
+         "or 2 to 16777216 for uint32"},
+        {SHARD_MAGIC_U32, SHARD_VERSION_U32, 25, INT32_MAX, "has 2147483647 tokens"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        h[0] = bad[i].magic, h[1] = bad[i].version, h[2] = bad[i].count, h[3] = bad[i].vocab;
+        write_raw(p, buf, sizeof buf);
+        CU_ASSERT_EQUAL(shard_load(&s, p, &e), -1);
+        if (!strstr(e.msg, bad[i].says)) {
+            fprintf(stderr, "case %zu: expected '%s' in: %s\n", i, bad[i].says, e.msg);
+            CU_FAIL("the error does not say what is wrong");
+        }
+    }
 }
 
 /* A prep of files into out with the byte tokenizer: 0, or -1 with e. The
@@ -285,7 +355,7 @@ static void test_prep_estimate(void) {
 int main(void) {
     if (!mkdtemp(dir)) return 99;
     CU_TestInfo tests[] = {
-        {"shard round trip", test_roundtrip},
+        {"shard round trip, uint16 and uint32", test_roundtrip},
         {"truncated, short, wrong magic, wrong version, missing, vocabulary 1, a directory",
          test_bad_shards},
         {"prep: whole documents to val, shards, a set replaced only by force", test_prep_split},

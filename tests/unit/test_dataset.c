@@ -15,17 +15,24 @@
 
 static char dir[] = "/tmp/modtrain-dataset-XXXXXX";
 
-/* Writes shard NAME of n byte tokens, token i = (i * mul + add) % 251.
- * Returns 0 or -1. */
-static int make_shard(const char *name, size_t n, int mul, int add) {
-    uint16_t *tok = xmalloc(n * sizeof *tok);
-    for (size_t i = 0; i < n; i++) tok[i] = (uint16_t)((i * (size_t)mul + (size_t)add) % 251);
+/* Writes shard NAME of n tokens of the given width, token i = (i * mul +
+ * add) % 251 + base (vocabulary vocab). Returns 0 or -1. */
+static int make_shard_w(const char *name, size_t n, int mul, int add, int width, uint32_t base,
+                        int vocab) {
+    uint32_t *tok = xmalloc(n * sizeof *tok);
+    for (size_t i = 0; i < n; i++)
+        tok[i] = (uint32_t)((i * (size_t)mul + (size_t)add) % 251) + base;
     char p[512];
     snprintf(p, sizeof p, "%s/%s", dir, name);
-    const ShardMeta meta = {.vocab = 256, .tokenizer = SHARD_TOK_BYTE};
+    const ShardMeta meta = {.width = width, .vocab = vocab, .tokenizer = SHARD_TOK_BYTE};
     const int rc = shard_write(p, tok, n, &meta, NULL);
     free(tok);
     return rc;
+}
+
+/* Shard NAME of n byte tokens (uint16), as make_shard_w. */
+static int make_shard(const char *name, size_t n, int mul, int add) {
+    return make_shard_w(name, n, mul, add, 2, 0, 256);
 }
 
 /* fmt with each "@" replaced by the test's folder. */
@@ -252,6 +259,64 @@ static void test_locate_and_read(void) {
     ds_free(&ds);
 }
 
+/* uint32 shards: the samples of the same tokens as uint16 ones, ids up to
+ * 2^32 - 1 checked against the vocabulary */
+static void test_uint32(void) {
+    CU_ASSERT_EQUAL_FATAL(make_shard_w("w16.bin", 300, 7, 1, 2, 0, 256), 0);
+    CU_ASSERT_EQUAL_FATAL(make_shard_w("w32.bin", 300, 7, 1, 4, 0, 256), 0);
+    const uint32_t base = 200019 - 251; /* o200k's last ids */
+    CU_ASSERT_EQUAL_FATAL(make_shard_w("w32big.bin", 300, 7, 1, 4, base, 200019), 0);
+    Dataset a, b, c;
+    char sa[1024], sb[1024], sc[1024];
+    spec_in(sa, sizeof sa, "@/w16.bin");
+    spec_in(sb, sizeof sb, "@/w32.bin");
+    spec_in(sc, sizeof sc, "@/w32big.bin");
+    Err e;
+    CU_ASSERT_EQUAL_FATAL(ds_open(&a, sa, 16, 3, &e), 0);
+    CU_ASSERT_EQUAL_FATAL(ds_open(&b, sb, 16, 3, &e), 0);
+    CU_ASSERT_EQUAL_FATAL(ds_open(&c, sc, 16, 3, &e), 0);
+    CU_ASSERT_EQUAL(ds_meta(&b)->width, 4);
+    CU_ASSERT_EQUAL(ds_tokens(&b), 300);
+    int same = 1;
+    for (uint64_t g = 0; g < 40; g++) {
+        DsSample s, t, u;
+        ds_locate(&a, g, &s);
+        ds_locate(&b, g, &t);
+        ds_locate(&c, g, &u);
+        int in[3][16], tg[3][16];
+        CU_ASSERT_EQUAL(ds_read(&a, &s, 256, in[0], tg[0], &e), 0);
+        CU_ASSERT_EQUAL(ds_read(&b, &t, 256, in[1], tg[1], &e), 0);
+        CU_ASSERT_EQUAL(ds_read(&c, &u, 200019, in[2], tg[2], &e), 0);
+        same &= s.offset == t.offset && t.offset == u.offset;
+        for (int k = 0; k < 16; k++)
+            same &= in[0][k] == in[1][k] && tg[0][k] == tg[1][k] &&
+                    in[2][k] == in[0][k] + (int)base && tg[2][k] == tg[0][k] + (int)base;
+    }
+    CU_ASSERT(same);
+    ds_free(&a), ds_free(&b), ds_free(&c);
+    /* the largest id a shard holds, and the vocabulary's first id past its end */
+    const uint32_t past[2] = {UINT32_MAX, 200019};
+    for (int k = 0; k < 2; k++) {
+        uint32_t tok[40] = {0};
+        tok[15] = past[k];
+        char p[512];
+        snprintf(p, sizeof p, "%s/past.bin", dir);
+        const ShardMeta meta = {.width = 4, .vocab = 200019, .tokenizer = SHARD_TOK_BYTE};
+        CU_ASSERT_EQUAL_FATAL(shard_write(p, tok, 40, &meta, NULL), 0);
+        spec_in(sa, sizeof sa, "@/past.bin");
+        CU_ASSERT_EQUAL_FATAL(ds_open(&a, sa, 16, 3, &e), 0);
+        DsSample s;
+        ds_locate_seq(&a, 0, 0, &s);
+        int in[16], tg[16];
+        CU_ASSERT_EQUAL(ds_read(&a, &s, 200019, in, tg, &e), -1);
+        char want[128];
+        snprintf(want, sizeof want, "holds token %u at offset 15, outside vocab_size = 200019",
+                 past[k]);
+        CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, want));
+        ds_free(&a);
+    }
+}
+
 typedef struct {
     struct {
         char key[64], value[256];
@@ -386,10 +451,13 @@ static void test_bad_specs(void) {
         {"@/short.bin", "no sequence"},
         {"@/mixed_*.bin", "one tokenizer"},
         {"@/cut.bin", "truncated or corrupt"},
+        {"@/mixw_*.bin", "holds uint32 tokens, but"},
     };
+    CU_ASSERT_EQUAL(make_shard("mixw_0.bin", 50, 1, 0), 0);
+    CU_ASSERT_EQUAL(make_shard_w("mixw_1.bin", 50, 1, 0, 4, 0, 256), 0);
     CU_ASSERT_EQUAL(make_shard("short.bin", 5, 1, 0), 0);
     CU_ASSERT_EQUAL(make_shard("mixed_0.bin", 50, 1, 0), 0);
-    uint16_t tok[50] = {1};
+    uint32_t tok[50] = {1};
     char p[512];
     snprintf(p, sizeof p, "%s/mixed_1.bin", dir);
     const ShardMeta gpt = {.vocab = 50257, .tokenizer = SHARD_TOK_GPT2, .vocab_hash = 7};
@@ -422,6 +490,7 @@ int main(void) {
         {"blend: every window of 1 to 10,000 samples within 2 of its share", test_blend},
         {"samples to shards and offsets, reads, epochs reshuffle", test_locate_and_read},
         {"a blend: each dataset's epochs whole and reshuffled", test_blend_epochs},
+        {"uint32 shards: uint16's samples, ids to 2^32 - 1 checked", test_uint32},
         {"a shard truncated after opening: a named error", test_truncated_while_open},
         {"packed on one rank, unpacked on another: the same order", test_pack},
         {"identity: equal, older, shard added, rewritten, removed", test_identity},

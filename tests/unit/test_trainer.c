@@ -51,9 +51,9 @@ static int run_args(const char *name, char **argv, char store[][300]) {
 
 /* A shard of n tokens, runs of letters (a little structure to learn). */
 static void write_shard(const char *name, int n, uint64_t seed) {
-    uint16_t *tok = malloc((size_t)n * sizeof *tok);
-    for (int i = 0; i < n; i++) tok[i] = (uint16_t)('a' + (rng_u64(seed, (uint64_t)i / 5, 0) % 26));
-    ShardMeta meta = {.vocab = 256, .tokenizer = SHARD_TOK_BYTE};
+    uint32_t *tok = malloc((size_t)n * sizeof *tok);
+    for (int i = 0; i < n; i++) tok[i] = (uint32_t)('a' + (rng_u64(seed, (uint64_t)i / 5, 0) % 26));
+    ShardMeta meta = {.width = 2, .vocab = 256, .tokenizer = SHARD_TOK_BYTE};
     char p[300];
     snprintf(p, sizeof p, "%s/%s", dir, name);
     if (shard_write(p, tok, (size_t)n, &meta, NULL) != 0) fprintf(stderr, "cannot write %s\n", p);
