@@ -1,7 +1,7 @@
 /*
- * tokenize: `modtrain tokenize`, text to GPT-2 token ids and back, one id a
- * line (what a prompt becomes; the reference tests compare it with
- * tiktoken's).
+ * tokenize: `modtrain tokenize`, text to byte-level BPE token ids (GPT-2's
+ * files, or a tiktoken rank file) and back, one id a line (what a prompt
+ * becomes; the reference tests compare it with tiktoken's).
  */
 #include <fcntl.h>
 #include <stdio.h>
@@ -91,20 +91,25 @@ static int decode_ids(const Bpe *b, const char *path) {
 }
 
 int tokenize_main(int argc, char **argv) {
-    const char *vocab = NULL, *path = "-";
+    const char *vocab = NULL, *encoding = NULL, *path = "-";
     int decode = 0, hash = 0;
     for (int i = 0; i < argc; i++) {
         if (cli_is_help(argv[i])) {
-            printf("usage: modtrain tokenize --vocab DIR [--decode | --hash] [FILE]\n"
-                   "Prints the GPT-2 BPE token ids of FILE (or standard input), one a line;\n"
+            printf("usage: modtrain tokenize --vocab PATH [--encoding NAME] [--decode | --hash] "
+                   "[FILE]\n"
+                   "Prints the byte-level BPE token ids of FILE (or standard input), one a line;\n"
                    "with --decode, reads ids (one a line, or any whitespace between) and\n"
-                   "writes their bytes.\n\n"
+                   "writes their bytes. Text that looks like a special token is text.\n\n"
                    "options:\n"
-                   "  --vocab DIR   folder of encoder.json and vocab.bpe "
-                   "(jobs/get_gpt2_vocab.sh DIR)\n"
-                   "  --decode      ids to text\n"
-                   "  --hash        print the vocabulary's size and hash (config's "
-                   "tokenizer_hash)\n");
+                   "  --vocab PATH      GPT-2's files: a folder of encoder.json and vocab.bpe\n"
+                   "                    (jobs/get_gpt2_vocab.sh DIR); or a tiktoken rank file\n"
+                   "  --encoding NAME   a rank file's encoding, which gives its pattern and\n"
+                   "                    special tokens: %s (default: the\n"
+                   "                    file's name, NAME.tiktoken)\n"
+                   "  --decode          ids to text\n"
+                   "  --hash            print the vocabulary's size and hash (config's "
+                   "tokenizer_hash)\n",
+                   bpe_encoding_names());
             return EXIT_OK;
         }
         char name[32];
@@ -113,10 +118,11 @@ int tokenize_main(int argc, char **argv) {
         else if (!v && strcmp(name, "decode") == 0) decode = 1;
         else if (!v && strcmp(name, "hash") == 0) hash = 1;
         else if (strcmp(name, "vocab") == 0 && (v || i + 1 < argc)) vocab = v ? v : argv[++i];
+        else if (strcmp(name, "encoding") == 0 && (v || i + 1 < argc)) encoding = v ? v : argv[++i];
         else {
             const int known = strcmp(name, "vocab") == 0 || strcmp(name, "decode") == 0 ||
-                              strcmp(name, "hash") == 0;
-            errorf("tokenize: %.*s %s (expected --vocab DIR, --decode, --hash)",
+                              strcmp(name, "hash") == 0 || strcmp(name, "encoding") == 0;
+            errorf("tokenize: %.*s %s (expected --vocab PATH, --encoding NAME, --decode, --hash)",
                    cli_typed_len(argv[i]), argv[i],
                    !known ? "is not an option"
                    : v    ? "takes no value"
@@ -125,11 +131,12 @@ int tokenize_main(int argc, char **argv) {
         }
     }
     if (!vocab) {
-        errorf("tokenize: --vocab DIR is required (a folder with encoder.json and vocab.bpe)");
+        errorf("tokenize: --vocab PATH is required (a folder with encoder.json and vocab.bpe, or "
+               "a tiktoken rank file)");
         return EXIT_USAGE;
     }
     Err err;
-    Bpe *b = bpe_load(vocab, &err);
+    Bpe *b = bpe_open(vocab, encoding, &err);
     if (!b) {
         err_print(&err);
         return EXIT_USAGE;

@@ -26,7 +26,7 @@ void bpe_probes(const Bpe *b, BpeProbes *merges, BpeProbes *tokens, BpeProbes *w
 }
 
 const uint8_t *bpe_token(const Bpe *b, int id, size_t *len) {
-    if (id < 0 || id >= b->v->vocab) return NULL;
+    if (id < 0 || id >= b->v->vocab || b->v->tok_off[id] == SIZE_MAX) return NULL;
     *len = b->v->tok_len[id];
     return b->v->tokens.arena + b->v->tok_off[id];
 }
@@ -115,6 +115,13 @@ static void bpe_piece(Bpe *b, const uint8_t *w, size_t n, BpeIds *out) {
     if (n == 1) {
         ids_push(out, b->v->byte_id[w[0]]);
         return;
+    }
+    if (b->v->whole_first) { /* a rank file's token whole (no special token) */
+        const int64_t id = strmap_peek(&b->v->tokens, w, n, -1);
+        if (id >= 0 && id < b->v->ranks) {
+            ids_push(out, (int32_t)id);
+            return;
+        }
     }
     if (n > CACHE_WORD_MAX) { /* a piece longer than PIECE_MAX merges in slices of it */
         for (size_t at = 0; at < n; at += PIECE_MAX)

@@ -27,6 +27,16 @@ Bpe *bpe_load(const char *dir, Err *err);
 /* The same from the files' contents (for tests and the fuzz harness). */
 Bpe *bpe_from_memory(const char *encoder_json, size_t elen, const char *vocab_bpe, size_t vlen,
                      Err *err);
+/* A vocabulary from a tiktoken rank file (a token in base64, a space, its
+ * rank, a line each) and the encoding it belongs to, which gives the
+ * pattern and the special tokens: cl100k_base or o200k_base. A piece that
+ * is a token whole is that token, as tiktoken encodes. */
+Bpe *bpe_from_ranks(const char *text, size_t n, const char *encoding, Err *err);
+/* The vocabulary at path: a folder (bpe_load) or a rank file of encoding
+ * (NULL or "": taken from a file named ENCODING.tiktoken). */
+Bpe *bpe_open(const char *path, const char *encoding, Err *err);
+/* The encodings a rank file may belong to, for messages. */
+const char *bpe_encoding_names(void);
 void bpe_free(Bpe *b);
 
 /* One more than the largest id. */
@@ -66,7 +76,7 @@ void bpe_encode(Bpe *b, const char *text, size_t n, BpeIds *out);
 Bpe *bpe_clone(const Bpe *b);
 
 /* The bytes of token id: *len of them, NULL for an id outside the
- * vocabulary. */
+ * vocabulary or one that holds no token (between special tokens). */
 const uint8_t *bpe_token(const Bpe *b, int id, size_t *len);
 
 /* A growable array of bytes. */

@@ -5,7 +5,9 @@
  * The room from the top down; a file calls only the files below it:
  *   bpe.c         encode and decode, the accessors of a loaded Bpe
  *   bpe_load.c    encoder.json and vocab.bpe read and checked, a Bpe made
- *   bpe_tables.c  the keyed hash tables
+ *                 from a vocabulary of either kind
+ *   bpe_ranks.c   a tiktoken rank file read and checked, with its encoding
+ *   bpe_tables.c  the keyed hash tables, a vocabulary freed
  */
 #ifndef MODTRAIN_BPE_IMPL_H
 #define MODTRAIN_BPE_IMPL_H
@@ -49,6 +51,8 @@ uint64_t fnv1a_u32(uint64_t h, uint32_t x);
 void strmap_init(StrMap *m, size_t want);
 void strmap_free(StrMap *m);
 int64_t strmap_get(StrMap *m, const uint8_t *k, size_t n, int64_t missing);
+/* strmap_get without counting its probes: safe on a map threads share. */
+int64_t strmap_peek(const StrMap *m, const uint8_t *k, size_t n, int64_t missing);
 /* Adds key -> v; returns 0, or -1 when the key is there already. */
 int strmap_put(StrMap *m, const uint8_t *k, size_t n, int64_t v);
 
@@ -79,7 +83,19 @@ typedef struct {
     PairMap merges;
     uint64_t hash; /* bpe_hash */
     pcre2_code *re;
+    const char *pattern; /* the pre-tokenisation, before it is compiled */
+    int ranks;           /* a rank file's tokens (ids below: mergeable); 0 for GPT-2's files */
+    int whole_first;     /* a piece that is a token whole is that token (tiktoken's) */
 } Vocab;
+
+/* The largest vocabulary a file may give. */
+#define BPE_MAX_VOCAB MODTRAIN_MAX_VOCAB
+
+/* A vocabulary from a tiktoken rank file of the named encoding (its
+ * pattern and specials); NULL with err saying what is wrong. */
+Vocab *bpe_vocab_from_ranks(const char *text, size_t n, const char *encoding, Err *err);
+/* Frees a vocabulary (its tables, its compiled pattern). */
+void bpe_vocab_free(Vocab *v);
 
 struct Bpe {
     Vocab *v;

@@ -5,10 +5,12 @@
  */
 #include "src/tokenizer/bpe_impl.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "src/base/files.h"
 
@@ -57,9 +59,6 @@ static int alphabet_bytes(const Vocab *v, const int32_t *cps, size_t n, uint8_t 
 /* ----------------------------------------------------------- encoder.json */
 
 /* jansson parses the file; this file checks what it holds. */
-
-/* A non-negative integer below BPE_MAX_VOCAB. */
-#define BPE_MAX_VOCAB (1 << 24)
 
 /* jansson holds the whole document as a tree, about 140 bytes an entry of
  * a flat object but up to 80 times its input for nested empty arrays and
@@ -286,17 +285,6 @@ static int load_merges(Vocab *v, const uint8_t *s, size_t n, Err *err) {
 
 /* ------------------------------------------------------------------ load */
 
-static void vocab_free(Vocab *v) {
-    strmap_free(&v->tokens);
-    free(v->tok_off);
-    free(v->tok_len);
-    free(v->merges.key);
-    free(v->merges.rank);
-    free(v->merges.to);
-    if (v->re) pcre2_code_free(v->re);
-    free(v);
-}
-
 static Bpe *bpe_on(Vocab *v) {
     Bpe *b = xcalloc(1, sizeof *b);
     b->v = v;
@@ -313,6 +301,26 @@ static Bpe *bpe_on(Vocab *v) {
     return b;
 }
 
+/* v's pattern compiled, and a Bpe on v (NULL with err, v freed). */
+static Bpe *bpe_on_vocab(Vocab *v, Err *err) {
+    int ec;
+    PCRE2_SIZE eo;
+    v->re = pcre2_compile((PCRE2_SPTR)v->pattern, PCRE2_ZERO_TERMINATED,
+                          PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &ec, &eo, NULL);
+    if (!v->re) {
+        err_set(err,
+                "bpe: PCRE2 could not compile the pre-tokenisation pattern (error %d at %zu); is "
+                "it built with Unicode support?",
+                ec, (size_t)eo);
+        bpe_vocab_free(v);
+        return NULL;
+    }
+    pcre2_jit_compile(v->re, PCRE2_JIT_COMPLETE); /* the interpreter where JIT is missing */
+    Bpe *b = bpe_on(v);
+    if (!b) err_set(err, "bpe: out of memory for PCRE2's match data");
+    return b;
+}
+
 Bpe *bpe_from_memory(const char *encoder_json, size_t elen, const char *vocab_bpe, size_t vlen,
                      Err *err) {
     Vocab *v = xcalloc(1, sizeof *v);
@@ -322,25 +330,16 @@ Bpe *bpe_from_memory(const char *encoder_json, size_t elen, const char *vocab_bp
     for (int b = 0; b < 256; b++) v->inverse[cp[b]] = (int16_t)b;
     if (load_encoder(v, (const uint8_t *)encoder_json, elen, err) != 0 || index_ids(v, err) != 0 ||
         load_merges(v, (const uint8_t *)vocab_bpe, vlen, err) != 0) {
-        vocab_free(v);
+        bpe_vocab_free(v);
         return NULL;
     }
-    int ec;
-    PCRE2_SIZE eo;
-    v->re = pcre2_compile((PCRE2_SPTR)PATTERN, PCRE2_ZERO_TERMINATED,
-                          PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &ec, &eo, NULL);
-    if (!v->re) {
-        err_set(err,
-                "bpe: PCRE2 could not compile GPT-2's pattern (error %d at %zu); is it built "
-                "with Unicode support?",
-                ec, (size_t)eo);
-        vocab_free(v);
-        return NULL;
-    }
-    pcre2_jit_compile(v->re, PCRE2_JIT_COMPLETE); /* the interpreter where JIT is missing */
-    Bpe *b = bpe_on(v);
-    if (!b) err_set(err, "bpe: out of memory for PCRE2's match data");
-    return b;
+    v->pattern = PATTERN;
+    return bpe_on_vocab(v, err);
+}
+
+Bpe *bpe_from_ranks(const char *text, size_t n, const char *encoding, Err *err) {
+    Vocab *v = bpe_vocab_from_ranks(text, n, encoding, err);
+    return v ? bpe_on_vocab(v, err) : NULL;
 }
 
 /* A vocabulary file's bytes, bounded before they are read: vocab.bpe at
@@ -376,11 +375,58 @@ Bpe *bpe_load(const char *dir, Err *err) {
     return b;
 }
 
+Bpe *bpe_open(const char *path, const char *encoding, Err *err) {
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        err_set(err,
+                "bpe: cannot open '%s': %s (expected a folder of GPT-2's encoder.json and "
+                "vocab.bpe, or a tiktoken rank file)",
+                path, strerror(errno));
+        return NULL;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        if (encoding && *encoding) {
+            err_set(err,
+                    "bpe: '%s' is a folder (GPT-2's encoder.json and vocab.bpe), which takes "
+                    "no encoding; give a rank file with --encoding %s",
+                    path, encoding);
+            return NULL;
+        }
+        return bpe_load(path, err);
+    }
+    char named[64] = "";
+    if (!encoding || !*encoding) { /* the file's name: cl100k_base.tiktoken */
+        const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+        const char *dot = strstr(base, ".tiktoken");
+        if (dot && !dot[9] && (size_t)(dot - base) < sizeof named)
+            snprintf(named, sizeof named, "%.*s", (int)(dot - base), base);
+        encoding = named;
+    }
+    if (!*encoding) {
+        err_set(err,
+                "bpe: '%s': a rank file needs its encoding (--encoding %s, or a file named "
+                "ENCODING.tiktoken)",
+                path, bpe_encoding_names());
+        return NULL;
+    }
+    size_t n = 0;
+    Err e;
+    char *text = read_file(path, (size_t)64 << 20, &n, &e);
+    if (!text) {
+        err_set(err, "bpe: %s (a tiktoken rank file of at most 64 MiB)", e.msg);
+        return NULL;
+    }
+    Bpe *b = bpe_from_ranks(text, n, encoding, &e);
+    if (!b) err_set(err, "bpe: %s: %s", path, e.msg);
+    free(text);
+    return b;
+}
+
 Bpe *bpe_clone(const Bpe *b) { return bpe_on(b->v); }
 
 void bpe_free(Bpe *b) {
     if (!b) return;
-    if (__atomic_sub_fetch(&b->v->refs, 1, __ATOMIC_ACQ_REL) == 0) vocab_free(b->v);
+    if (__atomic_sub_fetch(&b->v->refs, 1, __ATOMIC_ACQ_REL) == 0) bpe_vocab_free(b->v);
     pcre2_match_data_free(b->md);
     pcre2_match_context_free(b->mctx);
     pcre2_jit_stack_free(b->stack);

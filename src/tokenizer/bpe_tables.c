@@ -128,20 +128,35 @@ void strmap_free(StrMap *m) {
     memset(m, 0, sizeof *m);
 }
 
-/* The slot that holds key or the empty one where it would go. */
-static size_t strmap_find(StrMap *m, const uint8_t *k, size_t n) {
+/* The slot that holds key or the empty one where it would go, and the
+ * slots looked at. */
+static size_t strmap_slot(const StrMap *m, const uint8_t *k, size_t n, size_t *looked) {
     const size_t home = (size_t)sip13(m->key, k, n) & m->mask;
     for (size_t i = home;; i = (i + 1) & m->mask) {
         const uint32_t e = m->slot[i];
         if (e == 0 || (m->len[e - 1] == n && memcmp(m->arena + m->off[e - 1], k, n) == 0)) {
-            m->probes.lookups++, m->probes.probes += ((i - home) & m->mask) + 1;
+            *looked = ((i - home) & m->mask) + 1;
             return i;
         }
     }
 }
 
+/* The same, counted in m's probes. */
+static size_t strmap_find(StrMap *m, const uint8_t *k, size_t n) {
+    size_t looked;
+    const size_t i = strmap_slot(m, k, n, &looked);
+    m->probes.lookups++, m->probes.probes += looked;
+    return i;
+}
+
 int64_t strmap_get(StrMap *m, const uint8_t *k, size_t n, int64_t missing) {
     const uint32_t e = m->slot[strmap_find(m, k, n)];
+    return e ? m->val[e - 1] : missing;
+}
+
+int64_t strmap_peek(const StrMap *m, const uint8_t *k, size_t n, int64_t missing) {
+    size_t looked;
+    const uint32_t e = m->slot[strmap_slot(m, k, n, &looked)];
     return e ? m->val[e - 1] : missing;
 }
 
@@ -196,4 +211,15 @@ size_t pair_home(const PairMap *p, uint64_t key) {
 size_t pair_find(const PairMap *p, uint64_t key) {
     for (size_t i = pair_home(p, key);; i = (i + 1) & p->mask)
         if (p->key[i] == 0 || p->key[i] == key) return i;
+}
+
+void bpe_vocab_free(Vocab *v) {
+    strmap_free(&v->tokens);
+    free(v->tok_off);
+    free(v->tok_len);
+    free(v->merges.key);
+    free(v->merges.rank);
+    free(v->merges.to);
+    if (v->re) pcre2_code_free(v->re);
+    free(v);
 }

@@ -20,14 +20,6 @@
 . "$(dirname "$0")/lib.sh"
 top=$srcdir
 . "$srcdir/tests/scripts/gpt2_ref.sh"
-unavailable() {
-    if [ "${MODTRAIN_REQUIRE_REFERENCE:-0}" = 1 ]; then
-        echo "FAIL: $1" >&2
-        exit 1
-    fi
-    echo "SKIP: $1"
-    exit 77
-}
 [ -d "${FORTUNES_DIR:-/usr/share/games/fortunes}" ] ||
     unavailable "the fortunes package is not installed (apt-get install fortunes)"
 why=$(gpt2_ref_setup 2>&1) || unavailable "$why"

@@ -56,8 +56,8 @@ expect_error "needs --vocab DIR" "$MODTRAIN" prep --out data2 --tokenizer gpt2 t
 expect_error "'wordpiece' is not available (expected byte or gpt2)" "$MODTRAIN" prep --out data2 --tokenizer wordpiece text.txt
 expect_error "threads = 'x' is not an integer" "$MODTRAIN" prep --out data2 --tokenizer gpt2 --threads x text.txt
 expect_error "cannot open 'nowhere/encoder.json'" "$MODTRAIN" prep --out data2 --tokenizer gpt2 --vocab nowhere text.txt
-expect_error "tokenize: --vocab DIR is required" "$MODTRAIN" tokenize text.txt
-expect_error "cannot open 'nowhere/encoder.json'" "$MODTRAIN" tokenize --vocab nowhere text.txt
+expect_error "tokenize: --vocab PATH is required" "$MODTRAIN" tokenize text.txt
+expect_error "cannot open 'nowhere': No such file or directory (expected a folder of GPT-2's encoder.json and vocab.bpe, or a tiktoken rank file)" "$MODTRAIN" tokenize --vocab nowhere text.txt
 # tokenize --decode streams ids in 64 KiB chunks and reads them strictly: a
 # NUL or any other byte that is not a digit or whitespace, or an id outside
 # the vocabulary, anywhere, is exit 1 (the ids before it are written) with

@@ -37,6 +37,17 @@ fail() {
 
 ok() { echo "ok: $*"; }
 
+# unavailable WHY: a reference a test compares with cannot be had (node,
+# npm, the registry): skip, or fail where MODTRAIN_REQUIRE_REFERENCE=1 (CI)
+unavailable() {
+    if [ "${MODTRAIN_REQUIRE_REFERENCE:-0}" = 1 ]; then
+        echo "FAIL: $1" >&2
+        exit 1
+    fi
+    echo "SKIP: $1"
+    exit 77
+}
+
 # Prepares the fortunes text once per test into $TMP/data.
 prep_fortunes() {
     if [ ! -d "${FORTUNES_DIR:-/usr/share/games/fortunes}" ]; then

@@ -1,0 +1,30 @@
+/* Fuzz harness: a tiktoken rank file (bpe_from_ranks), of the encoding the
+ * input's first byte picks (r50k_base, cl100k_base, o200k_base), and on
+ * what it accepted, the encoding of the input itself, which must decode to
+ * it byte for byte. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "src/tokenizer/bpe.h"
+#include "tests/fuzz/fuzz.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (size == 0) return 0;
+    static const char *const encodings[3] = {"r50k_base", "cl100k_base", "o200k_base"};
+    Err err;
+    Bpe *b = bpe_from_ranks((const char *)data + 1, size - 1, encodings[data[0] % 3], &err);
+    if (!b) return 0;
+    BpeIds ids = {0};
+    bpe_encode(b, (const char *)data, size, &ids);
+    size_t at = 0;
+    for (size_t i = 0; i < ids.n; i++) {
+        size_t len = 0;
+        const uint8_t *t = bpe_token(b, ids.ids[i], &len);
+        if (!t || at + len > size || memcmp(data + at, t, len) != 0) abort();
+        at += len;
+    }
+    if (at != size) abort();
+    free(ids.ids);
+    bpe_free(b);
+    return 0;
+}
