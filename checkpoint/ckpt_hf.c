@@ -86,34 +86,37 @@ int ckpt_export_hf(const char *dir, const Model *m, const Config *cfg, int step,
     /* GPT-2's config (transformers' GPT2Config): modtrain's block is GPT-2's,
      * with tanh-GELU (gelu_new), LayerNorm eps 1e-5, no dropout and the head
      * tied to wte; V is the real vocabulary, never the padded one */
-    const int gpt2 = cfg->tokenizer == TOK_GPT2;
+    const int eot = config_tokenizer_eot(cfg->tokenizer);
+    char eot_ids[96] = "";
+    if (eot >= 0)
+        snprintf(eot_ids, sizeof eot_ids, "  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n", eot,
+                 eot);
     char json[2048];
-    const int n = snprintf(
-        json, sizeof json,
-        "{\n"
-        "  \"architectures\": [\"GPT2LMHeadModel\"],\n"
-        "  \"model_type\": \"gpt2\",\n"
-        "  \"vocab_size\": %d,\n"
-        "  \"n_positions\": %d,\n"
-        "  \"n_ctx\": %d,\n"
-        "  \"n_embd\": %d,\n"
-        "  \"n_layer\": %d,\n"
-        "  \"n_head\": %d,\n"
-        "  \"n_inner\": %d,\n"
-        "  \"activation_function\": \"gelu_new\",\n"
-        "  \"layer_norm_epsilon\": 1e-05,\n"
-        "  \"initializer_range\": 0.02,\n"
-        "  \"resid_pdrop\": 0.0,\n"
-        "  \"embd_pdrop\": 0.0,\n"
-        "  \"attn_pdrop\": 0.0,\n"
-        "  \"scale_attn_weights\": true,\n"
-        "  \"tie_word_embeddings\": true,\n"
-        "  \"use_cache\": true,\n"
-        "%s"
-        "  \"torch_dtype\": \"float32\"\n"
-        "}\n",
-        m->d.V, cfg->seq_len, cfg->seq_len, cfg->d_model, cfg->n_layer, cfg->n_head,
-        4 * cfg->d_model, gpt2 ? "  \"bos_token_id\": 50256,\n  \"eos_token_id\": 50256,\n" : "");
+    const int n = snprintf(json, sizeof json,
+                           "{\n"
+                           "  \"architectures\": [\"GPT2LMHeadModel\"],\n"
+                           "  \"model_type\": \"gpt2\",\n"
+                           "  \"vocab_size\": %d,\n"
+                           "  \"n_positions\": %d,\n"
+                           "  \"n_ctx\": %d,\n"
+                           "  \"n_embd\": %d,\n"
+                           "  \"n_layer\": %d,\n"
+                           "  \"n_head\": %d,\n"
+                           "  \"n_inner\": %d,\n"
+                           "  \"activation_function\": \"gelu_new\",\n"
+                           "  \"layer_norm_epsilon\": 1e-05,\n"
+                           "  \"initializer_range\": 0.02,\n"
+                           "  \"resid_pdrop\": 0.0,\n"
+                           "  \"embd_pdrop\": 0.0,\n"
+                           "  \"attn_pdrop\": 0.0,\n"
+                           "  \"scale_attn_weights\": true,\n"
+                           "  \"tie_word_embeddings\": true,\n"
+                           "  \"use_cache\": true,\n"
+                           "%s"
+                           "  \"torch_dtype\": \"float32\"\n"
+                           "}\n",
+                           m->d.V, cfg->seq_len, cfg->seq_len, cfg->d_model, cfg->n_layer,
+                           cfg->n_head, 4 * cfg->d_model, eot_ids);
     snprintf(path, sizeof path, "%s/config.json", dir);
     return write_file_durable("hf.config", path, json, (size_t)n, err) < 0 ? -1 : 0;
 }

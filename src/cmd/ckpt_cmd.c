@@ -282,15 +282,13 @@ static int diff_main(int argc, char **argv) {
  * tokenizer (the byte tokenizer's 256, GPT-2's 50257); a file claiming 0
  * would export or import a model nothing can feed. 0 or -1 with err set. */
 static int check_vocab(const Config *cfg, const char *cmd, const char *path, Err *err) {
-    const int need = cfg->tokenizer == TOK_BYTE ? 256 : cfg->tokenizer == TOK_GPT2 ? 50257 : 2;
+    const int known = config_tokenizer_vocab(cfg->tokenizer), need = known ? known : 2;
     if (cfg->vocab_size >= need) return 0;
     return err_set(err,
                    "%s: '%s' has vocab_size = %d, below the %d its model needs (tokenizer %s): "
                    "damaged or not a modtrain model",
                    cmd, path, cfg->vocab_size, need,
-                   cfg->tokenizer == TOK_BYTE   ? "byte"
-                   : cfg->tokenizer == TOK_GPT2 ? "gpt2"
-                                                : "none");
+                   shard_tokenizer_name(shard_code_of_tokenizer(cfg->tokenizer)));
 }
 
 /* --format hf on a Mixture-of-Depths model: one line on what the folder

@@ -64,7 +64,9 @@ static int eval_args(EvalArgs *a, int argc, char **argv) {
         {"routing_seqs", CLI_INT, &a->routing_seqs, "sequences --routing covers (4)", NULL, 1,
          1 << 30},
         {"vocab", CLI_STR, &a->vocab,
-         "folder with encoder.json and vocab.bpe, to decode gpt2 tokens in --routing", "DIR"},
+         "folder with encoder.json and vocab.bpe (gpt2), or the rank file, to decode BPE tokens in "
+         "--routing",
+         "PATH"},
         {"aux_weight", CLI_FLOAT, &a->aux_weight, "weight of the router's BCE in --grads (0.1)",
          NULL, 0, 1e18},
         {"moe_aux_weight", CLI_FLOAT, &a->moe_aux_weight,
@@ -236,7 +238,7 @@ static void warn_vocab(const Dataset *ds, const Infer *in) {
     shard_describe_tokenizer(sm, what, sizeof what);
     if (sm->tokenizer &&
         (sm->tokenizer != mine ||
-         (mine == SHARD_TOK_GPT2 && c->tokenizer_hash[0] && strcmp(hex, c->tokenizer_hash) != 0)))
+         (mine >= SHARD_TOK_GPT2 && c->tokenizer_hash[0] && strcmp(hex, c->tokenizer_hash) != 0)))
         errorf(
             "warning: eval: '%s' was tokenized by %s, but the model was trained on %s tokens%s%s%s",
             path, what, shard_tokenizer_name(mine), c->tokenizer_hash[0] ? " (vocabulary " : "",
@@ -323,10 +325,12 @@ static void eval_routing_header(FILE *f, const Infer *in, const Bpe *bpe, size_t
             "%d, causal_router %s, tokenizer %s%s, %zu sequences",
             in->step, T, model_capacity_k(d, T), in->cfg.capacity, in->cfg.route_every,
             in->cfg.causal_router == CAUSAL_PREDICTOR ? "predictor" : "aux_loss",
-            in->cfg.tokenizer == TOK_BYTE   ? "byte"
-            : in->cfg.tokenizer == TOK_GPT2 ? "gpt2"
-                                            : "none",
-            in->cfg.tokenizer == TOK_GPT2 && !bpe ? " (no --vocab: text left empty)" : "", n);
+            in->cfg.tokenizer == TOK_NONE
+                ? "none"
+                : shard_tokenizer_name(shard_code_of_tokenizer(in->cfg.tokenizer)),
+            config_tokenizer_is_bpe(in->cfg.tokenizer) && !bpe ? " (no --vocab: text left empty)"
+                                                               : "",
+            n);
     if (d->E > 0)
         fprintf(f,
                 ", n_expert %d, n_noop_expert %d, expert_top_k %d, capacity_factor %g, moe_every "

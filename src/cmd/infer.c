@@ -85,17 +85,24 @@ int infer_tokenizer(const Infer *in, const char *cmd, const char *vocab, Bpe **b
                            cmd, V);
         return 0;
     }
-    if (c->tokenizer != TOK_GPT2)
+    if (!config_tokenizer_is_bpe(c->tokenizer))
         return err_set(err,
                        "%s: the checkpoint records no tokenizer for its %d-token vocabulary "
-                       "(tokenizer = none); train with tokenizer = byte or gpt2 for text",
+                       "(tokenizer = none); train with a tokenizer for text",
                        cmd, V);
-    if (!vocab)
+    const char *enc = config_tokenizer_encoding(c->tokenizer);
+    if (!vocab) {
+        if (enc)
+            return err_set(err,
+                           "%s: the model was trained on %s tokens; pass --vocab %s.tiktoken "
+                           "(jobs/get_tokenizers.sh DIR places it)",
+                           cmd, enc, enc);
         return err_set(err,
                        "%s: the model was trained on gpt2 tokens; pass --vocab DIR with its "
                        "encoder.json and vocab.bpe (jobs/get_gpt2_vocab.sh DIR places GPT-2's)",
                        cmd);
-    if (!(*bpe = bpe_load(vocab, err))) return -1;
+    }
+    if (!(*bpe = bpe_open(vocab, enc, err))) return -1;
     char hex[CONFIG_HASH_HEX + 1];
     format_vocab_hash(bpe_hash(*bpe), hex);
     const char *why = NULL;

@@ -37,7 +37,7 @@ static void note(void *ctx, const char *line) {
 static void usage(void) {
     char cap[32];
     format_bytes(cap, sizeof cap, prep_doc_cap(PREP_MEM_DEFAULT));
-    printf("usage: modtrain prep --out DIR [--val_fraction F] [--tokenizer byte|gpt2 --vocab DIR]\n"
+    printf("usage: modtrain prep --out DIR [--val_fraction F] [--tokenizer NAME --vocab PATH]\n"
            "                    [--doc_sep LINE | --jsonl KEY] [--threads N] [--mem SIZE]\n"
            "                    [--shard_tokens N] [--force] FILE...\n"
            "Tokenises documents into llm.c shards DIR/train_000000.bin, ... and\n"
@@ -62,6 +62,10 @@ static void usage(void) {
            "  --tokenizer byte     byte-level tokens, vocab_size 256 (the default)\n"
            "  --tokenizer gpt2     GPT-2's byte-level BPE from --vocab DIR (encoder.json,\n"
            "                       vocab.bpe), <|endoftext|> before each document\n"
+           "  --tokenizer ENCODING a tiktoken encoding (r50k_base, cl100k_base, o200k_base)\n"
+           "                       from --vocab FILE, its rank file (jobs/get_tokenizers.sh);\n"
+           "                       <|endoftext|> before each document; uint32 shards past\n"
+           "                       65,536 tokens\n"
            "  --doc_sep LINE       text: documents are the pieces between lines equal to LINE\n"
            "                       (--doc_sep %% for fortune files); empty pieces are dropped\n"
            "  --jsonl KEY          JSON Lines: each line an object whose string under KEY is a\n"
@@ -198,7 +202,8 @@ int prep_main(int argc, char **argv) {
         errorf("prep: --doc_sep cuts text files and --jsonl reads JSON Lines; give one of them");
         goto done;
     }
-    if (strcmp(pa.tokenizer, "gpt2") == 0) {
+    const int code = shard_tokenizer_code(pa.tokenizer);
+    if (code == SHARD_TOK_GPT2) {
         if (!pa.vocab) {
             errorf("prep: --tokenizer gpt2 needs --vocab DIR (encoder.json and vocab.bpe; "
                    "jobs/get_gpt2_vocab.sh DIR places GPT-2's)");
@@ -209,8 +214,22 @@ int prep_main(int argc, char **argv) {
             err_print(&err);
             goto done;
         }
-    } else if (strcmp(pa.tokenizer, "byte") != 0) {
-        errorf("prep: --tokenizer '%s' is not available (expected byte or gpt2)", pa.tokenizer);
+    } else if (code > SHARD_TOK_GPT2) {
+        if (!pa.vocab) {
+            errorf("prep: --tokenizer %s needs --vocab FILE, its rank file (%s.tiktoken; "
+                   "jobs/get_tokenizers.sh DIR places it)",
+                   pa.tokenizer, pa.tokenizer);
+            goto done;
+        }
+        Err err;
+        if (!(bpe = bpe_open(pa.vocab, pa.tokenizer, &err))) {
+            err_print(&err);
+            goto done;
+        }
+    } else if (code != SHARD_TOK_BYTE) {
+        errorf("prep: --tokenizer '%s' is not available (expected byte, gpt2, r50k_base, "
+               "cl100k_base or o200k_base)",
+               pa.tokenizer);
         goto done;
     }
 #ifdef _OPENMP

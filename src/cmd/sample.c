@@ -74,7 +74,9 @@ static int sample_args(SampleArgs *a, int argc, char **argv) {
          1 << 30},
         {"seed", CLI_I64, &a->seed, "sampling seed (42)", "S", 0, 9.2e18},
         {"vocab", CLI_STR, &a->vocab,
-         "folder with encoder.json and vocab.bpe, for a model trained on gpt2 tokens", "DIR"},
+         "folder with encoder.json and vocab.bpe (gpt2), or the rank file, for a model trained on "
+         "BPE tokens",
+         "PATH"},
         {"ids", CLI_STR, &a->ids, "also write the generated token ids to this file, one a line",
          "FILE"},
         {"threads", CLI_INT, &a->threads,

@@ -73,7 +73,8 @@ static const KeySpec keys[] = {
      "every n-th block is an MoE block (when n_expert > 0)"},
     {"moe_aux_weight", K_FLOAT, 0, OFF(moe_aux_weight), "0.01", 0, BIG, 0, NULL,
      "weight of the experts' load-balancing loss"},
-    {"tokenizer", K_ENUM, 2, OFF(tokenizer), "auto", 0, 0, 0, "auto|byte|gpt2|none",
+    {"tokenizer", K_ENUM, 2, OFF(tokenizer), "auto", 0, 0, 0,
+     "auto|byte|gpt2|none|r50k_base|cl100k_base|o200k_base",
      "how ids map to text; auto = as the training shard's header says"},
     {"tokenizer_hash", K_STR, 2, OFF(tokenizer_hash), "", 0, 0, 0, NULL,
      "the vocabulary's hash (16 hex digits); empty = the shard's"},
@@ -174,6 +175,33 @@ const char *config_model_key(int i) {
     for (size_t k = 0; k < NKEYS; k++)
         if (keys[k].model && i-- == 0) return keys[k].name;
     return NULL;
+}
+
+int config_tokenizer_is_bpe(Tokenizer t) {
+    return t == TOK_GPT2 || t == TOK_R50K || t == TOK_CL100K || t == TOK_O200K;
+}
+
+const char *config_tokenizer_encoding(Tokenizer t) {
+    return t == TOK_R50K     ? "r50k_base"
+           : t == TOK_CL100K ? "cl100k_base"
+           : t == TOK_O200K  ? "o200k_base"
+                             : NULL;
+}
+
+int config_tokenizer_vocab(Tokenizer t) {
+    return t == TOK_BYTE     ? 256
+           : t == TOK_GPT2   ? 50257
+           : t == TOK_R50K   ? 50257
+           : t == TOK_CL100K ? 100277
+           : t == TOK_O200K  ? 200019
+                             : 0;
+}
+
+int config_tokenizer_eot(Tokenizer t) {
+    return t == TOK_GPT2 || t == TOK_R50K ? 50256
+           : t == TOK_CL100K              ? 100257
+           : t == TOK_O200K               ? 199999
+                                          : -1;
 }
 
 Tokenizer config_tokenizer_for_vocab(int V) {

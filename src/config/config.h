@@ -26,8 +26,17 @@ typedef enum { RECOMPUTE_NONE = 0, RECOMPUTE_ATTENTION = 1, RECOMPUTE_BLOCK = 2 
 typedef enum { NONFINITE_STOP = 0, NONFINITE_ROLLBACK = 1 } OnNonfinite;
 typedef enum { DATA_CHANGED_REFUSE = 0, DATA_CHANGED_CONTINUE = 1 } DataChanged;
 /* How token ids map to text. AUTO is resolved before training (from the
- * training shard's header) and is never recorded in a checkpoint. */
-typedef enum { TOK_AUTO = 0, TOK_BYTE = 1, TOK_GPT2 = 2, TOK_NONE = 3 } Tokenizer;
+ * training shard's header) and is never recorded in a checkpoint. GPT2
+ * and the tiktoken encodings are byte-level BPE (config_tokenizer_is_bpe). */
+typedef enum {
+    TOK_AUTO = 0,
+    TOK_BYTE = 1,
+    TOK_GPT2 = 2,
+    TOK_NONE = 3,
+    TOK_R50K = 4,
+    TOK_CL100K = 5,
+    TOK_O200K = 6
+} Tokenizer;
 
 #define CONFIG_HASH_HEX 16 /* tokenizer_hash: 64 bits in hex */
 
@@ -129,6 +138,14 @@ int config_model_key_optional(const char *key);
 /* The tokenizer a vocabulary of V tokens implies when nothing records one:
  * 256 the byte tokenizer, 50257 GPT-2's (llm.c's shards), else none. */
 Tokenizer config_tokenizer_for_vocab(int V);
+/* Whether ids of t are byte-level BPE (GPT-2's files or a tiktoken
+ * encoding); a tiktoken encoding's name (NULL for the others); the
+ * vocabulary t's tokens make (0: any). */
+int config_tokenizer_is_bpe(Tokenizer t);
+const char *config_tokenizer_encoding(Tokenizer t);
+int config_tokenizer_vocab(Tokenizer t);
+/* The id of t's <|endoftext|>, -1 for a tokenizer without one. */
+int config_tokenizer_eot(Tokenizer t);
 
 /* The most virtual_stages a pipeline rank may hold. */
 enum { CONFIG_MAX_VIRTUAL_STAGES = 8 };

@@ -47,10 +47,10 @@ int shard_parse_header(const uint8_t *buf, size_t len, uint64_t file_size, const
                        "data: '%s' says its vocabulary has %d tokens (expected 0 for unknown, or 2 "
                        "to %d for uint%d tokens)",
                        name, hdr[3], vmax, 8 * width);
-    if (hdr[4] < SHARD_TOK_UNKNOWN || hdr[4] > SHARD_TOK_GPT2)
+    if (hdr[4] < SHARD_TOK_UNKNOWN || hdr[4] > SHARD_TOK_LAST)
         return err_set(err,
-                       "data: '%s' names tokenizer %d in its header (expected 0 unknown, 1 byte "
-                       "or 2 gpt2)",
+                       "data: '%s' names tokenizer %d in its header (expected 0 unknown, 1 byte, "
+                       "2 gpt2, 3 r50k_base, 4 cl100k_base or 5 o200k_base)",
                        name, hdr[4]);
     if (hdr[8] != 0 && hdr[8] != 1)
         return err_set(err,
@@ -124,14 +124,23 @@ void shard_free(Shard *s) {
     s->tokens = NULL;
 }
 
+static const char *const TOKENIZER_NAMES[SHARD_TOK_LAST + 1] = {
+    "unknown", "byte", "gpt2", "r50k_base", "cl100k_base", "o200k_base"};
+
 const char *shard_tokenizer_name(int tokenizer) {
-    return tokenizer == SHARD_TOK_BYTE ? "byte" : tokenizer == SHARD_TOK_GPT2 ? "gpt2" : "unknown";
+    return tokenizer > 0 && tokenizer <= SHARD_TOK_LAST ? TOKENIZER_NAMES[tokenizer] : "unknown";
+}
+
+int shard_tokenizer_code(const char *name) {
+    for (int t = 1; t <= SHARD_TOK_LAST; t++)
+        if (strcmp(name, TOKENIZER_NAMES[t]) == 0) return t;
+    return SHARD_TOK_UNKNOWN;
 }
 
 void shard_describe_tokenizer(const ShardMeta *m, char *buf, size_t n) {
-    if (m->tokenizer == SHARD_TOK_GPT2)
-        snprintf(buf, n, "the gpt2 tokenizer (vocabulary %016llx)",
-                 (unsigned long long)m->vocab_hash);
+    if (m->tokenizer >= SHARD_TOK_GPT2 && m->tokenizer <= SHARD_TOK_LAST)
+        snprintf(buf, n, "the %s tokenizer (vocabulary %016llx)",
+                 shard_tokenizer_name(m->tokenizer), (unsigned long long)m->vocab_hash);
     else if (m->tokenizer == SHARD_TOK_BYTE) snprintf(buf, n, "the byte tokenizer");
     else snprintf(buf, n, "an unknown tokenizer");
 }

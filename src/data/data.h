@@ -25,8 +25,17 @@
 #define SHARD_U16_VOCAB 65536 /* the largest vocabulary uint16 tokens hold */
 #define SHARD_HEADER_INTS 256
 
-/* The tokenizer that wrote a shard (header slot 4). */
-enum { SHARD_TOK_UNKNOWN = 0, SHARD_TOK_BYTE = 1, SHARD_TOK_GPT2 = 2 };
+/* The tokenizer that wrote a shard (header slot 4): GPT-2's files, or a
+ * tiktoken rank file of one of three encodings. */
+enum {
+    SHARD_TOK_UNKNOWN = 0,
+    SHARD_TOK_BYTE = 1,
+    SHARD_TOK_GPT2 = 2,
+    SHARD_TOK_R50K = 3,
+    SHARD_TOK_CL100K = 4,
+    SHARD_TOK_O200K = 5,
+    SHARD_TOK_LAST = SHARD_TOK_O200K
+};
 
 /* What modtrain records in a shard's header beyond the count; zero where
  * llm.c's shards leave it: slot 3 the vocabulary size, slot 4 the
@@ -76,8 +85,10 @@ void shard_unpack_tokens(const uint8_t *in, size_t n, int width, uint32_t *out);
  * in the header. Returns 0 or -1 with err set (a token too wide). */
 int shard_write(const char *path, const uint32_t *tokens, size_t n, const ShardMeta *meta,
                 Err *err);
-/* The tokenizer's name ("byte", "gpt2", "unknown"). */
+/* The tokenizer's name ("byte", "gpt2", "cl100k_base", ..., "unknown");
+ * the code of a name (SHARD_TOK_UNKNOWN for none of them). */
 const char *shard_tokenizer_name(int tokenizer);
+int shard_tokenizer_code(const char *name);
 /* What wrote a shard, for messages: "the byte tokenizer", "the gpt2
  * tokenizer (vocabulary 0123456789abcdef)", "an unknown tokenizer". */
 void shard_describe_tokenizer(const ShardMeta *m, char *buf, size_t n);

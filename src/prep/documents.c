@@ -146,12 +146,13 @@ static int too_long(Prep *p, uint64_t line, const char *what, Err *err) {
 /* The block's bytes under mem (0: too little is left), held_base held before
  * any text and a zstd window besides when there is zstd input: two blocks
  * at a time (one read while the worker writes the other); bytes of text go
- * straight through; JSON Lines add the parse (up to 3 bytes a byte) and the
- * tokens (2), gpt2 its tokens and ids (up to 12, typically 2). */
+ * straight through; JSON Lines add the parse (up to 6 bytes a byte of the
+ * block parsed) and the tokens (4: uint32 whatever the shards' width), BPE
+ * its tokens and ids (up to 16, typically 3). */
 size_t block_bytes_at(const PrepOptions *o, size_t mem, size_t held_base, int has_zstd) {
     const size_t held = sat_add(held_base, has_zstd ? (size_t)1 << zstd_window_log(mem) : 0);
     if (held >= mem / 2) return 0;
-    return (mem - held) / (o->bpe ? 48 : o->jsonl_key ? 16 : 8);
+    return (mem - held) / (o->bpe ? 52 : o->jsonl_key ? 16 : 8);
 }
 
 /* What parsing a block's JSON Lines may take: the parse's 3 bytes a byte of
@@ -247,8 +248,8 @@ static void doc_encode(const Prep *p, Doc *d, const char *s, size_t n, Bpe *bpe,
     ids->n = 0;
     bpe_encode(bpe, s, n, ids);
     d->tok = xmalloc((ids->n + 1) * sizeof *d->tok);
-    d->tok[0] = (uint16_t)p->eot;
-    for (size_t k = 0; k < ids->n; k++) d->tok[k + 1] = (uint16_t)ids->ids[k];
+    d->tok[0] = (uint32_t)p->eot;
+    for (size_t k = 0; k < ids->n; k++) d->tok[k + 1] = (uint32_t)ids->ids[k];
     d->ntok = ids->n + 1;
     if (ids->cap > ((size_t)1 << 22)) { /* after a long document: give it back */
         free(ids->ids);
@@ -299,7 +300,7 @@ static int block_write(Prep *p, Sealed *b, Err *err) {
 #endif
     }
     int rc = 0;
-    uint16_t *wide = parallel ? NULL : xmalloc(WRITE_TOKENS * sizeof *wide);
+    uint32_t *wide = parallel ? NULL : xmalloc(WRITE_TOKENS * sizeof *wide);
     for (size_t i = 0; i < b->nd; i++) {
         Doc *d = &b->docs[i];
         if (rc != 0) {

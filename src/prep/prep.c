@@ -97,13 +97,16 @@ static int shard_meta(const PrepOptions *o, ShardMeta *meta, int *eot, Err *err)
     if (!o->bpe) return 0;
     const int vocab = bpe_vocab_size(o->bpe);
     *eot = bpe_eot(o->bpe);
-    if (vocab > 65536 || *eot < 0)
+    if (*eot < 0)
         return err_set(err,
-                       "prep: the vocabulary has %d tokens%s; shards hold ids below 65536 "
-                       "and documents are separated by <|endoftext|>",
-                       vocab, *eot < 0 ? " and no <|endoftext|>" : "");
-    *meta = (ShardMeta){
-        .width = 2, .vocab = vocab, .tokenizer = SHARD_TOK_GPT2, .vocab_hash = bpe_hash(o->bpe)};
+                       "prep: the vocabulary of %d tokens has no <|endoftext|>, which separates "
+                       "documents",
+                       vocab);
+    const char *enc = bpe_encoding(o->bpe);
+    *meta = (ShardMeta){.width = shard_width(vocab),
+                        .vocab = vocab,
+                        .tokenizer = enc ? shard_tokenizer_code(enc) : SHARD_TOK_GPT2,
+                        .vocab_hash = bpe_hash(o->bpe)};
     return 0;
 }
 
@@ -193,7 +196,8 @@ int prep_run(const PrepOptions *o, const PrepReport *rep, PrepStats *st, Err *er
                           .meta = meta,
                           .per_shard = o->shard_tokens,
                           .fd = -1,
-                          .buf = xmalloc(WRITE_TOKENS * sizeof(uint16_t))};
+                          .buf = xmalloc(WRITE_TOKENS * sizeof(uint32_t)),
+                          .bytes = xmalloc(WRITE_TOKENS * sizeof(uint32_t))};
     chunk = xmalloc(IO_CHUNK);
     for (int i = 0; i < o->ninputs; i++)
         if (read_input(&p, i, wl, chunk, err) != 0) goto fail;
@@ -212,7 +216,7 @@ fail:
     remove_set(p.paths.tmp);
 done:
     st->seconds = now_s() - p.t0;
-    for (int s = 0; s < 2; s++) free(p.w[s].buf);
+    for (int s = 0; s < 2; s++) free(p.w[s].buf), free(p.w[s].bytes);
     for (int t = 0; t < threads; t++) {
         if (p.clones) bpe_free(p.clones[t]);
         free(p.ids[t].ids);

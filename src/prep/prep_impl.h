@@ -69,9 +69,10 @@ typedef struct {
     char path[PATH_CAP];
     size_t n; /* tokens in the open shard */
     uint32_t crc;
-    uint16_t hold; /* a token past a full shard, kept until a second one comes */
+    uint32_t hold; /* a token past a full shard, kept until a second one comes */
     int held;
-    uint16_t *buf; /* (WRITE_TOKENS) tokens not yet written */
+    uint32_t *buf;  /* (WRITE_TOKENS) tokens not yet written */
+    uint8_t *bytes; /* (WRITE_TOKENS x 4) them as the shard stores them (meta.width) */
     size_t nbuf;
     size_t shards; /* closed shards */
     uint64_t total;
@@ -79,7 +80,7 @@ typedef struct {
 
 /* Appends n tokens to the split, in shards of per_shard tokens. Returns 0
  * or -1 with err set. */
-int writer_put(Writer *w, const uint16_t *t, size_t n, Err *err);
+int writer_put(Writer *w, const uint32_t *t, size_t n, Err *err);
 /* Ends the split: its last shard closed. */
 int writer_finish(Writer *w, Err *err);
 
@@ -113,7 +114,7 @@ typedef struct {
     uint64_t line; /* JSON Lines: the line's number */
     int input;     /* the input it came from */
     int bad;       /* JSON Lines: the line is not what it must be */
-    uint16_t *tok; /* its tokens (gpt2: <|endoftext|> first; none: an empty document) */
+    uint32_t *tok; /* its tokens (BPE: <|endoftext|> first; none: an empty document) */
     size_t ntok;
 } Doc;
 

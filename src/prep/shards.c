@@ -17,9 +17,10 @@
 
 static int writer_flush(Writer *w, Err *err) {
     if (w->nbuf == 0) return 0;
-    const size_t bytes = w->nbuf * sizeof(uint16_t);
-    w->crc = (uint32_t)crc32_z(w->crc, (const unsigned char *)w->buf, bytes);
-    if (fp_write_all("prep.shard.write", w->fd, w->buf, bytes) != 0)
+    const size_t bytes = w->nbuf * (size_t)w->meta.width;
+    shard_pack_tokens(w->buf, w->nbuf, w->meta.width, w->bytes);
+    w->crc = (uint32_t)crc32_z(w->crc, w->bytes, bytes);
+    if (fp_write_all("prep.shard.write", w->fd, w->bytes, bytes) != 0)
         return err_set(err, "prep: cannot write '%s': %s", w->path, strerror(errno));
     w->nbuf = 0;
     return 0;
@@ -57,7 +58,7 @@ static int writer_close(Writer *w, Err *err) {
 }
 
 /* Appends n tokens to the open shard (room for them known). */
-static int writer_add(Writer *w, const uint16_t *t, size_t n, Err *err) {
+static int writer_add(Writer *w, const uint32_t *t, size_t n, Err *err) {
     while (n > 0) {
         size_t k = WRITE_TOKENS - w->nbuf;
         if (k > n) k = n;
@@ -71,7 +72,7 @@ static int writer_add(Writer *w, const uint16_t *t, size_t n, Err *err) {
 /* Appends n tokens to the split: shards of per_shard tokens, a full one
  * closed only when two more tokens have come (so that no shard ends up
  * with one). Returns 0 or -1 with err set. */
-int writer_put(Writer *w, const uint16_t *t, size_t n, Err *err) {
+int writer_put(Writer *w, const uint32_t *t, size_t n, Err *err) {
     while (n > 0) {
         if (w->fd >= 0 && w->n == w->per_shard) {
             if (!w->held) {

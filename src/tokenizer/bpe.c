@@ -18,6 +18,7 @@ enum { CACHE_WORD_MAX = 64, CACHE_ENTRIES_MAX = 1 << 16, PIECE_MAX = 1 << 20 };
 int bpe_vocab_size(const Bpe *b) { return b->v->vocab; }
 int bpe_eot(const Bpe *b) { return b->v->eot; }
 uint64_t bpe_hash(const Bpe *b) { return b->v->hash; }
+const char *bpe_encoding(const Bpe *b) { return b->v->encoding; }
 
 void bpe_probes(const Bpe *b, BpeProbes *merges, BpeProbes *tokens, BpeProbes *words) {
     if (merges) *merges = b->v->merges.probes;

@@ -35,6 +35,8 @@ Bpe *bpe_from_ranks(const char *text, size_t n, const char *encoding, Err *err);
 /* The vocabulary at path: a folder (bpe_load) or a rank file of encoding
  * (NULL or "": taken from a file named ENCODING.tiktoken). */
 Bpe *bpe_open(const char *path, const char *encoding, Err *err);
+/* A rank file's encoding ("cl100k_base"), NULL for GPT-2's files. */
+const char *bpe_encoding(const Bpe *b);
 /* The encodings a rank file may belong to, for messages. */
 const char *bpe_encoding_names(void);
 void bpe_free(Bpe *b);

@@ -86,6 +86,7 @@ typedef struct {
     const char *pattern; /* the pre-tokenisation, before it is compiled */
     int ranks;           /* a rank file's tokens (ids below: mergeable); 0 for GPT-2's files */
     int whole_first;     /* a piece that is a token whole is that token (tiktoken's) */
+    const char *encoding; /* a rank file's encoding; NULL for GPT-2's files */
 } Vocab;
 
 /* The largest vocabulary a file may give. */

@@ -218,6 +218,7 @@ Vocab *bpe_vocab_from_ranks(const char *text, size_t n, const char *encoding, Er
     v->hash = fnv1a(v->hash, (const uint8_t *)enc->name, strlen(enc->name));
     derive_merges(v, (int)ranks);
     v->pattern = enc->pattern;
+    v->encoding = enc->name;
     return v;
 fail:
     bpe_vocab_free(v);

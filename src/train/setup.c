@@ -146,7 +146,7 @@ static int resolve_tokenizer(Config *c, const Dataset *train, const Dataset *val
                        name, tpath, shard_tokenizer_name(t->tokenizer),
                        shard_tokenizer_name(t->tokenizer));
     }
-    if (t->tokenizer == SHARD_TOK_GPT2) {
+    if (t->tokenizer >= SHARD_TOK_GPT2) { /* a BPE vocabulary: its hash */
         char hex[CONFIG_HASH_HEX + 1];
         format_vocab_hash(t->vocab_hash, hex);
         if (!c->tokenizer_hash[0]) snprintf(c->tokenizer_hash, sizeof c->tokenizer_hash, "%s", hex);

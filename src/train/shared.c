@@ -209,14 +209,26 @@ uint64_t val_seqs(const Dataset *ds, int part, uint64_t n) {
     return k < have ? k : have;
 }
 
+/* The config's tokenizers and the shards' codes, side by side. */
+static const struct {
+    Tokenizer config;
+    int shard;
+} TOKENIZERS[] = {{TOK_BYTE, SHARD_TOK_BYTE},
+                  {TOK_GPT2, SHARD_TOK_GPT2},
+                  {TOK_R50K, SHARD_TOK_R50K},
+                  {TOK_CL100K, SHARD_TOK_CL100K},
+                  {TOK_O200K, SHARD_TOK_O200K}};
+
 Tokenizer tokenizer_of_shard(int shard_tokenizer) {
-    return shard_tokenizer == SHARD_TOK_BYTE   ? TOK_BYTE
-           : shard_tokenizer == SHARD_TOK_GPT2 ? TOK_GPT2
-                                               : TOK_AUTO;
+    for (size_t i = 0; i < sizeof TOKENIZERS / sizeof TOKENIZERS[0]; i++)
+        if (TOKENIZERS[i].shard == shard_tokenizer) return TOKENIZERS[i].config;
+    return TOK_AUTO;
 }
 
 int shard_code_of_tokenizer(Tokenizer t) {
-    return t == TOK_BYTE ? SHARD_TOK_BYTE : t == TOK_GPT2 ? SHARD_TOK_GPT2 : SHARD_TOK_UNKNOWN;
+    for (size_t i = 0; i < sizeof TOKENIZERS / sizeof TOKENIZERS[0]; i++)
+        if (TOKENIZERS[i].config == t) return TOKENIZERS[i].shard;
+    return SHARD_TOK_UNKNOWN;
 }
 
 void format_vocab_hash(uint64_t hash, char hex[CONFIG_HASH_HEX + 1]) {

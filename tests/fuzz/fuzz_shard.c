@@ -12,7 +12,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (shard_parse_header(data, size, size, "fuzz.bin", &n, &m, &err) == 0 &&
         (n * (size_t)m.width + 1024 != size || m.vocab == 1 || m.vocab < 0 ||
          m.vocab > (m.width == 2 ? 65536 : MODTRAIN_MAX_VOCAB) || m.tokenizer < SHARD_TOK_UNKNOWN ||
-         m.tokenizer > SHARD_TOK_GPT2))
+         m.tokenizer > SHARD_TOK_LAST))
         abort(); /* accepted a header its file contradicts */
     return 0;
 }

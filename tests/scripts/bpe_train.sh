@@ -91,7 +91,7 @@ one_line() { # WHAT EXPECTED-PART COMMAND...: fails with exit 2 and one line nam
     fi
 }
 one_line "sample without --vocab" "pass --vocab DIR" "$MODTRAIN" sample --ckpt "$ck" --tokens 4
-one_line "sample with a missing vocabulary" "cannot open 'nowhere/encoder.json'" \
+one_line "sample with a missing vocabulary" "cannot open 'nowhere': No such file or directory" \
     "$MODTRAIN" sample --ckpt "$ck" --vocab nowhere --tokens 4
 mkdir other
 cp "$vocab/encoder.json" other/

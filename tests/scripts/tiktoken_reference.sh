@@ -99,6 +99,55 @@ for f in $files; do
 done
 [ -z "$differ" ] && ok "r50k_base.tiktoken: GPT-2's files' ids on every text" ||
     fail "r50k_base.tiktoken: ids other than GPT-2's files' on:$differ"
+# prep --tokenizer ENCODING --doc_sep %: every fortune a document after
+# <|endoftext|>, with tiktoken's ids of it, in uint32 shards that record
+# the encoding (code 4 cl100k_base, 5 o200k_base) and its vocabulary
+cat > docs.js <<'JS'
+// ENCODING FILE: tiktoken's ids of each document prep --doc_sep % cuts
+// FILE into, each after <|endoftext|>, one a line
+const { Tiktoken } = require("tiktoken/lite");
+const splitDocs = require("gpt2_docs");
+const d = require("tiktoken/encoders/" + process.argv[2] + ".json");
+const enc = new Tiktoken(d.bpe_ranks, d.special_tokens, d.pat_str);
+const eot = d.special_tokens["<|endoftext|>"];
+const out = [];
+for (const doc of splitDocs(require("fs").readFileSync(process.argv[3], "utf8"), "%"))
+    out.push(eot, ...enc.encode_ordinary(doc));
+process.stdout.write(out.join("\n") + "\n");
+enc.free();
+JS
+for c in cl100k_base:4:100277 o200k_base:5:200019; do
+    e=${c%%:*} rest=${c#*:} code=${rest%%:*} V=${rest#*:}
+    "$MODTRAIN" prep --out "prep-$e" --tokenizer "$e" --vocab "$ranks/$e.tiktoken" --doc-sep % \
+        --val-fraction 0 --threads 2 "$fortunes/fortunes" > "prep-$e.log" ||
+        { cat "prep-$e.log"; fail "prep --tokenizer $e failed"; }
+    NODE_PATH="$tk/node_modules:$srcdir/tests/scripts" node docs.js "$e" "$fortunes/fortunes" > "docs-$e.ids"
+    "$PYTHON" - "prep-$e/train_000000.bin" "$code" "$V" > "shard-$e.ids" <<'PY'
+import struct, sys
+raw = open(sys.argv[1], "rb").read()
+h = struct.unpack("<9i", raw[:36])
+if h[0] != 20240801 or h[1] != 7 or h[3] != int(sys.argv[3]) or h[4] != int(sys.argv[2]):
+    sys.exit("header %s: expected magic 20240801, version 7, vocabulary %s, tokenizer %s" % (h, sys.argv[3], sys.argv[2]))
+print("\n".join(str(t) for t in struct.unpack("<%dI" % h[2], raw[1024:])))
+PY
+    cmp -s "shard-$e.ids" "docs-$e.ids" &&
+        ok "prep --tokenizer $e: $(grep -c '^'"$(head -n 1 "docs-$e.ids")"'$' "docs-$e.ids") fortunes, each after <|endoftext|>, hold tiktoken's ids; uint32 shard, tokenizer $code, vocabulary $V" ||
+        fail "prep --tokenizer $e: the shard differs from tiktoken's ids: $(diff "shard-$e.ids" "docs-$e.ids" | head -n 4 | tr '\n' ' ')"
+done
+# a model trains on them: the checkpoint records the encoding and its hash,
+# and sample takes the rank file (and refuses another encoding's)
+"$MODTRAIN" train --config "$srcdir/jobs/tiny.conf" --train_data "prep-cl100k_base/train_*.bin" \
+    --val_data= --steps 3 --eval_every 0 --log_every 1 --threads 2 --ckpt_every 0 --run_dir run > train.log 2>&1 ||
+    { cat train.log; fail "training on cl100k_base shards"; }
+hash=$("$MODTRAIN" tokenize --vocab "$ranks/cl100k_base.tiktoken" --hash | sed -n 's/^tokenizer_hash //p')
+"$MODTRAIN" ckpt inspect --ckpt run/ckpt > inspect.txt 2>&1 || true
+grep -q "tokenizer.*cl100k_base" inspect.txt && grep -q "$hash" inspect.txt && grep -q "vocab_size.*100277" inspect.txt &&
+    ok "3 steps on cl100k_base shards: the checkpoint records tokenizer cl100k_base, hash $hash, vocab_size 100277" ||
+    { cat inspect.txt; fail "the checkpoint does not record cl100k_base, $hash and 100277"; }
+"$MODTRAIN" sample --ckpt run/ckpt --vocab "$ranks/cl100k_base.tiktoken" --prompt "The" --tokens 4 --ids ids.txt > sample.txt 2>&1 &&
+    [ "$(awk '$1 >= 0 && $1 < 100277' ids.txt | wc -l)" -ge 4 ] &&
+    ok "sample with the rank file: ids $(tr '\n' ' ' < ids.txt)" || { cat sample.txt ids.txt; fail "sample with cl100k_base.tiktoken"; }
+expect_error "50256 tokens; cl100k_base's rank file has 100256" "$MODTRAIN" sample --ckpt run/ckpt --vocab "$ranks/r50k_base.tiktoken" --tokens 4
 # damaged rank files: one line each, exit 2
 head -n 100 "$ranks/cl100k_base.tiktoken" > short.tiktoken
 sed '5s/ 4$/ 3/' "$ranks/r50k_base.tiktoken" > twice.tiktoken
