@@ -11,9 +11,14 @@
 #   (not UTF-8, which tiktoken's JavaScript strings cannot carry);
 # - GPT-2's vocabulary as a rank file (r50k_base) gives the ids GPT-2's two
 #   files give: the merges derived from ranks are GPT-2's merges;
+# - prep --tokenizer cl100k_base and o200k_base write tiktoken's ids of each
+#   fortune after <|endoftext|>, in uint32 shards recording the encoding;
+# - a model of o200k_base's 200,019 tokens trains on them on one rank and
+#   under tp 2 alike; its checkpoint records the encoding, and sample takes
+#   the rank file and refuses another encoding's;
 # - a damaged rank file, or one given as another encoding's, is one line.
 # MODTRAIN_SKIP_SLOW (the sanitizer pass): three fortunes files by name
-# rather than every one. Skips like bpe_reference.sh without node, npm or
+# rather than every one, and no tp 2 run. Skips like bpe_reference.sh without node, npm or
 # the registry, unless MODTRAIN_REQUIRE_REFERENCE=1 (CI).
 . "$(dirname "$0")/lib.sh"
 top=$srcdir
@@ -134,20 +139,27 @@ PY
         ok "prep --tokenizer $e: $(grep -c '^'"$(head -n 1 "docs-$e.ids")"'$' "docs-$e.ids") fortunes, each after <|endoftext|>, hold tiktoken's ids; uint32 shard, tokenizer $code, vocabulary $V" ||
         fail "prep --tokenizer $e: the shard differs from tiktoken's ids: $(diff "shard-$e.ids" "docs-$e.ids" | head -n 4 | tr '\n' ' ')"
 done
-# a model trains on them: the checkpoint records the encoding and its hash,
-# and sample takes the rank file (and refuses another encoding's)
-"$MODTRAIN" train --config "$srcdir/jobs/tiny.conf" --train_data "prep-cl100k_base/train_*.bin" \
-    --val_data= --steps 3 --eval_every 0 --log_every 1 --threads 2 --ckpt_every 0 --run_dir run > train.log 2>&1 ||
-    { cat train.log; fail "training on cl100k_base shards"; }
-hash=$("$MODTRAIN" tokenize --vocab "$ranks/cl100k_base.tiktoken" --hash | sed -n 's/^tokenizer_hash //p')
-"$MODTRAIN" ckpt inspect --ckpt run/ckpt > inspect.txt 2>&1 || true
-grep -q "tokenizer.*cl100k_base" inspect.txt && grep -q "$hash" inspect.txt && grep -q "vocab_size.*100277" inspect.txt &&
-    ok "3 steps on cl100k_base shards: the checkpoint records tokenizer cl100k_base, hash $hash, vocab_size 100277" ||
-    { cat inspect.txt; fail "the checkpoint does not record cl100k_base, $hash and 100277"; }
-"$MODTRAIN" sample --ckpt run/ckpt --vocab "$ranks/cl100k_base.tiktoken" --prompt "The" --tokens 4 --ids ids.txt > sample.txt 2>&1 &&
-    [ "$(awk '$1 >= 0 && $1 < 100277' ids.txt | wc -l)" -ge 4 ] &&
-    ok "sample with the rank file: ids $(tr '\n' ' ' < ids.txt)" || { cat sample.txt ids.txt; fail "sample with cl100k_base.tiktoken"; }
-expect_error "50256 tokens; cl100k_base's rank file has 100256" "$MODTRAIN" sample --ckpt run/ckpt --vocab "$ranks/r50k_base.tiktoken" --tokens 4
+# a model of o200k_base's 200,019 tokens trains on them, on one rank and
+# under tp 2 (the vocabulary-parallel head), to the same losses and
+# weights; the checkpoint records the encoding and its hash, and sample
+# takes the rank file (and refuses another encoding's)
+common="--config $srcdir/jobs/tiny.conf --train_data prep-o200k_base/train_*.bin --val_data= --steps 3 \
+    --micro_batch 4 --eval_every 0 --log_every 1 --threads 1 --ckpt_every 0"
+train_ok one
+if [ $slow = 1 ]; then
+    train_ok tp2 2 --tp 2
+    close_runs one tp2 2e-5 3 && ok "vocabulary 200019: tp 2 (the head split by vocabulary) = one rank, 3 steps" ||
+        { cat diff.txt; fail "vocabulary 200019: tp 2 differs from one rank"; }
+fi
+hash=$("$MODTRAIN" tokenize --vocab "$ranks/o200k_base.tiktoken" --hash | sed -n 's/^tokenizer_hash //p')
+"$MODTRAIN" ckpt inspect --ckpt one/ckpt > inspect.txt 2>&1 || true
+grep -q "tokenizer.*o200k_base" inspect.txt && grep -q "$hash" inspect.txt && grep -q "vocab_size.*200019" inspect.txt &&
+    ok "3 steps on o200k_base shards: the checkpoint records tokenizer o200k_base, hash $hash, vocab_size 200019" ||
+    { cat inspect.txt; fail "the checkpoint does not record o200k_base, $hash and 200019"; }
+"$MODTRAIN" sample --ckpt one/ckpt --vocab "$ranks/o200k_base.tiktoken" --prompt "The" --tokens 4 --ids ids.txt > sample.txt 2>&1 &&
+    [ "$(awk '$1 >= 0 && $1 < 200019' ids.txt | wc -l)" -ge 4 ] &&
+    ok "sample with the rank file: ids $(tr '\n' ' ' < ids.txt)" || { cat sample.txt ids.txt; fail "sample with o200k_base.tiktoken"; }
+expect_error "100256 tokens; o200k_base's rank file has 199998" "$MODTRAIN" sample --ckpt one/ckpt --vocab "$ranks/cl100k_base.tiktoken" --tokens 4
 # damaged rank files: one line each, exit 2
 head -n 100 "$ranks/cl100k_base.tiktoken" > short.tiktoken
 sed '5s/ 4$/ 3/' "$ranks/r50k_base.tiktoken" > twice.tiktoken
