@@ -110,23 +110,31 @@ static void bpe_word(Bpe *b, const uint8_t *w, size_t n, BpeIds *out) {
     for (int32_t i = 0; i >= 0; i = b->next[i]) ids_push(out, b->tok[i]);
 }
 
-/* A piece through the cache of words seen (short ones; the cache starts
- * over when full, so hostile text cannot grow it without bound). */
-static void bpe_piece(Bpe *b, const uint8_t *w, size_t n, BpeIds *out) {
-    if (n == 1) {
-        ids_push(out, b->v->byte_id[w[0]]);
-        return;
-    }
-    if (b->v->whole_first) { /* a rank file's token whole (no special token) */
+/* A piece's ids without the cache: a rank file's token whole (no special
+ * token), or its bytes merged; a piece longer than PIECE_MAX merges in
+ * slices of it. */
+static void bpe_uncached(Bpe *b, const uint8_t *w, size_t n, BpeIds *out) {
+    if (b->v->whole_first) {
         const int64_t id = strmap_peek(&b->v->tokens, w, n, -1);
         if (id >= 0 && id < b->v->ranks) {
             ids_push(out, (int32_t)id);
             return;
         }
     }
-    if (n > CACHE_WORD_MAX) { /* a piece longer than PIECE_MAX merges in slices of it */
-        for (size_t at = 0; at < n; at += PIECE_MAX)
-            bpe_word(b, w + at, n - at < PIECE_MAX ? n - at : PIECE_MAX, out);
+    for (size_t at = 0; at < n; at += PIECE_MAX)
+        bpe_word(b, w + at, n - at < PIECE_MAX ? n - at : PIECE_MAX, out);
+}
+
+/* A piece through the cache of words seen (short ones; the cache starts
+ * over when full, so hostile text cannot grow it without bound): the small
+ * cache first, the vocabulary's large token map only on a miss. */
+static void bpe_piece(Bpe *b, const uint8_t *w, size_t n, BpeIds *out) {
+    if (n == 1) {
+        ids_push(out, b->v->byte_id[w[0]]);
+        return;
+    }
+    if (n > CACHE_WORD_MAX) {
+        bpe_uncached(b, w, n, out);
         return;
     }
     const int64_t hit = strmap_get(&b->cache, w, n, -1);
@@ -135,7 +143,7 @@ static void bpe_piece(Bpe *b, const uint8_t *w, size_t n, BpeIds *out) {
         return;
     }
     const size_t from = out->n;
-    bpe_word(b, w, n, out);
+    bpe_uncached(b, w, n, out);
     const size_t count = out->n - from;
     if (b->cache.n >= CACHE_ENTRIES_MAX) {
         const BpeProbes counted = b->cache.probes;

@@ -1,0 +1,87 @@
+#!/bin/sh
+# Tokenising speed of each vocabulary, side by side in one run: `modtrain
+# prep --doc-sep % --threads 1` on every fortune of Debian's fortunes
+# package, REPEAT (4) times over, with GPT-2's files, cl100k_base and
+# o200k_base (the best of 3, MB/s of text), each against GPT-2's (the goal:
+# at least 1.0), and
+# tiktoken 1.0.22 (OpenAI's library, its WASM build in node) encoding the
+# same documents with each. Needs node and npm (jobs/deps.sh --node); the
+# files are kept in $MODTRAIN_CACHE (default ~/.cache/modtrain).
+# A pass over the fortunes once takes 0.1 to 0.2 s, and about 0.1 s of it
+# for o200k_base is the first touches of its 200,000-token tables (the
+# word cache is empty): REPEAT 1 measures that more than the encoding.
+# usage: tests/bench/bench_encodings.sh [REPEAT]
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+top=$(cd "$here/../.." && pwd)
+MODTRAIN=${MODTRAIN:-$top/modtrain}
+repeat=${1:-4}
+case $repeat in '' | *[!0-9]* | 0) echo "bench_encodings: REPEAT '$repeat' is not a whole number >= 1" >&2; exit 2 ;; esac
+. "$top/tests/scripts/gpt2_ref.sh"
+gpt2_ref_setup
+ranks=$cache/tiktoken
+tk=$cache/tiktoken-1.0.22
+"$top/jobs/get_tokenizers.sh" "$ranks" > /dev/null
+if [ ! -f "$tk/node_modules/tiktoken/package.json" ]; then
+    mkdir -p "$tk"
+    (cd "$tk" && npm install --silent --no-save --no-audit --no-fund tiktoken@1.0.22 > /dev/null)
+fi
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/modtrain-bench.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+files=
+i=0
+for f in $(find /usr/share/games/fortunes -type f ! -name '*.dat' ! -name '*.u8' | LC_ALL=C sort); do
+    iconv -f UTF-8 -t UTF-8 "$f" > /dev/null 2>&1 || continue # node reads UTF-8 only
+    r=0
+    while [ $r -lt "$repeat" ]; do
+        i=$((i + 1))
+        cp "$f" "$tmp/f$i.txt"
+        files="$files $tmp/f$i.txt"
+        r=$((r + 1))
+    done
+done
+cat > "$tmp/bench.js" <<'JS'
+// ENCODING FILE...: the documents prep --doc-sep % cuts, encoded twice
+// (the second pass warm); MB/s of UTF-8 bytes, the warm pass
+const { Tiktoken } = require("tiktoken/lite");
+const splitDocs = require("gpt2_docs");
+const fs = require("fs");
+const d = require("tiktoken/encoders/" + process.argv[2] + ".json");
+const enc = new Tiktoken(d.bpe_ranks, d.special_tokens, d.pat_str);
+const docs = [];
+let bytes = 0;
+for (const f of process.argv.slice(3)) {
+    const text = fs.readFileSync(f, "utf8");
+    bytes += Buffer.byteLength(text);
+    docs.push(...splitDocs(text, "%"));
+}
+let rate = 0;
+for (let pass = 0; pass < 2; pass++) {
+    const t0 = process.hrtime.bigint();
+    for (const doc of docs) enc.encode_ordinary(doc);
+    rate = bytes / 1e6 / (Number(process.hrtime.bigint() - t0) / 1e9);
+}
+console.log(rate.toFixed(2));
+enc.free();
+JS
+rate() { # TOKENIZER VOCAB: prep's MB/s of tokenising on one thread (the best of 3)
+    best=0
+    for k in 1 2 3; do
+        # shellcheck disable=SC2086 # the file list
+        r=$("$MODTRAIN" prep --out "$tmp/out" --force --tokenizer "$1" --vocab "$2" --doc-sep % \
+            --val-fraction 0 --threads 1 $files | sed -n 's/.*tokenised in [0-9.]* s (\([0-9.]*\) MB\/s.*/\1/p')
+        best=$(awk -v a="$best" -v b="$r" 'BEGIN { print (b > a ? b : a) }')
+    done
+    echo "$best"
+}
+gpt2=$(rate gpt2 "$vocab")
+mb=$(cat $files | wc -c | awk '{ printf "%.1f", $1 / 1e6 }')
+echo "prep --threads 1 on the fortunes ($mb MB: every fortune a document, the files $repeat times over), MB/s:"
+printf "%-14s %10s %14s %12s %10s\n" "vocabulary" "modtrain" "vs GPT-2's" "tiktoken" "vs tiktoken"
+for e in gpt2 cl100k_base o200k_base; do
+    if [ $e = gpt2 ]; then r=$gpt2 ref=r50k_base; else r=$(rate $e "$ranks/$e.tiktoken") ref=$e; fi
+    # shellcheck disable=SC2086
+    t=$(NODE_PATH="$tk/node_modules:$top/tests/scripts" node "$tmp/bench.js" $ref $files)
+    printf "%-14s %10.2f %13.2fx %12.2f %9.1fx\n" $e "$r" "$(awk -v a="$r" -v b="$gpt2" 'BEGIN { print a / b }')" \
+        "$t" "$(awk -v a="$r" -v b="$t" 'BEGIN { print a / b }')"
+done
