@@ -86,11 +86,12 @@ int ckpt_export_hf(const char *dir, const Model *m, const Config *cfg, int step,
     /* GPT-2's config (transformers' GPT2Config): modtrain's block is GPT-2's,
      * with tanh-GELU (gelu_new), LayerNorm eps 1e-5, no dropout and the head
      * tied to wte; V is the real vocabulary, never the padded one */
-    const int eot = config_tokenizer_eot(cfg->tokenizer);
+    const int bos = config_tokenizer_eot(cfg->tokenizer),
+              eos = config_tokenizer_eos(cfg->tokenizer);
     char eot_ids[96] = "";
-    if (eot >= 0)
-        snprintf(eot_ids, sizeof eot_ids, "  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n", eot,
-                 eot);
+    if (bos >= 0)
+        snprintf(eot_ids, sizeof eot_ids, "  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n", bos,
+                 eos);
     char json[2048];
     const int n = snprintf(json, sizeof json,
                            "{\n"

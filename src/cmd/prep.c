@@ -62,10 +62,11 @@ static void usage(void) {
            "  --tokenizer byte     byte-level tokens, vocab_size 256 (the default)\n"
            "  --tokenizer gpt2     GPT-2's byte-level BPE from --vocab DIR (encoder.json,\n"
            "                       vocab.bpe), <|endoftext|> before each document\n"
-           "  --tokenizer ENCODING a tiktoken encoding (r50k_base, cl100k_base, o200k_base)\n"
-           "                       from --vocab FILE, its rank file (jobs/get_tokenizers.sh);\n"
-           "                       <|endoftext|> before each document; uint32 shards past\n"
-           "                       65,536 tokens\n"
+           "  --tokenizer ENCODING a tiktoken encoding (r50k_base, cl100k_base, o200k_base,\n"
+           "                       llama3) from --vocab FILE, its rank file\n"
+           "                       (jobs/get_tokenizers.sh); <|endoftext|> (llama3:\n"
+           "                       <|begin_of_text|>) before each document; uint32 shards\n"
+           "                       past 65,536 tokens\n"
            "  --doc_sep LINE       text: documents are the pieces between lines equal to LINE\n"
            "                       (--doc_sep %% for fortune files); empty pieces are dropped\n"
            "  --jsonl KEY          JSON Lines: each line an object whose string under KEY is a\n"
@@ -228,7 +229,7 @@ int prep_main(int argc, char **argv) {
         }
     } else if (code != SHARD_TOK_BYTE) {
         errorf("prep: --tokenizer '%s' is not available (expected byte, gpt2, r50k_base, "
-               "cl100k_base or o200k_base)",
+               "cl100k_base, o200k_base or llama3)",
                pa.tokenizer);
         goto done;
     }

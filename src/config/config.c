@@ -74,7 +74,7 @@ static const KeySpec keys[] = {
     {"moe_aux_weight", K_FLOAT, 0, OFF(moe_aux_weight), "0.01", 0, BIG, 0, NULL,
      "weight of the experts' load-balancing loss"},
     {"tokenizer", K_ENUM, 2, OFF(tokenizer), "auto", 0, 0, 0,
-     "auto|byte|gpt2|none|r50k_base|cl100k_base|o200k_base",
+     "auto|byte|gpt2|none|r50k_base|cl100k_base|o200k_base|llama3",
      "how ids map to text; auto = as the training shard's header says"},
     {"tokenizer_hash", K_STR, 2, OFF(tokenizer_hash), "", 0, 0, 0, NULL,
      "the vocabulary's hash (16 hex digits); empty = the shard's"},
@@ -178,13 +178,14 @@ const char *config_model_key(int i) {
 }
 
 int config_tokenizer_is_bpe(Tokenizer t) {
-    return t == TOK_GPT2 || t == TOK_R50K || t == TOK_CL100K || t == TOK_O200K;
+    return t == TOK_GPT2 || t == TOK_R50K || t == TOK_CL100K || t == TOK_O200K || t == TOK_LLAMA3;
 }
 
 const char *config_tokenizer_encoding(Tokenizer t) {
     return t == TOK_R50K     ? "r50k_base"
            : t == TOK_CL100K ? "cl100k_base"
            : t == TOK_O200K  ? "o200k_base"
+           : t == TOK_LLAMA3 ? "llama3"
                              : NULL;
 }
 
@@ -194,6 +195,7 @@ int config_tokenizer_vocab(Tokenizer t) {
            : t == TOK_R50K   ? 50257
            : t == TOK_CL100K ? 100277
            : t == TOK_O200K  ? 200019
+           : t == TOK_LLAMA3 ? 128256
                              : 0;
 }
 
@@ -201,8 +203,11 @@ int config_tokenizer_eot(Tokenizer t) {
     return t == TOK_GPT2 || t == TOK_R50K ? 50256
            : t == TOK_CL100K              ? 100257
            : t == TOK_O200K               ? 199999
+           : t == TOK_LLAMA3              ? 128000
                                           : -1;
 }
+
+int config_tokenizer_eos(Tokenizer t) { return t == TOK_LLAMA3 ? 128001 : config_tokenizer_eot(t); }
 
 Tokenizer config_tokenizer_for_vocab(int V) {
     return V == 256 ? TOK_BYTE : V == 50257 ? TOK_GPT2 : TOK_NONE;

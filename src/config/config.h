@@ -35,7 +35,8 @@ typedef enum {
     TOK_NONE = 3,
     TOK_R50K = 4,
     TOK_CL100K = 5,
-    TOK_O200K = 6
+    TOK_O200K = 6,
+    TOK_LLAMA3 = 7
 } Tokenizer;
 
 #define CONFIG_HASH_HEX 16 /* tokenizer_hash: 64 bits in hex */
@@ -144,8 +145,11 @@ Tokenizer config_tokenizer_for_vocab(int V);
 int config_tokenizer_is_bpe(Tokenizer t);
 const char *config_tokenizer_encoding(Tokenizer t);
 int config_tokenizer_vocab(Tokenizer t);
-/* The id of t's <|endoftext|>, -1 for a tokenizer without one. */
+/* The id of t's token before each document (<|endoftext|>, Llama 3's
+ * <|begin_of_text|>) and of its end of text (<|endoftext|>, Llama 3's
+ * <|end_of_text|>); -1 for a tokenizer without them. */
 int config_tokenizer_eot(Tokenizer t);
+int config_tokenizer_eos(Tokenizer t);
 
 /* The most virtual_stages a pipeline rank may hold. */
 enum { CONFIG_MAX_VIRTUAL_STAGES = 8 };

@@ -50,7 +50,7 @@ int shard_parse_header(const uint8_t *buf, size_t len, uint64_t file_size, const
     if (hdr[4] < SHARD_TOK_UNKNOWN || hdr[4] > SHARD_TOK_LAST)
         return err_set(err,
                        "data: '%s' names tokenizer %d in its header (expected 0 unknown, 1 byte, "
-                       "2 gpt2, 3 r50k_base, 4 cl100k_base or 5 o200k_base)",
+                       "2 gpt2, 3 r50k_base, 4 cl100k_base, 5 o200k_base or 6 llama3)",
                        name, hdr[4]);
     if (hdr[8] != 0 && hdr[8] != 1)
         return err_set(err,
@@ -125,7 +125,7 @@ void shard_free(Shard *s) {
 }
 
 static const char *const TOKENIZER_NAMES[SHARD_TOK_LAST + 1] = {
-    "unknown", "byte", "gpt2", "r50k_base", "cl100k_base", "o200k_base"};
+    "unknown", "byte", "gpt2", "r50k_base", "cl100k_base", "o200k_base", "llama3"};
 
 const char *shard_tokenizer_name(int tokenizer) {
     return tokenizer > 0 && tokenizer <= SHARD_TOK_LAST ? TOKENIZER_NAMES[tokenizer] : "unknown";

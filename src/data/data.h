@@ -34,7 +34,8 @@ enum {
     SHARD_TOK_R50K = 3,
     SHARD_TOK_CL100K = 4,
     SHARD_TOK_O200K = 5,
-    SHARD_TOK_LAST = SHARD_TOK_O200K
+    SHARD_TOK_LLAMA3 = 6,
+    SHARD_TOK_LAST = SHARD_TOK_LLAMA3
 };
 
 /* What modtrain records in a shard's header beyond the count; zero where

@@ -90,8 +90,9 @@ static int check_inputs(const PrepOptions *o, PrepStats *st, int *has_zstd, Err 
     return 0;
 }
 
-/* What the shards' headers record, and the id of <|endoftext|> (gpt2).
- * Returns 0 or -1 (a vocabulary shards cannot hold). */
+/* What the shards' headers record, and the id of the token before each
+ * document (<|endoftext|>; llama3's <|begin_of_text|>). Returns 0 or -1 (a
+ * vocabulary without it). */
 static int shard_meta(const PrepOptions *o, ShardMeta *meta, int *eot, Err *err) {
     *meta = (ShardMeta){.width = 2, .vocab = 256, .tokenizer = SHARD_TOK_BYTE};
     if (!o->bpe) return 0;
@@ -99,7 +100,7 @@ static int shard_meta(const PrepOptions *o, ShardMeta *meta, int *eot, Err *err)
     *eot = bpe_eot(o->bpe);
     if (*eot < 0)
         return err_set(err,
-                       "prep: the vocabulary of %d tokens has no <|endoftext|>, which separates "
+                       "prep: the vocabulary of %d tokens has no <|endoftext|>, which goes before "
                        "documents",
                        vocab);
     const char *enc = bpe_encoding(o->bpe);

@@ -29,7 +29,8 @@ Bpe *bpe_from_memory(const char *encoder_json, size_t elen, const char *vocab_bp
                      Err *err);
 /* A vocabulary from a tiktoken rank file (a token in base64, a space, its
  * rank, a line each) and the encoding it belongs to, which gives the
- * pattern and the special tokens: cl100k_base or o200k_base. A piece that
+ * pattern and the special tokens: r50k_base, cl100k_base, o200k_base or
+ * llama3 (Llama 3's tokenizer.model). A piece that
  * is a token whole is that token, as tiktoken encodes. */
 Bpe *bpe_from_ranks(const char *text, size_t n, const char *encoding, Err *err);
 /* The vocabulary at path: a folder (bpe_load) or a rank file of encoding
@@ -43,7 +44,8 @@ void bpe_free(Bpe *b);
 
 /* One more than the largest id. */
 int bpe_vocab_size(const Bpe *b);
-/* The id of "<|endoftext|>", or -1 when the vocabulary has none. */
+/* The id of the token before each document: "<|endoftext|>" (Llama 3's
+ * rank file: "<|begin_of_text|>"), or -1 when the vocabulary has none. */
 int bpe_eot(const Bpe *b);
 
 /* The vocabulary's identity: FNV-1a (64 bits) of every token's length

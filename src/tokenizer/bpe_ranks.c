@@ -18,26 +18,40 @@
 
 #include "src/base/files.h"
 
-/* The encodings whose rank files are read: pattern and special tokens (id
- * order; an id between them holds no token). */
+/* The encodings whose rank files are read: pattern, special tokens (any
+ * id in [reserved_from, reserved_to) not among them is Llama 3's
+ * <|reserved_special_token_K|>, K counting up), the token before each
+ * document, and the count of ranks. An id between them holds no token. */
 typedef struct {
     const char *name, *pattern;
     const char *specials[6];
     int special_ids[6];
-    int ranks; /* its rank file's tokens */
+    int reserved_from, reserved_to;
+    const char *separator;
+    int ranks;
 } Encoding;
+
+/* tiktoken's cl100k_base pattern, which Llama 3 took */
+#define CL100K_PATTERN                                                         \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| " \
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
 static const Encoding ENCODINGS[] = {
     {"r50k_base", /* GPT-2's: its files' vocabulary as ranks */
      "'(?:[sdmt]|ll|ve|re)| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+",
      {"<|endoftext|>"},
      {50256},
+     0,
+     0,
+     "<|endoftext|>",
      50256},
     {"cl100k_base",
-     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
-     "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+     CL100K_PATTERN,
      {"<|endoftext|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|endofprompt|>"},
      {100257, 100258, 100259, 100260, 100276},
+     0,
+     0,
+     "<|endoftext|>",
      100256},
     {"o200k_base",
      "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
@@ -46,10 +60,22 @@ static const Encoding ENCODINGS[] = {
      "?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
      {"<|endoftext|>", "<|endofprompt|>"},
      {199999, 200018},
+     0,
+     0,
+     "<|endoftext|>",
      199998},
+    {"llama3", /* Llama 3's tokenizer.model; each document begins with <|begin_of_text|> */
+     CL100K_PATTERN,
+     {"<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+      "<|eot_id|>"},
+     {128000, 128001, 128006, 128007, 128009},
+     128000,
+     128256,
+     "<|begin_of_text|>",
+     128000},
 };
 
-const char *bpe_encoding_names(void) { return "r50k_base, cl100k_base, o200k_base"; }
+const char *bpe_encoding_names(void) { return "r50k_base, cl100k_base, o200k_base, llama3"; }
 
 static const Encoding *encoding_named(const char *name) {
     for (size_t i = 0; i < sizeof ENCODINGS / sizeof ENCODINGS[0]; i++)
@@ -177,6 +203,15 @@ Vocab *bpe_vocab_from_ranks(const char *text, size_t n, const char *encoding, Er
                    enc->special_ids[i]);
         if (enc->special_ids[i] + 1 > vocab) vocab = enc->special_ids[i] + 1;
     }
+    for (int id = enc->reserved_from, k = 0; id < enc->reserved_to; id++) {
+        int named = 0;
+        for (int i = 0; enc->specials[i]; i++) named |= enc->special_ids[i] == id;
+        if (named) continue;
+        char name[48];
+        const int len = snprintf(name, sizeof name, "<|reserved_special_token_%d|>", k++);
+        strmap_put(&v->tokens, (const uint8_t *)name, (size_t)len, id);
+        if (id + 1 > vocab) vocab = id + 1;
+    }
     v->vocab = vocab;
     v->tok_off = xcalloc((size_t)vocab, sizeof *v->tok_off);
     v->tok_len = xcalloc((size_t)vocab, sizeof *v->tok_len);
@@ -207,7 +242,8 @@ Vocab *bpe_vocab_from_ranks(const char *text, size_t n, const char *encoding, Er
     }
     v->ranks = (int)ranks;
     v->whole_first = 1;
-    v->eot = (int)strmap_get(&v->tokens, (const uint8_t *)"<|endoftext|>", 13, -1);
+    v->eot =
+        (int)strmap_get(&v->tokens, (const uint8_t *)enc->separator, strlen(enc->separator), -1);
     /* the hash: every token (the rank files' and the specials, in id order),
      * then the encoding's name, which names its pattern */
     v->hash = 14695981039346656037ull;

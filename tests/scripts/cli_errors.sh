@@ -53,7 +53,7 @@ expect_error "val_fraction = '2' is not a number in \[0, 1)" "$MODTRAIN" prep --
 [ $slow = 0 ] || expect_error "val_fraction = 'nan' is not a number in \[0, 1)" "$MODTRAIN" prep --out data2 --val_fraction nan text.txt
 expect_error "val_fraction = ' 0.5' is not a number in \[0, 1)" "$MODTRAIN" prep --out data2 --val_fraction ' 0.5' text.txt
 expect_error "needs --vocab DIR" "$MODTRAIN" prep --out data2 --tokenizer gpt2 text.txt
-expect_error "'wordpiece' is not available (expected byte, gpt2, r50k_base, cl100k_base or o200k_base)" "$MODTRAIN" prep --out data2 --tokenizer wordpiece text.txt
+expect_error "'wordpiece' is not available (expected byte, gpt2, r50k_base, cl100k_base, o200k_base or llama3)" "$MODTRAIN" prep --out data2 --tokenizer wordpiece text.txt
 expect_error "threads = 'x' is not an integer" "$MODTRAIN" prep --out data2 --tokenizer gpt2 --threads x text.txt
 expect_error "cannot open 'nowhere/encoder.json'" "$MODTRAIN" prep --out data2 --tokenizer gpt2 --vocab nowhere text.txt
 expect_error "tokenize: --vocab PATH is required" "$MODTRAIN" tokenize text.txt

@@ -1,8 +1,10 @@
 #!/bin/sh
 # tiktoken rank files against OpenAI's tiktoken itself (the npm package
 # tiktoken 1.0.22, its WASM build of the Rust library, run with node):
-# - `modtrain tokenize` with cl100k_base.tiktoken and o200k_base.tiktoken
-#   (jobs/get_tokenizers.sh) gives tiktoken's encode_ordinary ids on the
+# - `modtrain tokenize` with cl100k_base.tiktoken, o200k_base.tiktoken and
+#   llama3.tiktoken (jobs/get_tokenizers.sh; Llama 3's through tiktoken's
+#   constructor of a custom encoding, as Meta's code builds it) gives
+#   tiktoken's encode_ordinary ids on the
 #   fortunes files that are valid UTF-8, one after another, and on a stress
 #   text (mixed scripts,
 #   long runs of digits and spaces, special-token look-alikes, which are
@@ -11,8 +13,9 @@
 #   (not UTF-8, which tiktoken's JavaScript strings cannot carry);
 # - GPT-2's vocabulary as a rank file (r50k_base) gives the ids GPT-2's two
 #   files give: the merges derived from ranks are GPT-2's merges;
-# - prep --tokenizer cl100k_base and o200k_base write tiktoken's ids of each
-#   fortune after <|endoftext|>, in uint32 shards recording the encoding;
+# - prep --tokenizer cl100k_base, o200k_base and llama3 write tiktoken's
+#   ids of each fortune after <|endoftext|> (llama3: <|begin_of_text|>), in
+#   uint32 shards recording the encoding;
 # - a model of o200k_base's 200,019 tokens trains on them on one rank and
 #   under tp 2 alike; its checkpoint records the encoding, and sample takes
 #   the rank file and refuses another encoding's;
@@ -35,14 +38,27 @@ if [ ! -f "$tk/node_modules/tiktoken/package.json" ]; then
         unavailable "tiktoken could not be installed from the npm registry"
 fi
 cd "$TMP"
+# tiktoken's encoding NAME: its own, or for llama3 tiktoken's constructor
+# of a custom encoding (as Meta's code makes it) on the rank file, with
+# cl100k_base's pattern
+cat > encoding.js <<'JS'
+const { Tiktoken } = require("tiktoken/lite");
+module.exports = function (name) {
+    const own = name === "llama3" ? "cl100k_base" : name;
+    const d = require("tiktoken/encoders/" + own + ".json");
+    if (name !== "llama3") return [new Tiktoken(d.bpe_ranks, d.special_tokens, d.pat_str), d];
+    const ranks = require("fs").readFileSync(process.env.LLAMA3, "utf8");
+    const special_tokens = { "<|begin_of_text|>": 128000, "<|end_of_text|>": 128001 };
+    return [new Tiktoken(ranks, special_tokens, d.pat_str), { special_tokens }];
+};
+JS
+export LLAMA3="$ranks/llama3.tiktoken"
 cat > ref.js <<'JS'
 // ENCODING FILE...: tiktoken's ids of each file (text as text: no special
 // token), one a line, into FILE.ENCODING
-const { Tiktoken } = require("tiktoken/lite");
 const fs = require("fs");
 const name = process.argv[2];
-const d = require("tiktoken/encoders/" + name + ".json");
-const enc = new Tiktoken(d.bpe_ranks, d.special_tokens, d.pat_str);
+const [enc] = require("./encoding.js")(name);
 for (const f of process.argv.slice(3)) {
     const ids = Array.from(enc.encode_ordinary(fs.readFileSync(f, "utf8")));
     fs.writeFileSync(f + "." + name, ids.length ? ids.join("\n") + "\n" : "");
@@ -78,7 +94,7 @@ for f in "$fortunes"/*; do
     cat "$f" >> fortunes.txt
 done
 files="stress.txt fortunes.txt"
-for e in cl100k_base o200k_base; do
+for e in cl100k_base o200k_base llama3; do
     # shellcheck disable=SC2086 # the list
     NODE_PATH="$tk/node_modules" node ref.js $e $files
     same=0 differ=""
@@ -109,19 +125,17 @@ done
 # the encoding (code 4 cl100k_base, 5 o200k_base) and its vocabulary
 cat > docs.js <<'JS'
 // ENCODING FILE: tiktoken's ids of each document prep --doc_sep % cuts
-// FILE into, each after <|endoftext|>, one a line
-const { Tiktoken } = require("tiktoken/lite");
+// FILE into, each after <|endoftext|> (llama3: <|begin_of_text|>), one a line
 const splitDocs = require("gpt2_docs");
-const d = require("tiktoken/encoders/" + process.argv[2] + ".json");
-const enc = new Tiktoken(d.bpe_ranks, d.special_tokens, d.pat_str);
-const eot = d.special_tokens["<|endoftext|>"];
+const [enc, d] = require(process.cwd() + "/encoding.js")(process.argv[2]);
+const eot = d.special_tokens["<|endoftext|>"] ?? d.special_tokens["<|begin_of_text|>"];
 const out = [];
 for (const doc of splitDocs(require("fs").readFileSync(process.argv[3], "utf8"), "%"))
     out.push(eot, ...enc.encode_ordinary(doc));
 process.stdout.write(out.join("\n") + "\n");
 enc.free();
 JS
-for c in cl100k_base:4:100277 o200k_base:5:200019; do
+for c in cl100k_base:4:100277 o200k_base:5:200019 llama3:6:128256; do
     e=${c%%:*} rest=${c#*:} code=${rest%%:*} V=${rest#*:}
     "$MODTRAIN" prep --out "prep-$e" --tokenizer "$e" --vocab "$ranks/$e.tiktoken" --doc-sep % \
         --val-fraction 0 --threads 2 "$fortunes/fortunes" > "prep-$e.log" ||
@@ -136,7 +150,7 @@ if h[0] != 20240801 or h[1] != 7 or h[3] != int(sys.argv[3]) or h[4] != int(sys.
 print("\n".join(str(t) for t in struct.unpack("<%dI" % h[2], raw[1024:])))
 PY
     cmp -s "shard-$e.ids" "docs-$e.ids" &&
-        ok "prep --tokenizer $e: $(grep -c '^'"$(head -n 1 "docs-$e.ids")"'$' "docs-$e.ids") fortunes, each after <|endoftext|>, hold tiktoken's ids; uint32 shard, tokenizer $code, vocabulary $V" ||
+        ok "prep --tokenizer $e: $(grep -c '^'"$(head -n 1 "docs-$e.ids")"'$' "docs-$e.ids") fortunes, each after token $(head -n 1 "docs-$e.ids"), hold tiktoken's ids; uint32 shard, tokenizer $code, vocabulary $V" ||
         fail "prep --tokenizer $e: the shard differs from tiktoken's ids: $(diff "shard-$e.ids" "docs-$e.ids" | head -n 4 | tr '\n' ' ')"
 done
 # a model of o200k_base's 200,019 tokens trains on them, on one rank and
