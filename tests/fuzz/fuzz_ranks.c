@@ -1,5 +1,5 @@
 /* Fuzz harness: a tiktoken rank file (bpe_from_ranks), of the encoding the
- * input's first byte picks (r50k_base, cl100k_base, o200k_base), and on
+ * input's first byte picks (r50k_base, cl100k_base, o200k_base, llama3), and on
  * what it accepted, the encoding of the input itself, which must decode to
  * it byte for byte. */
 #include <stdlib.h>
@@ -10,9 +10,9 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size == 0) return 0;
-    static const char *const encodings[3] = {"r50k_base", "cl100k_base", "o200k_base"};
+    static const char *const encodings[4] = {"r50k_base", "cl100k_base", "o200k_base", "llama3"};
     Err err;
-    Bpe *b = bpe_from_ranks((const char *)data + 1, size - 1, encodings[data[0] % 3], &err);
+    Bpe *b = bpe_from_ranks((const char *)data + 1, size - 1, encodings[data[0] % 4], &err);
     if (!b) return 0;
     BpeIds ids = {0};
     bpe_encode(b, (const char *)data, size, &ids);
