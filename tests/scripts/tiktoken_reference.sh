@@ -21,7 +21,8 @@
 #   the rank file and refuses another encoding's;
 # - a damaged rank file, or one given as another encoding's, is one line.
 # MODTRAIN_SKIP_SLOW (the sanitizer pass): three fortunes files by name
-# rather than every one, and no tp 2 run. Skips like bpe_reference.sh without node, npm or
+# rather than every one, and no training (the model's code is the other
+# tests'; its 200,019-token head is this test's slowest part there). Skips like bpe_reference.sh without node, npm or
 # the registry, unless MODTRAIN_REQUIRE_REFERENCE=1 (CI).
 . "$(dirname "$0")/lib.sh"
 top=$srcdir
@@ -157,23 +158,23 @@ done
 # under tp 2 (the vocabulary-parallel head), to the same losses and
 # weights; the checkpoint records the encoding and its hash, and sample
 # takes the rank file (and refuses another encoding's)
-common="--config $srcdir/jobs/tiny.conf --train_data prep-o200k_base/train_*.bin --val_data= --steps 3 \
-    --micro_batch 4 --eval_every 0 --log_every 1 --threads 1 --ckpt_every 0"
-train_ok one
-if [ $slow = 1 ]; then
+if [ $slow = 1 ]; then # (the sanitizer pass: the shards above are what is new)
+    common="--config $srcdir/jobs/tiny.conf --train_data prep-o200k_base/train_*.bin --val_data= --steps 3 \
+        --micro_batch 4 --eval_every 0 --log_every 1 --threads 1 --ckpt_every 0"
+    train_ok one
     train_ok tp2 2 --tp 2
     close_runs one tp2 2e-5 3 && ok "vocabulary 200019: tp 2 (the head split by vocabulary) = one rank, 3 steps" ||
         { cat diff.txt; fail "vocabulary 200019: tp 2 differs from one rank"; }
+    hash=$("$MODTRAIN" tokenize --vocab "$ranks/o200k_base.tiktoken" --hash | sed -n 's/^tokenizer_hash //p')
+    "$MODTRAIN" ckpt inspect --ckpt one/ckpt > inspect.txt 2>&1 || true
+    grep -q "tokenizer.*o200k_base" inspect.txt && grep -q "$hash" inspect.txt && grep -q "vocab_size.*200019" inspect.txt &&
+        ok "3 steps on o200k_base shards: the checkpoint records tokenizer o200k_base, hash $hash, vocab_size 200019" ||
+        { cat inspect.txt; fail "the checkpoint does not record o200k_base, $hash and 200019"; }
+    "$MODTRAIN" sample --ckpt one/ckpt --vocab "$ranks/o200k_base.tiktoken" --prompt "The" --tokens 4 --ids ids.txt > sample.txt 2>&1 &&
+        [ "$(awk '$1 >= 0 && $1 < 200019' ids.txt | wc -l)" -ge 4 ] &&
+        ok "sample with the rank file: ids $(tr '\n' ' ' < ids.txt)" || { cat sample.txt ids.txt; fail "sample with o200k_base.tiktoken"; }
+    expect_error "100256 tokens; o200k_base's rank file has 199998" "$MODTRAIN" sample --ckpt one/ckpt --vocab "$ranks/cl100k_base.tiktoken" --tokens 4
 fi
-hash=$("$MODTRAIN" tokenize --vocab "$ranks/o200k_base.tiktoken" --hash | sed -n 's/^tokenizer_hash //p')
-"$MODTRAIN" ckpt inspect --ckpt one/ckpt > inspect.txt 2>&1 || true
-grep -q "tokenizer.*o200k_base" inspect.txt && grep -q "$hash" inspect.txt && grep -q "vocab_size.*200019" inspect.txt &&
-    ok "3 steps on o200k_base shards: the checkpoint records tokenizer o200k_base, hash $hash, vocab_size 200019" ||
-    { cat inspect.txt; fail "the checkpoint does not record o200k_base, $hash and 200019"; }
-"$MODTRAIN" sample --ckpt one/ckpt --vocab "$ranks/o200k_base.tiktoken" --prompt "The" --tokens 4 --ids ids.txt > sample.txt 2>&1 &&
-    [ "$(awk '$1 >= 0 && $1 < 200019' ids.txt | wc -l)" -ge 4 ] &&
-    ok "sample with the rank file: ids $(tr '\n' ' ' < ids.txt)" || { cat sample.txt ids.txt; fail "sample with o200k_base.tiktoken"; }
-expect_error "100256 tokens; o200k_base's rank file has 199998" "$MODTRAIN" sample --ckpt one/ckpt --vocab "$ranks/cl100k_base.tiktoken" --tokens 4
 # damaged rank files: one line each, exit 2
 head -n 100 "$ranks/cl100k_base.tiktoken" > short.tiktoken
 sed '5s/ 4$/ 3/' "$ranks/r50k_base.tiktoken" > twice.tiktoken
