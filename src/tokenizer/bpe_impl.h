@@ -70,6 +70,10 @@ typedef struct {
  * would go. */
 size_t pair_home(const PairMap *p, uint64_t key);
 size_t pair_find(const PairMap *p, uint64_t key);
+/* pair_find, counted in p's probes (while a vocabulary loads). */
+size_t pair_find_counted(PairMap *p, uint64_t key);
+/* An empty table for up to entries pairs (at most half full), keyed anew. */
+void pair_init(PairMap *p, size_t entries);
 
 /* Shared by a Bpe and its clones. */
 typedef struct {

@@ -228,14 +228,8 @@ static int32_t merge_side(Vocab *v, const uint8_t *s, size_t n, uint8_t *bytes, 
 static int load_merges(Vocab *v, const uint8_t *s, size_t n, Err *err) {
     size_t lines = 1;
     for (size_t i = 0; i < n; i++) lines += s[i] == '\n';
-    size_t slots = 64;
-    while (slots < 2 * lines) slots *= 2;
     PairMap *p = &v->merges;
-    p->key = xcalloc(slots, sizeof *p->key);
-    p->rank = xcalloc(slots, sizeof *p->rank);
-    p->to = xcalloc(slots, sizeof *p->to);
-    p->mask = slots - 1;
-    p->hkey = table_key();
+    pair_init(p, lines);
     size_t longest = 0;
     for (int i = 0; i < v->vocab; i++)
         if (v->tok_len[i] > longest) longest = v->tok_len[i];
@@ -261,11 +255,7 @@ static int load_merges(Vocab *v, const uint8_t *s, size_t n, Err *err) {
             to = (int32_t)strmap_get(&v->tokens, bytes, v->tok_len[a] + v->tok_len[b], -1);
         }
         const uint64_t key = ((uint64_t)(uint32_t)a << 32 | (uint32_t)b) + 1;
-        size_t slot = 0;
-        if (to >= 0) {
-            slot = pair_find(p, key);
-            p->probes.lookups++, p->probes.probes += ((slot - pair_home(p, key)) & p->mask) + 1;
-        }
+        const size_t slot = to >= 0 ? pair_find_counted(p, key) : 0;
         if (to < 0)
             rc = err_set(err,
                          "vocab.bpe: line %zu: expected 'A B', two tokens of encoder.json "

@@ -159,14 +159,8 @@ static long load_ranks(Vocab *v, const uint8_t *s, size_t n, Err *err) {
 static void derive_merges(Vocab *v, int ranks) {
     size_t pairs = 0;
     for (int i = 0; i < ranks; i++) pairs += v->tok_len[i] > 1 ? v->tok_len[i] - 1 : 0;
-    size_t slots = 64;
-    while (slots < 2 * pairs) slots *= 2;
     PairMap *p = &v->merges;
-    p->key = xcalloc(slots, sizeof *p->key);
-    p->rank = xcalloc(slots, sizeof *p->rank);
-    p->to = xcalloc(slots, sizeof *p->to);
-    p->mask = slots - 1;
-    p->hkey = table_key();
+    pair_init(p, pairs);
     for (int t = 0; t < ranks; t++) {
         const uint8_t *w = v->tokens.arena + v->tok_off[t];
         for (uint32_t k = 1; k < v->tok_len[t]; k++) {
@@ -174,8 +168,7 @@ static void derive_merges(Vocab *v, int ranks) {
             const int64_t b = strmap_get(&v->tokens, w + k, v->tok_len[t] - k, -1);
             if (a < 0 || b < 0 || a >= ranks || b >= ranks) continue;
             const uint64_t key = ((uint64_t)a << 32 | (uint64_t)b) + 1;
-            const size_t slot = pair_find(p, key);
-            p->probes.lookups++, p->probes.probes += ((slot - pair_home(p, key)) & p->mask) + 1;
+            const size_t slot = pair_find_counted(p, key);
             p->key[slot] = key, p->rank[slot] = t, p->to[slot] = t; /* one token per pair */
         }
     }

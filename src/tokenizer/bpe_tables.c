@@ -213,6 +213,22 @@ size_t pair_find(const PairMap *p, uint64_t key) {
         if (p->key[i] == 0 || p->key[i] == key) return i;
 }
 
+void pair_init(PairMap *p, size_t entries) {
+    size_t slots = 64;
+    while (slots < 2 * entries) slots *= 2;
+    p->key = xcalloc(slots, sizeof *p->key);
+    p->rank = xcalloc(slots, sizeof *p->rank);
+    p->to = xcalloc(slots, sizeof *p->to);
+    p->mask = slots - 1;
+    p->hkey = table_key();
+}
+
+size_t pair_find_counted(PairMap *p, uint64_t key) {
+    const size_t slot = pair_find(p, key);
+    p->probes.lookups++, p->probes.probes += ((slot - pair_home(p, key)) & p->mask) + 1;
+    return slot;
+}
+
 void bpe_vocab_free(Vocab *v) {
     strmap_free(&v->tokens);
     free(v->tok_off);
