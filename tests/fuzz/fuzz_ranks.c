@@ -16,5 +16,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     Bpe *b = bpe_from_ranks((const char *)data + 1, size - 1, encodings[data[0] % 4], &err);
     if (!b) return 0;
     fuzz_bpe_roundtrip(b, data, size);
+    bpe_free(b);
     return 0;
 }

@@ -18,5 +18,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     Bpe *b = bpe_from_memory((const char *)data, elen, merges, mlen, &err);
     if (!b) return 0;
     fuzz_bpe_roundtrip(b, data, size);
+    bpe_free(b);
     return 0;
 }
