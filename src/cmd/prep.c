@@ -67,6 +67,10 @@ static void usage(void) {
            "                       (jobs/get_tokenizers.sh); <|endoftext|> (llama3:\n"
            "                       <|begin_of_text|>) before each document; uint32 shards\n"
            "                       past 65,536 tokens\n"
+           "  --tokenizer hf       a Hugging Face tokenizer.json of a byte-level BPE model\n"
+           "                       (GPT-2's, Llama 3's) from --vocab FILE; before each\n"
+           "                       document its template's token, else <|endoftext|> or\n"
+           "                       <|begin_of_text|>\n"
            "  --doc_sep LINE       text: documents are the pieces between lines equal to LINE\n"
            "                       (--doc_sep %% for fortune files); empty pieces are dropped\n"
            "  --jsonl KEY          JSON Lines: each line an object whose string under KEY is a\n"
@@ -217,9 +221,13 @@ int prep_main(int argc, char **argv) {
         }
     } else if (code > SHARD_TOK_GPT2) {
         if (!pa.vocab) {
-            errorf("prep: --tokenizer %s needs --vocab FILE, its rank file (%s.tiktoken; "
-                   "jobs/get_tokenizers.sh DIR places it)",
-                   pa.tokenizer, pa.tokenizer);
+            if (code == SHARD_TOK_HF)
+                errorf("prep: --tokenizer hf needs --vocab FILE, a tokenizer.json "
+                       "(jobs/get_tokenizers.sh DIR places GPT-2's and Llama 3's)");
+            else
+                errorf("prep: --tokenizer %s needs --vocab FILE, its rank file (%s.tiktoken; "
+                       "jobs/get_tokenizers.sh DIR places it)",
+                       pa.tokenizer, pa.tokenizer);
             goto done;
         }
         Err err;
@@ -229,7 +237,7 @@ int prep_main(int argc, char **argv) {
         }
     } else if (code != SHARD_TOK_BYTE) {
         errorf("prep: --tokenizer '%s' is not available (expected byte, gpt2, r50k_base, "
-               "cl100k_base, o200k_base or llama3)",
+               "cl100k_base, o200k_base, llama3 or hf)",
                pa.tokenizer);
         goto done;
     }

@@ -102,10 +102,11 @@ int tokenize_main(int argc, char **argv) {
                    "writes their bytes. Text that looks like a special token is text.\n\n"
                    "options:\n"
                    "  --vocab PATH      GPT-2's files: a folder of encoder.json and vocab.bpe\n"
-                   "                    (jobs/get_gpt2_vocab.sh DIR); or a tiktoken rank file\n"
+                   "                    (jobs/get_gpt2_vocab.sh DIR); a tiktoken rank file; or\n"
+                   "                    a Hugging Face tokenizer.json (a name ending .json)\n"
                    "  --encoding NAME   a rank file's encoding, which gives its pattern and\n"
                    "                    special tokens: %s (default: the\n"
-                   "                    file's name, NAME.tiktoken)\n"
+                   "                    file's name, NAME.tiktoken); hf: a tokenizer.json\n"
                    "  --decode          ids to text\n"
                    "  --hash            print the vocabulary's size and hash (config's "
                    "tokenizer_hash)\n",

@@ -74,7 +74,7 @@ static const KeySpec keys[] = {
     {"moe_aux_weight", K_FLOAT, 0, OFF(moe_aux_weight), "0.01", 0, BIG, 0, NULL,
      "weight of the experts' load-balancing loss"},
     {"tokenizer", K_ENUM, 2, OFF(tokenizer), "auto", 0, 0, 0,
-     "auto|byte|gpt2|none|r50k_base|cl100k_base|o200k_base|llama3",
+     "auto|byte|gpt2|none|r50k_base|cl100k_base|o200k_base|llama3|hf",
      "how ids map to text; auto = as the training shard's header says"},
     {"tokenizer_hash", K_STR, 2, OFF(tokenizer_hash), "", 0, 0, 0, NULL,
      "the vocabulary's hash (16 hex digits); empty = the shard's"},
@@ -178,7 +178,8 @@ const char *config_model_key(int i) {
 }
 
 int config_tokenizer_is_bpe(Tokenizer t) {
-    return t == TOK_GPT2 || t == TOK_R50K || t == TOK_CL100K || t == TOK_O200K || t == TOK_LLAMA3;
+    return t == TOK_GPT2 || t == TOK_R50K || t == TOK_CL100K || t == TOK_O200K || t == TOK_LLAMA3 ||
+           t == TOK_HF;
 }
 
 const char *config_tokenizer_encoding(Tokenizer t) {
@@ -186,6 +187,7 @@ const char *config_tokenizer_encoding(Tokenizer t) {
            : t == TOK_CL100K ? "cl100k_base"
            : t == TOK_O200K  ? "o200k_base"
            : t == TOK_LLAMA3 ? "llama3"
+           : t == TOK_HF     ? "hf"
                              : NULL;
 }
 

@@ -36,7 +36,8 @@ typedef enum {
     TOK_R50K = 4,
     TOK_CL100K = 5,
     TOK_O200K = 6,
-    TOK_LLAMA3 = 7
+    TOK_LLAMA3 = 7,
+    TOK_HF = 8 /* a tokenizer.json: vocabulary and specials from the file */
 } Tokenizer;
 
 #define CONFIG_HASH_HEX 16 /* tokenizer_hash: 64 bits in hex */

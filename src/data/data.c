@@ -125,7 +125,7 @@ void shard_free(Shard *s) {
 }
 
 static const char *const TOKENIZER_NAMES[SHARD_TOK_LAST + 1] = {
-    "unknown", "byte", "gpt2", "r50k_base", "cl100k_base", "o200k_base", "llama3"};
+    "unknown", "byte", "gpt2", "r50k_base", "cl100k_base", "o200k_base", "llama3", "hf"};
 
 const char *shard_tokenizer_name(int tokenizer) {
     return tokenizer > 0 && tokenizer <= SHARD_TOK_LAST ? TOKENIZER_NAMES[tokenizer] : "unknown";

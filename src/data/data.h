@@ -35,7 +35,8 @@ enum {
     SHARD_TOK_CL100K = 4,
     SHARD_TOK_O200K = 5,
     SHARD_TOK_LLAMA3 = 6,
-    SHARD_TOK_LAST = SHARD_TOK_LLAMA3
+    SHARD_TOK_HF = 7, /* a Hugging Face tokenizer.json: the vocabulary's hash tells which */
+    SHARD_TOK_LAST = SHARD_TOK_HF
 };
 
 /* What modtrain records in a shard's header beyond the count; zero where

@@ -33,10 +33,16 @@ Bpe *bpe_from_memory(const char *encoder_json, size_t elen, const char *vocab_bp
  * llama3 (Llama 3's tokenizer.model). A piece that
  * is a token whole is that token, as tiktoken encodes. */
 Bpe *bpe_from_ranks(const char *text, size_t n, const char *encoding, Err *err);
-/* The vocabulary at path: a folder (bpe_load) or a rank file of encoding
+/* A vocabulary from a Hugging Face tokenizer.json of a byte-level BPE
+ * model (GPT-2's, Llama 3's); anything else in it that would change the
+ * ids is refused in one line naming it. */
+Bpe *bpe_from_hf(const char *text, size_t n, Err *err);
+/* The vocabulary at path: a folder (bpe_load), a tokenizer.json (encoding
+ * "hf", or NULL or "" and a name ending .json) or a rank file of encoding
  * (NULL or "": taken from a file named ENCODING.tiktoken). */
 Bpe *bpe_open(const char *path, const char *encoding, Err *err);
-/* A rank file's encoding ("cl100k_base"), NULL for GPT-2's files. */
+/* A rank file's encoding ("cl100k_base"), "hf" for a tokenizer.json,
+ * NULL for GPT-2's files. */
 const char *bpe_encoding(const Bpe *b);
 /* The encodings a rank file may belong to, for messages. */
 const char *bpe_encoding_names(void);

@@ -6,13 +6,17 @@
  *   bpe.c         encode and decode, the accessors of a loaded Bpe
  *   bpe_load.c    encoder.json and vocab.bpe read and checked, a Bpe made
  *                 from a vocabulary of either kind
+ *   bpe_hf.c      a Hugging Face tokenizer.json read and checked
  *   bpe_ranks.c   a tiktoken rank file read and checked, with its encoding
+ *   bpe_bytes.c   GPT-2's byte alphabet, vocabularies and merges written in
+ *                 it (GPT-2's files', tokenizer.json's), JSON in a budget
  *   bpe_tables.c  the keyed hash tables, a vocabulary freed
  */
 #ifndef MODTRAIN_BPE_IMPL_H
 #define MODTRAIN_BPE_IMPL_H
 
 #define PCRE2_CODE_UNIT_WIDTH 8
+#include <jansson.h>
 #include <pcre2.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -88,9 +92,11 @@ typedef struct {
     uint64_t hash; /* bpe_hash */
     pcre2_code *re;
     const char *pattern; /* the pre-tokenisation, before it is compiled */
+    char *own_pattern;   /* pattern, when a tokenizer.json gave it */
     int ranks;           /* a rank file's tokens (ids below: mergeable); 0 for GPT-2's files */
     int whole_first;     /* a piece that is a token whole is that token (tiktoken's) */
-    const char *encoding; /* a rank file's encoding; NULL for GPT-2's files */
+    const char *encoding; /* a rank file's encoding, "hf" for a tokenizer.json; NULL for
+                             GPT-2's files */
 } Vocab;
 
 /* The largest vocabulary a file may give. */
@@ -99,8 +105,45 @@ typedef struct {
 /* A vocabulary from a tiktoken rank file of the named encoding (its
  * pattern and specials); NULL with err saying what is wrong. */
 Vocab *bpe_vocab_from_ranks(const char *text, size_t n, const char *encoding, Err *err);
+/* A vocabulary from a Hugging Face tokenizer.json (NULL with err). */
+Vocab *bpe_vocab_from_hf(const char *text, size_t n, Err *err);
 /* Frees a vocabulary (its tables, its compiled pattern). */
 void bpe_vocab_free(Vocab *v);
+
+/* bpe_bytes.c: GPT-2's byte alphabet into v->inverse (code point -> byte). */
+void alphabet_init(Vocab *v);
+/* One UTF-8 code point from s[*i..n); -1 when it is not valid UTF-8. */
+int32_t utf8_next(const uint8_t *s, size_t n, size_t *i);
+/* A token written in the alphabet (UTF-8) -> its bytes into out (at most
+ * n): their count, or -1 for a character outside it or an empty token. */
+long alphabet_bytes(const Vocab *v, const char *s, size_t n, uint8_t *out);
+/* A token for a message: quoted, at most 40 bytes, other than printable
+ * ASCII as \xNN. */
+void token_text(const char *k, size_t len, char *out, size_t cap);
+/* A JSON object of alphabet tokens to integer ids into v->tokens; 0, or -1
+ * with err "WHERE: the token ...". */
+int vocab_tokens_from_json(Vocab *v, const json_t *obj, const char *where, Err *err);
+/* Ids [0, vocab) -> bytes (each given once at most; the tokens' ids at or
+ * past vocab are left out), and the 256 bytes' ids; 0 or -1 with err. */
+int vocab_index(Vocab *v, int vocab, const char *where, Err *err);
+/* v->hash from every token in id order (an id with no token: length 0). */
+void vocab_hash_tokens(Vocab *v);
+
+/* Merges added in rank order, each hashed into v->hash after the tokens. */
+typedef struct {
+    uint8_t *bytes; /* scratch: two tokens */
+    size_t longest; /* bytes of the longest token */
+    int32_t rank;   /* of the next merge */
+} Merging;
+void merges_begin(Vocab *v, size_t count, Merging *m);
+/* The merge of the tokens written a and b: 0, -1 when either is not a
+ * token or their concatenation is not one, -2 when listed before. */
+int merge_add(Vocab *v, Merging *m, const char *a, size_t al, const char *b, size_t bl);
+void merges_end(Merging *m);
+
+/* json_loadb (duplicate keys refused) with jansson's tree held to budget
+ * bytes; past it, NULL with *over set. */
+json_t *json_load_budget(const char *s, size_t n, size_t budget, json_error_t *jerr, int *over);
 
 struct Bpe {
     Vocab *v;

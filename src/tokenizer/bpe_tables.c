@@ -237,5 +237,6 @@ void bpe_vocab_free(Vocab *v) {
     free(v->merges.rank);
     free(v->merges.to);
     if (v->re) pcre2_code_free(v->re);
+    free(v->own_pattern);
     free(v);
 }

@@ -215,7 +215,8 @@ static const struct {
     int shard;
 } TOKENIZERS[] = {{TOK_BYTE, SHARD_TOK_BYTE},   {TOK_GPT2, SHARD_TOK_GPT2},
                   {TOK_R50K, SHARD_TOK_R50K},   {TOK_CL100K, SHARD_TOK_CL100K},
-                  {TOK_O200K, SHARD_TOK_O200K}, {TOK_LLAMA3, SHARD_TOK_LLAMA3}};
+                  {TOK_O200K, SHARD_TOK_O200K}, {TOK_LLAMA3, SHARD_TOK_LLAMA3},
+                  {TOK_HF, SHARD_TOK_HF}};
 
 Tokenizer tokenizer_of_shard(int shard_tokenizer) {
     for (size_t i = 0; i < sizeof TOKENIZERS / sizeof TOKENIZERS[0]; i++)

@@ -5,7 +5,7 @@
 # report, in any build a crash.
 . "$(dirname "$0")/../scripts/lib.sh"
 bin=$(dirname "$MODTRAIN")/tests/fuzz
-for t in config shard index safetensors vocab ranks cluster plan merges decode spec prep; do
+for t in config shard index safetensors vocab ranks hf cluster plan merges decode spec prep; do
     dirs="$srcdir/tests/fuzz/seeds/$t"
     [ -d "$srcdir/tests/fuzz/regressions/$t" ] && dirs="$dirs $srcdir/tests/fuzz/regressions/$t"
     # shellcheck disable=SC2086 # two directories

@@ -12,7 +12,7 @@ set -eu
 srcdir=${srcdir:-$(cd "$(dirname "$0")/../.." && pwd)}
 seconds=${FUZZ_SECONDS:-60}
 out=${FUZZ_OUT:-fuzz-out}
-targets=${FUZZ_TARGETS:-config shard index safetensors vocab ranks cluster plan merges decode spec prep}
+targets=${FUZZ_TARGETS:-config shard index safetensors vocab ranks hf cluster plan merges decode spec prep}
 jobs=${FUZZ_JOBS:-$(nproc)}
 # the library compiles on every core, whatever FUZZ_JOBS runs side by side
 build_jobs=$(nproc)

@@ -1,0 +1,136 @@
+#!/bin/sh
+# Hugging Face tokenizer.json files against Hugging Face's tokenizers
+# itself (the npm package tokenizers 0.23.2, its native build, run with
+# node):
+# - `modtrain tokenize` with GPT-2's and Llama 3's tokenizer.json
+#   (jobs/get_tokenizers.sh) gives tokenizers' ids (no template tokens) on
+#   the fortunes text and the stress text, whose one exact added token is
+#   changed for GPT-2 (tokenizers takes an added token's spelling in a text
+#   as that token; modtrain encodes a document as text), and the ids
+#   decode back to the texts and to random bytes;
+# - Llama 3's file as tokenizers 0.23 saves it (merges as pairs) gives the
+#   same hash (tokens, merges, pattern, ignore_merges, separator: the same
+#   ids);
+# - GPT-2's tokenizer.json gives GPT-2's two files' ids and their hash, so
+#   shards of either train the same model;
+# - prep --tokenizer hf writes the ids the rank file llama3.tiktoken gives,
+#   after <|begin_of_text|>, in a shard recording tokenizer 7; a model
+#   trains on GPT-2's tokenizer.json shards and sample takes the file;
+# - what modtrain does not read (another model, pre-tokeniser or
+#   normalizer, byte fallback, a file past the JSON budget, bad JSON) is
+#   one line each.
+# MODTRAIN_SKIP_SLOW (the sanitizer pass): three fortunes files, no
+# training. Skips like bpe_reference.sh without node, npm or the registry,
+# unless MODTRAIN_REQUIRE_REFERENCE=1 (CI).
+. "$(dirname "$0")/lib.sh"
+top=$srcdir
+. "$srcdir/tests/scripts/gpt2_ref.sh"
+. "$srcdir/tests/scripts/tok_texts.sh"
+fortunes=${FORTUNES_DIR:-/usr/share/games/fortunes}
+[ -d "$fortunes" ] || unavailable "the fortunes package is not installed (apt-get install fortunes)"
+why=$(gpt2_ref_setup 2>&1) || unavailable "$why"
+ranks=$cache/tiktoken
+hf=$cache/tokenizers-0.23.2
+"$srcdir/jobs/get_tokenizers.sh" "$ranks" > /dev/null || unavailable "jobs/get_tokenizers.sh failed"
+if [ ! -f "$hf/node_modules/tokenizers/package.json" ]; then
+    mkdir -p "$hf"
+    (cd "$hf" && npm install --silent --no-save --no-audit --no-fund tokenizers@0.23.2 > /dev/null) ||
+        unavailable "tokenizers could not be installed from the npm registry"
+fi
+cd "$TMP"
+cat > ref.js <<'JS'
+// TOKENIZER.JSON FILE...: tokenizers' ids of each file (no template
+// tokens), one a line, into FILE.ref; with --save OUT, the file as
+// tokenizers saves it
+const { Tokenizer } = require("tokenizers");
+const fs = require("fs");
+const t = Tokenizer.fromFile(process.argv[2]);
+if (process.argv[3] === "--save") return t.save(process.argv[4]);
+(async () => {
+    for (const f of process.argv.slice(3)) {
+        const e = await t.encode(fs.readFileSync(f, "utf8"), null, { addSpecialTokens: false });
+        fs.writeFileSync(f + ".ref", e.getIds().map((id) => id + "\n").join(""));
+    }
+})();
+JS
+tok_texts
+gpt2=$ranks/gpt2/tokenizer.json llama3=$ranks/llama3/tokenizer.json
+NODE_PATH="$hf/node_modules" node ref.js "$llama3" --save pairs.json
+for c in "gpt2:$gpt2" "llama3:$llama3"; do
+    name=${c%%:*} file=${c#*:}
+    sed 's/<|endoftext|>/<|endoftext|\/>/' stress.txt > stress-hf.txt
+    NODE_PATH="$hf/node_modules" node ref.js "$file" stress-hf.txt fortunes.txt
+    for f in stress-hf.txt fortunes.txt; do
+        "$MODTRAIN" tokenize --vocab "$file" "$f" > "$f.mine"
+        cmp -s "$f.mine" "$f.ref" || fail "$name: ids other than tokenizers' on $f: $(diff "$f.mine" "$f.ref" | head -n 4 | tr '\n' ' ')"
+    done
+    ok "$name tokenizer.json: tokenizers' ids on the stress text and $n fortunes files ($(cat ./*.txt.ref | wc -l) ids)"
+done
+# decoding: Llama 3's (GPT-2's tokenizer.json is GPT-2's files, by its hash below)
+for c in "llama3:$llama3"; do
+    name=${c%%:*} file=${c#*:}
+    for f in stress.txt fortunes.txt random.bin; do
+        "$MODTRAIN" tokenize --vocab "$file" "$f" | "$MODTRAIN" tokenize --vocab "$file" --decode |
+            cmp -s - "$f" || fail "$name: $f does not decode back"
+    done
+    ok "$name tokenizer.json: the texts and random bytes decode back to their bytes"
+done
+# the hash covers tokens, merges, pattern, ignore_merges and the separator:
+# the same hash is the same ids
+[ "$("$MODTRAIN" tokenize --vocab pairs.json --hash)" = "$("$MODTRAIN" tokenize --vocab "$llama3" --hash)" ] &&
+    ok "llama3: the file tokenizers 0.23 saves (merges as pairs) hashes as the one with strings" ||
+    fail "llama3: pairs and strings hash apart"
+for f in stress.txt fortunes.txt; do
+    "$MODTRAIN" tokenize --vocab "$vocab" "$f" > "$f.gpt2"
+    "$MODTRAIN" tokenize --vocab "$gpt2" "$f" | cmp -s - "$f.gpt2" || fail "gpt2 tokenizer.json: ids other than GPT-2's files' on $f"
+done
+[ "$("$MODTRAIN" tokenize --vocab "$gpt2" --hash)" = "$("$MODTRAIN" tokenize --vocab "$vocab" --hash)" ] &&
+    ok "gpt2 tokenizer.json: GPT-2's files' ids on every text, and their hash" ||
+    fail "gpt2 tokenizer.json: another hash than GPT-2's files'"
+# prep: Llama 3's tokenizer.json = its rank file, each fortune after <|begin_of_text|>
+"$MODTRAIN" prep --out prep-hf --tokenizer hf --vocab "$llama3" --doc_sep % --val_fraction 0 \
+    "$fortunes/fortunes" > prep-hf.log || { cat prep-hf.log; fail "prep --tokenizer hf failed"; }
+"$MODTRAIN" prep --out prep-l3 --tokenizer llama3 --vocab "$ranks/llama3.tiktoken" --doc_sep % \
+    --val_fraction 0 "$fortunes/fortunes" > prep-l3.log || { cat prep-l3.log; fail "prep --tokenizer llama3 failed"; }
+"$PYTHON" - prep-hf/train_000000.bin prep-l3/train_000000.bin <<'PY' || fail "prep --tokenizer hf: the shard is not the rank file's"
+import struct, sys
+a, b = (open(p, "rb").read() for p in sys.argv[1:])
+ha, hb = struct.unpack("<5i", a[:20]), struct.unpack("<5i", b[:20])
+assert ha[:4] == hb[:4] and ha[4] == 7 and hb[4] == 6, (ha, hb)
+assert a[1024:] == b[1024:] and struct.unpack("<I", a[1024:1028])[0] == 128000
+print("ok: prep --tokenizer hf: %d tokens of 431 fortunes, those of llama3.tiktoken after <|begin_of_text|>; tokenizer 7, vocabulary %d" % (ha[2], ha[3]))
+PY
+if [ $slow = 1 ]; then
+    "$MODTRAIN" prep --out prep-g2 --tokenizer hf --vocab "$gpt2" --doc_sep % --val_fraction 0 \
+        "$fortunes/fortunes" > prep-g2.log || { cat prep-g2.log; fail "prep --tokenizer hf (gpt2) failed"; }
+    common="--config $srcdir/jobs/tiny.conf --train_data prep-g2/train_*.bin --val_data= --steps 2 \
+        --micro_batch 4 --eval_every 0 --threads 1 --ckpt_every 0"
+    train_ok one
+    "$MODTRAIN" sample --ckpt one/ckpt --vocab "$gpt2" --prompt "The" --tokens 4 --ids ids.txt > sample.txt 2>&1 &&
+        [ "$(wc -l < ids.txt)" -ge 4 ] && ok "2 steps on tokenizer.json shards (tokenizer hf); sample takes the file" ||
+        { cat sample.txt; fail "sample with GPT-2's tokenizer.json"; }
+fi
+# what modtrain does not read, one line each
+"$PYTHON" - "$gpt2" <<'PY'
+import json, sys
+base = open(sys.argv[1], encoding="utf-8").read()
+def edit(name, f):
+    d = json.loads(base)
+    f(d)
+    json.dump(d, open(name + ".json", "w"), ensure_ascii=False)
+edit("unigram", lambda d: d["model"].update(type="Unigram"))
+edit("wordpiece", lambda d: d["model"].update(type="WordPiece"))
+edit("metaspace", lambda d: d.update(pre_tokenizer={"type": "Metaspace", "replacement": "\u2581"}))
+edit("nfc", lambda d: d.update(normalizer={"type": "NFC"}))
+edit("fallback", lambda d: d["model"].update(byte_fallback=True))
+edit("badmerge", lambda d: d["model"]["merges"].insert(5, "x yz"))
+open("bomb.json", "w").write("[" + ",".join(["[]"] * (9 << 20)) + "]")
+open("cut.json", "w").write(base[:5000])
+PY
+for c in "unigram:model Unigram is not supported" "wordpiece:model WordPiece is not supported" \
+    "metaspace:pre_tokenizer Metaspace is not supported" "nfc:normalizer NFC is not supported" \
+    "fallback:model BPE with byte_fallback is not supported" "badmerge:model.merges.5.: expected" \
+    "bomb:its JSON would take more than 256 MiB to hold" "cut:not valid JSON"; do
+    expect_error "${c#*:}" "$MODTRAIN" tokenize --vocab "${c%%:*}.json" stress.txt
+done
+finish
