@@ -161,8 +161,12 @@ static void bpe_piece(Bpe *b, const uint8_t *w, size_t n, BpeIds *out) {
     b->cache_n += count;
 }
 
+/* Pieces are the pattern's matches and the text between them (bytes that
+ * are not UTF-8); an empty match (a tokenizer.json's pattern may have one)
+ * is no piece, and the search goes on from the next byte. */
 void bpe_encode(Bpe *b, const char *text, size_t n, BpeIds *out) {
     const uint8_t *s = (const uint8_t *)text;
+    size_t gap = 0; /* where the text not yet in a piece begins */
     for (size_t at = 0; at < n;) {
         const int rc = pcre2_match(b->v->re, s, n, at, 0, b->md, b->mctx);
         size_t from = n, to = n;
@@ -172,10 +176,15 @@ void bpe_encode(Bpe *b, const char *text, size_t n, BpeIds *out) {
         } else if (rc != PCRE2_ERROR_NOMATCH) { /* a limit of PCRE2's: this byte alone */
             from = at, to = at + 1;
         }
-        if (from > at) bpe_piece(b, s + at, from - at, out); /* bytes that are not UTF-8 */
+        if (to == from && from < n) {
+            at = from + 1;
+            continue;
+        }
+        if (from > gap) bpe_piece(b, s + gap, from - gap, out);
         if (to > from) bpe_piece(b, s + from, to - from, out);
-        at = to > at ? to : at + 1;
+        gap = at = to;
     }
+    if (gap < n) bpe_piece(b, s + gap, n - gap, out);
 }
 
 /* ---------------------------------------------------------------- decode */

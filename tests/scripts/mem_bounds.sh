@@ -111,6 +111,30 @@ vocab nested
 refused_within "encoder.json: at byte 6: a '\['" "$MODTRAIN" tokenize --vocab hv --hash
 vocab big
 refused_within "encoder.json' is [0-9]* bytes, more than the 8388608 it may have" "$MODTRAIN" tokenize --vocab hv --hash
+# a tokenizer.json (at most 32 MiB): jansson's tree is held to 256 MiB, so
+# the file of the costliest JSON a byte (empty arrays), and one of a
+# model.vocab of short tokens, are refused within 512 MiB (1 GiB under
+# AddressSanitizer, whose redzones and shadow double small blocks); a
+# larger file unread
+ldd "$MODTRAIN" | grep -q libasan && LIMIT_KB=1048576
+"$PYTHON" - <<'PY'
+cap = 32 << 20
+open("arrays.json", "w").write("[" + ",".join(["[]"] * ((cap - 2) // 3)) + "]")
+a = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+head, parts, size, i = '{"model": {"type": "BPE", "merges": [], "vocab": {', [], 40, 0
+while size < cap - 16:
+    j, k = i, ""
+    while True:
+        k += a[j % 52]; j //= 52
+        if not j: break
+    e = '"%s":%d' % (k, i)
+    parts.append(e); size += len(e) + 1; i += 1
+open("short.json", "w").write(head + ",".join(parts) + "}}}")
+open("big.json", "w").write(" " * (cap + 1))
+PY
+refused_within "its JSON would take more than 256 MiB to hold" "$MODTRAIN" tokenize --vocab arrays.json --hash
+refused_within "its JSON would take more than 256 MiB to hold" "$MODTRAIN" tokenize --vocab short.json --hash
+refused_within "big.json' is [0-9]* bytes, more than the 33554432 it may have" "$MODTRAIN" tokenize --vocab big.json --hash
 LIMIT_KB=262144
 
 # prep's JSON Lines under --mem 64M: jansson's tree takes about 46 bytes a
