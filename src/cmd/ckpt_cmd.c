@@ -18,6 +18,7 @@
 #include "src/cmd/cli.h"
 #include "src/cmd/cmd.h"
 #include "src/config/config.h"
+#include "src/tokenizer/bpe.h"
 
 /* The codec mix of a checkpoint: "v1 zlib", or for version 2 the share of
  * the raw bytes in Huffman-coded planes, e.g. "v2 h 25% r 75%". */
@@ -338,14 +339,49 @@ static int check_hf_out(const char *out) {
     return 0;
 }
 
+/* --vocab of ckpt export: the tokenizer the checkpoint records, by its
+ * hash, for --format hf. 0, or -1 with the line printed. */
+static int export_tokenizer_open(const Config *cfg, const char *ckpt, int hf, const char *vocab,
+                                 Bpe **bpe) {
+    Err err;
+    if (!hf) {
+        errorf("ckpt export: --vocab is for --format hf (a safetensors file holds no tokenizer)");
+        return -1;
+    }
+    if (!config_tokenizer_is_bpe(cfg->tokenizer)) {
+        errorf("ckpt export: '%s' records tokenizer %s, not a BPE vocabulary; leave --vocab out",
+               ckpt, shard_tokenizer_name(shard_code_of_tokenizer(cfg->tokenizer)));
+        return -1;
+    }
+    if (!(*bpe = bpe_open(vocab, config_tokenizer_encoding(cfg->tokenizer), &err))) {
+        err_print(&err);
+        return -1;
+    }
+    char hex[CONFIG_HASH_HEX + 1];
+    format_vocab_hash(bpe_hash(*bpe), hex);
+    if (cfg->tokenizer_hash[0] && strcmp(hex, cfg->tokenizer_hash) != 0) {
+        errorf("ckpt export: --vocab '%s' has the hash %s, but '%s' was trained with %s; give "
+               "the vocabulary it was trained with",
+               vocab, hex, ckpt, cfg->tokenizer_hash);
+        bpe_free(*bpe);
+        *bpe = NULL;
+        return -1;
+    }
+    return 0;
+}
+
 static int export_main(int argc, char **argv) {
-    const char *ckpt = NULL, *format = "safetensors", *out = NULL;
+    const char *ckpt = NULL, *format = "safetensors", *out = NULL, *vocab = NULL;
     CliOpt opts[] = {{"ckpt", CLI_STR, &ckpt, "checkpoint (ckpt_dir or step directory)", "DIR"},
                      {"format", CLI_STR, &format,
                       "safetensors (one file) or hf (a Hugging Face folder: model.safetensors "
                       "and GPT-2's config.json)",
                       "safetensors|hf"},
                      {"out", CLI_STR, &out, "output file (safetensors) or folder (hf)", "PATH"},
+                     {"vocab", CLI_STR, &vocab,
+                      "hf: the model's tokenizer (GPT-2's folder, a rank file or a "
+                      "tokenizer.json), written as FOLDER/tokenizer.json",
+                      "PATH"},
                      {NULL, 0, NULL, NULL}};
     int h = cli_parse("ckpt export",
                       "modtrain ckpt export --ckpt DIR --format safetensors --out FILE\n"
@@ -391,18 +427,27 @@ static int export_main(int argc, char **argv) {
         model_free(&m);
         return EXIT_USAGE;
     }
+    Bpe *bpe = NULL;
+    if (vocab && export_tokenizer_open(&cfg, ckpt, hf, vocab, &bpe) != 0) {
+        model_free(&m);
+        return EXIT_USAGE;
+    }
     int rc = EXIT_OK, left_out = 0;
-    if (hf ? ckpt_export_hf(out, &m, &cfg, step, &left_out, &err) != 0
+    char tj[4200];
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", out);
+    if (hf ? ckpt_export_hf(out, &m, &cfg, step, &left_out, &err) != 0 ||
+                 (bpe && bpe_write_hf(bpe, tj, &err) != 0)
            : ckpt_export_safetensors(out, &m, &cfg, step, &err) != 0) {
         err_print(&err);
         rc = EXIT_FAILURE;
     }
     if (rc == 0 && left_out) warn_hf_left_out(ckpt, &m, left_out);
     if (rc == 0 && hf)
-        printf("ckpt export: wrote %s/model.safetensors and %s/config.json (step %d)\n", out, out,
-               step);
+        printf("ckpt export: wrote %s/model.safetensors, %s/config.json%s (step %d)\n", out, out,
+               bpe ? " and tokenizer.json" : "", step);
     else if (rc == 0)
         printf("ckpt export: wrote %s (step %d)\n", out, step);
+    bpe_free(bpe);
     model_free(&m);
     return rc;
 }

@@ -92,7 +92,7 @@ int infer_tokenizer(const Infer *in, const char *cmd, const char *vocab, Bpe **b
                        cmd, V);
     const char *enc = config_tokenizer_encoding(c->tokenizer);
     if (!vocab) {
-        if (enc && strcmp(enc, "hf") == 0)
+        if (c->tokenizer == TOK_HF)
             return err_set(err,
                            "%s: the model was trained on a tokenizer.json's tokens; pass --vocab "
                            "with that tokenizer.json",

@@ -187,7 +187,6 @@ const char *config_tokenizer_encoding(Tokenizer t) {
            : t == TOK_CL100K ? "cl100k_base"
            : t == TOK_O200K  ? "o200k_base"
            : t == TOK_LLAMA3 ? "llama3"
-           : t == TOK_HF     ? "hf"
                              : NULL;
 }
 

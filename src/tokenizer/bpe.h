@@ -37,8 +37,11 @@ Bpe *bpe_from_ranks(const char *text, size_t n, const char *encoding, Err *err);
  * model (GPT-2's, Llama 3's); anything else in it that would change the
  * ids is refused in one line naming it. */
 Bpe *bpe_from_hf(const char *text, size_t n, Err *err);
-/* The vocabulary at path: a folder (bpe_load), a tokenizer.json (encoding
- * "hf", or NULL or "" and a name ending .json) or a rank file of encoding
+/* b written to path as a Hugging Face tokenizer.json that Hugging Face's
+ * tokenizers encodes to b's ids; 0, or -1 with err. */
+int bpe_write_hf(const Bpe *b, const char *path, Err *err);
+/* The vocabulary at path: a folder (bpe_load), a tokenizer.json (a name
+ * ending .json, or encoding "hf") or a rank file of encoding
  * (NULL or "": taken from a file named ENCODING.tiktoken). */
 Bpe *bpe_open(const char *path, const char *encoding, Err *err);
 /* A rank file's encoding ("cl100k_base"), "hf" for a tokenizer.json,

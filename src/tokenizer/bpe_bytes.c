@@ -12,15 +12,21 @@
 
 /* ------------------------------------------------------------ the alphabet */
 
-void alphabet_init(Vocab *v) {
+void alphabet_code_points(int cp[256]) {
     int extra = 0;
-    for (int i = 0; i < 512; i++) v->inverse[i] = -1;
     /* GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for
      * themselves, the other bytes for code points 256 and up, in byte order */
     for (int b = 0; b < 256; b++) {
         const int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
-        v->inverse[printable ? b : 256 + extra++] = (int16_t)b;
+        cp[b] = printable ? b : 256 + extra++;
     }
+}
+
+void alphabet_init(Vocab *v) {
+    int cp[256];
+    alphabet_code_points(cp);
+    for (int i = 0; i < 512; i++) v->inverse[i] = -1;
+    for (int b = 0; b < 256; b++) v->inverse[cp[b]] = (int16_t)b;
 }
 
 int32_t utf8_next(const uint8_t *s, size_t n, size_t *i) {

@@ -4,6 +4,7 @@
  *
  * The room from the top down; a file calls only the files below it:
  *   bpe.c         encode and decode, the accessors of a loaded Bpe
+ *   bpe_export.c  a loaded vocabulary written as a tokenizer.json
  *   bpe_load.c    encoder.json and vocab.bpe read and checked, a Bpe made
  *                 from a vocabulary of either kind
  *   bpe_hf.c      a Hugging Face tokenizer.json read and checked
@@ -110,7 +111,9 @@ Vocab *bpe_vocab_from_hf(const char *text, size_t n, Err *err);
 /* Frees a vocabulary (its tables, its compiled pattern). */
 void bpe_vocab_free(Vocab *v);
 
-/* bpe_bytes.c: GPT-2's byte alphabet into v->inverse (code point -> byte). */
+/* bpe_bytes.c: GPT-2's byte alphabet, byte -> code point. */
+void alphabet_code_points(int cp[256]);
+/* The same into v->inverse (code point -> byte). */
 void alphabet_init(Vocab *v);
 /* One UTF-8 code point from s[*i..n); -1 when it is not valid UTF-8. */
 int32_t utf8_next(const uint8_t *s, size_t n, size_t *i);

@@ -259,8 +259,7 @@ Bpe *bpe_open(const char *path, const char *encoding, Err *err) {
         }
         return bpe_load(path, err);
     }
-    if ((encoding && strcmp(encoding, "hf") == 0) ||
-        ((!encoding || !*encoding) && ends_with(path, ".json")))
+    if ((encoding && strcmp(encoding, "hf") == 0) || ends_with(path, ".json"))
         return open_hf(path, err);
     char named[64] = "";
     if (!encoding || !*encoding) { /* the file's name: cl100k_base.tiktoken */

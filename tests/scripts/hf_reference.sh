@@ -16,6 +16,10 @@
 # - prep --tokenizer hf writes the ids the rank file llama3.tiktoken gives,
 #   after <|begin_of_text|>, in a shard recording tokenizer 7; a model
 #   trains on GPT-2's tokenizer.json shards and sample takes the file;
+# - ckpt export --format hf --vocab writes a tokenizer.json (from GPT-2's
+#   files, from Llama 3's rank file) with which tokenizers gives
+#   modtrain's ids, and which modtrain reads to them; another vocabulary
+#   than the checkpoint's is one line;
 # - what modtrain does not read (another model, pre-tokeniser or
 #   normalizer, byte fallback, a file past the JSON budget, bad JSON) is
 #   one line each.
@@ -109,6 +113,25 @@ if [ $slow = 1 ]; then
     "$MODTRAIN" sample --ckpt one/ckpt --vocab "$gpt2" --prompt "The" --tokens 4 --ids ids.txt > sample.txt 2>&1 &&
         [ "$(wc -l < ids.txt)" -ge 4 ] && ok "2 steps on tokenizer.json shards (tokenizer hf); sample takes the file" ||
         { cat sample.txt; fail "sample with GPT-2's tokenizer.json"; }
+    # the HF export's tokenizer.json, from GPT-2's two files and from Llama
+    # 3's rank file: tokenizers encodes with it to modtrain's ids
+    common="--config $srcdir/jobs/tiny.conf --train_data prep-l3/train_*.bin --val_data= --steps 1 \
+        --micro_batch 4 --eval_every 0 --threads 1 --ckpt_every 0"
+    train_ok l3
+    for c in "one:$vocab:gpt2" "l3:$ranks/llama3.tiktoken:llama3.tiktoken"; do
+        run=${c%%:*} rest=${c#*:} from=${rest%:*} name=${rest##*:}
+        "$MODTRAIN" ckpt export --ckpt "$run/ckpt" --format hf --out "hf-$run" --vocab "$from" > export.log 2>&1 ||
+            { cat export.log; fail "ckpt export --format hf --vocab $from failed"; }
+        NODE_PATH="$hf/node_modules" node ref.js "hf-$run/tokenizer.json" stress-hf.txt fortunes.txt
+        for f in stress-hf.txt fortunes.txt; do
+            "$MODTRAIN" tokenize --vocab "$from" "$f" | cmp -s - "$f.ref" ||
+                fail "the tokenizer.json exported from $name: tokenizers' ids differ from modtrain's on $f"
+            "$MODTRAIN" tokenize --vocab "hf-$run/tokenizer.json" "$f" | cmp -s - "$f.ref" ||
+                fail "the tokenizer.json exported from $name: modtrain reads it to other ids on $f"
+        done
+        ok "ckpt export --format hf --vocab $name: tokenizers gives its tokenizer.json modtrain's ids ($(cat ./*.txt.ref | wc -l)), and so does modtrain"
+    done
+    expect_error "has the hash .*, but 'l3/ckpt' was trained with" "$MODTRAIN" ckpt export --ckpt l3/ckpt --format hf --out hf-x --vocab "$gpt2"
 fi
 # what modtrain does not read, one line each
 "$PYTHON" - "$gpt2" <<'PY'
