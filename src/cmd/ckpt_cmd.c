@@ -443,8 +443,8 @@ static int export_main(int argc, char **argv) {
     }
     if (rc == 0 && left_out) warn_hf_left_out(ckpt, &m, left_out);
     if (rc == 0 && hf)
-        printf("ckpt export: wrote %s/model.safetensors, %s/config.json%s (step %d)\n", out, out,
-               bpe ? " and tokenizer.json" : "", step);
+        printf("ckpt export: wrote %s/model.safetensors%s %s/config.json%s%s (step %d)\n", out,
+               bpe ? "," : " and", out, bpe ? " and " : "", bpe ? tj : "", step);
     else if (rc == 0)
         printf("ckpt export: wrote %s (step %d)\n", out, step);
     bpe_free(bpe);

@@ -53,11 +53,11 @@ expect_error "val_fraction = '2' is not a number in \[0, 1)" "$MODTRAIN" prep --
 [ $slow = 0 ] || expect_error "val_fraction = 'nan' is not a number in \[0, 1)" "$MODTRAIN" prep --out data2 --val_fraction nan text.txt
 expect_error "val_fraction = ' 0.5' is not a number in \[0, 1)" "$MODTRAIN" prep --out data2 --val_fraction ' 0.5' text.txt
 expect_error "needs --vocab DIR" "$MODTRAIN" prep --out data2 --tokenizer gpt2 text.txt
-expect_error "'wordpiece' is not available (expected byte, gpt2, r50k_base, cl100k_base, o200k_base or llama3)" "$MODTRAIN" prep --out data2 --tokenizer wordpiece text.txt
+expect_error "'wordpiece' is not available (expected byte, gpt2, r50k_base, cl100k_base, o200k_base, llama3 or hf)" "$MODTRAIN" prep --out data2 --tokenizer wordpiece text.txt
 expect_error "threads = 'x' is not an integer" "$MODTRAIN" prep --out data2 --tokenizer gpt2 --threads x text.txt
 expect_error "cannot open 'nowhere/encoder.json'" "$MODTRAIN" prep --out data2 --tokenizer gpt2 --vocab nowhere text.txt
 expect_error "tokenize: --vocab PATH is required" "$MODTRAIN" tokenize text.txt
-expect_error "cannot open 'nowhere': No such file or directory (expected a folder of GPT-2's encoder.json and vocab.bpe, or a tiktoken rank file)" "$MODTRAIN" tokenize --vocab nowhere text.txt
+expect_error "cannot open 'nowhere': No such file or directory (expected a folder of GPT-2's encoder.json and vocab.bpe, a tiktoken rank file or a tokenizer.json)" "$MODTRAIN" tokenize --vocab nowhere text.txt
 # tokenize --decode streams ids in 64 KiB chunks and reads them strictly: a
 # NUL or any other byte that is not a digit or whitespace, or an id outside
 # the vocabulary, anywhere, is exit 1 (the ids before it are written) with
