@@ -177,8 +177,9 @@ int prep_run(const PrepOptions *o, const PrepReport *rep, PrepStats *st, Err *er
         format_bytes(h, sizeof h, held);
         err_set(err,
                 "prep: --mem %s leaves too little: %s are held before any text (the vocabulary, "
-                "%d threads' tokenizers%s); give --mem of at least twice that, or fewer --threads",
-                m, h, threads, has_zstd ? ", a zstd window" : "");
+                "%d %s%s); give --mem of at least twice that, or fewer --threads",
+                m, h, threads, threads == 1 ? "thread's tokenizer" : "threads' tokenizers",
+                has_zstd ? ", a zstd window" : "");
         goto done;
     }
     p.cap_doc = prep_doc_cap(o->mem);

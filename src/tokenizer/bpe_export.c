@@ -10,6 +10,8 @@
  */
 #include "src/tokenizer/bpe_impl.h"
 
+#include "src/base/files.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,13 +120,15 @@ int bpe_write_hf(const Bpe *b, const char *path, Err *err) {
         "BPE", "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
         "fuse_unk", 0, "byte_fallback", 0, "ignore_merges", v->whole_first, "vocab", vocab,
         "merges", merge_list(v, cp));
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int rc = 0;
-    if (!root || json_dump_file(root, tmp, JSON_COMPACT) != 0 || rename(tmp, path) != 0) {
-        remove(tmp);
-        rc = err_set(err, "cannot write '%s' (is the folder writable, the disk full?)", path);
-    }
+    /* the write protocol of every file modtrain keeps: a temp file,
+     * fsync, rename, fsync of the folder, each a fault point hf.tokenizer.* */
+    const size_t n = root ? json_dumpb(root, NULL, 0, JSON_COMPACT) : 0;
+    char *text = n ? malloc(n) : NULL; /* json_dumps's would be jansson's to free */
+    int rc = text && json_dumpb(root, text, n, JSON_COMPACT) == n
+                 ? write_file_durable("hf.tokenizer", path, text, n, err)
+                 : err_set(err, "cannot write '%s': out of memory", path);
+    if (rc > 0) rc = 0; /* written; only the folder's fsync failed (as config.json's) */
+    free(text);
     json_decref(root);
     return rc;
 }

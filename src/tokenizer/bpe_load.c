@@ -187,16 +187,21 @@ Bpe *bpe_from_hf(const char *text, size_t n, Err *err) {
     return v ? bpe_on_vocab(v, err) : NULL;
 }
 
-/* A tokenizer.json: at most 32 MiB (Llama 3's is 9 MB). */
-static Bpe *open_hf(const char *path, Err *err) {
+/* A tokenizer file read whole, its size checked first, and parsed: a rank
+ * file of the encoding (at most 64 MiB; o200k_base's is 3.6 MB) or, with
+ * encoding "hf", a tokenizer.json (at most 32 MiB; Llama 3's is 9 MB). */
+static Bpe *open_file(const char *path, const char *encoding, Err *err) {
+    const int hf = strcmp(encoding, "hf") == 0;
+    const unsigned mib = hf ? 32 : 64;
     size_t n = 0;
     Err e;
-    char *text = read_file(path, (size_t)32 << 20, &n, &e);
+    char *text = read_file(path, (size_t)mib << 20, &n, &e);
     if (!text) {
-        err_set(err, "bpe: %s (a tokenizer.json of at most 32 MiB)", e.msg);
+        err_set(err, "bpe: %s (%s of at most %u MiB)", e.msg,
+                hf ? "a tokenizer.json" : "a tiktoken rank file", mib);
         return NULL;
     }
-    Bpe *b = bpe_from_hf(text, n, &e);
+    Bpe *b = hf ? bpe_from_hf(text, n, &e) : bpe_from_ranks(text, n, encoding, &e);
     if (!b) err_set(err, "bpe: %s: %s", path, e.msg);
     free(text);
     return b;
@@ -260,7 +265,7 @@ Bpe *bpe_open(const char *path, const char *encoding, Err *err) {
         return bpe_load(path, err);
     }
     if ((encoding && strcmp(encoding, "hf") == 0) || ends_with(path, ".json"))
-        return open_hf(path, err);
+        return open_file(path, "hf", err);
     char named[64] = "";
     if (!encoding || !*encoding) { /* the file's name: cl100k_base.tiktoken */
         const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
@@ -276,17 +281,7 @@ Bpe *bpe_open(const char *path, const char *encoding, Err *err) {
                 path, bpe_encoding_names());
         return NULL;
     }
-    size_t n = 0;
-    Err e;
-    char *text = read_file(path, (size_t)64 << 20, &n, &e);
-    if (!text) {
-        err_set(err, "bpe: %s (a tiktoken rank file of at most 64 MiB)", e.msg);
-        return NULL;
-    }
-    Bpe *b = bpe_from_ranks(text, n, encoding, &e);
-    if (!b) err_set(err, "bpe: %s: %s", path, e.msg);
-    free(text);
-    return b;
+    return open_file(path, encoding, err);
 }
 
 Bpe *bpe_clone(const Bpe *b) { return bpe_on(b->v); }

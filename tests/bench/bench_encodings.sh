@@ -18,14 +18,8 @@ MODTRAIN=${MODTRAIN:-$top/modtrain}
 repeat=${1:-4}
 case $repeat in '' | *[!0-9]* | 0) echo "bench_encodings: REPEAT '$repeat' is not a whole number >= 1" >&2; exit 2 ;; esac
 . "$top/tests/scripts/gpt2_ref.sh"
-gpt2_ref_setup
-ranks=$cache/tiktoken
+tokenizers_setup tiktoken@1.0.22
 tk=$cache/tiktoken-1.0.22
-"$top/jobs/get_tokenizers.sh" "$ranks" > /dev/null
-if [ ! -f "$tk/node_modules/tiktoken/package.json" ]; then
-    mkdir -p "$tk"
-    (cd "$tk" && npm install --silent --no-save --no-audit --no-fund tiktoken@1.0.22 > /dev/null)
-fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/modtrain-bench.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 files=

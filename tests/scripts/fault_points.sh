@@ -1,7 +1,8 @@
 #!/bin/sh
 # Every call that changes the file system in checkpoint/, in the
-# durable-write helper (src/base/files.c) and in prep's shard writer and
-# set commit (src/prep/) sits behind a fault point, so that the
+# durable-write helper (src/base/files.c), in prep's shard writer and set
+# commit (src/prep/) and in the tokenizer's (src/tokenizer/: the exported
+# tokenizer.json) sits behind a fault point, so that the
 # crash-point sweeps (tests/scripts/crash_sweep.sh, prep_crash_sweep.sh)
 # cannot quietly leave a step of a save or a commit out: write, pwrite, fsync, fdatasync, rename, unlink,
 # rmdir, mkdir, ftruncate, fwrite, fopen for writing, open for writing and
@@ -27,11 +28,11 @@ scan() {
                 printf "%s:%d: %s\n", FILENAME, FNR, substr(line, RSTART, RLENGTH)
         }' "$@"
 }
-files=$(ls "$srcdir"/checkpoint/*.c "$srcdir"/src/base/files.c "$srcdir"/src/prep/*.c)
+files=$(ls "$srcdir"/checkpoint/*.c "$srcdir"/src/base/files.c "$srcdir"/src/prep/*.c "$srcdir"/src/tokenizer/*.c)
 # shellcheck disable=SC2086 # the file list
 found=$(scan $files)
 if [ -z "$found" ]; then
-    ok "every file-system change in checkpoint/, files.c and src/prep/ goes through a fault point"
+    ok "every file-system change in checkpoint/, files.c, src/prep/ and src/tokenizer/ goes through a fault point"
 else
     fail "calls outside the fault layer (use the fp_ wrappers of src/base/fault.h):
 $found"
@@ -45,6 +46,6 @@ n=$(scan "$TMP/planted.c" | wc -l)
 # the wrappers name their points: each fp_ call passes a string literal
 n=$(grep -hoE 'fp_(open|write_all|pwrite_all|fsync|fsync_dir|rename|exchange|unlink|rmdir|mkdir)\("[a-z_.]+"' $files |
     wc -l)
-[ "$n" -ge 15 ] && ok "$n fault points named in checkpoint/, files.c and src/prep/" ||
+[ "$n" -ge 15 ] && ok "$n fault points named in checkpoint/, files.c, src/prep/ and src/tokenizer/" ||
     fail "only $n named fault points found"
 finish

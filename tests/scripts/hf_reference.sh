@@ -18,8 +18,10 @@
 #   trains on GPT-2's tokenizer.json shards and sample takes the file;
 # - ckpt export --format hf --vocab writes a tokenizer.json (from GPT-2's
 #   files, from Llama 3's rank file) with which tokenizers gives
-#   modtrain's ids, and which modtrain reads to them; another vocabulary
-#   than the checkpoint's is one line;
+#   modtrain's ids, and which modtrain reads to them; killed at each
+#   point of the file's durable write, or failing (EIO) at three, it leaves
+#   the old file or the new one whole; another vocabulary than the
+#   checkpoint's is one line;
 # - what modtrain does not read (another model, pre-tokeniser or
 #   normalizer, byte fallback, a bad merge, bad JSON) is one line each
 #   (mem_bounds.sh: a file past the JSON budget).
@@ -30,17 +32,8 @@
 top=$srcdir
 . "$srcdir/tests/scripts/gpt2_ref.sh"
 . "$srcdir/tests/scripts/tok_texts.sh"
-fortunes=${FORTUNES_DIR:-/usr/share/games/fortunes}
-[ -d "$fortunes" ] || unavailable "the fortunes package is not installed (apt-get install fortunes)"
-why=$(gpt2_ref_setup 2>&1) || unavailable "$why"
-ranks=$cache/tiktoken
+why=$(tokenizers_setup tokenizers@0.23.2 2>&1) || unavailable "$why"
 hf=$cache/tokenizers-0.23.2
-"$srcdir/jobs/get_tokenizers.sh" "$ranks" > /dev/null || unavailable "jobs/get_tokenizers.sh failed"
-if [ ! -f "$hf/node_modules/tokenizers/package.json" ]; then
-    mkdir -p "$hf"
-    (cd "$hf" && npm install --silent --no-save --no-audit --no-fund tokenizers@0.23.2 > /dev/null) ||
-        unavailable "tokenizers could not be installed from the npm registry"
-fi
 cd "$TMP"
 cat > ref.js <<'JS'
 // TOKENIZER.JSON FILE...: tokenizers' ids of each file (no template
@@ -72,7 +65,9 @@ for c in "gpt2:$gpt2:$vocab" "llama3:$llama3"; do
             cmp -s "$f.mine" "$f.ref" || fail "$v: ids other than tokenizers' on $f: $(diff "$f.mine" "$f.ref" | head -n 4 | tr '\n' ' ')"
         done
     done
-    ok "$name tokenizer.json${also:+ and GPT-2's files}: tokenizers' ids on the stress text and $n fortunes files ($(cat ./*.txt.ref | wc -l) ids)"
+    with=
+    [ -z "$also" ] || with=" and GPT-2's files"
+    ok "$name tokenizer.json$with: tokenizers' ids on the stress text and $n fortunes files ($(cat ./*.txt.ref | wc -l) ids)"
 done
 [ "$("$MODTRAIN" tokenize --vocab "$gpt2" --hash)" = "$("$MODTRAIN" tokenize --vocab "$vocab" --hash)" ] &&
     ok "gpt2 tokenizer.json: the hash of GPT-2's files" || fail "gpt2 tokenizer.json: another hash than GPT-2's files'"
@@ -109,7 +104,10 @@ if [ $slow = 1 ]; then
         [ "$(wc -l < ids.txt)" -ge 4 ] && ok "2 steps on tokenizer.json shards (tokenizer hf); sample takes the file" ||
         { cat sample.txt; fail "sample with GPT-2's tokenizer.json"; }
     # the HF export's tokenizer.json, from GPT-2's two files and from Llama
-    # 3's rank file: tokenizers encodes with it to modtrain's ids
+    # 3's rank file: tokenizers encodes with it to modtrain's ids (on the
+    # stress text and the first 8,000 lines of the fortunes: the files' own ids were
+    # held to tokenizers' on all of them above)
+    head -n 8000 fortunes.txt > part.txt
     common="--config $srcdir/jobs/tiny.conf --train_data prep-l3/train_*.bin --val_data= --steps 1 \
         --micro_batch 4 --eval_every 0 --threads 1 --ckpt_every 0"
     train_ok l3
@@ -117,15 +115,53 @@ if [ $slow = 1 ]; then
         run=${c%%:*} rest=${c#*:} from=${rest%:*} name=${rest##*:}
         "$MODTRAIN" ckpt export --ckpt "$run/ckpt" --format hf --out "hf-$run" --vocab "$from" > export.log 2>&1 ||
             { cat export.log; fail "ckpt export --format hf --vocab $from failed"; }
-        NODE_PATH="$hf/node_modules" node ref.js "hf-$run/tokenizer.json" stress-hf.txt fortunes.txt
-        for f in stress-hf.txt fortunes.txt; do
+        NODE_PATH="$hf/node_modules" node ref.js "hf-$run/tokenizer.json" stress-hf.txt part.txt
+        for f in stress-hf.txt part.txt; do
             "$MODTRAIN" tokenize --vocab "$from" "$f" | cmp -s - "$f.ref" ||
                 fail "the tokenizer.json exported from $name: tokenizers' ids differ from modtrain's on $f"
             "$MODTRAIN" tokenize --vocab "hf-$run/tokenizer.json" "$f" | cmp -s - "$f.ref" ||
                 fail "the tokenizer.json exported from $name: modtrain reads it to other ids on $f"
         done
-        ok "ckpt export --format hf --vocab $name: tokenizers gives its tokenizer.json modtrain's ids ($(cat ./*.txt.ref | wc -l)), and so does modtrain"
+        ok "ckpt export --format hf --vocab $name: tokenizers gives its tokenizer.json modtrain's ids ($(cat stress-hf.txt.ref part.txt.ref | wc -l)), and so does modtrain"
     done
+    # the write protocol: tokenizer.json's write reaches the five points of
+    # a durable write (the trace lists them). Killed at each, over an older
+    # file (Llama 3's), the export leaves the old file or the new one whole,
+    # and run again writes the new one; failing there (EIO; before and after
+    # the temp file is closed, and at the folder's fsync), it says so in one
+    # line, exit 1, and leaves the old file and no temp file (the folder's
+    # fsync: the file is written, as config.json's)
+    new="hf-one/tokenizer.json"
+    MODTRAIN_FAULT_TRACE=$TMP/trace "$MODTRAIN" ckpt export --ckpt one/ckpt --format hf --out hf-t \
+        --vocab "$vocab" > /dev/null
+    points=$(awk '$1 ~ /^hf\.tokenizer\./ { printf "%s ", $1 }' trace)
+    [ "$points" = "hf.tokenizer.open hf.tokenizer.write hf.tokenizer.fsync hf.tokenizer.rename hf.tokenizer.fsync_dir " ] ||
+        fail "tokenizer.json's write reaches other points than a durable write's: $points"
+    bad=0
+    for c in $points EIO:hf.tokenizer.write EIO:hf.tokenizer.rename EIO:hf.tokenizer.fsync_dir; do
+        p=${c#EIO:} a=kill
+        [ "$p" = "$c" ] || a=EIO
+        rm -rf hf-f && mkdir hf-f && cp "$llama3" hf-f/tokenizer.json
+        set +e
+        MODTRAIN_FAULT="at:$p:*:$a" "$MODTRAIN" ckpt export --ckpt one/ckpt --format hf --out hf-f \
+            --vocab "$vocab" > fault.out 2> fault.err
+        rc=$?
+        set -e
+        grep -v "MODTRAIN_FAULT" fault.err > fault.line || true
+        left=
+        for f in hf-f/*; do
+            case ${f#hf-f/} in config.json | model.safetensors | tokenizer.json) ;; *) left="$left ${f#hf-f/}" ;; esac
+        done
+        case $a:$p in
+        *fsync_dir) cmp -s hf-f/tokenizer.json "$new" && { [ $a = kill ] || [ $rc = 0 ]; } ;;
+        kill:hf.tokenizer.rename) cmp -s hf-f/tokenizer.json "$llama3" && "$MODTRAIN" ckpt export --ckpt one/ckpt \
+            --format hf --out hf-f --vocab "$vocab" > /dev/null && cmp -s hf-f/tokenizer.json "$new" ;;
+        EIO:*) cmp -s hf-f/tokenizer.json "$llama3" && [ $rc = 1 ] && [ -z "$left" ] &&
+            [ "$(wc -l < fault.line)" = 1 ] && grep -q "tokenizer.json" fault.line ;;
+        *) cmp -s hf-f/tokenizer.json "$llama3" ;;
+        esac || { bad=1; fail "$a at $p: exit $rc, '$(cat fault.line)', left in the folder:$left"; }
+    done
+    [ $bad = 1 ] || ok "tokenizer.json's write killed at each of its 5 points, or failing (EIO) at 3: the old file or the new one whole; a failure one line, no temp file"
     expect_error "has the hash .*, but 'l3/ckpt' was trained with" "$MODTRAIN" ckpt export --ckpt l3/ckpt --format hf --out hf-x --vocab "$gpt2"
 fi
 # what modtrain does not read, one line each

@@ -6,6 +6,10 @@
 # - random.bin: 100 KB of random bytes (not UTF-8: for round trips only);
 # - fortunes.txt: every fortunes file that is valid UTF-8, one after
 #   another (three when $slow is 0), $n of them.
+# Sourcing it skips the test (lib.sh's unavailable) without the fortunes
+# package, whose folder is $fortunes.
+fortunes=${FORTUNES_DIR:-/usr/share/games/fortunes}
+[ -d "$fortunes" ] || unavailable "the fortunes package is not installed (apt-get install fortunes)"
 tok_texts() {
     "$PYTHON" - stress.txt <<'PY'
 import sys
