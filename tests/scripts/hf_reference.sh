@@ -4,7 +4,9 @@
 # node):
 # - `modtrain tokenize` with GPT-2's and Llama 3's tokenizer.json
 #   (jobs/get_tokenizers.sh) gives tokenizers' ids (no template tokens) on
-#   the fortunes text and the stress text, whose one exact added token is
+#   the fortunes text (GPT-2's: its first 8,000 lines, since
+#   bpe_reference.sh holds GPT-2's files, of the same hash, to js-tiktoken
+#   on all of it) and the stress text, whose one exact added token is
 #   changed for GPT-2 (tokenizers takes an added token's spelling in a text
 #   as that token; modtrain encodes a document as text), and the ids
 #   decode back to the texts and to random bytes;
@@ -54,20 +56,24 @@ tok_texts
 gpt2=$ranks/gpt2/tokenizer.json llama3=$ranks/llama3/tokenizer.json
 NODE_PATH="$hf/node_modules" node ref.js "$llama3" --save pairs.json
 sed 's/<|endoftext|>/<|endoftext|\/>/' stress.txt > stress-hf.txt
-# GPT-2's two files are held to the same ids as its tokenizer.json
-for c in "gpt2:$gpt2:$vocab" "llama3:$llama3"; do
+head -n 8000 fortunes.txt > part.txt
+# Llama 3's file on every fortunes file; GPT-2's on their first 8,000 lines
+# (bpe_reference.sh holds GPT-2's two files, whose hash it has, to
+# js-tiktoken on all of them), and the two files to the same ids
+for c in "llama3:$llama3:fortunes.txt" "gpt2:$gpt2:part.txt:$vocab"; do
     name=${c%%:*} rest=${c#*:}
-    file=${rest%%:*} also=${rest#"$file"}
-    NODE_PATH="$hf/node_modules" node ref.js "$file" stress-hf.txt fortunes.txt
-    for f in stress-hf.txt fortunes.txt; do
+    file=${rest%%:*} rest=${rest#*:}
+    text=${rest%%:*} also=${rest#"$text"}
+    NODE_PATH="$hf/node_modules" node ref.js "$file" stress-hf.txt "$text"
+    for f in stress-hf.txt "$text"; do
         for v in "$file" ${also#:}; do
             "$MODTRAIN" tokenize --vocab "$v" "$f" > "$f.mine"
             cmp -s "$f.mine" "$f.ref" || fail "$v: ids other than tokenizers' on $f: $(diff "$f.mine" "$f.ref" | head -n 4 | tr '\n' ' ')"
         done
     done
-    with=
-    [ -z "$also" ] || with=" and GPT-2's files"
-    ok "$name tokenizer.json$with: tokenizers' ids on the stress text and $n fortunes files ($(cat ./*.txt.ref | wc -l) ids)"
+    with= on="the $n fortunes files"
+    [ -z "$also" ] || with=" and GPT-2's files" on="the first 8,000 lines of those"
+    ok "$name tokenizer.json$with: tokenizers' ids on the stress text and $on ($(cat stress-hf.txt.ref "$text.ref" | wc -l) ids)"
 done
 [ "$("$MODTRAIN" tokenize --vocab "$gpt2" --hash)" = "$("$MODTRAIN" tokenize --vocab "$vocab" --hash)" ] &&
     ok "gpt2 tokenizer.json: the hash of GPT-2's files" || fail "gpt2 tokenizer.json: another hash than GPT-2's files'"
@@ -98,18 +104,17 @@ if [ $slow = 1 ]; then
     "$MODTRAIN" prep --out prep-g2 --tokenizer hf --vocab "$gpt2" --doc_sep % --val_fraction 0 \
         "$fortunes/fortunes" > prep-g2.log || { cat prep-g2.log; fail "prep --tokenizer hf (gpt2) failed"; }
     common="--config $srcdir/jobs/tiny.conf --train_data prep-g2/train_*.bin --val_data= --steps 2 \
-        --micro_batch 4 --eval_every 0 --threads 1 --ckpt_every 0"
+        --batch_size 4 --micro_batch 4 --d_model 32 --n_head 2 --eval_every 0 --threads 1 --ckpt_every 0"
     train_ok one
     "$MODTRAIN" sample --ckpt one/ckpt --vocab "$gpt2" --prompt "The" --tokens 4 --ids ids.txt > sample.txt 2>&1 &&
         [ "$(wc -l < ids.txt)" -ge 4 ] && ok "2 steps on tokenizer.json shards (tokenizer hf); sample takes the file" ||
         { cat sample.txt; fail "sample with GPT-2's tokenizer.json"; }
     # the HF export's tokenizer.json, from GPT-2's two files and from Llama
     # 3's rank file: tokenizers encodes with it to modtrain's ids (on the
-    # stress text and the first 8,000 lines of the fortunes: the files' own ids were
-    # held to tokenizers' on all of them above)
-    head -n 8000 fortunes.txt > part.txt
+    # stress text and the first 8,000 lines of the fortunes: the files they
+    # come from are held to the references on all of them)
     common="--config $srcdir/jobs/tiny.conf --train_data prep-l3/train_*.bin --val_data= --steps 1 \
-        --micro_batch 4 --eval_every 0 --threads 1 --ckpt_every 0"
+        --batch_size 4 --micro_batch 4 --d_model 32 --n_head 2 --eval_every 0 --threads 1 --ckpt_every 0"
     train_ok l3
     for c in "one:$vocab:gpt2" "l3:$ranks/llama3.tiktoken:llama3.tiktoken"; do
         run=${c%%:*} rest=${c#*:} from=${rest%:*} name=${rest##*:}
