@@ -31,12 +31,9 @@
 # training. Skips like bpe_reference.sh without node, npm or the registry,
 # unless MODTRAIN_REQUIRE_REFERENCE=1 (CI).
 . "$(dirname "$0")/lib.sh"
-top=$srcdir
-. "$srcdir/tests/scripts/gpt2_ref.sh"
 . "$srcdir/tests/scripts/tok_texts.sh"
-why=$(tokenizers_setup tokenizers@0.23.2 2>&1) || unavailable "$why"
-hf=$cache/tokenizers-0.23.2
-cd "$TMP"
+tok_ref tokenizers@0.23.2
+hf=$pkg
 cat > ref.js <<'JS'
 // TOKENIZER.JSON FILE...: tokenizers' ids of each file (no template
 // tokens), one a line, into FILE.ref; with --save OUT, the file as

@@ -25,12 +25,9 @@
 # tests'; its 200,019-token head is this test's slowest part there). Skips like bpe_reference.sh without node, npm or
 # the registry, unless MODTRAIN_REQUIRE_REFERENCE=1 (CI).
 . "$(dirname "$0")/lib.sh"
-top=$srcdir
-. "$srcdir/tests/scripts/gpt2_ref.sh"
 . "$srcdir/tests/scripts/tok_texts.sh"
-why=$(tokenizers_setup tiktoken@1.0.22 2>&1) || unavailable "$why"
-tk=$cache/tiktoken-1.0.22
-cd "$TMP"
+tok_ref tiktoken@1.0.22
+tk=$pkg
 # tiktoken's encoding NAME: its own, or for llama3 tiktoken's constructor
 # of a custom encoding (as Meta's code makes it) on the rank file, with
 # cl100k_base's pattern

@@ -6,10 +6,20 @@
 # - random.bin: 100 KB of random bytes (not UTF-8: for round trips only);
 # - fortunes.txt: every fortunes file that is valid UTF-8, one after
 #   another (three when $slow is 0), $n of them.
-# Sourcing it skips the test (lib.sh's unavailable) without the fortunes
-# package, whose folder is $fortunes.
+# Sourcing it (after lib.sh) skips the test (lib.sh's unavailable) without
+# the fortunes package, whose folder is $fortunes, and sources gpt2_ref.sh.
+# tok_ref NAME@VERSION: tokenizers_setup (gpt2_ref.sh) or the test skipped
+# (failed under MODTRAIN_REQUIRE_REFERENCE=1); the package's folder in
+# $pkg, and the test's folder entered.
 fortunes=${FORTUNES_DIR:-/usr/share/games/fortunes}
 [ -d "$fortunes" ] || unavailable "the fortunes package is not installed (apt-get install fortunes)"
+top=$srcdir
+. "$srcdir/tests/scripts/gpt2_ref.sh"
+tok_ref() {
+    why=$(tokenizers_setup "$1" 2>&1) || unavailable "$why"
+    pkg=$cache/${1%@*}-${1#*@}
+    cd "$TMP"
+}
 tok_texts() {
     "$PYTHON" - stress.txt <<'PY'
 import sys
