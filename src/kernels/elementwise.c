@@ -146,16 +146,15 @@ void layernorm_forward_ref(float *out, float *mean, float *rstd, const float *in
     }
 }
 
-/* Rows of layer norm's backward in blocks of LN_ROWS: dinp (+=, or = when
+/* Rows of layer norm's backward in blocks of NORM_ROWS: dinp (+=, or = when
  * set) on every thread, and each block's partial dw and db; the blocks'
  * partials are then added in block order, so the sums depend on N alone,
  * never on the thread count, and x and dy are read once. */
-#define LN_ROWS 64
 
-/* The blocks' partial dw and db: one buffer, grown as needed (layer norm's
- * backward is called from the training thread alone, outside any parallel
- * region). */
-static float *ln_partials(size_t n) {
+/* The blocks' partial weight gradients of layer norm and RMSNorm: one
+ * buffer, grown as needed (their backwards are called from the training
+ * thread alone, outside any parallel region). */
+float *norm_partials(size_t n) {
     static float *buf = NULL;
     static size_t cap = 0;
     if (n > cap) {
@@ -209,16 +208,16 @@ VEC_DISPATCH(ln_back_row,
 static void ln_backward(float *dinp, int set, float *dw, float *db, const float *dout,
                         const float *inp, const float *w, const float *mean, const float *rstd,
                         int N, int C) {
-    const int nb = (N + LN_ROWS - 1) / LN_ROWS;
-    float *part = ln_partials((size_t)nb * 2 * C);
+    const int nb = (N + NORM_ROWS - 1) / NORM_ROWS;
+    float *part = norm_partials((size_t)nb * 2 * C);
 #pragma omp parallel
     {
 #pragma omp for schedule(static)
         for (int k = 0; k < nb; k++) {
             float *pw = part + (size_t)k * 2 * C, *pb = pw + C;
             memset(pw, 0, 2 * (size_t)C * sizeof(float));
-            const int i1 = (k + 1) * LN_ROWS < N ? (k + 1) * LN_ROWS : N;
-            for (int i = k * LN_ROWS; i < i1; i++) {
+            const int i1 = (k + 1) * NORM_ROWS < N ? (k + 1) * NORM_ROWS : N;
+            for (int i = k * NORM_ROWS; i < i1; i++) {
                 const size_t o = (size_t)i * C;
                 ln_back_row(dinp + o, pw, pb, inp + o, dout + o, w, mean[i], rstd[i], C, set);
             }

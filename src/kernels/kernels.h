@@ -163,6 +163,40 @@ void mul_inplace(float *a, const float *b, size_t n);
  * bias_add then gelu_forward). */
 void bias_gelu_forward(float *pre, float *out, const float *bias, int N, int F);
 
+/* The Llama-style block's kernels (llama.c), each with its plain
+ * reference (_ref, in double).
+ * RMSNorm over rows: out = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps)
+ * kept a row. The backward adds into dinp and dw (dw from blocks of
+ * NORM_ROWS rows, added in block order: the same bits on any thread
+ * count). */
+void rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C,
+                     float eps);
+void rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                      const float *rstd, int N, int C);
+void rmsnorm_forward_ref(float *out, float *rstd, const float *inp, const float *w, int N, int C,
+                         float eps);
+void rmsnorm_backward_ref(float *dinp, float *dw, const float *dout, const float *inp,
+                          const float *w, const float *rstd, int N, int C);
+/* Rotary position embeddings, Hugging Face's rotate_half convention: in a
+ * head of hs (even) floats, (x[i], x[i + hs/2]) turns by the angle
+ * pos * theta^(-2i/hs). rope_tables fills cos and sin (T * hs/2 each) for
+ * positions 0 .. T-1; rope_apply turns in place the H heads (hs floats
+ * apart, from x + n * stride) of each row n < N by the angle of its own
+ * position pos[n] (< T), or back with dir -1: the backward, applied to
+ * their gradients, since a turn's transpose is its inverse. */
+void rope_tables(float *cos_t, float *sin_t, int T, int hs, double theta);
+void rope_apply(float *x, const int *pos, int N, int H, int hs, int stride, const float *cos_t,
+                const float *sin_t, int dir);
+void rope_apply_ref(float *x, const int *pos, int N, int H, int hs, int stride, double theta,
+                    int dir);
+/* SwiGLU on the fused gate|up projection gu(N, 2F), a row's gate in its
+ * first F floats: out(N,F) = silu(gate) * up. The backward writes (does
+ * not add) dgu(N, 2F). */
+void swiglu_forward(float *out, const float *gu, int N, int F);
+void swiglu_backward(float *dgu, const float *dout, const float *gu, int N, int F);
+void swiglu_forward_ref(float *out, const float *gu, int N, int F);
+void swiglu_backward_ref(float *dgu, const float *dout, const float *gu, int N, int F);
+
 /* Causal self-attention of NH heads on qkv(N,3*NH*hs) laid out [q|k|v] per
  * row; sequence b is rows off[b] .. off[b+1] (B+1 offsets, lengths may
  * differ). out(N,NH*hs); lse keeps each row's log-sum-exp for backward:

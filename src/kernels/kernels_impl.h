@@ -4,10 +4,10 @@
  * between threads, each thread's scratch buffers.
  *
  * The room: attention.c (causal self-attention, its tiles on mm_tile),
- * elementwise.c (bias, layer norm, GELU, embeddings, residual), the
- * products (gemm.c, tile.c, pack.c, microkernel.c, sharing gemm_impl.h)
- * and kernels.c (threads, vector width, BLIS's configuration, the timer,
- * the scratch buffers). Every reduction has a fixed order for a fixed
+ * elementwise.c (bias, layer norm, GELU, embeddings, residual), llama.c
+ * (RMSNorm, rotary positions, SwiGLU), the products (gemm.c, tile.c,
+ * pack.c, microkernel.c, sharing gemm_impl.h) and kernels.c (threads, vector width, BLIS's
+ * configuration, the timer, the scratch buffers). Every reduction has a fixed order for a fixed
  * thread count, so runs are bitwise repeatable.
  */
 #ifndef MODTRAIN_KERNELS_IMPL_H
@@ -83,6 +83,12 @@ static inline void thread_range(size_t n, size_t *lo, size_t *hi) {
  * compiler's own simd reductions end in a serial loop over the lanes,
  * which cost as much as a short row's work; this order is also the same
  * on every vector width. */
+/* The per-block partial weight gradients of the norms' backwards (one
+ * buffer of at least n floats, grown as needed; elementwise.c). */
+float *norm_partials(size_t n);
+/* The norms' backwards sum their rows in blocks of NORM_ROWS. */
+enum { NORM_ROWS = 64 };
+
 enum { LANES = 16 };
 
 static inline float lanes_sum(float *v) {

@@ -298,30 +298,6 @@ static void test_mm_reference_is_a_product(void) {
     CU_ASSERT_EQUAL(C[3], 11);
 }
 
-/* ---- a generic harness: forward writes out, loss = sum(out * r) ---- */
-
-typedef struct {
-    void (*forward)(void *);
-    float *out, *r;
-    size_t nout;
-} Probe;
-
-static double probe_loss(void *ctx) {
-    Probe *p = ctx;
-    p->forward(ctx);
-    double s = 0;
-    for (size_t i = 0; i < p->nout; i++) s += (double)p->out[i] * p->r[i];
-    return s;
-}
-
-static double fd_error(Probe *p, float *x, size_t n, const float *analytic, float eps) {
-    double *num = xmalloc(n * sizeof(double));
-    finite_diff(probe_loss, p, x, n, eps, num);
-    double e = rel_err(analytic, num, n);
-    free(num);
-    return e;
-}
-
 /* linear */
 typedef struct {
     Probe p;

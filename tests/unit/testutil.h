@@ -102,4 +102,30 @@ static inline void finite_diff(double (*loss)(void *), void *ctx, float *x, size
     }
 }
 
+/* A generic harness for finite differences: forward writes out, and the
+ * loss is sum(out * r) for a fixed random r; fd_error is the relative
+ * error of an analytic gradient against central differences. */
+typedef struct {
+    void (*forward)(void *);
+    float *out, *r;
+    size_t nout;
+} Probe;
+
+static inline double probe_loss(void *ctx) {
+    Probe *p = ctx;
+    p->forward(ctx);
+    double s = 0;
+    for (size_t i = 0; i < p->nout; i++) s += (double)p->out[i] * p->r[i];
+    return s;
+}
+
+static inline double fd_error(Probe *p, float *x, size_t n, const float *analytic, float eps) {
+    double *num = malloc(n * sizeof(double));
+    if (!num) abort();
+    finite_diff(probe_loss, p, x, n, eps, num);
+    double e = rel_err(analytic, num, n);
+    free(num);
+    return e;
+}
+
 #endif
