@@ -197,6 +197,15 @@ void swiglu_backward(float *dgu, const float *dout, const float *gu, int N, int 
 void swiglu_forward_ref(float *out, const float *gu, int N, int F);
 void swiglu_backward_ref(float *dgu, const float *dout, const float *gu, int N, int F);
 
+/* Grouped-query attention (KV key and value heads, KV dividing NH; 1:
+ * multi-query) on the kernels of NH heads: gqa_expand writes qkv(N,
+ * 3*NH*hs) from qkv_g(N, (NH + 2*KV)*hs), laid [q | k | v] a row, giving
+ * query head h the key and value of kv head h*KV/NH (Hugging Face's
+ * repeat_kv); gqa_reduce, its adjoint, writes dqkv_g from dqkv, each kv
+ * head's gradient summed over its query heads in head order. */
+void gqa_expand(float *qkv, const float *qkv_g, int N, int NH, int KV, int hs);
+void gqa_reduce(float *dqkv_g, const float *dqkv, int N, int NH, int KV, int hs);
+
 /* Causal self-attention of NH heads on qkv(N,3*NH*hs) laid out [q|k|v] per
  * row; sequence b is rows off[b] .. off[b+1] (B+1 offsets, lengths may
  * differ). out(N,NH*hs); lse keeps each row's log-sum-exp for backward:

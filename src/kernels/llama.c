@@ -1,8 +1,9 @@
 /*
- * llama: the Llama-style block's own kernels, each vectorised beside its
- * plain reference: RMSNorm, rotary position embeddings (Hugging Face's
- * rotate_half convention: dimension i pairs with i + hs/2) and SwiGLU on a
- * fused gate|up row.
+ * llama: the Llama-style block's own kernels: RMSNorm, rotary position
+ * embeddings (Hugging Face's rotate_half convention: dimension i pairs
+ * with i + hs/2) and SwiGLU on a fused gate|up row, each vectorised beside
+ * its plain reference; and grouped-query attention's key and value heads
+ * spread to the query heads, their gradients gathered back.
  */
 #include "src/kernels/kernels.h"
 
@@ -221,4 +222,46 @@ void swiglu_backward_ref(float *dgu, const float *dout, const float *gu, int N, 
             dgu[a] = (float)(dy * u * s * (1 + g * (1 - s)));
             dgu[b] = (float)(dy * g * s);
         }
+}
+
+/* ------------------------------------------------- grouped-query attention */
+
+void gqa_expand(float *qkv, const float *qkv_g, int N, int NH, int KV, int hs) {
+    const size_t in = (size_t)(NH + 2 * KV) * hs, out = (size_t)3 * NH * hs, q = (size_t)NH * hs;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *src = qkv_g + n * in;
+        float *dst = qkv + n * out;
+        memcpy(dst, src, q * sizeof(float));
+        for (int h = 0; h < NH; h++) {
+            const int g = (int)((long)h * KV / NH);
+            memcpy(dst + q + (size_t)h * hs, src + q + (size_t)g * hs, (size_t)hs * sizeof(float));
+            memcpy(dst + 2 * q + (size_t)h * hs, src + q + (size_t)(KV + g) * hs,
+                   (size_t)hs * sizeof(float));
+        }
+    }
+}
+
+/* Each kv head's gradient: its query heads' in head order, so the sum's
+ * order is fixed. */
+VEC_IMPL add_row_impl(float *a, const float *b, int n) {
+#pragma omp simd
+    for (int i = 0; i < n; i++) a[i] += b[i];
+}
+VEC_DISPATCH(add_row, (float *a, const float *b, int n), (a, b, n))
+
+void gqa_reduce(float *dqkv_g, const float *dqkv, int N, int NH, int KV, int hs) {
+    const size_t in = (size_t)3 * NH * hs, out = (size_t)(NH + 2 * KV) * hs, q = (size_t)NH * hs;
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *src = dqkv + n * in;
+        float *dst = dqkv_g + n * out;
+        memcpy(dst, src, q * sizeof(float));
+        memset(dst + q, 0, (size_t)2 * KV * hs * sizeof(float));
+        for (int h = 0; h < NH; h++) {
+            const int g = (int)((long)h * KV / NH);
+            add_row(dst + q + (size_t)g * hs, src + q + (size_t)h * hs, hs);
+            add_row(dst + q + (size_t)(KV + g) * hs, src + 2 * q + (size_t)h * hs, hs);
+        }
+    }
 }

@@ -1,6 +1,6 @@
 /*
  * test_llama: the Llama-style block's kernels (RMSNorm, rotary positions,
- * SwiGLU): each backward against central finite differences of
+ * SwiGLU, grouped-query attention's heads): each backward against central finite differences of
  * sum(out * r), each vectorised kernel against its plain reference in
  * double, and the properties that make rotary positions what they are.
  * Runs once for each build of the vector loops this CPU runs.
@@ -213,6 +213,43 @@ static void test_swiglu_matches_reference(void) {
     free(gu), free(dy), free(o1), free(o2), free(d1), free(d2);
 }
 
+/* ------------------------------------------------- grouped-query attention */
+
+/* Expanding = Hugging Face's repeat_kv (each kv head repeated NH/KV times
+ * in a row, written here as that repetition), for KV = 2 of 6, multi-query
+ * (1) and plain attention (6); reducing is its adjoint:
+ * sum(expand(x) * y) = sum(x * reduce(y)). */
+static void test_gqa(void) {
+    const int N = 5, NH = 6, hs = 7, kvs[3] = {2, 1, 6};
+    for (int t = 0; t < 3; t++) {
+        const int KV = kvs[t], rep = NH / KV;
+        const size_t ng = (size_t)N * (NH + 2 * KV) * hs, nf = (size_t)N * 3 * NH * hs;
+        float *g = xmalloc(ng * 4), *f = xmalloc(nf * 4), *y = xmalloc(nf * 4),
+              *dg = xmalloc(ng * 4);
+        fill_normal(g, ng, 16, 1), fill_normal(y, nf, 17, 1);
+        gqa_expand(f, g, N, NH, KV, hs);
+        int same = 1;
+        for (int n = 0; n < N; n++) {
+            const float *src = g + (size_t)n * (NH + 2 * KV) * hs;
+            const float *dst = f + (size_t)n * 3 * NH * hs;
+            same &= memcmp(dst, src, (size_t)NH * hs * 4) == 0;
+            for (int kv = 0; kv < KV; kv++)
+                for (int r = 0; r < rep; r++)
+                    for (int part = 1; part <= 2; part++) /* k, then v */
+                        same &= memcmp(dst + (size_t)part * NH * hs + (size_t)(kv * rep + r) * hs,
+                                       src + (size_t)NH * hs + (size_t)((part - 1) * KV + kv) * hs,
+                                       (size_t)hs * 4) == 0;
+        }
+        CU_ASSERT(same);
+        gqa_reduce(dg, y, N, NH, KV, hs);
+        double lhs = 0, rhs = 0;
+        for (size_t i = 0; i < nf; i++) lhs += (double)f[i] * y[i];
+        for (size_t i = 0; i < ng; i++) rhs += (double)g[i] * dg[i];
+        CU_ASSERT(fabs(lhs - rhs) < 1e-4 * (1 + fabs(lhs)));
+        free(g), free(f), free(y), free(dg);
+    }
+}
+
 int main(void) {
     test_threads_lock();
     kernels_init(2, "auto");
@@ -227,6 +264,7 @@ int main(void) {
          test_rope_relative},
         {"swiglu backward = finite differences", test_swiglu_backward},
         {"swiglu = silu(g) * u and its derivatives in double", test_swiglu_matches_reference},
+        {"gqa: expand = repeat_kv (2 of 6, 1, 6 kv heads); reduce is its adjoint", test_gqa},
         CU_TEST_INFO_NULL,
     };
     return run_suite_each_vec("llama kernels", tests, kernels_vec_level(), kernels_set_vec_level,
