@@ -164,6 +164,16 @@ float *norm_partials(size_t n) {
     }
     return buf;
 }
+
+void norm_partials_add(float *const *g, int m, const float *part, int nb, int C) {
+    size_t lo, hi;
+    thread_range((size_t)C, &lo, &hi);
+    for (int k = 0; k < nb; k++)
+        for (int j = 0; j < m; j++) {
+            const float *p = part + ((size_t)k * m + j) * C;
+            for (size_t c = lo; c < hi; c++) g[j][c] += p[c];
+        }
+}
 VEC_IMPL ln_back_row_impl(float *dx, float *pw, float *pb, const float *x, const float *dy,
                           const float *w, float m, float s, int C, int set) {
     const int C16 = C / LANES * LANES;
@@ -222,13 +232,7 @@ static void ln_backward(float *dinp, int set, float *dw, float *db, const float 
                 ln_back_row(dinp + o, pw, pb, inp + o, dout + o, w, mean[i], rstd[i], C, set);
             }
         }
-        /* each thread adds the blocks' partials of its channels, in order */
-        size_t lo, hi;
-        thread_range((size_t)C, &lo, &hi);
-        for (int k = 0; k < nb; k++) {
-            const float *pw = part + (size_t)k * 2 * C, *pb = pw + C;
-            for (size_t c = lo; c < hi; c++) dw[c] += pw[c], db[c] += pb[c];
-        }
+        norm_partials_add((float *const[]){dw, db}, 2, part, nb, C);
     }
 }
 

@@ -86,6 +86,11 @@ static inline void thread_range(size_t n, size_t *lo, size_t *hi) {
 /* The per-block partial weight gradients of the norms' backwards (one
  * buffer of at least n floats, grown as needed; elementwise.c). */
 float *norm_partials(size_t n);
+/* Inside the backward's parallel region, after its blocks: each thread
+ * adds the nb blocks' partials of its channels into g[0] .. g[m-1] (block
+ * k's j-th vector at part + (k*m + j)*C), in block order, so the sums are
+ * the same bits on any thread count. */
+void norm_partials_add(float *const *g, int m, const float *part, int nb, int C);
 /* The norms' backwards sum their rows in blocks of NORM_ROWS. */
 enum { NORM_ROWS = 64 };
 

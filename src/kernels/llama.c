@@ -94,10 +94,7 @@ void rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *in
                 rms_back_row(dinp + o, pw, inp + o, dout + o, w, rstd[i], C);
             }
         }
-        size_t lo, hi;
-        thread_range((size_t)C, &lo, &hi);
-        for (int k = 0; k < nb; k++)
-            for (size_t c = lo; c < hi; c++) dw[c] += part[(size_t)k * C + c];
+        norm_partials_add(&dw, 1, part, nb, C);
     }
 }
 
