@@ -73,6 +73,9 @@ int ckpt_export_safetensors(const char *path, const Model *m, const Config *cfg,
 int ckpt_export_hf(const char *dir, const Model *m, const Config *cfg, int step, int *left_out,
                    Err *err) {
     struct stat st;
+    if (m->d.arch != ARCH_GPT2)
+        return err_set(err, "ckpt export: --format hf writes GPT-2's folder; an arch = llama "
+                            "model's is not built yet (use --format safetensors)");
     if (fp_mkdir("hf.mkdir", dir, 0755) != 0 && errno != EEXIST)
         return err_set(err, "ckpt export: cannot create the folder '%s': %s", dir, strerror(errno));
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
@@ -85,7 +88,7 @@ int ckpt_export_hf(const char *dir, const Model *m, const Config *cfg, int step,
     if (write_safetensors(path, m, m->params, cfg, step, 1, err) != 0) return -1;
     /* GPT-2's config (transformers' GPT2Config): modtrain's block is GPT-2's,
      * with tanh-GELU (gelu_new), LayerNorm eps 1e-5, no dropout and the head
-     * tied to wte; V is the real vocabulary, never the padded one */
+     * tied to wte (or lm_head); V is the real vocabulary, never the padded one */
     const int bos = config_tokenizer_eot(cfg->tokenizer),
               eos = config_tokenizer_eos(cfg->tokenizer);
     char eot_ids[96] = "";
@@ -111,13 +114,13 @@ int ckpt_export_hf(const char *dir, const Model *m, const Config *cfg, int step,
                            "  \"embd_pdrop\": 0.0,\n"
                            "  \"attn_pdrop\": 0.0,\n"
                            "  \"scale_attn_weights\": true,\n"
-                           "  \"tie_word_embeddings\": true,\n"
+                           "  \"tie_word_embeddings\": %s,\n"
                            "  \"use_cache\": true,\n"
                            "%s"
                            "  \"torch_dtype\": \"float32\"\n"
                            "}\n",
                            m->d.V, cfg->seq_len, cfg->seq_len, cfg->d_model, cfg->n_layer,
-                           cfg->n_head, 4 * cfg->d_model, eot_ids);
+                           cfg->n_head, m->d.F, m->d.tied ? "true" : "false", eot_ids);
     snprintf(path, sizeof path, "%s/config.json", dir);
     return write_file_durable("hf.config", path, json, (size_t)n, err) < 0 ? -1 : 0;
 }

@@ -59,16 +59,17 @@ int model_slices(const Model *m, float *base, const char *prefix, const Replicas
             s->ld = p->lshape[1];
             s->r0 = 0, s->nr = p->shape[0], s->c0 = 0, s->nc = p->shape[1];
             s->data = base + p->offset;
-            if (p->split_dim == 0) {
-                int64_t g = p->shape[0] / blocks, l = g / m->d.tp;
-                s->r0 = b * g + (int64_t)m->d.tp_rank * l;
-                s->nr = l;
-                s->data = base + p->offset + (size_t)(b * l) * p->lshape[1];
-            } else if (p->split_dim == 1) {
-                int64_t g = p->shape[1] / blocks, l = g / m->d.tp;
-                s->c0 = b * g + (int64_t)m->d.tp_rank * l;
-                s->nc = l;
-                s->data = base + p->offset + b * l;
+            if (p->split_dim >= 0) { /* block b's local rows or columns */
+                long g0, l0, lw;
+                param_block(p, b, m->d.tp, &g0, &l0, &lw);
+                const int64_t at = g0 + (int64_t)m->d.tp_rank * lw;
+                if (p->split_dim == 0) {
+                    s->r0 = at, s->nr = lw;
+                    s->data = base + p->offset + (size_t)l0 * p->lshape[1];
+                } else {
+                    s->c0 = at, s->nc = lw;
+                    s->data = base + p->offset + l0;
+                }
             }
             /* padded vocabulary rows are not saved */
             if (s->r0 >= s->rows) continue;
@@ -92,17 +93,18 @@ static int rect_slices(const Model *m, const ParamInfo *p, float *data, const ch
     for (int b = 0; b < blocks; b++) {
         int64_t r0 = i0, rn = nr, c0 = j0, cn = j1 - j0;
         float *at = data;
-        if (p->split_dim == 0) { /* block b's local rows [b l, (b + 1) l) */
-            const int64_t l = p->lshape[0] / blocks, g = p->shape[0] / blocks;
-            const int64_t a = i0 > b * l ? i0 : b * l, e = i0 + nr < (b + 1) * l ? i0 + nr : (b + 1) * l;
+        long g0 = 0, l0 = 0, lw = 0;
+        if (p->split_dim >= 0) param_block(p, b, m->d.tp, &g0, &l0, &lw);
+        const int64_t gat = g0 + (int64_t)m->d.tp_rank * lw; /* block b's local [l0, l0 + lw) */
+        if (p->split_dim == 0) {
+            const int64_t a = i0 > l0 ? i0 : l0, e = i0 + nr < l0 + lw ? i0 + nr : l0 + lw;
             if (a >= e) continue;
-            r0 = b * g + (int64_t)m->d.tp_rank * l + (a - b * l), rn = e - a;
+            r0 = gat + (a - l0), rn = e - a;
             at = data + (a - i0) * ld;
-        } else if (p->split_dim == 1) { /* block b's local columns */
-            const int64_t l = ld / blocks, g = p->shape[1] / blocks;
-            const int64_t a = j0 > b * l ? j0 : b * l, e = j1 < (b + 1) * l ? j1 : (b + 1) * l;
+        } else if (p->split_dim == 1) {
+            const int64_t a = j0 > l0 ? j0 : l0, e = j1 < l0 + lw ? j1 : l0 + lw;
             if (a >= e) continue;
-            c0 = b * g + (int64_t)m->d.tp_rank * l + (a - b * l), cn = e - a;
+            c0 = gat + (a - l0), cn = e - a;
             at = data + (a - j0);
         }
         if (r0 >= p->vocab_rows) continue; /* padded vocabulary rows are not saved */

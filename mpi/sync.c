@@ -40,7 +40,7 @@ void grads_sync(float *grads, size_t n, size_t expert_n, const TiedGrad *tied, c
     if (rows_apart)
         dp_rows_reduce_add(grads + tied->offset, tied->Vl, tied->C, tied->slot, tied->rows,
                            g->dp_comm);
-    if (g->emb_comm == MPI_COMM_NULL || !tied) return;
+    if (g->emb_comm == MPI_COMM_NULL || !tied || !tied->shared) return;
     if (!z) {
         dp_allreduce_sum(grads + tied->offset, tied->numel, g->emb_comm);
         return;

@@ -16,14 +16,15 @@
 #include "mpi/grid.h"
 #include "mpi/zero.h"
 
-/* The tied embedding's gradient on a stage that holds it: its range of the
- * gradients, whether this stage's head adds to it (the last stage), and
- * the embedding's rows when they are kept apart (dp > 1 on the first
- * stage: EmbRows' slot and rows over the Vl x C table; rows NULL
- * otherwise, when the embedding's backward added into the range). */
+/* The token embedding's gradient on a stage that holds it: its range of
+ * the gradients, whether this stage's head adds to it (tied, the last
+ * stage), whether both end stages hold a copy (tied), and the embedding's
+ * rows when they are kept apart (dp > 1 on the first stage: EmbRows' slot
+ * and rows over the Vl x C table; rows NULL otherwise, when the
+ * embedding's backward added into the range). */
 typedef struct {
     size_t offset, numel;
-    int head;
+    int head, shared;
     const int *slot;
     const float *rows;
     int Vl, C;

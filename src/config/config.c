@@ -46,6 +46,22 @@ static const KeySpec keys[] = {
     {"seq_len", K_INT, 1, OFF(seq_len), "256", 1, 1 << 20, 0, NULL, "tokens per sequence (T)"},
     {"vocab_size", K_INT, 1, OFF(vocab_size), "0", 0, MODTRAIN_MAX_VOCAB, 0, NULL,
      "vocabulary (V); 0 = from the data"},
+    {"arch", K_ENUM, 2, OFF(arch), "gpt2", 0, 0, 0, "gpt2|llama",
+     "the block: gpt2 (LayerNorm, learned positions, GELU, biases) or llama (RMSNorm, rotary "
+     "positions, SwiGLU, grouped-query attention, no biases)"},
+    {"n_kv_head", K_INT, 2, OFF(n_kv_head), "0", 0, 4096, 0, NULL,
+     "key and value heads of grouped-query attention (llama), dividing n_head; 0 = n_head, "
+     "1 = multi-query"},
+    {"d_ff", K_INT, 2, OFF(d_ff), "0", 0, 1 << 20, 0, NULL,
+     "MLP width; 0 = 4 x d_model (gpt2), 8/3 x d_model rounded up to ffn_multiple_of (llama)"},
+    {"ffn_multiple_of", K_INT, 2, OFF(ffn_multiple_of), "256", 1, 1 << 20, 0, NULL,
+     "llama's default d_ff is rounded up to a multiple of this"},
+    {"norm_eps", K_FLOAT, 2, OFF(norm_eps), "1e-5", 0, 1, 1, NULL,
+     "RMSNorm's epsilon (llama; GPT-2's LayerNorm keeps 1e-5)"},
+    {"rope_theta", K_FLOAT, 2, OFF(rope_theta), "10000", 1, 1e12, 1, NULL,
+     "rotary position embeddings' base (llama; Llama 3 uses 500000)"},
+    {"tie_embeddings", K_ENUM, 2, OFF(tie_embeddings), "auto", 0, 0, 0, "auto|0|1",
+     "1: the head is the token embedding; 0: its own lm_head; auto = 1 for gpt2, 0 for llama"},
     {"capacity", K_FLOAT, 1, OFF(capacity), "0.125", 0, 1, 1, NULL,
      "fraction of tokens a routed block processes"},
     {"route_every", K_INT, 1, OFF(route_every), "2", 0, 4096, 0, NULL,
@@ -65,7 +81,7 @@ static const KeySpec keys[] = {
     {"expert_top_k", K_INT, 2, OFF(expert_top_k), "1", 1, 2, 0, NULL,
      "experts each token chooses (1 as Switch, 2 as GShard)"},
     {"expert_d_ff", K_INT, 2, OFF(expert_d_ff), "0", 0, 1 << 20, 0, NULL,
-     "hidden width of an expert MLP; 0 = 4 x d_model"},
+     "hidden width of an expert MLP; 0 = d_ff"},
     {"capacity_factor", K_FLOAT, 2, OFF(capacity_factor), "1.25", 0, 1e6, 1, NULL,
      "an expert takes at most capacity_factor x rows x expert_top_k / n_expert rows of a "
      "micro-batch; the rest are dropped (they keep their residual stream)"},
@@ -175,6 +191,19 @@ const char *config_model_key(int i) {
     for (size_t k = 0; k < NKEYS; k++)
         if (keys[k].model && i-- == 0) return keys[k].name;
     return NULL;
+}
+
+int config_kv_heads(const Config *c) { return c->n_kv_head ? c->n_kv_head : c->n_head; }
+
+int config_d_ff(const Config *c) {
+    if (c->d_ff) return c->d_ff;
+    if (c->arch == ARCH_GPT2) return 4 * c->d_model;
+    const long f = (8L * c->d_model + 2) / 3, k = c->ffn_multiple_of; /* ceil(8/3 C) */
+    return (int)((f + k - 1) / k * k);
+}
+
+int config_tied(const Config *c) {
+    return c->tie_embeddings == TIE_AUTO ? c->arch == ARCH_GPT2 : c->tie_embeddings == TIE_YES;
 }
 
 int config_tokenizer_is_bpe(Tokenizer t) {
@@ -524,12 +553,56 @@ static int validate_moe(const Config *c, Err *err) {
                        "config: n_expert = %d experts do not split over ep = %d ranks (choose ep "
                        "dividing n_expert)",
                        E, c->ep);
-    const int ff = c->expert_d_ff ? c->expert_d_ff : 4 * c->d_model;
+    const int ff = c->expert_d_ff ? c->expert_d_ff : config_d_ff(c);
     if (ff % c->tp != 0)
         return err_set(err,
                        "config: the experts' width %d (expert_d_ff) is not divisible by tp = %d "
                        "(choose expert_d_ff a multiple of tp)",
                        ff, c->tp);
+    return 0;
+}
+
+/* "a, b, c": the divisors of n (at most 4096). */
+static void divisors(char *buf, size_t cap, int n) {
+    buf[0] = '\0';
+    for (int t = 1; t <= n; t++)
+        if (n % t == 0)
+            snprintf(buf + strlen(buf), cap - strlen(buf), "%s%d", buf[0] ? ", " : "", t);
+}
+
+/* The block's keys against the shape and tp. */
+static int validate_arch(const Config *c, Err *err) {
+    char alts[256];
+    const int KV = config_kv_heads(c), F = config_d_ff(c);
+    if (c->arch == ARCH_GPT2 && KV != c->n_head)
+        return err_set(err,
+                       "config: n_kv_head = %d needs arch = llama (GPT-2's attention has n_head "
+                       "key and value heads: set arch = llama, or n_kv_head = 0)",
+                       c->n_kv_head);
+    if (c->n_head % KV != 0) {
+        divisors(alts, sizeof alts, c->n_head);
+        return err_set(
+            err, "config: n_kv_head = %d does not divide n_head = %d (choose n_kv_head in {%s})",
+            KV, c->n_head, alts);
+    }
+    if (KV % c->tp != 0) {
+        divisors(alts, sizeof alts, KV);
+        return err_set(
+            err,
+            "config: n_kv_head = %d key and value heads do not split over tp = %d (kv "
+            "heads are not replicated: choose tp in {%s}, or n_kv_head a multiple of %d)",
+            KV, c->tp, alts, c->tp);
+    }
+    if (c->arch == ARCH_LLAMA && (c->d_model / c->n_head) % 2 != 0)
+        return err_set(err,
+                       "config: the head size d_model / n_head = %d is odd, and rotary positions "
+                       "turn pairs of channels (choose an even head size)",
+                       c->d_model / c->n_head);
+    if (F % c->tp != 0)
+        return err_set(err,
+                       "config: the MLP width %d (d_ff) is not divisible by tp = %d (choose d_ff a "
+                       "multiple of tp)",
+                       F, c->tp);
     return 0;
 }
 
@@ -570,13 +643,12 @@ int config_validate(const Config *c, Err *err) {
     free(layers);
     if (split != 0) return -1;
     if (c->n_head % c->tp != 0) {
-        char alts[256] = "";
-        for (int t = 1; t <= c->n_head; t++)
-            if (c->n_head % t == 0)
-                snprintf(alts + strlen(alts), sizeof alts - strlen(alts), "%s%d", alts[0] ? ", " : "", t);
+        char alts[256];
+        divisors(alts, sizeof alts, c->n_head);
         return err_set(err, "config: n_head = %d is not divisible by tp = %d (choose tp in {%s})",
                        c->n_head, c->tp, alts);
     }
+    if (validate_arch(c, err) != 0) return -1;
     const char *h = c->tokenizer_hash;
     if (h[0] && (strlen(h) != CONFIG_HASH_HEX || strspn(h, "0123456789abcdef") != CONFIG_HASH_HEX))
         return err_set(err,

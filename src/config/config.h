@@ -18,6 +18,12 @@
 #define CONFIG_TIME_LIMIT_AUTO (-1.0) /* time_limit = auto */
 
 typedef enum { GATE_RAW = 0, GATE_SIGMOID = 1 } RouterGate;
+/* The block: GPT-2's (LayerNorm, learned positions, GELU, biases) or
+ * Llama's (RMSNorm, rotary positions, SwiGLU, grouped-query attention, no
+ * biases). */
+typedef enum { ARCH_GPT2 = 0, ARCH_LLAMA = 1 } Arch;
+/* tie_embeddings: auto = tied for gpt2, untied for llama */
+typedef enum { TIE_AUTO = 0, TIE_NO = 1, TIE_YES = 2 } TieEmbeddings;
 typedef enum { CAUSAL_AUX_LOSS = 0, CAUSAL_PREDICTOR = 1 } CausalRouter;
 typedef enum { SCHED_1F1B = 0, SCHED_GPIPE = 1 } Schedule;
 /* What a block keeps of its forward for its backward; the rest the backward
@@ -45,6 +51,12 @@ typedef enum {
 typedef struct {
     /* model */
     int seq_len, n_layer, n_head, d_model, vocab_size;
+    Arch arch;
+    int n_kv_head; /* 0 = n_head */
+    int d_ff;      /* 0 = 4 d_model (gpt2), Llama's rule (llama) */
+    int ffn_multiple_of;
+    double norm_eps, rope_theta;
+    TieEmbeddings tie_embeddings;
     double capacity;
     int route_every;
     RouterGate router_gate;
@@ -151,6 +163,13 @@ int config_tokenizer_vocab(Tokenizer t);
  * <|end_of_text|>); -1 for a tokenizer without them. */
 int config_tokenizer_eot(Tokenizer t);
 int config_tokenizer_eos(Tokenizer t);
+
+/* What the shape keys resolve to: n_kv_head (n_head when 0), d_ff (when
+ * 0: 4 d_model for gpt2; for llama 8/3 d_model rounded up to a multiple of
+ * ffn_multiple_of), whether the head is the embedding (tie_embeddings). */
+int config_kv_heads(const Config *c);
+int config_d_ff(const Config *c);
+int config_tied(const Config *c);
 
 /* The most virtual_stages a pipeline rank may hold. */
 enum { CONFIG_MAX_VIRTUAL_STAGES = 8 };

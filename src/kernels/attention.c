@@ -167,12 +167,13 @@ void attention_forward_ref(float *out, float *att, const float *qkv, int B, cons
 }
 
 void attention_decode(float *out, float *p, const float *q, const float *kc, const float *vc,
-                      int len, int NH, int hs, int ldkv) {
+                      int len, int NH, int KV, int hs, int ldkv) {
     const float scale = 1.f / sqrtf((float)hs);
     for (int h = 0; h < NH; h++) {
-        mv(0, len, hs, scale, kc + h * hs, ldkv, q + h * hs, 0.f, p); /* one query: level 2 */
+        const int g = h * KV / NH; /* the query head's kv head (repeat_kv) */
+        mv(0, len, hs, scale, kc + g * hs, ldkv, q + h * hs, 0.f, p); /* one query: level 2 */
         softmax_causal_row(p, len - 1, len);
-        mv(1, len, hs, 1.f, vc + h * hs, ldkv, p, 0.f, out + h * hs);
+        mv(1, len, hs, 1.f, vc + g * hs, ldkv, p, 0.f, out + h * hs);
     }
 }
 

@@ -242,10 +242,11 @@ void attention_backward_full(float *dqkv, const float *dout, const float *qkv, c
 /* The slow, obvious version (double sums, no blocking) of the full forward. */
 void attention_forward_ref(float *out, float *att, const float *qkv, int B, const int *off, int NH,
                            int hs);
-/* One new query q(NH*hs) against len cached keys and values (rows ldkv apart,
- * the new token's last): out(NH*hs); p(len) is scratch. */
+/* One new query q(NH*hs) against len cached keys and values of KV heads
+ * (rows ldkv apart, the new token's last; query head h reads kv head
+ * h*KV/NH): out(NH*hs); p(len) is scratch. */
 void attention_decode(float *out, float *p, const float *q, const float *kc, const float *vc,
-                      int len, int NH, int hs, int ldkv);
+                      int len, int NH, int KV, int hs, int ldkv);
 
 /* out(N,C) = wte[tok - v0] for tokens in [v0, v0+Vl), else 0 (vocab-parallel
  * lookup; the caller sums over tensor-parallel ranks). */

@@ -19,8 +19,8 @@ void decode_init(DecodeState *s, const Model *m) {
     s->k = xcalloc((size_t)d->L, sizeof(float *));
     s->v = xcalloc((size_t)d->L, sizeof(float *));
     for (int l = 0; l < d->L; l++) {
-        s->k[l] = xcalloc((size_t)d->maxT * d->Cl, sizeof(float));
-        s->v[l] = xcalloc((size_t)d->maxT * d->Cl, sizeof(float));
+        s->k[l] = xcalloc((size_t)d->maxT * d->KVl * d->hs, sizeof(float));
+        s->v[l] = xcalloc((size_t)d->maxT * d->KVl * d->hs, sizeof(float));
     }
     s->len = xcalloc((size_t)d->L, sizeof(int));
     s->processed = xcalloc((size_t)d->L, sizeof(long long));
@@ -49,7 +49,8 @@ const float *decode_step(Model *m, DecodeState *s, int tok, int pos) {
     if (model_first_stage(d)) {
         embed_forward(x, &tok, m->P.wte, d->v0, d->Vl, 1, C);
         tp_allreduce_sum(x, (size_t)C, &m->tp);
-        for (int c = 0; c < C; c++) x[c] += m->P.wpe[(size_t)pos * C + c];
+        if (m->P.wpe)
+            for (int c = 0; c < C; c++) x[c] += m->P.wpe[(size_t)pos * C + c];
     } else { /* a pipeline: the token's residual stream from the previous stage */
         pp_recv_prev(x, (size_t)C, PP_TAG_DECODE, m->pp_comm);
     }
@@ -64,7 +65,9 @@ const float *decode_step(Model *m, DecodeState *s, int tok, int pos) {
         }
         s->processed[l]++;
         const KvCache kv = {s->k[l], s->v[l], &s->len[l], s->att};
-        block_branches_forward(m, l, x, 1, 1, NULL, &kv, a, mo);
+        /* llama: its key is cached turned to its true position */
+        block_branches_forward(m, l, x, 1, 1, NULL, d->arch == ARCH_LLAMA ? &pos : NULL, &kv, a,
+                               mo);
         if (routed) gated_add(x, a, mo, mod_gate(d->gate, A->r[0]), C);
         else residual_forward(x, A->res2, mo, (size_t)C);
     }

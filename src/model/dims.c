@@ -26,7 +26,7 @@ void model_dims(ModelDims *d, int V, int maxT, int L, int NH, int C, int tp, int
     d->NHl = NH / tp;
     d->hs = C / NH;
     d->Cl = d->NHl * d->hs;
-    d->Fl = 4 * C / tp;
+    model_dims_arch(d, ARCH_GPT2, NH, 4 * C, 1e-5, 10000.0, 1);
     d->Vl = d->Vp / tp;
     d->v0 = tp_rank * d->Vl;
     d->capacity = 1.0;
@@ -36,6 +36,18 @@ void model_dims(ModelDims *d, int V, int maxT, int L, int NH, int C, int tp, int
     d->ep = 1;
     model_dims_whole(d);
     d->head_rows = HEAD_ROWS;
+}
+
+void model_dims_arch(ModelDims *d, Arch arch, int KV, int F, double eps, double theta, int tied) {
+    d->arch = arch;
+    d->KV = KV;
+    d->KVl = KV / d->tp;
+    d->qkvl = (d->NHl + 2 * d->KVl) * d->hs;
+    d->F = F;
+    d->Fl = F / d->tp;
+    d->eps = (float)eps;
+    d->theta = theta;
+    d->tied = tied;
 }
 
 void model_dims_whole(ModelDims *d) {
@@ -110,7 +122,7 @@ void model_dims_moe(ModelDims *d, int n_expert, int n_noop, int top_k, int exper
     d->E = n_expert;
     d->Nn = n_expert > 0 ? n_noop : 0;
     d->ek = top_k;
-    d->Fe = n_expert > 0 ? (expert_d_ff > 0 ? expert_d_ff : 4 * d->C) : 0;
+    d->Fe = n_expert > 0 ? (expert_d_ff > 0 ? expert_d_ff : d->F) : 0;
     d->Fel = d->Fe / d->tp;
     d->cf = capacity_factor;
     d->moe_every = moe_every > 0 ? moe_every : 1;
@@ -126,6 +138,8 @@ void model_dims_ep(ModelDims *d, int ep, int ep_rank) {
 
 void model_dims_config(ModelDims *d, const Config *c, int tp, int tp_rank) {
     model_dims(d, c->vocab_size, c->seq_len, c->n_layer, c->n_head, c->d_model, tp, tp_rank);
+    model_dims_arch(d, c->arch, config_kv_heads(c), config_d_ff(c), c->norm_eps, c->rope_theta,
+                    config_tied(c));
     model_dims_mod(d, c->route_every, c->capacity, c->router_gate,
                    c->causal_router == CAUSAL_PREDICTOR, c->predictor_hidden);
     model_dims_moe(d, c->n_expert, c->n_noop_expert, c->expert_top_k, c->expert_d_ff,
@@ -208,15 +222,18 @@ double model_flops_per_token_moe(const ModelDims *d, int T, const double *frac,
      * whole causal square as is customary). A routed block does that work
      * for the fraction of tokens it processes, over a sequence of as many;
      * its router (and predictor) run on every token. An MoE block's MLP
-     * costs one expert (2 C Fe weights) per slot kept, and its router
-     * C (E + Nn) on every token it processes. */
-    double C = d->C, flops = 6.0 * d->V * C;
+     * costs one expert (its matrices' weights) per slot kept, and its
+     * router C (E + Nn) on every token it processes. Llama's MLP has three
+     * matrices (gate, up, down), GPT-2's two; its k and v have KV heads. */
+    const double C = d->C, mats = d->arch == ARCH_LLAMA ? 3.0 : 2.0;
+    const double attn = 2.0 * C * C + 2.0 * C * d->KV * d->hs;
+    double flops = 6.0 * d->V * C;
     for (int l = 0; l < d->L; l++) {
         double f = frac ? frac[l] : 1.0;
-        double mlp = 8.0 * C * C;
+        double mlp = mats * C * d->F;
         if (model_is_moe(d, l))
-            mlp = (slots ? slots[l] : d->ek) * 2.0 * C * d->Fe + C * (d->E + d->Nn);
-        flops += f * (6.0 * (4.0 * C * C + mlp) + 12.0 * (f * T) * C);
+            mlp = (slots ? slots[l] : d->ek) * mats * C * d->Fe + C * (d->E + d->Nn);
+        flops += f * (6.0 * (attn + mlp) + 12.0 * (f * T) * C);
         if (frac && model_is_routed(d, l))
             flops += 6.0 * C + (d->predictor ? 6.0 * (C * d->H + d->H) : 0.0);
     }

@@ -146,7 +146,7 @@ static int *expert_offsets(const ModelDims *d, const BlockActs *A) { return A->m
 
 /* This rank's experts on the rows x they took (expert el's are rows
  * [eoff[el], eoff[el+1])): y = gelu(x W1 + b1) W2, all-reduced over tp,
- * + b2. */
+ * + b2; llama's SwiGLU experts without biases. */
 static void experts_forward(Model *m, int l, const float *x, const int *eoff, float *y) {
     const ModelDims *d = &m->d;
     BlockActs *A = &m->cur->acts[l];
@@ -157,12 +157,17 @@ static void experts_forward(Model *m, int l, const float *x, const int *eoff, fl
         const int n = eoff[e + 1] - eoff[e];
         m->stats.expert_rows[(size_t)l * d->El + e] += n;
         if (n == 0) continue;
+        if (d->arch == ARCH_LLAMA) { /* SwiGLU experts: mh holds gate|up rows */
+            swiglu_mlp_forward(x + o * C, n, C, F, p->fcw, p->projw, A->mh + 2 * o * F,
+                               A->mhg + o * F, y + o * C);
+            continue;
+        }
         linear_forward(A->mh + o * F, x + o * C, p->fcw, NULL, n, C, F);
         bias_gelu_forward(A->mh + o * F, A->mhg + o * F, p->fcb, n, F);
         linear_forward(y + o * C, A->mhg + o * F, p->projw, NULL, n, F, C);
     }
     tp_allreduce_sum(y, (size_t)eoff[d->El] * C, &m->tp);
-    for (int e = 0; e < d->El; e++)
+    for (int e = 0; e < d->El && d->arch == ARCH_GPT2; e++)
         bias_add(y + (size_t)eoff[e] * C, m->P.h[l].ex[e].projb, eoff[e + 1] - eoff[e], C);
 }
 
@@ -180,6 +185,12 @@ static void experts_backward(Model *m, int l, const float *x, const int *eoff, c
         const size_t o = (size_t)eoff[e];
         const int n = eoff[e + 1] - eoff[e];
         if (n == 0) continue;
+        if (d->arch == ARCH_LLAMA) {
+            swiglu_mlp_backward(m, x + o * C, n, F, p->fcw, p->projw, g->fcw, g->projw,
+                                A->mh + 2 * o * F, A->mhg + o * F, dy + o * C, S->mdhg + o * F,
+                                S->mdh + 2 * o * F, dx + o * C);
+            continue;
+        }
         float *dhg = S->mdhg + o * F, *dh = S->mdh + o * F;
         const size_t nF = (size_t)n * F;
         const int have_grad = gelu_again(m, A->mh + o * F, A->mhg + o * F, dh, nF);

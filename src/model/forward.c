@@ -36,7 +36,8 @@ void model_stats_reset(Model *m) {
 static int block_forward(Model *m, int l, const float *x, float *y, int B, int T) {
     const int N = B * T;
     if (model_is_routed(&m->d, l)) return routed_forward(m, l, x, y, B, T);
-    block_branches_forward(m, l, x, N, B, m->s.off_dense, NULL, m->s.scratch, m->s.scratch2);
+    block_branches_forward(m, l, x, N, B, m->s.off_dense, rows_pos(m, NULL, N, T), NULL,
+                           m->s.scratch, m->s.scratch2);
     residual_forward(y, m->cur->acts[l].res2, m->s.scratch2, (size_t)N * m->d.C);
     m->stats.processed[l] += N;
     return 0;
@@ -61,15 +62,15 @@ static void block_recompute(Model *m, int l, const float *x, int B, int T) {
     S->aux_loss = aux, S->pred_loss = pred, S->moe_aux = moe;
 }
 
-/* The first stage's input: token and position embeddings of the set's
- * inputs, into its enc. */
+/* The first stage's input: token and (gpt2) position embeddings of the
+ * set's inputs, into its enc. */
 static void embed_stage_input(Model *m, int B, int T) {
     const ModelDims *d = &m->d;
     ActSet *S = m->cur;
     const int N = B * T;
     embed_forward(S->enc, S->inputs, m->P.wte, d->v0, d->Vl, N, d->C);
     tp_allreduce_sum(S->enc, (size_t)N * d->C, &m->tp);
-    pos_forward(S->enc, m->P.wpe, B, T, d->C);
+    if (m->P.wpe) pos_forward(S->enc, m->P.wpe, B, T, d->C); /* llama: rotary, in the blocks */
 }
 
 float model_forward(Model *m, const int *inputs, const int *targets, int B, int T) {
@@ -143,12 +144,14 @@ void model_backward(Model *m, float dloss, float aux_weight) {
         const float *x = l == c0 ? S->enc : S->acts[l - 1].res3;
         if (d->recompute == RECOMPUTE_BLOCK) block_recompute(m, l, x, B, T);
         if (model_is_routed(d, l)) routed_backward(m, l, x, m->s.dres, B, T, aux_scale, pred_scale);
-        else block_branches_backward(m, l, x, N, B, m->s.off_dense, m->s.dres);
+        else
+            block_branches_backward(m, l, x, N, B, m->s.off_dense, rows_pos(m, NULL, N, T),
+                                    m->s.dres);
         if (m->block_done) m->block_done(m->block_done_ctx, l);
     }
     if (model_set_embeds(m)) {
         if (m->emb_rows) emb_rows_add(m->emb_rows, m->s.dres, S->inputs, d->v0, N);
         else embed_backward(m->G.wte, m->s.dres, S->inputs, d->v0, d->Vl, N, d->C);
-        pos_backward(m->G.wpe, m->s.dres, B, T, d->C);
+        if (m->G.wpe) pos_backward(m->G.wpe, m->s.dres, B, T, d->C);
     } /* later stages: m->s.dres is dL/d(stage input), for the previous stage */
 }

@@ -43,14 +43,14 @@ static int valid_cols(const ModelDims *d) {
 
 void head_forward(Model *m, const float *x, int N) {
     ActSet *S = m->cur;
-    layernorm_forward(S->lnf, S->lnf_mean, S->lnf_rstd, x, m->P.lnfw, m->P.lnfb, N, m->d.C);
+    norm_forward(m, S->lnf, S->lnf_mean, S->lnf_rstd, x, m->P.lnfw, m->P.lnfb, N);
 }
 
 float *head_logits(Model *m, int r0, int n) {
     const ModelDims *d = &m->d;
     assert(n >= 1 && n <= d->head_rows);
-    mm(0, 1, n, d->Vl, d->C, 1.f, m->cur->lnf + (size_t)r0 * d->C, d->C, m->P.wte, d->C, 0.f,
-       m->s.logits, d->Vl);
+    mm(0, 1, n, d->Vl, d->C, 1.f, m->cur->lnf + (size_t)r0 * d->C, d->C, model_head_w(&m->P), d->C,
+       0.f, m->s.logits, d->Vl);
     return m->s.logits;
 }
 
@@ -164,8 +164,8 @@ static void chunk_backward(Model *m, const float *dlg, int r0, int n, float *dln
     const ModelDims *d = &m->d;
     const ActSet *S = m->cur;
     const int C = d->C, Vl = d->Vl;
-    mm(1, 0, Vl, C, n, 1.f, dlg, Vl, S->lnf + (size_t)r0 * C, C, 1.f, m->G.wte, C);
-    mm(0, 0, n, C, Vl, 1.f, dlg, Vl, m->P.wte, C, 0.f, dlnf + (size_t)r0 * C, C);
+    mm(1, 0, Vl, C, n, 1.f, dlg, Vl, S->lnf + (size_t)r0 * C, C, 1.f, model_head_w(&m->G), C);
+    mm(0, 0, n, C, Vl, 1.f, dlg, Vl, model_head_w(&m->P), C, 0.f, dlnf + (size_t)r0 * C, C);
 }
 
 float head_loss_forward(Model *m, int N, int fused, float dloss) {
@@ -194,7 +194,7 @@ float head_reference_forward(Model *m, int N, int loss) {
     ActSet *S = m->cur;
     const int Vl = d->Vl, v0 = d->v0, valid = valid_cols(d);
     float *lg = m->ref_logits;
-    mm(0, 1, N, Vl, d->C, 1.f, S->lnf, d->C, m->P.wte, d->C, 0.f, lg, Vl);
+    mm(0, 1, N, Vl, d->C, 1.f, S->lnf, d->C, model_head_w(&m->P), d->C, 0.f, lg, Vl);
     if (!loss) return 0.f;
     float *mx = m->s.rowbuf, *sum = m->s.rowbuf + N, *tl = m->s.rowbuf + 2 * N;
 #pragma omp parallel for schedule(static)
@@ -246,8 +246,8 @@ static void head_reference_backward(Model *m, float dloss, int N) {
         int t = S->targets[i] - d->v0;
         if (t >= 0 && t < Vl) row[t] -= dloss;
     }
-    mm(0, 0, N, C, Vl, 1.f, lg, Vl, m->P.wte, C, 0.f, m->s.dln, C);
-    mm(1, 0, Vl, C, N, 1.f, lg, Vl, S->lnf, C, 1.f, m->G.wte, C);
+    mm(0, 0, N, C, Vl, 1.f, lg, Vl, model_head_w(&m->P), C, 0.f, m->s.dln, C);
+    mm(1, 0, Vl, C, N, 1.f, lg, Vl, S->lnf, C, 1.f, model_head_w(&m->G), C);
 }
 
 /* ------------------------------------------------------------------ backward */
@@ -273,8 +273,8 @@ void head_backward(Model *m, float dloss, int N) {
     }
     tp_allreduce_sum(dlnf, NC, &m->tp);
     memset(m->s.dres, 0, NC * sizeof(float));
-    layernorm_backward(m->s.dres, m->G.lnfw, m->G.lnfb, dlnf, model_stage_output(m), m->P.lnfw,
-                       S->lnf_mean, S->lnf_rstd, N, C);
+    norm_backward(m, m->s.dres, m->G.lnfw, m->G.lnfb, dlnf, model_stage_output(m), m->P.lnfw,
+                  S->lnf_mean, S->lnf_rstd, N);
 }
 
 void model_expect_backward(Model *m, float dloss) {

@@ -2,8 +2,10 @@
  * mlp: a block's MLP branch, dense here or a Mixture-of-Experts (E such
  * MLPs of width Fe, in experts.c).
  *
- * The dense MLP is GPT-2's: c_fc (column-parallel over tp), GELU, c_proj
- * (row-parallel), then the all-reduce.
+ * GPT-2's dense MLP: c_fc (column-parallel over tp), GELU, c_proj
+ * (row-parallel), then the all-reduce. Llama's: gate and up in one
+ * column-parallel product (each rank its Fl columns of each), SwiGLU, the
+ * row-parallel down projection, the all-reduce; no biases.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +15,27 @@
 #include "src/kernels/kernels.h"
 #include "src/model/model_impl.h"
 
+/* ----------------------------------------------------------------- SwiGLU */
+
+void swiglu_mlp_forward(const float *x, int n, int C, int F, const float *w1, const float *w2,
+                        float *h, float *hg, float *y) {
+    linear_forward(h, x, w1, NULL, n, C, 2 * F);
+    swiglu_forward(hg, h, n, F);
+    linear_forward(y, hg, w2, NULL, n, F, C);
+}
+
+void swiglu_mlp_backward(const Model *m, const float *x, int n, int F, const float *w1,
+                         const float *w2, float *gw1, float *gw2, const float *h, float *hg,
+                         const float *dy, float *dhg, float *dh, float *dx) {
+    const int C = m->d.C;
+    /* the SwiGLU's output again (no set keeps it), but where the block's
+     * recompute has just made it */
+    if (m->d.recompute != RECOMPUTE_BLOCK) swiglu_forward(hg, h, n, F);
+    linear_backward_set(dhg, gw2, NULL, dy, hg, w2, n, F, C);
+    swiglu_backward(dh, dhg, h, n, F);
+    linear_backward_set(dx, gw1, NULL, dh, x, w1, n, C, 2 * F);
+}
+
 /* ------------------------------------------------------------------ dense */
 
 static void dense_forward(Model *m, int l, const float *u, int N, float *out) {
@@ -20,6 +43,11 @@ static void dense_forward(Model *m, int l, const float *u, int N, float *out) {
     const BlockParams *p = &m->P.h[l];
     BlockActs *A = &m->cur->acts[l];
     const int C = d->C;
+    if (d->arch == ARCH_LLAMA) {
+        swiglu_mlp_forward(u, N, C, d->Fl, p->fcw, p->fcprojw, A->fch, A->fch_gelu, out);
+        tp_allreduce_sum(out, (size_t)N * C, &m->tp);
+        return;
+    }
     linear_forward(A->fch, u, p->fcw, NULL, N, C, d->Fl);
     bias_gelu_forward(A->fch, A->fch_gelu, p->fcb, N, d->Fl);
     linear_forward(out, A->fch_gelu, p->fcprojw, NULL, N, d->Fl, C);
@@ -35,6 +63,12 @@ static void dense_backward(Model *m, int l, const float *u, int N, const float *
     Scratch *S = &m->s;
     const int C = d->C;
     const size_t NF = (size_t)N * d->Fl;
+    if (d->arch == ARCH_LLAMA) {
+        swiglu_mlp_backward(m, u, N, d->Fl, p->fcw, p->fcprojw, g->fcw, g->fcprojw, A->fch,
+                            A->fch_gelu, dout, S->dfchg, S->dfch, du);
+        tp_allreduce_sum(du, (size_t)N * C, &m->tp);
+        return;
+    }
     if (d->recompute == RECOMPUTE_BLOCK) { /* the block's forward has just made fch_gelu */
         linear_backward_set(S->dfchg, g->fcprojw, g->fcprojb, dout, A->fch_gelu, p->fcprojw, N,
                             d->Fl, C);

@@ -28,6 +28,7 @@
 enum { MODEL_MAX_CHUNKS = CONFIG_MAX_VIRTUAL_STAGES };
 
 typedef struct {
+    Arch arch; /* the block: GPT-2's or Llama's */
     int V;    /* real vocabulary */
     int Vp;   /* padded to a multiple of tp */
     int maxT; /* seq_len: rows of wpe */
@@ -35,6 +36,13 @@ typedef struct {
     /* this rank's slice */
     int tp, tp_rank;
     int NHl, hs, Cl, Fl, Vl, v0;
+    /* F the MLP's width (Fl = F/tp local; llama's MLP makes gate and up
+     * rows of Fl each), KV key and value heads (KVl = KV/tp local; NH for
+     * gpt2), qkvl the local width of a q|k|v row ((NHl + 2 KVl) hs) */
+    int F, KV, KVl, qkvl;
+    int tied;     /* the head is the token embedding */
+    float eps;    /* llama's RMSNorm */
+    double theta; /* llama's rotary base */
     /* Mixture-of-Depths: block l is routed when route_every > 0 and
      * l % route_every == route_every - 1 */
     int route_every;
@@ -77,9 +85,13 @@ enum { HEAD_ROWS = 512 };
 /* Fills dims from the global shape and this rank's tp position; the model is
  * dense until model_dims_mod() adds routing. */
 void model_dims(ModelDims *d, int V, int maxT, int L, int NH, int C, int tp, int tp_rank);
+/* Makes d a llama model (arch ARCH_LLAMA) or sets GPT-2's MLP width and
+ * head: KV kv heads (dividing NH, divided by tp), MLP width F, RMSNorm's
+ * eps, rotary base theta, tied head. */
+void model_dims_arch(ModelDims *d, Arch arch, int KV, int F, double eps, double theta, int tied);
 void model_dims_mod(ModelDims *d, int route_every, double capacity, RouterGate gate, int predictor,
                     int H);
-/* Adds experts to d (n_expert 0: none). expert_d_ff 0 = 4C. */
+/* Adds experts to d (n_expert 0: none). expert_d_ff 0 = F, the MLP's width. */
 void model_dims_moe(ModelDims *d, int n_expert, int n_noop, int top_k, int expert_d_ff,
                     double capacity_factor, int moe_every);
 /* Makes d this rank's share of ep expert-parallel ranks (E % ep == 0). */
@@ -139,6 +151,8 @@ typedef struct {
     int shape[2];   /* global; wte has Vp rows, safetensors shows V */
     int split_dim;  /* dimension split across tp, -1 = replicated */
     int split_blocks; /* c_attn: q, k, v are split separately (3) */
+    int block_w[3];   /* the blocks' global widths along split_dim (llama's
+                       * q is NH heads wide, k and v KV) */
     int layer;      /* block index, -1 outside the blocks */
     int expert;     /* the expert it belongs to (global index), -1 for none */
     int stage;      /* pipeline stage that owns it */
@@ -177,8 +191,9 @@ typedef struct {
 
 typedef struct {
     float *wte;         /* (Vl, C) */
-    float *wpe;         /* (maxT, C) */
+    float *wpe;         /* (maxT, C), gpt2 */
     float *lnfw, *lnfb; /* (C) */
+    float *lmw;         /* (Vl, C) the head when not tied to wte */
     BlockParams *h;     /* (L) */
 } ParamPtrs;
 
@@ -190,12 +205,13 @@ typedef struct {
  * projection); block keeps res3 alone. */
 typedef struct {
     float *ln1, *ln1_mean, *ln1_rstd; /* (B,T,C), (B,T), (B,T) */
-    float *qkv;                       /* (B,T,3Cl) */
+    float *qkv;                       /* (B,T,qkvl): llama's q and k rotated */
     float *lse;                       /* (B,NHl,T) attention row log-sum-exps */
     float *atty;                      /* (B,T,Cl) */
     float *res2;                      /* (B,T,C) */
     float *ln2, *ln2_mean, *ln2_rstd; /* (B,T,C), (B,T), (B,T) */
-    float *fch, *fch_gelu;            /* (B,T,Fl) */
+    float *fch, *fch_gelu;            /* (B,T,Fl); llama: fch (B,T,2Fl) gate|up,
+                                       * fch_gelu their SwiGLU */
     float *res3;                      /* (B,T,C) block output */
     /* routed blocks only */
     float *r;            /* (B,T) router logits */
@@ -217,7 +233,8 @@ typedef struct {
     float *mxs, *mys;    /* (n*k, C) rows sent to the experts, their outputs */
     float *mxr, *myr;    /* (R, C) rows received and their outputs (ep > 1;
                           * the same buffers as mxs and mys at ep 1) */
-    float *mh, *mhg;     /* (R, Fel) the experts' hidden rows before and after GELU */
+    float *mh, *mhg;     /* (R, Fel) the experts' hidden rows before and after GELU
+                          * (llama: mh (R, 2Fel) gate|up, mhg their SwiGLU) */
     int nrecv;           /* R: rows this rank's experts took */
 } BlockActs;
 
@@ -296,7 +313,11 @@ typedef struct {
     float *dres, *dln, *scratch;  /* (B,T,C) */
     float *dqkv;                  /* (B,T,3Cl) */
     float *datty;                 /* (B,T,Cl) */
-    float *dfch, *dfchg;          /* (B,T,Fl) */
+    float *dfch, *dfchg;          /* (B,T,Fl), dfch llama's (B,T,2Fl) gate|up */
+    float *qkvg;                  /* (B,T,3Cl) q|k|v with each query head's k and v
+                                   * (grouped-query attention) */
+    int *pos;                     /* (B*T) the rows' positions in their sequences (llama) */
+    float *rope_cos, *rope_sin;   /* (maxT, hs/2) rotary tables (llama) */
     float *rowbuf;                /* (3*B*T) */
     float *logits;                /* (min(B*T, head_rows), Vl) the head's chunk, last stage only */
     float *scratch2;              /* (B,T,C) */
@@ -306,7 +327,7 @@ typedef struct {
     /* MoE blocks */
     float *mdys, *mdyr;           /* (n*k, C), (R, C) gradients of the experts' outputs */
     float *mdxr;                  /* (R, C) gradients of the experts' input rows */
-    float *mdh, *mdhg;            /* (R, Fel) */
+    float *mdh, *mdhg;            /* (R, Fel); llama's mdh (R, 2Fel) */
     float *mdp;                   /* (n, E+Nn) gradient of the router probabilities */
 } Scratch;
 
@@ -424,8 +445,22 @@ void model_init_weights(Model *m, uint64_t seed);
 size_t param_global_index(const ParamInfo *p, int tp, int tp_rank, size_t i);
 /* Registry row by name, or NULL. */
 const ParamInfo *model_find_param(const Model *m, const char *name);
-/* The tied embedding's registry row, or NULL on stages without it. */
+/* The tied embedding's registry row, or NULL on stages without it (and
+ * when the head is untied). */
 const ParamInfo *model_tied_param(const Model *m);
+/* The token embedding's row (the first stage's), the head's (the last
+ * stage's: the tied embedding or lm_head), or NULL on other stages. */
+const ParamInfo *model_embed_param(const Model *m);
+const ParamInfo *model_head_param(const Model *m);
+/* Where the head's weights and their gradients are: wte, or lm_head. */
+static inline float *model_head_w(const ParamPtrs *p) { return p->lmw ? p->lmw : p->wte; }
+/* The global start of block b of p along split_dim, and its local start
+ * and width under tp. */
+static inline void param_block(const ParamInfo *p, int b, int tp, long *g0, long *l0, long *lw) {
+    long g = 0, l = 0;
+    for (int j = 0; j < b; j++) g += p->block_w[j], l += p->block_w[j] / tp;
+    *g0 = g, *l0 = l, *lw = p->block_w[b] / tp;
+}
 /* Points a ParamPtrs at a buffer laid out like m->params (for Adam moments). */
 void model_point(const Model *m, ParamPtrs *pp, float *base);
 

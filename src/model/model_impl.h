@@ -26,7 +26,7 @@
 /* Decoding's view of a block's attention: one new token against the
  * block's KV cache instead of whole sequences. */
 typedef struct {
-    float *k, *v; /* (maxT, Cl) keys and values of the tokens cached */
+    float *k, *v; /* (maxT, KVl hs) keys (llama's rotated) and values of the tokens cached */
     int *len;     /* tokens cached; the new one is appended */
     float *p;     /* (maxT) scratch */
 } KvCache;
@@ -38,6 +38,29 @@ static inline void gated_add(float *y, const float *a, const float *mo, float g,
         float h = y[c] + g * a[c];
         y[c] = h + g * mo[c];
     }
+}
+
+/* The block's norms: GPT-2's LayerNorm (weight, bias; the mean kept) or
+ * llama's RMSNorm (weight). The backward adds into dx. */
+static inline void norm_forward(const Model *m, float *out, float *mean, float *rstd,
+                                const float *x, const float *w, const float *b, int N) {
+    if (m->d.arch == ARCH_LLAMA) rmsnorm_forward(out, rstd, x, w, N, m->d.C, m->d.eps);
+    else layernorm_forward(out, mean, rstd, x, w, b, N, m->d.C);
+}
+static inline void norm_backward(const Model *m, float *dx, float *dw, float *db, const float *dout,
+                                 const float *x, const float *w, const float *mean,
+                                 const float *rstd, int N) {
+    if (m->d.arch == ARCH_LLAMA) rmsnorm_backward(dx, dw, dout, x, w, rstd, N, m->d.C);
+    else layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, m->d.C);
+}
+
+/* The positions in their sequences of T of N rows (llama's rotary
+ * positions): rows sel[i] of the micro-batch (NULL: rows 0 .. N-1) sit at
+ * sel[i] mod T. Into the scratch's pos; NULL for gpt2, which has none. */
+static inline const int *rows_pos(Model *m, const int *sel, int N, int T) {
+    if (m->d.arch != ARCH_LLAMA) return NULL;
+    for (int i = 0; i < N; i++) m->s.pos[i] = (sel ? sel[i] : i) % T;
+    return m->s.pos;
 }
 
 /* The MLP's GELU in the backward, for the dense MLP (mlp.c) and the
@@ -73,16 +96,17 @@ void model_build_registry(Model *m, int measure);
 
 /* block.c */
 /* Block l's two branches on N rows x (B sequences, rows off[b]..off[b+1];
- * or, with kv, one token attending to its cache): a = attention branch
+ * or, with kv, one token attending to its cache), at positions pos (N,
+ * llama's rotary positions; NULL for gpt2): a = attention branch
  * (projected, all-reduced, biased), mo = MLP branch, with res2 = x + a
  * inside. Internals stay in the current set's acts[l] for backward. The one
  * block implementation: training, evaluation and decoding all run it. */
 void block_branches_forward(Model *m, int l, const float *x, int N, int B, const int *off,
-                            const KvCache *kv, float *a, float *mo);
+                            const int *pos, const KvCache *kv, float *a, float *mo);
 /* Backward of the branches: dres holds dL/d(res2 + mo) on entry (the
  * gradient reaching the MLP branch and the residual) and dL/dx on exit. */
 void block_branches_backward(Model *m, int l, const float *x, int N, int B, const int *off,
-                             float *dres);
+                             const int *pos, float *dres);
 
 /* head.c: the last stage's ln_f, tied head and loss, in chunks of rows */
 /* ln_f of the residual stream x (N rows) into the set's lnf. */
@@ -139,6 +163,16 @@ void moe_backward(Model *m, int l, const float *u, int N, const float *dout, flo
                   float aux_scale);
 
 /* mlp.c */
+/* Llama's MLP (the dense one or an expert) on n rows x: h = x w1 (n, 2F:
+ * gate|up), hg = silu(gate) * up (n, F), y = hg w2 (n, C); no all-reduce. */
+void swiglu_mlp_forward(const float *x, int n, int C, int F, const float *w1, const float *w2,
+                        float *h, float *hg, float *y);
+/* Its backward from dy: the weights' gradients added into gw1 and gw2, dx
+ * (n, C) set; hg is made again (but under recompute = block), dhg (n, F)
+ * and dh (n, 2F) are scratch. */
+void swiglu_mlp_backward(const Model *m, const float *x, int n, int F, const float *w1,
+                         const float *w2, float *gw1, float *gw2, const float *h, float *hg,
+                         const float *dy, float *dhg, float *dh, float *dx);
 /* The MLP branch of block l on its N rows u = ln_2(res2): out(N,C),
  * all-reduced over tp and biased. capped: apply the experts' capacity
  * (training and evaluation; decoding does not). */

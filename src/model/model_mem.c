@@ -20,9 +20,12 @@
 typedef enum {
     SZ_N,    /* B*T: one per token */
     SZ_NC,   /* B*T*C */
-    SZ_N3CL, /* B*T*3Cl: q, k, v of this rank's heads */
+    SZ_N3CL, /* B*T*3Cl: q, k, v of this rank's heads, each query head's own */
+    SZ_NQKV, /* B*T*qkvl: q, k, v of this rank's heads (llama: KVl k and v heads) */
     SZ_NCL,  /* B*T*Cl */
     SZ_NFL,  /* B*T*Fl: this rank's MLP columns */
+    SZ_NGU,  /* B*T*Fl, llama B*T*2Fl: the MLP's first product (gate|up) */
+    SZ_ROPE, /* maxT*hs/2: the rotary positions' cosines or sines */
     SZ_NH,   /* B*T*H: the predictor's hidden layer */
     SZ_LSE,  /* B*T*NHl: attention row log-sum-exps */
     SZ_OFF,  /* B+1: sequence offsets */
@@ -34,6 +37,7 @@ typedef enum {
     SZ_NKC,  /* B*T*k*C: rows sent to experts */
     SZ_RC,   /* R*C: rows received by this rank's experts, R = B*T*k*ep */
     SZ_RFL,  /* R*Fel: their hidden rows */
+    SZ_RGU,  /* R*Fel, llama R*2Fel: their first product */
     SZ_MCNT  /* 2E + El + 1: the all-to-all's counts */
 } SizeKind;
 typedef enum {
@@ -41,11 +45,15 @@ typedef enum {
     IN_ROUTED,
     IN_PREDICTOR,
     IN_LAST_STAGE,
-    IN_DENSE_MLP, /* a block with the dense MLP */
-    IN_MOE,       /* an MoE block */
-    IN_MOE_EP,    /* an MoE block under ep > 1 */
-    IN_ANY_MOE,   /* the model has MoE blocks (scratch) */
-    IN_ANY_MOE_EP /* ... under ep > 1 */
+    IN_DENSE_MLP,  /* a block with the dense MLP */
+    IN_MOE,        /* an MoE block */
+    IN_MOE_EP,     /* an MoE block under ep > 1 */
+    IN_ANY_MOE,    /* the model has MoE blocks (scratch) */
+    IN_ANY_MOE_EP, /* ... under ep > 1 */
+    IN_GPT2,       /* a gpt2 model (LayerNorm's means) */
+    IN_LAST_GPT2,  /* the last stage of one (ln_f's) */
+    IN_LLAMA,      /* a llama model (rotary positions) */
+    IN_GQA         /* fewer kv heads than query heads (their expansion) */
 } Where;
 /* A block's buffer that the set leaves, from recompute mode r on, to the
  * working copy the backward recomputes it in: WORK(r) in its where (r + 1
@@ -69,16 +77,16 @@ typedef struct {
 #define BA(f) offsetof(BlockActs, f)
 static const ActRow block_rows[] = {
     {BA(ln1), F, SZ_NC, IN_ANY | W_ATT},
-    {BA(ln1_mean), F, SZ_N, IN_ANY | W_ATT},
+    {BA(ln1_mean), F, SZ_N, IN_GPT2 | W_ATT},
     {BA(ln1_rstd), F, SZ_N, IN_ANY | W_ATT},
-    {BA(qkv), F, SZ_N3CL, IN_ANY | W_ATT},
+    {BA(qkv), F, SZ_NQKV, IN_ANY | W_ATT},
     {BA(lse), F, SZ_LSE, IN_ANY | W_ATT},
     {BA(atty), F, SZ_NCL, IN_ANY | W_ATT},
     {BA(res2), F, SZ_NC, IN_ANY | W_BLK},
     {BA(ln2), F, SZ_NC, IN_ANY | W_BLK},
-    {BA(ln2_mean), F, SZ_N, IN_ANY | W_BLK},
+    {BA(ln2_mean), F, SZ_N, IN_GPT2 | W_BLK},
     {BA(ln2_rstd), F, SZ_N, IN_ANY | W_BLK},
-    {BA(fch), F, SZ_NFL, IN_DENSE_MLP | W_BLK},
+    {BA(fch), F, SZ_NGU, IN_DENSE_MLP | W_BLK},
     {BA(fch_gelu), F, SZ_NFL, IN_DENSE_MLP | W_ALL},
     {BA(res3), F, SZ_NC, IN_ANY},
     {BA(r), F, SZ_N, IN_ROUTED | W_BLK},
@@ -100,14 +108,14 @@ static const ActRow block_rows[] = {
     {BA(mys), F, SZ_NKC, IN_MOE | W_BLK},
     {BA(mxr), F, SZ_RC, IN_MOE_EP | W_BLK},
     {BA(myr), F, SZ_RC, IN_MOE_EP | W_BLK},
-    {BA(mh), F, SZ_RFL, IN_MOE | W_BLK},
+    {BA(mh), F, SZ_RGU, IN_MOE | W_BLK},
     {BA(mhg), F, SZ_RFL, IN_MOE | W_ALL},
 };
 #define AS(f) offsetof(ActSet, f)
 static const ActRow set_rows[] = {
     {AS(enc), F, SZ_NC, IN_ANY},
     {AS(lnf), F, SZ_NC, IN_LAST_STAGE},
-    {AS(lnf_mean), F, SZ_N, IN_LAST_STAGE},
+    {AS(lnf_mean), F, SZ_N, IN_LAST_GPT2},
     {AS(lnf_rstd), F, SZ_N, IN_LAST_STAGE},
     {AS(lmax), F, SZ_N, IN_LAST_STAGE},
     {AS(lsum), F, SZ_N, IN_LAST_STAGE},
@@ -117,15 +125,17 @@ static const ActRow set_rows[] = {
 };
 #define SC(f) offsetof(Scratch, f)
 static const ActRow scratch_rows[] = {
-    {SC(dres), F, SZ_NC, IN_ANY},    {SC(dln), F, SZ_NC, IN_ANY},
-    {SC(scratch), F, SZ_NC, IN_ANY}, {SC(scratch2), F, SZ_NC, IN_ANY},
-    {SC(dqkv), F, SZ_N3CL, IN_ANY},  {SC(datty), F, SZ_NCL, IN_ANY},
-    {SC(dfch), F, SZ_NFL, IN_ANY},   {SC(dfchg), F, SZ_NFL, IN_ANY},
-    {SC(rowbuf), F, SZ_3N, IN_ANY},  {SC(dr), F, SZ_N, IN_ANY},
-    {SC(dph), F, SZ_2NH, IN_ANY},    {SC(off_dense), sizeof(int), SZ_OFF, IN_ANY},
-    {SC(mdys), F, SZ_NKC, IN_ANY_MOE}, {SC(mdyr), F, SZ_RC, IN_ANY_MOE_EP},
-    {SC(mdxr), F, SZ_RC, IN_ANY_MOE},  {SC(mdh), F, SZ_RFL, IN_ANY_MOE},
-    {SC(mdhg), F, SZ_RFL, IN_ANY_MOE}, {SC(mdp), F, SZ_NET, IN_ANY_MOE},
+    {SC(dres), F, SZ_NC, IN_ANY},           {SC(dln), F, SZ_NC, IN_ANY},
+    {SC(scratch), F, SZ_NC, IN_ANY},        {SC(scratch2), F, SZ_NC, IN_ANY},
+    {SC(dqkv), F, SZ_N3CL, IN_ANY},         {SC(datty), F, SZ_NCL, IN_ANY},
+    {SC(dfch), F, SZ_NGU, IN_ANY},          {SC(dfchg), F, SZ_NFL, IN_ANY},
+    {SC(qkvg), F, SZ_N3CL, IN_GQA},         {SC(pos), sizeof(int), SZ_N, IN_LLAMA},
+    {SC(rope_cos), F, SZ_ROPE, IN_LLAMA},   {SC(rope_sin), F, SZ_ROPE, IN_LLAMA},
+    {SC(rowbuf), F, SZ_3N, IN_ANY},         {SC(dr), F, SZ_N, IN_ANY},
+    {SC(dph), F, SZ_2NH, IN_ANY},           {SC(off_dense), sizeof(int), SZ_OFF, IN_ANY},
+    {SC(mdys), F, SZ_NKC, IN_ANY_MOE},      {SC(mdyr), F, SZ_RC, IN_ANY_MOE_EP},
+    {SC(mdxr), F, SZ_RC, IN_ANY_MOE},       {SC(mdh), F, SZ_RGU, IN_ANY_MOE},
+    {SC(mdhg), F, SZ_RFL, IN_ANY_MOE},      {SC(mdp), F, SZ_NET, IN_ANY_MOE},
     {SC(logits), F, SZ_HVL, IN_LAST_STAGE},
 };
 #undef F
@@ -141,12 +151,16 @@ static const ActRow scratch_rows[] = {
 static size_t size_of(const Model *m, SizeKind k) {
     const ModelDims *d = &m->d;
     const size_t B = (size_t)m->maxB, N = sat_mul(B, (size_t)d->maxT), C = (size_t)d->C;
+    const size_t gu = d->arch == ARCH_LLAMA ? 2 : 1; /* llama's gate|up rows */
     switch (k) {
     case SZ_N: return N;
     case SZ_NC: return sat_mul(N, C);
     case SZ_N3CL: return sat_mul(N, 3 * (size_t)d->Cl);
     case SZ_NCL: return sat_mul(N, (size_t)d->Cl);
+    case SZ_NQKV: return sat_mul(N, (size_t)d->qkvl);
     case SZ_NFL: return sat_mul(N, (size_t)d->Fl);
+    case SZ_NGU: return sat_mul(N, (size_t)d->Fl * gu);
+    case SZ_ROPE: return (size_t)d->maxT * (size_t)(d->hs / 2);
     case SZ_NH: return sat_mul(N, (size_t)d->H);
     case SZ_LSE: return sat_mul(N, (size_t)d->NHl);
     case SZ_OFF: return B + 1;
@@ -159,6 +173,8 @@ static size_t size_of(const Model *m, SizeKind k) {
     case SZ_NKC: return sat_mul(sat_mul(N, (size_t)d->ek), C);
     case SZ_RC: return sat_mul(sat_mul(sat_mul(N, (size_t)d->ek), (size_t)d->ep), C);
     case SZ_RFL: return sat_mul(sat_mul(sat_mul(N, (size_t)d->ek), (size_t)d->ep), (size_t)d->Fel);
+    case SZ_RGU:
+        return sat_mul(sat_mul(sat_mul(N, (size_t)d->ek), (size_t)d->ep), (size_t)d->Fel * gu);
     case SZ_MCNT: return 2 * (size_t)d->E + (size_t)d->El + 1;
     }
     return 0;
@@ -175,6 +191,10 @@ static int row_exists(const Model *m, Where w, int l) {
     case IN_MOE_EP: return model_is_moe(&m->d, l) && m->d.ep > 1;
     case IN_ANY_MOE: return m->d.E > 0;
     case IN_ANY_MOE_EP: return m->d.E > 0 && m->d.ep > 1;
+    case IN_GPT2: return m->d.arch == ARCH_GPT2;
+    case IN_LAST_GPT2: return m->d.arch == ARCH_GPT2 && model_last_stage(&m->d);
+    case IN_LLAMA: return m->d.arch == ARCH_LLAMA;
+    case IN_GQA: return m->d.KV != m->d.NH;
     }
     return 0;
 }
@@ -409,6 +429,8 @@ void model_use_slot(Model *m, int k) { m->cur = &m->slots[k]; }
 void model_alloc_scratch(Model *m) {
     m->s.mem = xcalloc(1, lay_out(m, scratch_rows, NROWS(scratch_rows), -1, 1, &m->s, NULL, 0));
     lay_out(m, scratch_rows, NROWS(scratch_rows), -1, 1, &m->s, m->s.mem, 0);
+    if (m->d.arch == ARCH_LLAMA)
+        rope_tables(m->s.rope_cos, m->s.rope_sin, m->d.maxT, m->d.hs, m->d.theta);
 }
 
 void model_alloc_work(Model *m) {

@@ -52,6 +52,8 @@ static ParamInfo *reg_add(RegBuilder *rb, int layer, size_t slot, const char *su
     p->shape[1] = ndim == 2 ? d1 : 1;
     p->split_dim = split_dim;
     p->split_blocks = blocks;
+    for (int b = 0; b < blocks && split_dim >= 0; b++)
+        p->block_w[b] = (split_dim ? d1 : d0) / blocks;
     p->layer = layer;
     p->expert = -1;
     p->stage = m->d.pp_rank;
@@ -75,6 +77,8 @@ static ParamInfo *reg_add(RegBuilder *rb, int layer, size_t slot, const char *su
 static void expert_rows(RegBuilder *rb) {
     const ModelDims *d = &rb->m->d;
     const int C = d->C, F = d->Fe;
+    /* llama: gate|up in one matrix (its two halves split over tp apart), no biases */
+    const int gu = d->arch == ARCH_LLAMA ? 2 : 1, bias = d->arch == ARCH_GPT2;
     char n[48];
 #define EXP(f) offsetof(ExpertParams, f)
     for (int l = model_next_held(d, 0); l < d->L; l = model_next_held(d, l + 1)) {
@@ -87,13 +91,17 @@ static void expert_rows(RegBuilder *rb) {
             /* each row's expert is set before the next reg_add, which may
              * move the registry (xrealloc) */
             snprintf(n, sizeof n, "mlp.experts.%d.c_fc.weight", e);
-            reg_add(rb, l, EXP(fcw), n, 2, C, F, 1, 1, INIT_NORMAL)->expert = e;
-            snprintf(n, sizeof n, "mlp.experts.%d.c_fc.bias", e);
-            reg_add(rb, l, EXP(fcb), n, 1, F, 0, 0, 1, INIT_ZERO)->expert = e;
+            reg_add(rb, l, EXP(fcw), n, 2, C, gu * F, 1, gu, INIT_NORMAL)->expert = e;
+            if (bias) {
+                snprintf(n, sizeof n, "mlp.experts.%d.c_fc.bias", e);
+                reg_add(rb, l, EXP(fcb), n, 1, F, 0, 0, 1, INIT_ZERO)->expert = e;
+            }
             snprintf(n, sizeof n, "mlp.experts.%d.c_proj.weight", e);
             reg_add(rb, l, EXP(projw), n, 2, F, C, 0, 1, INIT_RESID)->expert = e;
-            snprintf(n, sizeof n, "mlp.experts.%d.c_proj.bias", e);
-            reg_add(rb, l, EXP(projb), n, 1, C, 0, -1, 1, INIT_ZERO)->expert = e;
+            if (bias) {
+                snprintf(n, sizeof n, "mlp.experts.%d.c_proj.bias", e);
+                reg_add(rb, l, EXP(projb), n, 1, C, 0, -1, 1, INIT_ZERO)->expert = e;
+            }
         }
         if (n_ex < d->El) rb->m->nparams += (size_t)(d->El - 1) * (rb->m->nparams - before);
     }
@@ -107,30 +115,35 @@ void model_build_registry(Model *m, int measure) {
 #define TOP(f) offsetof(ParamPtrs, f)
 #define BLK(f) offsetof(BlockParams, f)
     /* a stage holds only its own rows; wte sits on the first stage (lookup)
-     * and on the last (tied head) */
-    if (model_first_stage(d) || model_last_stage(d)) {
+     * and, tied, on the last (the head) */
+    const int llama = d->arch == ARCH_LLAMA, gu = llama ? 2 : 1;
+    if (model_first_stage(d) || (d->tied && model_last_stage(d))) {
         ParamInfo *wte = reg_add(&rb, -1, TOP(wte), "wte.weight", 2, d->Vp, C, 0, 1, INIT_NORMAL);
-        wte->tied = 1;
+        wte->tied = d->tied;
         wte->vocab_rows = d->V;
     }
-    if (model_first_stage(d))
+    if (model_first_stage(d) && !llama)
         reg_add(&rb, -1, TOP(wpe), "wpe.weight", 2, d->maxT, C, -1, 1, INIT_NORMAL);
     for (int l = model_next_held(d, 0); l < d->L; l = model_next_held(d, l + 1)) {
         reg_add(&rb, l, BLK(ln1w), "ln_1.weight", 1, C, 0, -1, 1, INIT_ONE);
-        reg_add(&rb, l, BLK(ln1b), "ln_1.bias", 1, C, 0, -1, 1, INIT_ZERO);
-        reg_add(&rb, l, BLK(qkvw), "attn.c_attn.weight", 2, C, 3 * C, 1, 3, INIT_NORMAL);
-        reg_add(&rb, l, BLK(qkvb), "attn.c_attn.bias", 1, 3 * C, 0, 0, 3, INIT_ZERO);
+        if (!llama) reg_add(&rb, l, BLK(ln1b), "ln_1.bias", 1, C, 0, -1, 1, INIT_ZERO);
+        /* q, k and v split over tp apart: q of NH heads, k and v of KV */
+        ParamInfo *qkv = reg_add(&rb, l, BLK(qkvw), "attn.c_attn.weight", 2, C,
+                                 (d->NH + 2 * d->KV) * d->hs, 1, 3, INIT_NORMAL);
+        qkv->block_w[0] = d->NH * d->hs;
+        qkv->block_w[1] = qkv->block_w[2] = d->KV * d->hs;
+        if (!llama) reg_add(&rb, l, BLK(qkvb), "attn.c_attn.bias", 1, 3 * C, 0, 0, 3, INIT_ZERO);
         reg_add(&rb, l, BLK(attprojw), "attn.c_proj.weight", 2, C, C, 0, 1, INIT_RESID);
-        reg_add(&rb, l, BLK(attprojb), "attn.c_proj.bias", 1, C, 0, -1, 1, INIT_ZERO);
+        if (!llama) reg_add(&rb, l, BLK(attprojb), "attn.c_proj.bias", 1, C, 0, -1, 1, INIT_ZERO);
         reg_add(&rb, l, BLK(ln2w), "ln_2.weight", 1, C, 0, -1, 1, INIT_ONE);
-        reg_add(&rb, l, BLK(ln2b), "ln_2.bias", 1, C, 0, -1, 1, INIT_ZERO);
+        if (!llama) reg_add(&rb, l, BLK(ln2b), "ln_2.bias", 1, C, 0, -1, 1, INIT_ZERO);
         if (model_is_moe(d, l)) { /* the experts come last (expert_rows) */
             reg_add(&rb, l, BLK(mrw), "mlp.router.weight", 2, C, d->E + d->Nn, -1, 1, INIT_NORMAL);
-        } else {
-            reg_add(&rb, l, BLK(fcw), "mlp.c_fc.weight", 2, C, 4 * C, 1, 1, INIT_NORMAL);
-            reg_add(&rb, l, BLK(fcb), "mlp.c_fc.bias", 1, 4 * C, 0, 0, 1, INIT_ZERO);
-            reg_add(&rb, l, BLK(fcprojw), "mlp.c_proj.weight", 2, 4 * C, C, 0, 1, INIT_RESID);
-            reg_add(&rb, l, BLK(fcprojb), "mlp.c_proj.bias", 1, C, 0, -1, 1, INIT_ZERO);
+        } else { /* llama: gate|up in one matrix, its halves split over tp apart */
+            reg_add(&rb, l, BLK(fcw), "mlp.c_fc.weight", 2, C, gu * d->F, 1, gu, INIT_NORMAL);
+            if (!llama) reg_add(&rb, l, BLK(fcb), "mlp.c_fc.bias", 1, d->F, 0, 0, 1, INIT_ZERO);
+            reg_add(&rb, l, BLK(fcprojw), "mlp.c_proj.weight", 2, d->F, C, 0, 1, INIT_RESID);
+            if (!llama) reg_add(&rb, l, BLK(fcprojb), "mlp.c_proj.bias", 1, C, 0, -1, 1, INIT_ZERO);
         }
         if (!model_is_routed(d, l)) continue;
         /* router and predictor are replicated across tp: routing is local */
@@ -144,7 +157,10 @@ void model_build_registry(Model *m, int measure) {
     }
     if (model_last_stage(d)) {
         reg_add(&rb, -1, TOP(lnfw), "ln_f.weight", 1, C, 0, -1, 1, INIT_ONE);
-        reg_add(&rb, -1, TOP(lnfb), "ln_f.bias", 1, C, 0, -1, 1, INIT_ZERO);
+        if (!llama) reg_add(&rb, -1, TOP(lnfb), "ln_f.bias", 1, C, 0, -1, 1, INIT_ZERO);
+        if (!d->tied)
+            reg_add(&rb, -1, TOP(lmw), "lm_head.weight", 2, d->Vp, C, 0, 1, INIT_NORMAL)
+                ->vocab_rows = d->V;
     }
     const size_t shared = m->nparams;
     expert_rows(&rb);
@@ -175,14 +191,25 @@ const ParamInfo *model_tied_param(const Model *m) {
     return NULL;
 }
 
+const ParamInfo *model_embed_param(const Model *m) {
+    return model_first_stage(&m->d) ? model_find_param(m, "wte.weight") : NULL;
+}
+
+const ParamInfo *model_head_param(const Model *m) {
+    if (!model_last_stage(&m->d)) return NULL;
+    return model_find_param(m, m->d.tied ? "wte.weight" : "lm_head.weight");
+}
+
 size_t param_global_index(const ParamInfo *p, int tp, int tp_rank, size_t i) {
     size_t r = i / (size_t)p->lshape[1], c = i % (size_t)p->lshape[1];
     if (p->split_dim >= 0) {
         size_t *x = p->split_dim == 0 ? &r : &c;
-        size_t gblock = (size_t)p->shape[p->split_dim] / p->split_blocks;
-        size_t lblock = gblock / tp;
-        size_t blk = *x / lblock, within = *x % lblock;
-        *x = blk * gblock + (size_t)tp_rank * lblock + within;
+        long g0 = 0, l0 = 0, lw = 0;
+        for (int b = 0; b < p->split_blocks; b++) { /* the block local x falls in */
+            param_block(p, b, tp, &g0, &l0, &lw);
+            if (*x < (size_t)(l0 + lw)) break;
+        }
+        *x = (size_t)g0 + (size_t)tp_rank * (size_t)lw + (*x - (size_t)l0);
     }
     return r * (size_t)p->shape[1] + c;
 }

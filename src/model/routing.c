@@ -181,7 +181,10 @@ int routed_forward(Model *m, int l, const float *x, float *y, int B, int T) {
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < K; i++)
         memcpy(A->xs + (size_t)i * C, x + (size_t)A->sel[i] * C, (size_t)C * sizeof(float));
-    if (K > 0) block_branches_forward(m, l, A->xs, K, B, A->off, NULL, A->a, A->mo);
+    /* a routed token keeps its own position for the rotary embedding */
+    if (K > 0)
+        block_branches_forward(m, l, A->xs, K, B, A->off, rows_pos(m, A->sel, K, T), NULL, A->a,
+                               A->mo);
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < N; t++) /* y = x a row at a time on every thread (one memcpy
                                    of GPT-2 small's took 0.24 ms of a routed block's 8) */
@@ -253,7 +256,7 @@ void routed_backward(Model *m, int l, const float *x, float *dres, int B, int T,
         S->dr[t] = dot * gate_grad(d->gate, A->r[t]);
     }
     if (K > 0) {
-        block_branches_backward(m, l, A->xs, K, B, A->off, ds);
+        block_branches_backward(m, l, A->xs, K, B, A->off, rows_pos(m, A->sel, K, T), ds);
         /* ds now includes the residual's g * dy; the gathered rows' own
          * gradient is the rest */
 #pragma omp parallel for schedule(static)

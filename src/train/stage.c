@@ -45,12 +45,13 @@ static void run_overlap_setup(Run *r) {
     for (int l = d->L - 1, i = nhead; l >= 0; l--) r->seg_of[l] = model_holds(d, l) ? i++ : -1;
     size_t *lo = xmalloc((size_t)nseg * sizeof(size_t)), *hi = xmalloc((size_t)nseg * sizeof(size_t));
     int ok = 1;
-    if (nhead) { /* the tied embedding (its rows apart), then ln_f's weight and bias */
-        const ParamInfo *w = model_tied_param(m), *fw = model_find_param(m, "ln_f.weight"),
+    if (nhead) { /* the head's weights (tied: the embedding, its rows apart), then ln_f's
+                  * weight and bias (gpt2) */
+        const ParamInfo *w = model_head_param(m), *fw = model_find_param(m, "ln_f.weight"),
                         *fb = model_find_param(m, "ln_f.bias");
         lo[0] = w->offset, hi[0] = param_end(w);
-        lo[1] = fw->offset, hi[1] = param_end(fb);
-        ok = param_end(fw) == fb->offset;
+        lo[1] = fw->offset, hi[1] = param_end(fb ? fb : fw);
+        ok = !fb || param_end(fw) == fb->offset;
     }
     for (int l = d->L - 1; l >= 0 && ok; l--) {
         const int i = r->seg_of[l];
@@ -81,18 +82,21 @@ static void run_overlap_setup(Run *r) {
     }
 }
 
-/* zero 1: ZeRO-1's pieces, cut where the overlap's buckets and the tied
- * embedding's range begin and end (so that a bucket in flight is whole
- * pieces, and both stages' copies of the embedding are cut alike). */
+/* zero 1: ZeRO-1's pieces, cut where the overlap's buckets and the
+ * embedding's and head's ranges begin and end (so that a bucket in flight
+ * is whole pieces, and both stages' copies of a tied embedding are cut
+ * alike). */
 static void run_zero_setup(Run *r) {
     const Model *m = &r->m;
     const Grid *g = &r->grid;
     const int nb = r->overlap ? r->ov.nbucket : 0;
-    size_t *cut = xmalloc((2 * (size_t)nb + 2) * sizeof(size_t));
+    size_t *cut = xmalloc((2 * (size_t)nb + 4) * sizeof(size_t));
     int n = 0;
     for (int b = 0; b < nb; b++) cut[n++] = r->ov.blo[b], cut[n++] = r->ov.bhi[b];
-    const ParamInfo *tied = model_tied_param(m);
-    if (tied) cut[n++] = tied->offset, cut[n++] = tied->offset + tied->numel;
+    const ParamInfo *ends[2] = {model_embed_param(m), model_head_param(m)};
+    for (int i = 0; i < 2; i++)
+        if (ends[i] && (i == 0 || ends[1] != ends[0]))
+            cut[n++] = ends[i]->offset, cut[n++] = ends[i]->offset + ends[i]->numel;
     const size_t shared = m->nparams - (g->ep > 1 ? m->expert_floats : 0);
     zero_init(&r->zero, m->nparams, shared, cut, n, g->dp_comm,
               g->ep > 1 ? g->edp_comm : MPI_COMM_NULL);

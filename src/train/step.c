@@ -157,11 +157,13 @@ void run_step(Run *r, int step, StepResult *out, Err *err) {
     /* sync: gradients, then the loss and routing counters */
     fault_phase("gradient all-reduce");
     double t1 = now_s(), tp1 = tp_time_s;
-    const ParamInfo *tied = model_tied_param(m);
+    /* the embedding: tied, the end stages' copies; else the first stage's */
+    const ParamInfo *tied = m->d.tied ? model_tied_param(m) : model_embed_param(m);
     const EmbRows *er = m->emb_rows;
     const TiedGrad tg = {.offset = tied ? tied->offset : 0,
                          .numel = tied ? tied->numel : 0,
-                         .head = model_last_stage(&m->d),
+                         .head = m->d.tied && model_last_stage(&m->d),
+                         .shared = m->d.tied,
                          .slot = er ? er->slot : NULL,
                          .rows = er ? er->rows : NULL,
                          .Vl = m->d.Vl,

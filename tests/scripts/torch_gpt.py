@@ -83,6 +83,12 @@ class GPT(torch.nn.Module):
         self.Fe = expert_d_ff if expert_d_ff > 0 else 4 * C
         self.cf, self.moe_every = capacity_factor, moe_every
         assert self.E == 0 or self.k in (1, 2)
+        p = self.make_params()
+        self.p = torch.nn.ParameterDict({k.replace(".", "/"): torch.nn.Parameter(v) for k, v in p.items()})
+
+    def make_params(self):
+        """The initial weights under their names: GPT-2's."""
+        V, T, L, C, H = self.V, self.T, self.L, self.C, self.H
         p = {}
         p["wte.weight"] = torch.randn(V, C) * 0.02
         p["wpe.weight"] = torch.randn(T, C) * 0.02
@@ -108,14 +114,20 @@ class GPT(torch.nn.Module):
                 p[h + "mlp.c_proj.weight"] = torch.randn(4 * C, C) * 0.02 / math.sqrt(2 * L)
                 p[h + "mlp.c_proj.bias"] = torch.zeros(C)
             if self.routed(i):
-                p[h + "router.weight"], p[h + "router.bias"] = torch.randn(C) * 0.02, torch.zeros(1)
-                if predictor:
-                    p[h + "predictor.c_fc.weight"] = torch.randn(C, H) * 0.02
-                    p[h + "predictor.c_fc.bias"] = torch.zeros(H)
-                    p[h + "predictor.c_proj.weight"] = torch.randn(H, 1) * 0.02
-                    p[h + "predictor.c_proj.bias"] = torch.zeros(1)
+                p.update(self.routing_params(h))
         p["ln_f.weight"], p["ln_f.bias"] = torch.ones(C), torch.zeros(C)
-        self.p = torch.nn.ParameterDict({k.replace(".", "/"): torch.nn.Parameter(v) for k, v in p.items()})
+        return p
+
+    def routing_params(self, h):
+        """A routed block's router (and predictor): modtrain's names in any block."""
+        C, H = self.C, self.H
+        p = {h + "router.weight": torch.randn(C) * 0.02, h + "router.bias": torch.zeros(1)}
+        if self.predictor:
+            p[h + "predictor.c_fc.weight"] = torch.randn(C, H) * 0.02
+            p[h + "predictor.c_fc.bias"] = torch.zeros(H)
+            p[h + "predictor.c_proj.weight"] = torch.randn(H, 1) * 0.02
+            p[h + "predictor.c_proj.bias"] = torch.zeros(1)
+        return p
 
     @classmethod
     def from_meta(cls, meta):
@@ -140,12 +152,31 @@ class GPT(torch.nn.Module):
         return self.p[name.replace(".", "/")]
 
     def load(self, tensors):
+        """Loads a modtrain safetensors export's tensors."""
         with torch.no_grad():
-            for k, v in tensors.items():
-                self.w(k).copy_(v)
+            for name, v in tensors.items():
+                for own, cols, tr in self.parts(name):
+                    part = v[:, cols[0]:cols[1]] if cols else v
+                    self.w(own).copy_(part.t() if tr else part)
 
-    def attn(self, h, x):
-        """Attention branch of block h on x (B, T, C), causal within each row of x."""
+    def parts(self, name):
+        """[(own name, columns of modtrain's tensor or None, transposed)] that make
+        up the tensor modtrain names `name`: here itself."""
+        return [(name, None, False)]
+
+    def grad(self, name):
+        """The gradient of the tensor modtrain names `name`, or None."""
+        out = []
+        for own, cols, tr in self.parts(name):
+            g = self.w(own).grad
+            if g is None:
+                return None
+            out.append(g.t() if tr else g)
+        return torch.cat(out, dim=1) if len(out) > 1 else out[0]
+
+    def attn(self, h, x, pos):
+        """Attention branch of block h on x (B, T, C), causal within each row of x,
+        whose tokens sit at positions pos (T) of their sequence."""
         B, T, C = x.shape
         NH = self.NH
         a = F.layer_norm(x, (C,), self.w(h + "ln_1.weight"), self.w(h + "ln_1.bias"), 1e-5)
@@ -204,7 +235,7 @@ class GPT(torch.nn.Module):
 
     def dense_block(self, i, h, x, stats):
         B, T, C = x.shape
-        a = self.attn(h, x)
+        a = self.attn(h, x, torch.arange(T))
         m = self.mlp(i, h, self.ln2(h, x + a).reshape(B * T, C), stats).view(B, T, C)
         return x + a + m
 
@@ -234,7 +265,7 @@ class GPT(torch.nn.Module):
             if idx.numel() == 0:
                 continue
             picks.append((b, idx))
-            attns.append(self.attn(h, x[b, idx].unsqueeze(0))[0])
+            attns.append(self.attn(h, x[b, idx].unsqueeze(0), idx)[0])
         rows = [x[b, idx] + a for (b, idx), a in zip(picks, attns)]
         u = self.ln2(h, torch.cat(rows) if rows else x.new_zeros(0, C))
         m = self.mlp(i, h, u, stats)
@@ -249,18 +280,22 @@ class GPT(torch.nn.Module):
 
     def forward_sum(self, idx, targets, routing, stats):
         """Summed cross-entropy of one micro-batch; stats gets one entry a block."""
-        B, T = idx.shape
-        C = self.C
-        x = self.w("wte.weight")[idx] + self.w("wpe.weight")[:T]
+        x = self.embed(idx)
         for i in range(self.L):
             h = f"h.{i}."
             if self.routed(i):
                 x = self.routed_block(i, h, x, routing, stats)
             else:
                 x = self.dense_block(i, h, x, stats)
-        x = F.layer_norm(x, (C,), self.w("ln_f.weight"), self.w("ln_f.bias"), 1e-5)
-        logits = x @ self.w("wte.weight").t()
+        logits = self.head(x)
         return F.cross_entropy(logits.reshape(-1, self.V), targets.reshape(-1), reduction="sum")
+
+    def embed(self, idx):
+        return self.w("wte.weight")[idx] + self.w("wpe.weight")[:idx.shape[1]]
+
+    def head(self, x):
+        x = F.layer_norm(x, (self.C,), self.w("ln_f.weight"), self.w("ln_f.bias"), 1e-5)
+        return x @ self.w("wte.weight").t()
 
     def forward(self, idx, targets, routing="topk", stats=None, micro_batch=0):
         """Mean cross-entropy over all tokens. The batch is split into micro-batches

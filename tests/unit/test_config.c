@@ -119,6 +119,36 @@ static void test_validate(void) {
     c.min_lr = 1;
     CU_ASSERT_EQUAL(config_validate(&c, &e), -1);
     CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "min_lr = 1 is above lr"));
+    c.min_lr = 0;
+    /* the block's keys: kv heads only for llama, dividing n_head, split by tp */
+    c.n_kv_head = 2;
+    CU_ASSERT_EQUAL(config_validate(&c, &e), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "n_kv_head = 2 needs arch = llama"));
+    c.arch = ARCH_LLAMA;
+    CU_ASSERT_EQUAL(config_validate(&c, &e), 0);
+    c.n_kv_head = 3;
+    CU_ASSERT_EQUAL(config_validate(&c, &e), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "choose n_kv_head in {1, 2, 4}"));
+    c.n_kv_head = 2, c.tp = 4;
+    CU_ASSERT_EQUAL(config_validate(&c, &e), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "choose tp in {1, 2}, or n_kv_head a multiple of 4"));
+    c.tp = 1, c.d_model = 12, c.n_head = 4; /* head size 3: no pairs to turn */
+    CU_ASSERT_EQUAL(config_validate(&c, &e), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "head size d_model / n_head = 3 is odd"));
+    /* Llama's MLP width: 8/3 d_model rounded up; the head untied unless asked */
+    c.d_model = 768, c.n_head = 12;
+    CU_ASSERT_EQUAL(config_d_ff(&c), 2048);
+    c.d_model = 4096, c.ffn_multiple_of = 256;
+    CU_ASSERT_EQUAL(config_d_ff(&c), 11008); /* Llama 2 7B's */
+    CU_ASSERT_EQUAL(config_tied(&c), 0);
+    c.tie_embeddings = TIE_YES;
+    CU_ASSERT_EQUAL(config_tied(&c), 1);
+    c.arch = ARCH_GPT2, c.tie_embeddings = TIE_AUTO;
+    CU_ASSERT_EQUAL(config_d_ff(&c), 4 * 4096);
+    CU_ASSERT_EQUAL(config_tied(&c), 1);
+    c.d_ff = 100, c.tp = 8, c.n_head = 32, c.n_kv_head = 0;
+    CU_ASSERT_EQUAL(config_validate(&c, &e), -1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(e.msg, "MLP width 100 (d_ff) is not divisible by tp = 8"));
 }
 
 /* Writes text to a fresh temporary file; its path goes to path (32 bytes). */
@@ -212,15 +242,16 @@ static void test_strict_numbers(void) {
 }
 
 /* The model keys are the table's flagged rows: the shape, the routing, the
- * experts and the tokenizer, nothing of the optimizer or the layout; only
- * those added later (the experts', the tokenizer's) may be missing from a
- * checkpoint. */
+ * experts, the tokenizer and the block, nothing of the optimizer or the
+ * layout; only those added later (the experts', the tokenizer's, the
+ * block's) may be missing from a checkpoint. */
 static void test_model_keys(void) {
-    const char *want[] = {"n_layer",         "n_head",          "d_model",     "seq_len",
-                          "vocab_size",      "capacity",        "route_every", "router_gate",
-                          "causal_router",   "predictor_hidden", "n_expert",   "n_noop_expert",
-                          "expert_top_k",    "expert_d_ff",     "capacity_factor", "moe_every",
-                          "tokenizer",       "tokenizer_hash"};
+    const char *want[] = {
+        "n_layer",   "n_head",          "d_model",        "seq_len",       "vocab_size",
+        "capacity",  "route_every",     "router_gate",    "causal_router", "predictor_hidden",
+        "n_expert",  "n_noop_expert",   "expert_top_k",   "expert_d_ff",   "capacity_factor",
+        "moe_every", "tokenizer",       "tokenizer_hash", "arch",          "n_kv_head",
+        "d_ff",      "ffn_multiple_of", "norm_eps",       "rope_theta",    "tie_embeddings"};
     const size_t n = sizeof want / sizeof want[0];
     size_t i = 0;
     for (const char *k; (k = config_model_key((int)i)); i++) {

@@ -644,7 +644,7 @@ static void test_attention_decode_matches_full(void) {
     }
     double worst = 0;
     for (int t = 0; t < T; t++) {
-        attention_decode(y, p, qkv + (size_t)t * 3 * C, kc, vc, t + 1, NH, hs, C);
+        attention_decode(y, p, qkv + (size_t)t * 3 * C, kc, vc, t + 1, NH, NH, hs, C);
         for (int i = 0; i < C; i++) worst = worse(worst, fabs(y[i] - full[(size_t)t * C + i]));
     }
     CU_ASSERT(worst < 1e-5);
