@@ -83,20 +83,20 @@ static void run_overlap_setup(Run *r) {
 }
 
 /* zero 1: ZeRO-1's pieces, cut where the overlap's buckets and the
- * embedding's and head's ranges begin and end (so that a bucket in flight
- * is whole pieces, and both stages' copies of a tied embedding are cut
- * alike). */
+ * embedding's range begin and end (so that a bucket in flight is whole
+ * pieces, the embedding's rows reduced apart are too, and both stages'
+ * copies of a tied embedding are cut alike). */
 static void run_zero_setup(Run *r) {
     const Model *m = &r->m;
     const Grid *g = &r->grid;
     const int nb = r->overlap ? r->ov.nbucket : 0;
-    size_t *cut = xmalloc((2 * (size_t)nb + 4) * sizeof(size_t));
+    size_t *cut = xmalloc((2 * (size_t)nb + 2) * sizeof(size_t));
     int n = 0;
     for (int b = 0; b < nb; b++) cut[n++] = r->ov.blo[b], cut[n++] = r->ov.bhi[b];
-    const ParamInfo *ends[2] = {model_embed_param(m), model_head_param(m)};
-    for (int i = 0; i < 2; i++)
-        if (ends[i] && (i == 0 || ends[1] != ends[0]))
-            cut[n++] = ends[i]->offset, cut[n++] = ends[i]->offset + ends[i]->numel;
+    /* the embedding as step.c reduces it (its rows apart); an untied head
+     * is one more tensor of the overlap's first bucket, never cut apart */
+    const ParamInfo *emb = m->d.tied ? model_tied_param(m) : model_embed_param(m);
+    if (emb) cut[n++] = emb->offset, cut[n++] = emb->offset + emb->numel;
     const size_t shared = m->nparams - (g->ep > 1 ? m->expert_floats : 0);
     zero_init(&r->zero, m->nparams, shared, cut, n, g->dp_comm,
               g->ep > 1 ? g->edp_comm : MPI_COMM_NULL);

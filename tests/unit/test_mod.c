@@ -3,7 +3,8 @@
  * predictor included) against finite differences; capacity 1 reproducing a
  * dense block; top-k selection; batch invariance; no leak under causal
  * routing; incremental decoding with the sparse KV cache against a full
- * forward; the predictor leaving the LM gradients alone.
+ * forward (GPT-2's blocks and Llama's); the predictor leaving the LM
+ * gradients alone.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,14 +29,21 @@ static void make_batch(uint64_t seed) {
 
 /* A MoD model (blocks 1 and 3 routed) with weights large enough that every
  * path carries gradient and router scores are well separated. */
-static void mod_model(Model *m, int maxB, double capacity, RouterGate gate, int predictor,
-                      float scale) {
+static void mod_model_arch(Model *m, int maxB, double capacity, RouterGate gate, int predictor,
+                           float scale, Arch arch) {
     ModelDims d;
     model_dims(&d, V, T, L, NH, C, 1, 0);
+    /* llama: multi-query (one kv head), a small rotary base turning far */
+    if (arch == ARCH_LLAMA) model_dims_arch(&d, ARCH_LLAMA, 1, 3 * C, 1e-5, 100.0, 0);
     model_dims_mod(&d, 2, capacity, gate, predictor, H);
     model_init(m, &d, maxB, NULL);
     model_init_weights(m, 99);
     for (size_t i = 0; i < m->nparams; i++) m->params[i] += scale * (float)rng_normal(6, 6, i);
+}
+
+static void mod_model(Model *m, int maxB, double capacity, RouterGate gate, int predictor,
+                      float scale) {
+    mod_model_arch(m, maxB, capacity, gate, predictor, scale, ARCH_GPT2);
 }
 
 typedef struct {
@@ -301,10 +309,13 @@ static void test_no_leak_under_causal_routing(void) {
     }
 }
 
+/* Llama's too: the cache holds the kv heads' keys turned to each token's
+ * own position, which a routed token keeps. */
 static void test_decode_matches_full_forward(void) {
-    for (int pred = 0; pred < 2; pred++) {
+    for (int k = 0; k < 4; k++) {
+        const int pred = k % 2;
         Model m;
-        mod_model(&m, 1, 0.25, GATE_SIGMOID, pred, 0.3f);
+        mod_model_arch(&m, 1, 0.25, GATE_SIGMOID, pred, 0.3f, k < 2 ? ARCH_GPT2 : ARCH_LLAMA);
         m.route = ROUTE_CAUSAL;
         make_batch(13);
         center_routers(&m);
@@ -320,7 +331,7 @@ static void test_decode_matches_full_forward(void) {
             w = worse(w, max_diff(lg, full + (size_t)t * V, V));
         }
         CU_ASSERT(w < 1e-4);
-        if (w >= 1e-4) printf("\n  decode vs full (predictor %d): %g", pred, w);
+        if (w >= 1e-4) printf("\n  decode vs full (predictor %d, arch %d): %g", pred, k / 2, w);
         /* the caches hold exactly the tokens that went through each block */
         CU_ASSERT_EQUAL(s.len[0], T);
         CU_ASSERT_EQUAL((long long)s.len[1] + s.len[3], full_processed);
