@@ -225,16 +225,22 @@ static int by_begin(const void *a, const void *b) {
     return x->end < y->end ? -1 : x->end > y->end;
 }
 
-/* Every tensor F32, its byte size its shape's (checked), and the tensors
- * tiling the data section exactly: no overlap, no gap, nothing after. */
+/* Every tensor F32, BF16 or F16, its byte size its shape's (checked), and
+ * the tensors tiling the data section exactly: no overlap, no gap, nothing
+ * after. */
 static int check_tensors(StFile *f, Err *err) {
     for (int i = 0; i < f->nt; i++) {
-        const StTensor *t = &f->t[i];
-        if (strcmp(t->dtype, "F32") != 0)
+        StTensor *t = &f->t[i];
+        t->kind = strcmp(t->dtype, "F32") == 0    ? ST_F32
+                  : strcmp(t->dtype, "BF16") == 0 ? ST_BF16
+                  : strcmp(t->dtype, "F16") == 0  ? ST_F16
+                                                  : -1;
+        if (t->kind < 0)
             return err_set(err,
-                           "safetensors: '%s': tensor '%s' has dtype '%s' (modtrain reads F32)",
+                           "safetensors: '%s': tensor '%s' has dtype '%s' (modtrain reads F32, "
+                           "BF16 and F16)",
                            f->path, t->name, t->dtype);
-        size_t bytes = 4;
+        size_t bytes = t->kind == ST_F32 ? 4 : 2;
         for (int d = 0; d < t->ndim; d++)
             if (size_mul(bytes, (size_t)t->shape[d], &bytes) != 0)
                 return err_set(err,
@@ -343,9 +349,35 @@ int st_read(StFile *f, const char *path, Err *err) {
     return 0;
 }
 
-float st_float(const StTensor *t, const StFile *f, size_t i) {
+/* IEEE half to float: exact (every half is a float). */
+static float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    uint32_t bits;
+    if (e == 0x1f) bits = sign | 0x7f800000u | (m << 13); /* inf, NaN */
+    else if (e) bits = sign | ((e + 112) << 23) | (m << 13);
+    else if (!m) bits = sign;
+    else { /* subnormal: m * 2^-24, normalised */ int k = 0;
+        uint32_t mm = m;
+        while (!(mm & 0x400)) mm <<= 1, k++;
+        bits = sign | ((uint32_t)(113 - k) << 23) | ((mm & 0x3ff) << 13);
+    }
     float v;
-    memcpy(&v, f->data + t->begin + 4 * i, sizeof v); /* data may sit at any alignment */
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+float st_float(const StTensor *t, const StFile *f, size_t i) {
+    const uint8_t *p = f->data + t->begin; /* data may sit at any alignment */
+    if (t->kind == ST_F32) {
+        float v;
+        memcpy(&v, p + 4 * i, sizeof v);
+        return v;
+    }
+    const uint16_t h = (uint16_t)(p[2 * i] | p[2 * i + 1] << 8); /* little-endian */
+    if (t->kind == ST_F16) return half_to_float(h);
+    const uint32_t bits = (uint32_t)h << 16; /* BF16: a float's upper half */
+    float v;
+    memcpy(&v, &bits, sizeof v);
     return v;
 }
 

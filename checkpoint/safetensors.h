@@ -1,7 +1,8 @@
 /*
  * safetensors: read and write the Hugging Face safetensors format (8-byte
  * little-endian header length, a JSON header of dtype/shape/data_offsets per
- * tensor plus "__metadata__" strings, then the raw bytes). Only F32 tensors.
+ * tensor plus "__metadata__" strings, then the raw bytes). F32 tensors are
+ * written; F32, BF16 and F16 are read (as floats).
  */
 #ifndef MODTRAIN_SAFETENSORS_H
 #define MODTRAIN_SAFETENSORS_H
@@ -24,7 +25,10 @@ typedef struct {
     int ndim;
     int64_t shape[ST_MAX_DIMS];
     uint64_t begin, end; /* byte offsets into the data section */
+    int kind;            /* ST_F32, ST_BF16 or ST_F16 */
 } StTensor;
+
+enum { ST_F32 = 0, ST_BF16 = 1, ST_F16 = 2 };
 
 typedef struct {
     char key[64];
@@ -48,7 +52,7 @@ typedef struct {
  * the caller; name is for messages): the header length within the file and
  * at most ST_MAX_HEADER, the JSON header strictly (no key twice, nothing after
  * it but spaces, at most ST_MAX_TENSORS tensors and ST_MAX_META metadata
- * keys), every tensor F32 with a shape whose byte size (checked) equals its
+ * keys), every tensor F32, BF16 or F16 with a shape whose byte size (checked) equals its
  * data_offsets, and the tensors tiling the data section exactly. Returns 0,
  * or -1 with err naming the file and the problem. */
 int st_parse(StFile *f, const uint8_t *buf, size_t len, const char *name, Err *err);
@@ -59,7 +63,8 @@ const StTensor *st_find(const StFile *f, const char *name);
 const char *st_meta(const StFile *f, const char *key);
 /* Element count of a tensor. */
 size_t st_numel(const StTensor *t);
-/* Element i of a tensor (read byte-wise: the data may have any alignment). */
+/* Element i of a tensor as a float (read byte-wise: the data may have any
+ * alignment; BF16 and F16 widened exactly). */
 float st_float(const StTensor *t, const StFile *f, size_t i);
 
 typedef struct {

@@ -146,10 +146,10 @@ int prep_run(const PrepOptions *o, const PrepReport *rep, PrepStats *st, Err *er
     ShardMeta meta;
     if (shard_meta(o, &meta, &p.eot, err) != 0) return -1;
     int has_zstd;
-    if (paths_make(&p.paths, o->out, err) != 0 || check_inputs(o, st, &has_zstd, err) != 0)
+    if (paths_make(&p.paths, o->out, rep, err) != 0 || check_inputs(o, st, &has_zstd, err) != 0)
         return -1;
-    clean_stale(&p.paths, rep);
-    if (check_out(&p.paths, o->force, err) != 0) return -1;
+    fset_clean_stale(&p.paths);
+    if (fset_check_out(&p.paths, o->force, err) != 0) return -1;
     /* the memory: what is held already (the vocabulary), the threads'
      * tokenizers, a zstd window; the rest for the block */
     const int threads = o->bpe || o->jsonl_key ? (o->threads > 0 ? o->threads : 1) : 1;
@@ -208,14 +208,14 @@ int prep_run(const PrepOptions *o, const PrepReport *rep, PrepStats *st, Err *er
         goto fail;
     progress(&p, 1);
     if (check_result(o, st, err) != 0) goto fail;
-    if (commit_set(&p.paths, o->force, rep, err) != 0) goto fail;
+    if (fset_commit(&p.paths, o->force, err) != 0) goto fail;
     rc = 0;
     goto done;
 fail:
     block_join(&p, err); /* the worker's error, on earlier documents, comes first */
     for (int s = 0; s < 2; s++)
         if (p.w[s].fd >= 0) close(p.w[s].fd);
-    remove_set(p.paths.tmp);
+    fset_remove(&p.paths, p.paths.tmp);
 done:
     st->seconds = now_s() - p.t0;
     for (int s = 0; s < 2; s++) free(p.w[s].buf), free(p.w[s].bytes);

@@ -19,6 +19,7 @@
 #include <zlib.h>
 #include <zstd.h>
 
+#include "src/base/folder_set.h"
 #include "src/base/util.h"
 #include "src/data/data.h"
 #include "src/prep/prep.h"
@@ -86,24 +87,10 @@ int writer_finish(Writer *w, Err *err);
 
 /* ---- the output folder (commit.c) ---- */
 
-/* The paths of a prep into out: the parent folder, out's last name, and
- * the temporary folder beside it. */
-typedef struct {
-    char out[PATH_CAP], parent[PATH_CAP], base[256], tmp[PATH_CAP + 300], old[PATH_CAP + 300];
-    char host[65]; /* this machine's name, in the temporary folders' names */
-} Paths;
-
-int paths_make(Paths *p, const char *out, Err *err);
-/* Removes the temporary folders that earlier preps into the same out on
- * this host left. */
-void clean_stale(const Paths *p, const PrepReport *rep);
-/* Checks out before the work: 0 when the set may go there, -1 with err. */
-int check_out(const Paths *p, int force, Err *err);
-/* Moves the finished set in p->tmp to p->out. Returns 0 or -1 with err
- * (p->tmp still there). */
-int commit_set(const Paths *p, int force, const PrepReport *rep, Err *err);
-/* Removes a folder prep wrote. Returns 0 or -1 with errno. */
-int remove_set(const char *dir);
+/* A prep's output folder: a shard set written whole (folder_set.h), its
+ * warnings to rep. */
+typedef FolderSet Paths;
+int paths_make(Paths *p, const char *out, const PrepReport *rep, Err *err);
 
 /* ---- documents and blocks (documents.c) ---- */
 

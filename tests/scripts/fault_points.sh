@@ -28,7 +28,7 @@ scan() {
                 printf "%s:%d: %s\n", FILENAME, FNR, substr(line, RSTART, RLENGTH)
         }' "$@"
 }
-files=$(ls "$srcdir"/checkpoint/*.c "$srcdir"/src/base/files.c "$srcdir"/src/prep/*.c "$srcdir"/src/tokenizer/*.c)
+files=$(ls "$srcdir"/checkpoint/*.c "$srcdir"/src/base/files.c "$srcdir"/src/base/folder_set.c "$srcdir"/src/prep/*.c "$srcdir"/src/tokenizer/*.c)
 # shellcheck disable=SC2086 # the file list
 found=$(scan $files)
 if [ -z "$found" ]; then

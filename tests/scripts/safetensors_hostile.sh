@@ -73,7 +73,7 @@ elif case == "twice":
     dup = '"%s": %s' % (first, json.dumps(h[first]))
     text = text[:-1] + ", " + dup + "}"
     out = pack(meta, tensors, text=text)
-elif case == "bf16": tensors[first][0] = "BF16"; out = pack(meta, tensors)
+elif case == "f64": tensors[first][0] = "F64"; out = pack(meta, tensors)
 elif case == "nan":
     b = bytearray(tensors["h.1.router.weight"][2]); b[4:8] = struct.pack("<f", float("nan"))
     tensors["h.1.router.weight"][2] = bytes(b); out = pack(meta, tensors)
@@ -128,7 +128,7 @@ refused_import after_json "malformed JSON header at byte .*: bytes after the JSO
 refused_import overflow "tensor 'h.0.ln_1.weight' has a shape whose size overflows"
 refused_import shape1d "tensor 'ln_f.weight' has shape \[3\], the model needs \[32\]"
 refused_import twice "a tensor name appears twice"
-refused_import bf16 "has dtype 'BF16' (modtrain reads F32)"
+refused_import f64 "has dtype 'F64' (modtrain reads F32, BF16 and F16)"
 refused_import nan "tensor 'h.1.router.weight' holds nan at element 1"
 refused_import hlen "is truncated"
 refused_import mask_beyond "tensor 'h.7.attn.bias' is not part of the model"
