@@ -155,6 +155,10 @@ int ckpt_read_config(const char *stepdir, Config *cfg, int *step, Err *err);
  * non-NULL and the checkpoint has them; *had_moments says which) into m.
  * Checks every chunk it reads. Returns 0 or -1 with err set. */
 int ckpt_load(const char *stepdir, Model *m, AdamW *opt, int *had_moments, Err *err);
+/* The weights alone of a checkpoint; under fresh_routing (a dense model's
+ * checkpoint for a Mixture-of-Depths model) the routers and predictors
+ * keep their values. 0, or -1 with err set. */
+int ckpt_load_weights(const char *stepdir, Model *m, int fresh_routing, Err *err);
 
 /* Checks that two configs agree on every model key. Returns 0, or -1 with
  * err naming the first key that differs. */
@@ -182,13 +186,53 @@ int ckpt_export_hf(const char *dir, const Model *m, const Config *cfg, int step,
                    Err *err);
 /* Checks a parsed safetensors file against the registry of a model of dims
  * d before any model is built: every tensor the model has is there with its
- * shape, and the file has no tensor the model lacks (but GPT-2's causal-mask
- * buffers, h.N.attn.bias and h.N.attn.masked_bias, of blocks it has).
- * Returns 0 or -1 with err naming the tensor. */
-int ckpt_check_safetensors(const StFile *f, const ModelDims *d, Err *err);
+ * shape (but routers and predictors, under fresh_routing: a dense model's
+ * file for a Mixture-of-Depths model), and the file has no tensor the model
+ * lacks (but GPT-2's causal-mask buffers, h.N.attn.bias and
+ * h.N.attn.masked_bias, of blocks it has). Returns 0 or -1 with err naming
+ * the tensor. */
+int ckpt_check_safetensors(const StFile *f, const ModelDims *d, int fresh_routing, Err *err);
+/* One Hugging Face tensor of a registry row (ckpt_hfio.c): its name, the
+ * columns [c0, c1) of the row's global matrix it holds, and whether it is
+ * stored transposed ([out, in], nn.Linear's). */
+typedef struct {
+    char name[96];
+    int c0, c1, tr;
+} HfPart;
+/* The parts of registry row p in a Hugging Face folder of d's model:
+ * GPT-2's names are modtrain's ([in, out]); llama's LlamaForCausalLM's,
+ * c_attn split into q, k and v, c_fc into gate and up. 0 for a tensor
+ * those models have not (a router, a predictor, an expert). */
+int hf_parts(const ModelDims *d, const ParamInfo *p, HfPart *out);
+/* Writes m's weights (tp 1, pp 1) under those names as one safetensors
+ * file, with meta; *left_out counts the tensors left out. 0 or -1. */
+int hf_write_weights(const char *path, const Model *m, const StMeta *meta, int nmeta, int *left_out,
+                     Err *err);
+/* A Hugging Face folder, read: the model keys its config.json gives, and
+ * its safetensors files (model.safetensors, or the shards the index names). */
+typedef struct {
+    char dir[4096];
+    Config cfg;
+    StFile *f;
+    int nf;
+} HfFolder;
+/* The model keys of dir/config.json (model_type gpt2 or llama) into cfg,
+ * defaults elsewhere: 0, or -1 with err naming the key modtrain cannot
+ * build (a rope_scaling, attention or MLP biases, another activation, a
+ * head_dim other than d_model / n_head, another model_type). */
+int hf_read_config(const char *dir, Config *cfg, Err *err);
+/* Reads the folder: 0, or -1 with err set and nothing to free. */
+int hf_open(HfFolder *h, const char *dir, Err *err);
+void hf_close(HfFolder *h);
+/* Loads m's slices from h (checked first against the whole model: every
+ * tensor with its shape, no tensor more); rows no folder holds (routers,
+ * predictors) keep their values. 0, or -1 with err set. */
+int hf_load(const HfFolder *h, Model *m, Err *err);
+
 /* Loads m's weights (its pipeline stage's, its tp slices) from a parsed
  * safetensors file (checked as above against the whole model; a NaN or
- * infinity is an error naming the tensor). Returns 0 or -1. */
-int ckpt_load_safetensors(const StFile *f, Model *m, Err *err);
+ * infinity is an error naming the tensor); under fresh_routing the routers
+ * and predictors keep their values. Returns 0 or -1. */
+int ckpt_load_safetensors(const StFile *f, Model *m, int fresh_routing, Err *err);
 
 #endif

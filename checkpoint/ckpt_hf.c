@@ -1,6 +1,7 @@
 /*
  * ckpt_hf: the model in Hugging Face's files. Its weights (or gradients)
- * written as safetensors, or as a folder with GPT-2's config.json; a
+ * written as safetensors under the registry's names, or as a folder with
+ * GPT-2's or Llama's config.json (the names there: ckpt_hfio.c); a
  * safetensors file checked against the model's registry and loaded.
  */
 #include "checkpoint/ckpt_impl.h"
@@ -18,77 +19,129 @@
 #include "src/base/files.h"
 #include "src/base/util.h"
 
+#define EXPORT_META 48 /* the model keys, the step, the format */
+
 static void export_shape(const ParamInfo *p, StOut *o) {
     o->ndim = p->ndim;
     o->shape[0] = p->vocab_rows;
     o->shape[1] = p->shape[1];
 }
 
-/* A router's or a predictor's tensor: Mixture-of-Depths only, nothing a
- * dense GPT-2 has. */
-static int is_mod_tensor(const ParamInfo *p) {
-    return strstr(p->name, ".router.") || strstr(p->name, ".predictor.");
+/* The metadata of an export: the model keys (route_every 0 for a Hugging
+ * Face folder, dense), the step, the format. Returns the count. */
+static int export_meta(StMeta *meta, const Model *m, const Config *cfg, int step, int dense) {
+    int n = 0;
+    const char *key;
+    for (int i = 0; (key = config_model_key(i)) && n < EXPORT_META - 2; i++, n++) {
+        snprintf(meta[n].key, sizeof meta[n].key, "%s", key);
+        model_key_value(cfg, m, key, meta[n].value, sizeof meta[n].value);
+        if (dense && strcmp(key, "route_every") == 0)
+            snprintf(meta[n].value, sizeof meta[n].value, "0");
+    }
+    snprintf(meta[n].key, sizeof meta[n].key, "step");
+    snprintf(meta[n++].value, sizeof meta[0].value, "%d", step);
+    snprintf(meta[n].key, sizeof meta[n].key, "format");
+    snprintf(meta[n++].value, sizeof meta[0].value, "pt");
+    return n;
 }
 
-/* The safetensors file of base (weights or gradients); dense: the dense part
- * alone (no router or predictor tensors, route_every = 0 in the metadata),
- * the model Hugging Face's GPT-2 runs. */
+/* The safetensors file of base (weights or gradients) under the registry's
+ * names, every tensor. */
 static int write_safetensors(const char *path, const Model *m, const float *base, const Config *cfg,
-                             int step, int dense, Err *err) {
+                             int step, Err *err) {
     if (m->d.tp != 1)
         return err_set(err, "ckpt: writing safetensors under tp = %d is not built yet", m->d.tp);
-    StMeta meta[32];
-    int nmeta = 0;
-    const char *key;
-    for (int i = 0; (key = config_model_key(i)); i++, nmeta++) {
-        snprintf(meta[nmeta].key, sizeof meta[nmeta].key, "%s", key);
-        model_key_value(cfg, m, key, meta[nmeta].value, sizeof meta[nmeta].value);
-        if (dense && strcmp(key, "route_every") == 0)
-            snprintf(meta[nmeta].value, sizeof meta[nmeta].value, "0");
-    }
-    snprintf(meta[nmeta].key, sizeof meta[nmeta].key, "step");
-    snprintf(meta[nmeta].value, sizeof meta[nmeta].value, "%d", step);
-    nmeta++;
-    snprintf(meta[nmeta].key, sizeof meta[nmeta].key, "format");
-    snprintf(meta[nmeta].value, sizeof meta[nmeta].value, "pt");
-    nmeta++;
+    StMeta meta[EXPORT_META];
+    const int nmeta = export_meta(meta, m, cfg, step, 0);
     StOut *outs = xcalloc((size_t)m->nreg, sizeof(StOut));
-    int n = 0;
     for (int i = 0; i < m->nreg; i++) {
-        if (dense && is_mod_tensor(&m->reg[i])) continue;
-        outs[n].name = m->reg[i].name;
-        export_shape(&m->reg[i], &outs[n]);
-        outs[n++].data = base + m->reg[i].offset;
+        outs[i].name = m->reg[i].name;
+        export_shape(&m->reg[i], &outs[i]);
+        outs[i].data = base + m->reg[i].offset;
     }
-    int rc = st_write(path, outs, n, meta, nmeta, err);
+    int rc = st_write(path, outs, m->nreg, meta, nmeta, err);
     free(outs);
     return rc;
 }
 
 int ckpt_export_safetensors(const char *path, const Model *m, const Config *cfg, int step,
                             Err *err) {
-    return write_safetensors(path, m, m->params, cfg, step, 0, err);
+    return write_safetensors(path, m, m->params, cfg, step, err);
+}
+
+/* GPT-2's config.json (transformers' GPT2Config): modtrain's block is
+ * GPT-2's, with tanh-GELU (gelu_new), LayerNorm eps 1e-5 and no dropout. */
+static int gpt2_config(char *json, size_t cap, const Model *m, const Config *cfg,
+                       const char *eot_ids) {
+    return snprintf(json, cap,
+                    "{\n"
+                    "  \"architectures\": [\"GPT2LMHeadModel\"],\n"
+                    "  \"model_type\": \"gpt2\",\n"
+                    "  \"vocab_size\": %d,\n"
+                    "  \"n_positions\": %d,\n"
+                    "  \"n_ctx\": %d,\n"
+                    "  \"n_embd\": %d,\n"
+                    "  \"n_layer\": %d,\n"
+                    "  \"n_head\": %d,\n"
+                    "  \"n_inner\": %d,\n"
+                    "  \"activation_function\": \"gelu_new\",\n"
+                    "  \"layer_norm_epsilon\": 1e-05,\n"
+                    "  \"initializer_range\": 0.02,\n"
+                    "  \"resid_pdrop\": 0.0,\n"
+                    "  \"embd_pdrop\": 0.0,\n"
+                    "  \"attn_pdrop\": 0.0,\n"
+                    "  \"scale_attn_weights\": true,\n"
+                    "  \"tie_word_embeddings\": %s,\n"
+                    "  \"use_cache\": true,\n"
+                    "%s"
+                    "  \"torch_dtype\": \"float32\"\n"
+                    "}\n",
+                    m->d.V, cfg->seq_len, cfg->seq_len, cfg->d_model, cfg->n_layer, cfg->n_head,
+                    m->d.F, m->d.tied ? "true" : "false", eot_ids);
+}
+
+/* Llama's config.json (transformers' LlamaConfig): SwiGLU (silu), RMSNorm,
+ * unscaled rotary positions, no biases, no dropout. */
+static int llama_config(char *json, size_t cap, const Model *m, const Config *cfg,
+                        const char *eot_ids) {
+    return snprintf(json, cap,
+                    "{\n"
+                    "  \"architectures\": [\"LlamaForCausalLM\"],\n"
+                    "  \"model_type\": \"llama\",\n"
+                    "  \"vocab_size\": %d,\n"
+                    "  \"hidden_size\": %d,\n"
+                    "  \"intermediate_size\": %d,\n"
+                    "  \"num_hidden_layers\": %d,\n"
+                    "  \"num_attention_heads\": %d,\n"
+                    "  \"num_key_value_heads\": %d,\n"
+                    "  \"head_dim\": %d,\n"
+                    "  \"max_position_embeddings\": %d,\n"
+                    "  \"hidden_act\": \"silu\",\n"
+                    "  \"rms_norm_eps\": %.17g,\n"
+                    "  \"rope_theta\": %.17g,\n"
+                    "  \"rope_scaling\": null,\n"
+                    "  \"attention_bias\": false,\n"
+                    "  \"mlp_bias\": false,\n"
+                    "  \"attention_dropout\": 0.0,\n"
+                    "  \"pretraining_tp\": 1,\n"
+                    "  \"initializer_range\": 0.02,\n"
+                    "  \"tie_word_embeddings\": %s,\n"
+                    "  \"use_cache\": true,\n"
+                    "%s"
+                    "  \"torch_dtype\": \"float32\"\n"
+                    "}\n",
+                    m->d.V, m->d.C, m->d.F, m->d.L, m->d.NH, m->d.KV, m->d.hs, cfg->seq_len,
+                    cfg->norm_eps, cfg->rope_theta, m->d.tied ? "true" : "false", eot_ids);
 }
 
 int ckpt_export_hf(const char *dir, const Model *m, const Config *cfg, int step, int *left_out,
                    Err *err) {
-    struct stat st;
-    if (m->d.arch != ARCH_GPT2)
-        return err_set(err, "ckpt export: --format hf writes GPT-2's folder; an arch = llama "
-                            "model's is not built yet (use --format safetensors)");
-    if (fp_mkdir("hf.mkdir", dir, 0755) != 0 && errno != EEXIST)
-        return err_set(err, "ckpt export: cannot create the folder '%s': %s", dir, strerror(errno));
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
-        return err_set(err, "ckpt export: '%s' exists and is not a folder (--format hf writes a folder)",
-                       dir);
-    *left_out = 0;
-    for (int i = 0; i < m->nreg; i++) *left_out += is_mod_tensor(&m->reg[i]);
     char path[4200];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    if (write_safetensors(path, m, m->params, cfg, step, 1, err) != 0) return -1;
-    /* GPT-2's config (transformers' GPT2Config): modtrain's block is GPT-2's,
-     * with tanh-GELU (gelu_new), LayerNorm eps 1e-5, no dropout and the head
-     * tied to wte (or lm_head); V is the real vocabulary, never the padded one */
+    StMeta meta[EXPORT_META];
+    const int nmeta = export_meta(meta, m, cfg, step, 1);
+    if (hf_write_weights(path, m, meta, nmeta, left_out, err) != 0) return -1;
+    /* V is the real vocabulary, never the padded one */
     const int bos = config_tokenizer_eot(cfg->tokenizer),
               eos = config_tokenizer_eos(cfg->tokenizer);
     char eot_ids[96] = "";
@@ -96,37 +149,14 @@ int ckpt_export_hf(const char *dir, const Model *m, const Config *cfg, int step,
         snprintf(eot_ids, sizeof eot_ids, "  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n", bos,
                  eos);
     char json[2048];
-    const int n = snprintf(json, sizeof json,
-                           "{\n"
-                           "  \"architectures\": [\"GPT2LMHeadModel\"],\n"
-                           "  \"model_type\": \"gpt2\",\n"
-                           "  \"vocab_size\": %d,\n"
-                           "  \"n_positions\": %d,\n"
-                           "  \"n_ctx\": %d,\n"
-                           "  \"n_embd\": %d,\n"
-                           "  \"n_layer\": %d,\n"
-                           "  \"n_head\": %d,\n"
-                           "  \"n_inner\": %d,\n"
-                           "  \"activation_function\": \"gelu_new\",\n"
-                           "  \"layer_norm_epsilon\": 1e-05,\n"
-                           "  \"initializer_range\": 0.02,\n"
-                           "  \"resid_pdrop\": 0.0,\n"
-                           "  \"embd_pdrop\": 0.0,\n"
-                           "  \"attn_pdrop\": 0.0,\n"
-                           "  \"scale_attn_weights\": true,\n"
-                           "  \"tie_word_embeddings\": %s,\n"
-                           "  \"use_cache\": true,\n"
-                           "%s"
-                           "  \"torch_dtype\": \"float32\"\n"
-                           "}\n",
-                           m->d.V, cfg->seq_len, cfg->seq_len, cfg->d_model, cfg->n_layer,
-                           cfg->n_head, m->d.F, m->d.tied ? "true" : "false", eot_ids);
+    const int n = m->d.arch == ARCH_LLAMA ? llama_config(json, sizeof json, m, cfg, eot_ids)
+                                          : gpt2_config(json, sizeof json, m, cfg, eot_ids);
     snprintf(path, sizeof path, "%s/config.json", dir);
     return write_file_durable("hf.config", path, json, (size_t)n, err) < 0 ? -1 : 0;
 }
 
 int ckpt_export_grads(const char *path, const Model *m, const Config *cfg, Err *err) {
-    return write_safetensors(path, m, m->grads, cfg, 0, 0, err);
+    return write_safetensors(path, m, m->grads, cfg, 0, err);
 }
 
 /* Whether tensor t of the file has the shape registry row p exports. */
@@ -159,10 +189,16 @@ static int is_mask_buffer(const char *name, int L) {
     return strcmp(dot, ".attn.bias") == 0 || strcmp(dot, ".attn.masked_bias") == 0;
 }
 
-int ckpt_check_safetensors(const StFile *f, const ModelDims *d, Err *err) {
+/* A router's or a predictor's tensor. */
+static int is_mod_tensor(const ParamInfo *p) {
+    return strstr(p->name, ".router.") || strstr(p->name, ".predictor.");
+}
+
+int ckpt_check_safetensors(const StFile *f, const ModelDims *d, int fresh_routing, Err *err) {
     ParamInfo *reg;
     int n = model_registry(d, &reg), rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {
+        if (fresh_routing && is_mod_tensor(&reg[i])) continue;
         const StTensor *t = st_find(f, reg[i].name);
         StOut want;
         export_shape(&reg[i], &want);
@@ -189,12 +225,13 @@ int ckpt_check_safetensors(const StFile *f, const ModelDims *d, Err *err) {
     return rc;
 }
 
-int ckpt_load_safetensors(const StFile *f, Model *m, Err *err) {
+int ckpt_load_safetensors(const StFile *f, Model *m, int fresh_routing, Err *err) {
     ModelDims whole = m->d; /* the file holds every stage: check the whole model */
     model_dims_whole(&whole);
-    if (ckpt_check_safetensors(f, &whole, err) != 0) return -1;
+    if (ckpt_check_safetensors(f, &whole, fresh_routing, err) != 0) return -1;
     for (int i = 0; i < m->nreg; i++) {
         const ParamInfo *p = &m->reg[i];
+        if (fresh_routing && is_mod_tensor(p)) continue; /* as initialised */
         const StTensor *t = st_find(f, p->name);
         size_t limit = st_numel(t);
         float *dst = m->params + p->offset;

@@ -10,7 +10,9 @@
  *   ckpt_save.c    ckpt_save, the asynchronous saves, the probe write
  *   ckpt_load.c    --ckpt resolved, a checkpoint's config and state read,
  *                  its slices loaded, a model opened for inference
- *   ckpt_hf.c      safetensors files and Hugging Face folders
+ *   ckpt_hfio.c    Hugging Face folders: the names there, config.json
+ *                  read, the shards read and loaded, the weights written
+ *   ckpt_hf.c      safetensors files, and Hugging Face folders written
  *
  * A file calls only into the files listed before it (and into ckio).
  */

@@ -161,7 +161,13 @@ void ckpt_run_state_free(CkptRunState *rs) {
     rs->n_data = 0;
 }
 
-int ckpt_load(const char *stepdir, Model *m, AdamW *opt, int *had_moments, Err *err) {
+static int is_routing(const char *name) {
+    return strstr(name, ".router.") || strstr(name, ".predictor.");
+}
+
+/* ckpt_load, and ckpt_load_weights (opt NULL) under fresh_routing. */
+static int load(const char *stepdir, Model *m, AdamW *opt, int *had_moments, int fresh_routing,
+                Err *err) {
     CkIndex ix;
     if (ck_index_read(stepdir, &ix, err) != 0) return -1;
     int have_m = 0;
@@ -170,9 +176,18 @@ int ckpt_load(const char *stepdir, Model *m, AdamW *opt, int *had_moments, Err *
     const size_t cap = (size_t)(3 * 3 * m->nreg) + (opt && opt->shard ? 2 * shard_slices_cap(m, opt->shard) : 0);
     int n = 0;
     CkSlice *slices = xcalloc(cap, sizeof(CkSlice));
-    /* padded vocabulary rows are in no chunk: they start at zero */
-    memset(m->params, 0, m->nparams * sizeof(float));
+    /* padded vocabulary rows are in no chunk: they start at zero (a fresh
+     * router and predictor keep their values) */
+    for (int i = 0; i < m->nreg; i++)
+        if (!fresh_routing || !is_routing(m->reg[i].name))
+            memset(m->params + m->reg[i].offset, 0, m->reg[i].numel * sizeof(float));
     n += model_slices(m, m->params, "param", NULL, slices + n);
+    if (fresh_routing) { /* the checkpoint has none: leave their slices out */
+        int k = 0;
+        for (int i = 0; i < n; i++)
+            if (!is_routing(slices[i].name)) slices[k++] = slices[i];
+        n = k;
+    }
     if (opt) {
         memset(opt->m, 0, opt->n * sizeof(float));
         memset(opt->v, 0, opt->n * sizeof(float));
@@ -191,12 +206,20 @@ int ckpt_load(const char *stepdir, Model *m, AdamW *opt, int *had_moments, Err *
     return rc;
 }
 
+int ckpt_load(const char *stepdir, Model *m, AdamW *opt, int *had_moments, Err *err) {
+    return load(stepdir, m, opt, had_moments, 0, err);
+}
+
+int ckpt_load_weights(const char *stepdir, Model *m, int fresh_routing, Err *err) {
+    return load(stepdir, m, NULL, NULL, fresh_routing, err);
+}
+
 int ckpt_check_model_config(const Config *ck, const Config *run, const char *stepdir, Err *err) {
     const char *key;
     for (int i = 0; (key = config_model_key(i)); i++) {
         char a[128], b[128];
-        config_get(ck, key, a, sizeof a);
-        config_get(run, key, b, sizeof b);
+        config_model_value(ck, key, a, sizeof a);
+        config_model_value(run, key, b, sizeof b);
         if (strcmp(a, b) != 0)
             return err_set(err,
                            "resume: checkpoint '%s' has %s = %s but this run has %s = %s (use the "

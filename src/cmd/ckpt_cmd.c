@@ -2,6 +2,7 @@
  * ckpt_cmd: `modtrain ckpt list | verify | inspect | export | import`.
  */
 #include <dirent.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -12,7 +13,9 @@
 #include <unistd.h>
 
 #include "checkpoint/ckio.h"
+#include "src/base/fault.h"
 #include "src/base/files.h"
+#include "src/base/folder_set.h"
 #include "checkpoint/ckpt.h"
 #include "checkpoint/safetensors.h"
 #include "src/cmd/cli.h"
@@ -303,37 +306,54 @@ static void warn_hf_left_out(const char *ckpt, const Model *m, int left_out) {
             k += (size_t)snprintf(blocks + k, sizeof blocks - k, "%s%d", k ? ", " : "", l);
             n++;
         }
+    const char *arch = m->d.arch == ARCH_LLAMA ? "Llama" : "GPT-2";
     errorf("warning: ckpt export: '%s' is a Mixture-of-Depths model: the folder leaves out the "
-           "%s of block%s %s (%d tensors), which Hugging Face's GPT-2 cannot run, and holds the "
-           "rest as a dense GPT-2 (every block takes every token, so its outputs differ; "
+           "%s of block%s %s (%d tensors), which Hugging Face's %s cannot run, and holds the "
+           "rest as a dense %s (every block takes every token, so its outputs differ; "
            "--format safetensors keeps every tensor)",
            ckpt, m->d.predictor ? "routers and predictors" : "routers", n > 1 ? "s" : "", blocks,
-           left_out);
+           left_out, arch, arch);
 }
 
-/* --out of --format hf: a folder, or a name to make one under a folder that
- * exists. 0, or -1 after printing why. */
-static int check_hf_out(const char *out) {
-    struct stat st;
-    if (stat(out, &st) == 0) {
-        if (S_ISDIR(st.st_mode)) return 0;
-        errorf("ckpt export: --out '%s' exists and is not a folder (--format hf writes a folder)",
-               out);
+/* The files an exported folder holds (and their temporary names while
+ * written): what its commit replaces and a stale one's removal removes. */
+static int is_export_name(const char *name) {
+    static const char *const files[] = {"config.json", "model.safetensors", "tokenizer.json"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        const size_t n = strlen(files[i]);
+        if (strncmp(name, files[i], n) == 0 &&
+            (name[n] == '\0' || strncmp(name + n, ".tmp.", 5) == 0))
+            return 1;
+    }
+    return 0;
+}
+
+static void export_note(void *ctx, const char *line) {
+    (void)ctx;
+    errorf("%s", line);
+}
+
+/* --out of --format hf as a folder set (folder_set.h): written beside it,
+ * then renamed or exchanged into place whole. 0, or -1 after printing why. */
+static int hf_out_set(FolderSet *fs, const char *out) {
+    memset(fs, 0, sizeof *fs);
+    fs->tag = "hf";
+    fs->who = "ckpt export";
+    fs->member = is_export_name;
+    fs->what = "an exported folder";
+    fs->other = "which no export writes; ckpt export replaces only a folder it wrote "
+                "(config.json, model.safetensors, tokenizer.json): give another --out or move it";
+    fs->not_folder = "--format hf writes a folder";
+    fs->note = export_note;
+    Err err;
+    if (fset_paths(fs, out, &err) != 0 || fset_check_out(fs, 1, &err) != 0) {
+        err_print(&err);
         return -1;
     }
-    char parent[4096];
-    snprintf(parent, sizeof parent, "%s", out);
-    char *slash = strrchr(parent, '/');
-    while (slash && slash > parent && slash[1] == '\0') { /* "dir/": its own parent is above */
-        *slash = '\0';
-        slash = strrchr(parent, '/');
-    }
-    if (!slash) snprintf(parent, sizeof parent, ".");
-    else if (slash == parent) parent[1] = '\0';
-    else *slash = '\0';
-    if (stat(parent, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    struct stat st;
+    if (stat(fs->parent, &st) != 0 || !S_ISDIR(st.st_mode)) {
         errorf("ckpt export: --out '%s': its parent '%s' is not a folder (make it first)", out,
-               parent);
+               fs->parent);
         return -1;
     }
     return 0;
@@ -375,7 +395,7 @@ static int export_main(int argc, char **argv) {
     CliOpt opts[] = {{"ckpt", CLI_STR, &ckpt, "checkpoint (ckpt_dir or step directory)", "DIR"},
                      {"format", CLI_STR, &format,
                       "safetensors (one file) or hf (a Hugging Face folder: model.safetensors "
-                      "and GPT-2's config.json)",
+                      "and GPT-2's or Llama's config.json)",
                       "safetensors|hf"},
                      {"out", CLI_STR, &out, "output file (safetensors) or folder (hf)", "PATH"},
                      {"vocab", CLI_STR, &vocab,
@@ -386,8 +406,9 @@ static int export_main(int argc, char **argv) {
     int h = cli_parse("ckpt export",
                       "modtrain ckpt export --ckpt DIR --format safetensors --out FILE\n"
                       "       modtrain ckpt export --ckpt DIR --format hf --out FOLDER",
-                      "Writes the weights under Hugging Face GPT-2 names and shapes; hf writes "
-                      "the folder transformers' GPT2LMHeadModel.from_pretrained reads (a "
+                      "Writes the weights as safetensors under modtrain's names and shapes "
+                      "(GPT-2's for arch gpt2); hf writes the folder transformers' "
+                      "GPT2LMHeadModel or LlamaForCausalLM reads, whole or not at all (a "
                       "Mixture-of-Depths model's routers left out).",
                       opts, argc, argv);
     if (h != 1) return h == 0 ? EXIT_OK : EXIT_USAGE;
@@ -400,11 +421,9 @@ static int export_main(int argc, char **argv) {
         errorf("ckpt export: --format '%s' is not available (expected safetensors or hf)", format);
         return EXIT_USAGE;
     }
-    if (hf && check_hf_out(out) != 0) return EXIT_USAGE;
-    char folder[4096]; /* the folder without trailing slashes, for its files' names */
-    snprintf(folder, sizeof folder, "%s", out);
-    for (size_t k = strlen(folder); hf && k > 1 && folder[k - 1] == '/'; k--) folder[k - 1] = '\0';
-    if (hf) out = folder;
+    FolderSet fs;
+    if (hf && hf_out_set(&fs, out) != 0) return EXIT_USAGE;
+    if (hf) out = fs.out; /* without trailing slashes */
     Config cfg;
     config_defaults(&cfg);
     Model m;
@@ -421,9 +440,10 @@ static int export_main(int argc, char **argv) {
     }
     if (hf && m.d.E > 0) { /* one line, before anything is written */
         errorf("ckpt export: '%s' is a Mixture-of-Experts model (%d experts in %d of %d blocks): "
-               "Hugging Face's GPT-2 architecture has no experts; use --format safetensors, which "
+               "Hugging Face's %s architecture has no experts; use --format safetensors, which "
                "keeps every tensor",
-               ckpt, m.d.E, model_moe_blocks(&m.d), m.d.L);
+               ckpt, m.d.E, model_moe_blocks(&m.d), m.d.L,
+               m.d.arch == ARCH_LLAMA ? "Llama" : "GPT-2");
         model_free(&m);
         return EXIT_USAGE;
     }
@@ -433,11 +453,21 @@ static int export_main(int argc, char **argv) {
         return EXIT_USAGE;
     }
     int rc = EXIT_OK, left_out = 0;
-    char tj[4200];
-    snprintf(tj, sizeof tj, "%s/tokenizer.json", out);
-    if (hf ? ckpt_export_hf(out, &m, &cfg, step, &left_out, &err) != 0 ||
-                 (bpe && bpe_write_hf(bpe, tj, &err) != 0)
-           : ckpt_export_safetensors(out, &m, &cfg, step, &err) != 0) {
+    char tj[FSET_PATH + 400];
+    if (hf) { /* the folder's files in fs.tmp, then the folder into place whole */
+        fset_clean_stale(&fs);
+        snprintf(tj, sizeof tj, "%s/tokenizer.json", fs.tmp);
+        if (fp_mkdir("hf.mkdir", fs.tmp, 0755) != 0)
+            rc = err_set(&err, "ckpt export: cannot create '%s': %s", fs.tmp, strerror(errno));
+        else if (ckpt_export_hf(fs.tmp, &m, &cfg, step, &left_out, &err) != 0 ||
+                 (bpe && bpe_write_hf(bpe, tj, &err) != 0) || fset_commit(&fs, 1, &err) != 0)
+            rc = -1;
+        if (rc != 0) fset_remove(&fs, fs.tmp);
+        snprintf(tj, sizeof tj, "%s/tokenizer.json", out);
+    } else {
+        rc = ckpt_export_safetensors(out, &m, &cfg, step, &err);
+    }
+    if (rc != 0) {
         err_print(&err);
         rc = EXIT_FAILURE;
     }
@@ -510,54 +540,80 @@ static int import_config(Config *cfg, const StFile *f, int n_head, int *step, Er
     return EXIT_OK;
 }
 
+/* A model of cfg's shape, made for one micro-batch of one sequence on this
+ * machine (its memory checked first). 0, or -1 with err set. */
+static int import_model(Model *m, const Config *cfg, const char *in, Err *err) {
+    ModelDims d;
+    model_dims_config(&d, cfg, 1, 0);
+    ModelMemory mm;
+    model_memory(&d, 1, 1, 0, &mm);
+    Err why;
+    if (model_memory_check(&mm, machine_memory(), 1, &why) != 0)
+        return err_set(err, "ckpt import: '%s': %s", in, why.msg);
+    model_init(m, &d, 1, NULL);
+    return 0;
+}
+
 static int import_main(int argc, char **argv) {
     const char *in = NULL, *ckpt = NULL;
     int n_head = 0;
     CliOpt opts[] = {
-        {"in", CLI_STR, &in, "safetensors file to import", "FILE"},
+        {"in", CLI_STR, &in,
+         "a safetensors file, or a Hugging Face folder (config.json with "
+         "model.safetensors or its shards)",
+         "PATH"},
         {"ckpt", CLI_STR, &ckpt, "ckpt_dir to write the checkpoint into", "DIR"},
-        {"n_head", CLI_INT, &n_head, "heads, when the file's metadata lacks n_head", NULL, 1, 4096},
+        {"n_head", CLI_INT, &n_head, "heads, when a file's metadata lacks n_head", NULL, 1, 4096},
         {NULL, 0, NULL, NULL}};
-    int h = cli_parse("ckpt import", "modtrain ckpt import --in FILE --ckpt DIR",
-                      "Turns a GPT-2 safetensors file into a checkpoint modtrain can train or "
-                      "evaluate.",
+    int h = cli_parse("ckpt import", "modtrain ckpt import --in FILE|FOLDER --ckpt DIR",
+                      "Turns a GPT-2 safetensors file, or a Hugging Face GPT2LMHeadModel or "
+                      "LlamaForCausalLM folder (F32, BF16 or F16, one file or shards), into a "
+                      "checkpoint modtrain can train or evaluate.",
                       opts, argc, argv);
     if (h != 1) return h == 0 ? EXIT_OK : EXIT_USAGE;
     if (!in || !ckpt) {
         errorf("ckpt import: --in and --ckpt are required");
         return EXIT_USAGE;
     }
+    struct stat st;
+    const int folder = stat(in, &st) == 0 && S_ISDIR(st.st_mode);
     StFile f;
+    HfFolder hf;
     Config cfg;
     Err err;
-    if (st_read(&f, in, &err) != 0) {
-        err_print(&err);
-        return EXIT_USAGE;
+    Model m;
+    int step = 0, bad;
+    if (folder) {
+        bad = hf_open(&hf, in, &err);
+        if (!bad) {
+            cfg = hf.cfg;
+            /* modtrain's own export says its step; a folder from elsewhere is step 0 */
+            const char *ms = st_meta(&hf.f[0], "step");
+            long long v = 0;
+            if (ms && parse_i64(ms, 0, CONFIG_MAX_STEP, &v) == 0) step = (int)v;
+            bad = import_model(&m, &cfg, in, &err);
+            if (bad) hf_close(&hf);
+        }
+    } else {
+        if (st_read(&f, in, &err) != 0) {
+            err_print(&err);
+            return EXIT_USAGE;
+        }
+        bad = import_config(&cfg, &f, n_head, &step, &err);
+        if (!bad) {
+            ModelDims d;
+            model_dims_config(&d, &cfg, 1, 0);
+            bad = ckpt_check_safetensors(&f, &d, 0, &err) || import_model(&m, &cfg, in, &err);
+        }
+        if (bad) st_free(&f);
     }
-    int rc = EXIT_USAGE, step = 0;
-    if (import_config(&cfg, &f, n_head, &step, &err) != 0) {
-        err_print(&err);
-        st_free(&f);
-        return EXIT_USAGE;
-    }
-    ModelDims d;
-    model_dims_config(&d, &cfg, 1, 0);
-    ModelMemory mm;
-    model_memory(&d, 1, 1, 0, &mm);
-    Err why;
-    int bad = ckpt_check_safetensors(&f, &d, &err);
-    if (!bad && model_memory_check(&mm, machine_memory(), 1, &why) != 0)
-        bad = err_set(&err, "ckpt import: '%s': %s", in, why.msg);
     if (bad) {
         err_print(&err);
-        st_free(&f);
         return EXIT_USAGE;
     }
-    Model m;
-    int saved = 0;
-    model_init(&m, &d, 1, NULL);
+    int rc = EXIT_USAGE, saved = 0;
     cfg.ckpt_keep = 1 << 20;
-    if (ckpt_load_safetensors(&f, &m, &err) != 0) {
+    if ((folder ? hf_load(&hf, &m, &err) : ckpt_load_safetensors(&f, &m, 0, &err)) != 0) {
         err_print(&err);
     } else if ((saved = ckpt_save(ckpt, &m, NULL, &cfg, step, NULL, MPI_COMM_WORLD, 1, 0, NULL,
                                   &err)) < 0) {
@@ -565,12 +621,13 @@ static int import_main(int argc, char **argv) {
         rc = EXIT_FAILURE;
     } else {
         if (saved > 0) err_print(&err); /* committed, with a warning */
-        printf("ckpt import: %s -> %s/step-%08d (L=%d C=%d NH=%d T=%d V=%d)\n", in, ckpt, step, d.L,
-               d.C, d.NH, d.maxT, d.V);
+        printf("ckpt import: %s -> %s/step-%08d (%s, L=%d C=%d NH=%d T=%d V=%d)\n", in, ckpt, step,
+               m.d.arch == ARCH_LLAMA ? "llama" : "gpt2", m.d.L, m.d.C, m.d.NH, m.d.maxT, m.d.V);
         rc = EXIT_OK;
     }
     model_free(&m);
-    st_free(&f);
+    if (folder) hf_close(&hf);
+    else st_free(&f);
     return rc;
 }
 
@@ -583,7 +640,7 @@ int ckpt_main(int argc, char **argv) {
                "  diff    --a DIR --b DIR [--tol X]   compare two checkpoints tensor by tensor\n"
                "  export  --ckpt DIR --format safetensors --out FILE\n"
                "          --ckpt DIR --format hf --out FOLDER   (a Hugging Face folder)\n"
-               "  import  --in FILE --ckpt DIR [--n_head N]\n");
+               "  import  --in FILE|FOLDER --ckpt DIR [--n_head N]\n");
         return argc < 1 ? EXIT_USAGE : EXIT_OK;
     }
     const char *sub = argv[0];

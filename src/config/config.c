@@ -155,7 +155,9 @@ static const KeySpec keys[] = {
      "1 = periodic saves copy the state and write it in the background"},
     {"resume", K_STR, 0, OFF(resume), "auto", 0, 0, 0, NULL, "auto | never | checkpoint path"},
     {"init_from", K_STR, 0, OFF(init_from), "", 0, 0, 0, NULL,
-     "a new run from these weights: a checkpoint, a ckpt_dir or a safetensors file"},
+     "a new run from these weights: a checkpoint, a ckpt_dir, a safetensors file or a Hugging "
+     "Face folder (GPT-2's or Llama's); a dense model's for a Mixture-of-Depths run, whose "
+     "routers start fresh"},
     {"run_dir", K_STR, 0, OFF(run_dir), "runs/default", 0, 0, 0, NULL, "metrics.jsonl goes here"},
     {"log_every", K_INT, 0, OFF(log_every), "10", 1, 1 << 30, 0, NULL,
      "progress line every n steps"},
@@ -204,6 +206,15 @@ int config_d_ff(const Config *c) {
 
 int config_tied(const Config *c) {
     return c->tie_embeddings == TIE_AUTO ? c->arch == ARCH_GPT2 : c->tie_embeddings == TIE_YES;
+}
+
+int config_model_value(const Config *c, const char *key, char *buf, size_t n) {
+    if (strcmp(key, "n_kv_head") == 0) snprintf(buf, n, "%d", config_kv_heads(c));
+    else if (strcmp(key, "d_ff") == 0) snprintf(buf, n, "%d", config_d_ff(c));
+    else if (strcmp(key, "tie_embeddings") == 0) snprintf(buf, n, "%d", config_tied(c));
+    else if (strcmp(key, "ffn_multiple_of") == 0) snprintf(buf, n, "(in d_ff)");
+    else return config_get(c, key, buf, n);
+    return 0;
 }
 
 int config_tokenizer_is_bpe(Tokenizer t) {

@@ -170,6 +170,11 @@ int config_tokenizer_eos(Tokenizer t);
 int config_kv_heads(const Config *c);
 int config_d_ff(const Config *c);
 int config_tied(const Config *c);
+/* A model key's value as two models are compared (a checkpoint's and a
+ * run's): config_get's, but n_kv_head, d_ff and tie_embeddings resolved as
+ * above (ffn_multiple_of then says nothing more). 0, or -1 for an unknown
+ * key. */
+int config_model_value(const Config *c, const char *key, char *buf, size_t n);
 
 /* The most virtual_stages a pipeline rank may hold. */
 enum { CONFIG_MAX_VIRTUAL_STAGES = 8 };

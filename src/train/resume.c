@@ -257,19 +257,28 @@ int rollback_run(const Config *cfg, const char *ckpt_dir, char *last, size_t ln,
 
 /* ------------------------------------------------------------- init_from */
 
-/* What init_from names: a safetensors file (*is_st, dir = the path) or a
- * checkpoint's step directory (a ckpt_dir's newest). Returns 0, or -1
- * with err set. */
-static int init_locate(const char *arg, char *dir, size_t n, int *is_st, Err *err) {
+enum { SRC_CKPT, SRC_ST, SRC_HF };
+
+/* What init_from names: a safetensors file (SRC_ST, dir = the path), a
+ * Hugging Face folder (SRC_HF: a config.json in it) or a checkpoint's step
+ * directory (SRC_CKPT: a ckpt_dir's newest). Returns 0, or -1 with err
+ * set. */
+static int init_locate(const char *arg, char *dir, size_t n, int *kind, Err *err) {
     struct stat st;
-    *is_st = stat(arg, &st) == 0 && S_ISREG(st.st_mode);
-    if (*is_st) {
+    char cj[4200];
+    snprintf(cj, sizeof cj, "%s/config.json", arg);
+    *kind = stat(arg, &st) == 0 && S_ISREG(st.st_mode) ? SRC_ST
+            : stat(cj, &st) == 0                       ? SRC_HF
+                                                       : SRC_CKPT;
+    if (*kind != SRC_CKPT) {
         snprintf(dir, n, "%s", arg);
         return 0;
     }
     if (ckpt_resolve(arg, dir, n, err) == 0) return 0;
     Err why = *err;
-    return err_set(err, "init_from: %s (name a checkpoint, a ckpt_dir or a safetensors file)",
+    return err_set(err,
+                   "init_from: %s (name a checkpoint, a ckpt_dir, a safetensors file or a "
+                   "Hugging Face folder)",
                    why.msg);
 }
 
@@ -295,10 +304,10 @@ static int in_ckpt_dir(const char *stepdir, const char *ckpt_dir) {
 int init_from_check(const Config *cfg, const char *ckpt_dir, MPI_Comm comm, Err *err) {
     if (!cfg->init_from[0]) return 0;
     char dir[1100];
-    int is_st = 0, rc = 0;
+    int kind = 0, rc = 0;
     Err why;
     /* one that does not resolve may be gone from a requeued job: resume decides */
-    if (init_locate(cfg->init_from, dir, sizeof dir, &is_st, &why) == 0 && !is_st &&
+    if (init_locate(cfg->init_from, dir, sizeof dir, &kind, &why) == 0 && kind == SRC_CKPT &&
         in_ckpt_dir(dir, ckpt_dir))
         rc = err_set(err,
                      "init_from: '%s' is a checkpoint of this run's own ckpt_dir '%s'; a new run "
@@ -308,15 +317,31 @@ int init_from_check(const Config *cfg, const char *ckpt_dir, MPI_Comm comm, Err 
     return ranks_agree(rc, err, comm);
 }
 
-/* Every model key of `src` (a config read from init_from) equals the run's.
- * Returns 0, or -1 with err naming the first that differs. */
-static int init_same_model(const Config *src, const Config *run, const char *path, Err *err) {
+/* Whether model key `key` may differ between init_from's model src and the
+ * run's: a dense source's routing (a Mixture-of-Depths run from a dense
+ * model: its routers and predictors start fresh); a Hugging Face folder's
+ * tokenizer, which its config.json does not say, and a llama's seq_len up
+ * to the source's (no tensor depends on it). */
+static int may_differ(const char *key, const Config *src, const Config *run, int hf) {
+    static const char *const routing[] = {"route_every", "capacity", "router_gate", "causal_router",
+                                          "predictor_hidden"};
+    for (size_t i = 0; src->route_every == 0 && i < sizeof routing / sizeof routing[0]; i++)
+        if (strcmp(key, routing[i]) == 0) return 1;
+    if (hf && (strcmp(key, "tokenizer") == 0 || strcmp(key, "tokenizer_hash") == 0)) return 1;
+    return strcmp(key, "seq_len") == 0 && src->arch == ARCH_LLAMA && run->seq_len <= src->seq_len;
+}
+
+/* Every model key of `src` (a config read from init_from) equals the run's,
+ * but those that may differ. Returns 0, or -1 with err naming the first
+ * that differs. */
+static int init_same_model(const Config *src, const Config *run, const char *path, int hf,
+                           Err *err) {
     const char *key;
     for (int i = 0; (key = config_model_key(i)); i++) {
         char a[128], b[128];
-        config_get(src, key, a, sizeof a);
-        config_get(run, key, b, sizeof b);
-        if (strcmp(a, b) != 0)
+        config_model_value(src, key, a, sizeof a);
+        config_model_value(run, key, b, sizeof b);
+        if (strcmp(a, b) != 0 && !may_differ(key, src, run, hf))
             return err_set(err,
                            "init_from: '%s' has %s = %s but this run has %s = %s (the model must "
                            "be the source's: set %s = %s)",
@@ -328,40 +353,58 @@ static int init_same_model(const Config *src, const Config *run, const char *pat
 /* The model keys a safetensors file's metadata records must be the run's
  * (those it lacks, as GPT-2's own files lack n_head, are the run's), and
  * its tensors the whole model's. Returns 0, or -1 with err set. */
-static int init_check_st(const StFile *f, const Config *run, const ModelDims *d, Err *err) {
+static int init_check_st(const StFile *f, const Config *run, const ModelDims *d, int *fresh,
+                         Err *err) {
     Config src = *run;
     const char *key;
     for (int i = 0; (key = config_model_key(i)); i++) {
         const char *v = st_meta(f, key);
         if (v && config_set(&src, key, v, f->path, err) != 0) return -1;
     }
-    if (init_same_model(&src, run, f->path, err) != 0) return -1;
+    if (init_same_model(&src, run, f->path, 0, err) != 0) return -1;
+    *fresh = src.route_every == 0 && run->route_every > 0;
     ModelDims whole = *d;
     model_dims_whole(&whole);
     Err why;
-    if (ckpt_check_safetensors(f, &whole, &why) == 0) return 0;
+    if (ckpt_check_safetensors(f, &whole, *fresh, &why) == 0) return 0;
     return err_set(err, "init_from: %s", why.msg);
 }
 
 /* Loads init_from's weights into m (this rank's slices, from any layout):
- * 0, or -1 with err set; *step is the source's step. */
+ * 0, or -1 with err set; *step is the source's step. A dense source of a
+ * Mixture-of-Depths run leaves the routers and predictors as initialised. */
 static int init_load(const Config *cfg, Model *m, char *dir, size_t n, int *step, Err *err) {
-    int is_st = 0;
+    int kind = 0;
     *step = 0;
-    if (init_locate(cfg->init_from, dir, n, &is_st, err) != 0) return -1;
-    if (!is_st) {
+    if (init_locate(cfg->init_from, dir, n, &kind, err) != 0) return -1;
+    if (kind == SRC_CKPT) {
         Config src = *cfg;
         if (ckpt_read_config(dir, &src, step, err) != 0) return -1;
-        if (init_same_model(&src, cfg, dir, err) != 0) return -1;
-        return ckpt_load(dir, m, NULL, NULL, err);
+        if (init_same_model(&src, cfg, dir, 0, err) != 0) return -1;
+        return ckpt_load_weights(dir, m, src.route_every == 0 && cfg->route_every > 0, err);
+    }
+    if (kind == SRC_HF) {
+        HfFolder h;
+        if (hf_open(&h, dir, err) != 0) return -1;
+        int rc = init_same_model(&h.cfg, cfg, dir, 1, err);
+        const char *s = st_meta(&h.f[0], "step"); /* modtrain's own export says it */
+        long long v = 0;
+        if (s && parse_i64(s, 0, CONFIG_MAX_STEP, &v) == 0) *step = (int)v;
+        if (rc == 0) rc = hf_load(&h, m, err);
+        hf_close(&h);
+        if (rc != 0 && strncmp(err->msg, "init_from", 9) != 0) {
+            Err why = *err;
+            err_set(err, "init_from: %s", why.msg);
+        }
+        return rc;
     }
     StFile f;
     if (st_read(&f, dir, err) != 0) return -1;
-    int rc = init_check_st(&f, cfg, &m->d, err);
+    int fresh = 0, rc = init_check_st(&f, cfg, &m->d, &fresh, err);
     const char *s = st_meta(&f, "step");
     long long v = 0;
     if (s && parse_i64(s, 0, CONFIG_MAX_STEP, &v) == 0) *step = (int)v;
-    if (rc == 0) rc = ckpt_load_safetensors(&f, m, err);
+    if (rc == 0) rc = ckpt_load_safetensors(&f, m, fresh, err);
     st_free(&f);
     return rc;
 }

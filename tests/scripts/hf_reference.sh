@@ -110,8 +110,10 @@ if [ $slow = 1 ]; then
     # 3's rank file: tokenizers encodes with it to modtrain's ids (on the
     # stress text and the first 8,000 lines of the fortunes: the files they
     # come from are held to the references on all of them)
+    # (Llama 3's vocabulary on a Llama-style model: a LlamaForCausalLM folder)
     common="--config $srcdir/jobs/tiny.conf --train_data prep-l3/train_*.bin --val_data= --steps 1 \
-        --batch_size 4 --micro_batch 4 --d_model 32 --n_head 2 --eval_every 0 --threads 1 --ckpt_every 0"
+        --batch_size 4 --micro_batch 4 --d_model 32 --n_head 2 --eval_every 0 --threads 1 --ckpt_every 0 \
+        --arch llama --n_kv_head 1"
     train_ok l3
     for c in "one:$vocab:gpt2" "l3:$ranks/llama3.tiktoken:llama3.tiktoken"; do
         run=${c%%:*} rest=${c#*:} from=${rest%:*} name=${rest##*:}
@@ -126,44 +128,53 @@ if [ $slow = 1 ]; then
         done
         ok "ckpt export --format hf --vocab $name: tokenizers gives its tokenizer.json modtrain's ids ($(cat stress-hf.txt.ref part.txt.ref | wc -l)), and so does modtrain"
     done
-    # the write protocol: tokenizer.json's write reaches the five points of
-    # a durable write (the trace lists them). Killed at each, over an older
-    # file (Llama 3's), the export leaves the old file or the new one whole,
-    # and run again writes the new one; failing there (EIO; before and after
-    # the temp file is closed, and at the folder's fsync), it says so in one
-    # line, exit 1, and leaves the old file and no temp file (the folder's
-    # fsync: the file is written, as config.json's)
+    # the folder's commit: its files are written into a folder beside --out,
+    # which is then renamed or exchanged into place whole. Killed at each
+    # point an export over an older set (Llama 3's tokenizer.json alone)
+    # reaches, the folder holds the old set or the new one whole, and the
+    # export run again writes the new one and leaves nothing beside it;
+    # failing (EIO) before the commit: one line, exit 1, the old set, nothing
+    # beside; a file system that cannot exchange (EINVAL): the old set goes
+    # aside and the new one in
     new="hf-one/tokenizer.json"
-    MODTRAIN_FAULT_TRACE=$TMP/trace "$MODTRAIN" ckpt export --ckpt one/ckpt --format hf --out hf-t \
+    fresh() { rm -rf hf-f hf-f.hf-* && mkdir hf-f && cp "$llama3" hf-f/tokenizer.json; }
+    state() { # old, new or mixed
+        if cmp -s hf-f/tokenizer.json "$llama3" && [ ! -e hf-f/config.json ] && [ ! -e hf-f/model.safetensors ]; then
+            echo old
+        elif cmp -s hf-f/tokenizer.json "$new" && cmp -s hf-f/config.json hf-one/config.json &&
+            cmp -s hf-f/model.safetensors hf-one/model.safetensors; then
+            echo new
+        else
+            echo mixed
+        fi
+    }
+    fresh
+    MODTRAIN_FAULT_TRACE=$TMP/trace "$MODTRAIN" ckpt export --ckpt one/ckpt --format hf --out hf-f \
         --vocab "$vocab" > /dev/null
-    points=$(awk '$1 ~ /^hf\.tokenizer\./ { printf "%s ", $1 }' trace)
-    [ "$points" = "hf.tokenizer.open hf.tokenizer.write hf.tokenizer.fsync hf.tokenizer.rename hf.tokenizer.fsync_dir " ] ||
-        fail "tokenizer.json's write reaches other points than a durable write's: $points"
-    bad=0
-    for c in $points EIO:hf.tokenizer.write EIO:hf.tokenizer.rename EIO:hf.tokenizer.fsync_dir; do
-        p=${c#EIO:} a=kill
-        [ "$p" = "$c" ] || a=EIO
-        rm -rf hf-f && mkdir hf-f && cp "$llama3" hf-f/tokenizer.json
+    points=$(awk '$1 ~ /^(hf|file)\./ && !seen[$1]++ { printf "%s ", $1 }' trace)
+    for want in hf.mkdir hf.tokenizer.rename hf.config.fsync hf.commit.exchange hf.remove.rmdir hf.commit.fsync_dir; do
+        case " $points" in *" $want "*) ;; *) fail "the export reaches no $want: $points" ;; esac
+    done
+    bad=0 n=0
+    for c in $points EIO:hf.tokenizer.write EIO:hf.config.rename EIO:hf.commit.fsync_tmp EINVAL:hf.commit.exchange; do
+        p=${c#*:} a=${c%%:*}
+        [ "$p" = "$c" ] && a=kill
+        fresh
         set +e
         MODTRAIN_FAULT="at:$p:*:$a" "$MODTRAIN" ckpt export --ckpt one/ckpt --format hf --out hf-f \
             --vocab "$vocab" > fault.out 2> fault.err
         rc=$?
         set -e
         grep -v "MODTRAIN_FAULT" fault.err > fault.line || true
-        left=
-        for f in hf-f/*; do
-            case ${f#hf-f/} in config.json | model.safetensors | tokenizer.json) ;; *) left="$left ${f#hf-f/}" ;; esac
-        done
-        case $a:$p in
-        *fsync_dir) cmp -s hf-f/tokenizer.json "$new" && { [ $a = kill ] || [ $rc = 0 ]; } ;;
-        kill:hf.tokenizer.rename) cmp -s hf-f/tokenizer.json "$llama3" && "$MODTRAIN" ckpt export --ckpt one/ckpt \
-            --format hf --out hf-f --vocab "$vocab" > /dev/null && cmp -s hf-f/tokenizer.json "$new" ;;
-        EIO:*) cmp -s hf-f/tokenizer.json "$llama3" && [ $rc = 1 ] && [ -z "$left" ] &&
-            [ "$(wc -l < fault.line)" = 1 ] && grep -q "tokenizer.json" fault.line ;;
-        *) cmp -s hf-f/tokenizer.json "$llama3" ;;
-        esac || { bad=1; fail "$a at $p: exit $rc, '$(cat fault.line)', left in the folder:$left"; }
+        st=$(state) n=$((n + 1))
+        case $a in
+        kill) [ "$st" != mixed ] && "$MODTRAIN" ckpt export --ckpt one/ckpt --format hf --out hf-f \
+            --vocab "$vocab" > /dev/null 2>&1 && [ "$(state)" = new ] && ! ls -d hf-f.hf-* > /dev/null 2>&1 ;;
+        EIO) [ "$st" = old ] && [ $rc = 1 ] && [ "$(wc -l < fault.line)" = 1 ] && ! ls -d hf-f.hf-* > /dev/null 2>&1 ;;
+        EINVAL) [ "$st" = new ] && [ $rc = 0 ] && ! ls -d hf-f.hf-* > /dev/null 2>&1 ;;
+        esac || { bad=1; fail "$a at $p: exit $rc, the $st set, '$(cat fault.line)', beside: $(ls -d hf-f.hf-* 2> /dev/null)"; }
     done
-    [ $bad = 1 ] || ok "tokenizer.json's write killed at each of its 5 points, or failing (EIO) at 3: the old file or the new one whole; a failure one line, no temp file"
+    [ $bad = 1 ] || ok "the export's folder killed at each of its points, or failing (EIO, EINVAL) at 4 ($n in all): the old set or the new one whole; a failure one line, nothing left beside"
     expect_error "has the hash .*, but 'l3/ckpt' was trained with" "$MODTRAIN" ckpt export --ckpt l3/ckpt --format hf --out hf-x --vocab "$gpt2"
 fi
 # what modtrain does not read, one line each

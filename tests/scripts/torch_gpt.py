@@ -13,8 +13,12 @@ import torch
 import torch.nn.functional as F
 
 
+DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
 def read_safetensors(path):
-    """Returns ({name: float32 tensor}, metadata) without the safetensors package."""
+    """Returns ({name: float32 tensor}, metadata) without the safetensors package
+    (F32, BF16 and F16 tensors, widened to float32)."""
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n))
@@ -22,11 +26,28 @@ def read_safetensors(path):
     meta = header.pop("__metadata__", {})
     tensors = {}
     for name, t in header.items():
-        assert t["dtype"] == "F32", (name, t["dtype"])
         a, b = t["data_offsets"]
         buf = bytearray(data[a:b])
-        tensors[name] = torch.frombuffer(buf, dtype=torch.float32).reshape(t["shape"]).clone()
+        x = torch.frombuffer(buf, dtype=DTYPES[t["dtype"]]) if buf else torch.zeros(0, dtype=DTYPES[t["dtype"]])
+        tensors[name] = x.reshape(t["shape"]).to(torch.float32).clone()
     return tensors, meta
+
+
+def write_safetensors(path, tensors, dtype="F32", meta=None):
+    """Writes {name: tensor} as one safetensors file in dtype (F32, BF16, F16)."""
+    header, blobs, at = {}, [], 0
+    if meta:
+        header["__metadata__"] = meta
+    for name, t in tensors.items():
+        raw = t.detach().to(DTYPES[dtype]).contiguous().view(torch.uint8).numpy().tobytes() \
+            if t.numel() else b""
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [at, at + len(raw)]}
+        blobs.append(raw)
+        at += len(raw)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
 def read_shard(path):

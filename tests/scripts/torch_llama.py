@@ -20,12 +20,14 @@ routed token keeps its own position for the rotation. parts() maps a
 modtrain safetensors export (its fused [in, out] c_attn = q|k|v, c_fc =
 gate|up) onto these names, for load() and grad().
 """
+import json
 import math
+import os
 
 import torch
 import torch.nn.functional as F
 
-from torch_gpt import GPT
+from torch_gpt import GPT, read_safetensors, write_safetensors
 
 
 def rms_norm(x, w, eps):
@@ -180,3 +182,48 @@ class Llama(GPT):
         x = rms_norm(x, self.w("model.norm.weight"), self.eps)
         w = self.w("model.embed_tokens.weight" if self.tied else "lm_head.weight")
         return x @ w.t()
+
+
+# ---- Hugging Face folders: config.json and model.safetensors (or shards)
+
+def from_hf(folder):
+    """A Llama from a LlamaForCausalLM folder: its config.json and weights."""
+    cfg = json.load(open(os.path.join(folder, "config.json")))
+    assert cfg["model_type"] == "llama" and cfg.get("hidden_act", "silu") == "silu"
+    model = Llama(cfg["vocab_size"], cfg["max_position_embeddings"], cfg["num_hidden_layers"],
+                  cfg["num_attention_heads"], cfg["hidden_size"],
+                  n_kv_head=cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
+                  d_ff=cfg["intermediate_size"], norm_eps=cfg.get("rms_norm_eps", 1e-6),
+                  rope_theta=cfg.get("rope_theta", 10000.0), tied=cfg.get("tie_word_embeddings", False))
+    index = os.path.join(folder, "model.safetensors.index.json")
+    files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) \
+        else ["model.safetensors"]
+    with torch.no_grad():
+        for name in files:
+            for k, v in read_safetensors(os.path.join(folder, name))[0].items():
+                model.w(k).copy_(v)
+    return model
+
+
+def write_hf(model, folder, dtype="F32", shards=1):
+    """Writes model as a LlamaForCausalLM folder: config.json, and its weights in
+    dtype, in one file or in shards with model.safetensors.index.json."""
+    os.makedirs(folder, exist_ok=True)
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": model.V,
+           "hidden_size": model.C, "intermediate_size": model.F, "num_hidden_layers": model.L,
+           "num_attention_heads": model.NH, "num_key_value_heads": model.KV,
+           "max_position_embeddings": model.T, "hidden_act": "silu", "rms_norm_eps": model.eps,
+           "rope_theta": model.theta, "tie_word_embeddings": model.tied, "torch_dtype": "bfloat16"}
+    json.dump(cfg, open(os.path.join(folder, "config.json"), "w"), indent=2)
+    names = [k.replace("/", ".") for k in model.p]
+    if shards == 1:
+        write_safetensors(os.path.join(folder, "model.safetensors"), {n: model.w(n) for n in names}, dtype)
+        return
+    weight_map = {}
+    for s in range(shards):
+        part = names[s::shards]
+        file = "model-%05d-of-%05d.safetensors" % (s + 1, shards)
+        write_safetensors(os.path.join(folder, file), {n: model.w(n) for n in part}, dtype)
+        weight_map.update({n: file for n in part})
+    json.dump({"metadata": {}, "weight_map": weight_map},
+              open(os.path.join(folder, "model.safetensors.index.json"), "w"), indent=2)
