@@ -154,7 +154,8 @@ int shard_slices(const Model *m, float *base, const char *prefix, const ZeroShar
                 d += rows * ld, x += rows * ld;
             }
             if (x < x1) n += rect_slices(m, p, d, prefix, x / ld, 1, 0, x1 - x, out + n);
-            const Replicas solo = {p->expert >= 0 ? m->d.ep : 1, 0};
+            const Replicas solo = sh->dp > 1 ? (Replicas){sh->dp, sh->dp_rank}
+                                             : (Replicas){p->expert >= 0 ? m->d.ep : 1, 0};
             for (int q = first; q < n && with_share; q++) share_of(m, p, &solo, &out[q]);
         }
         at += sh->hi[k] - sh->lo[k];

@@ -24,6 +24,9 @@ typedef struct {
     int n;
     size_t *lo, *hi;
     size_t floats; /* their total */
+    /* dp > 1: every one of dp ranks holds these ranges alike (train_only =
+     * routers: the trained tensors), and this is rank dp_rank of them */
+    int dp, dp_rank;
 } ZeroShard;
 
 typedef struct {

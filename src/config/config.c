@@ -62,6 +62,9 @@ static const KeySpec keys[] = {
      "rotary position embeddings' base (llama; Llama 3 uses 500000)"},
     {"tie_embeddings", K_ENUM, 2, OFF(tie_embeddings), "auto", 0, 0, 0, "auto|0|1",
      "1: the head is the token embedding; 0: its own lm_head; auto = 1 for gpt2, 0 for llama"},
+    {"train_only", K_ENUM, 2, OFF(train_only), "all", 0, 0, 0, "all|routers",
+     "what the optimizer trains: all, or routers (the routers and predictors alone, the rest "
+     "frozen: Router-Tuning; AdamW's moments for them only, dp reduces only their gradients)"},
     {"capacity", K_FLOAT, 1, OFF(capacity), "0.125", 0, 1, 1, NULL,
      "fraction of tokens a routed block processes"},
     {"route_every", K_INT, 1, OFF(route_every), "2", 0, 4096, 0, NULL,
@@ -660,6 +663,14 @@ int config_validate(const Config *c, Err *err) {
                        c->n_head, c->tp, alts);
     }
     if (validate_arch(c, err) != 0) return -1;
+    if (c->train_only == TRAIN_ROUTERS && c->route_every == 0 && c->n_expert == 0)
+        return err_set(err,
+                       "config: train_only = routers trains the routers, and this model has none "
+                       "(set route_every > 0 for Mixture-of-Depths routers, or train_only = all)");
+    if (c->train_only == TRAIN_ROUTERS && c->zero)
+        return err_set(err,
+                       "config: zero = 1 shards AdamW's moments over dp, and train_only = routers "
+                       "keeps moments for the routers alone (a few KB): set zero = 0");
     const char *h = c->tokenizer_hash;
     if (h[0] && (strlen(h) != CONFIG_HASH_HEX || strspn(h, "0123456789abcdef") != CONFIG_HASH_HEX))
         return err_set(err,

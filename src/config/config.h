@@ -24,6 +24,9 @@ typedef enum { GATE_RAW = 0, GATE_SIGMOID = 1 } RouterGate;
 typedef enum { ARCH_GPT2 = 0, ARCH_LLAMA = 1 } Arch;
 /* tie_embeddings: auto = tied for gpt2, untied for llama */
 typedef enum { TIE_AUTO = 0, TIE_NO = 1, TIE_YES = 2 } TieEmbeddings;
+/* What the optimizer trains: everything, or the routers alone (their
+ * predictors and an MoE block's expert router too; Router-Tuning). */
+typedef enum { TRAIN_ALL = 0, TRAIN_ROUTERS = 1 } TrainOnly;
 typedef enum { CAUSAL_AUX_LOSS = 0, CAUSAL_PREDICTOR = 1 } CausalRouter;
 typedef enum { SCHED_1F1B = 0, SCHED_GPIPE = 1 } Schedule;
 /* What a block keeps of its forward for its backward; the rest the backward
@@ -57,6 +60,7 @@ typedef struct {
     int ffn_multiple_of;
     double norm_eps, rope_theta;
     TieEmbeddings tie_embeddings;
+    TrainOnly train_only;
     double capacity;
     int route_every;
     RouterGate router_gate;

@@ -318,8 +318,9 @@ int init_from_check(const Config *cfg, const char *ckpt_dir, MPI_Comm comm, Err 
 }
 
 /* Whether model key `key` may differ between init_from's model src and the
- * run's: a dense source's routing (a Mixture-of-Depths run from a dense
- * model: its routers and predictors start fresh); a Hugging Face folder's
+ * run's: what trains (train_only); a dense source's routing (a
+ * Mixture-of-Depths run from a dense model: its routers and predictors
+ * start fresh); a Hugging Face folder's
  * tokenizer, which its config.json does not say, and a llama's seq_len up
  * to the source's (no tensor depends on it). */
 static int may_differ(const char *key, const Config *src, const Config *run, int hf) {
@@ -328,6 +329,7 @@ static int may_differ(const char *key, const Config *src, const Config *run, int
     for (size_t i = 0; src->route_every == 0 && i < sizeof routing / sizeof routing[0]; i++)
         if (strcmp(key, routing[i]) == 0) return 1;
     if (hf && (strcmp(key, "tokenizer") == 0 || strcmp(key, "tokenizer_hash") == 0)) return 1;
+    if (strcmp(key, "train_only") == 0) return 1; /* what trains next is the run's to say */
     return strcmp(key, "seq_len") == 0 && src->arch == ARCH_LLAMA && run->seq_len <= src->seq_len;
 }
 

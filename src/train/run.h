@@ -79,6 +79,9 @@ typedef struct {
     EmbRows emb_rows;       /* dp > 1 on the first stage: the embedding's rows apart */
     Zero zero;              /* zero 1 at dp > 1 (use_zero): ZeRO-1's pieces and shard */
     int use_zero;
+    /* train_only = routers: the trained tensors' ranges (n 0: everything
+     * trains), AdamW's moments theirs alone */
+    ZeroShard trained;
     /* the step loop: begun (the checks before the first step made), the
      * next step's index, the status a run that ended keeps */
     int begun, next, ended;

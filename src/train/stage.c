@@ -105,6 +105,23 @@ static void run_zero_setup(Run *r) {
     r->use_zero = 1;
 }
 
+/* train_only = routers: the ranges of the routers' and predictors'
+ * tensors, the only ones AdamW keeps moments for and dp reduces. */
+static void run_routers_setup(Run *r) {
+    const Model *m = &r->m;
+    ZeroShard *t = &r->trained;
+    t->lo = xmalloc(((size_t)m->nreg + 1) * sizeof(size_t));
+    t->hi = xmalloc(((size_t)m->nreg + 1) * sizeof(size_t));
+    for (int i = 0; i < m->nreg; i++) {
+        const ParamInfo *p = &m->reg[i];
+        if (!strstr(p->name, ".router.") && !strstr(p->name, ".predictor.")) continue;
+        t->lo[t->n] = p->offset, t->hi[t->n] = p->offset + p->numel;
+        t->floats += p->numel;
+        t->n++;
+    }
+    t->dp = r->grid.dp, t->dp_rank = r->grid.dp_rank;
+}
+
 /* This rank's stage of the model and its optimizer, restored from a
  * checkpoint or freshly initialised. Returns 0 or -1 with err set. */
 int run_setup_model(Run *r, Err *err) {
@@ -149,15 +166,22 @@ int run_setup_model(Run *r, Err *err) {
     r->m.pp_comm = g->pp > 1 ? g->pp_comm : MPI_COMM_NULL;
     model_set_slots(&r->m, slots);
     r->m.check_routing = c->debug_checks;
-    if (g->dp > 1 && model_first_stage(&d)) { /* a step's tokens: at most as many rows */
+    const int routers_only = c->train_only == TRAIN_ROUTERS;
+    if (routers_only) run_routers_setup(r);
+    if (g->dp > 1 && model_first_stage(&d) &&
+        !routers_only) { /* a step's tokens: at most as many rows */
         const size_t tokens = (size_t)r->local_batch * r->T;
         emb_rows_init(&r->emb_rows, d.Vl, d.C, tokens < (size_t)d.Vl ? (int)tokens : d.Vl);
         r->m.emb_rows = &r->emb_rows;
     }
-    if (c->dp_overlap && g->dp > 1) run_overlap_setup(r);
+    /* (train_only = routers: their gradients are a few KB, reduced after the backward) */
+    if (c->dp_overlap && g->dp > 1 && !routers_only) run_overlap_setup(r);
     if (c->zero && g->dp > 1) run_zero_setup(r);
-    adamw_init_shard(&r->opt, &r->m, r->use_zero ? &r->zero.shard : NULL);
-    if (r->use_zero) { /* the moments as allocated: this rank's shard */
+    adamw_init_shard(&r->opt, &r->m,
+                     r->use_zero    ? &r->zero.shard
+                     : routers_only ? &r->trained
+                                    : NULL);
+    if (r->use_zero || routers_only) { /* the moments as allocated: this rank's shard */
         const size_t real = 2 * r->opt.n * sizeof(float);
         r->mem.total = r->mem.total - r->mem.moments + real;
         if (r->mem.staging) r->mem.total = r->mem.total - r->mem.staging + r->mem.params + real;

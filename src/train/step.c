@@ -118,7 +118,10 @@ static int run_read_batch(Run *r, uint64_t *hash, Err *err) {
  * pp. */
 static double run_grad_norm(Run *r) {
     double split[2], replicated[2];
-    if (r->use_zero) {
+    if (r->trained.n) { /* train_only = routers: theirs alone */
+        model_grad_sumsq_ranges(&r->m, r->trained.lo, r->trained.hi, r->trained.n, split,
+                                replicated);
+    } else if (r->use_zero) {
         model_grad_sumsq_ranges(&r->m, r->zero.shard.lo, r->zero.shard.hi, r->zero.shard.n,
                                 split, replicated);
         zero_sumsq_reduce(split, replicated, &r->zero);
@@ -168,8 +171,13 @@ void run_step(Run *r, int step, StepResult *out, Err *err) {
                          .rows = er ? er->rows : NULL,
                          .Vl = m->d.Vl,
                          .C = m->d.C};
-    grads_sync(m->grads, m->nparams, m->expert_floats, tied ? &tg : NULL, g,
-               r->overlap ? &r->ov : NULL, r->use_zero ? &r->zero : NULL);
+    if (r->trained.n) /* train_only = routers: only their gradients matter */
+        for (int k = 0; k < r->trained.n; k++)
+            dp_allreduce_sum(m->grads + r->trained.lo[k], r->trained.hi[k] - r->trained.lo[k],
+                             g->dp_comm);
+    else
+        grads_sync(m->grads, m->nparams, m->expert_floats, tied ? &tg : NULL, g,
+                   r->overlap ? &r->ov : NULL, r->use_zero ? &r->zero : NULL);
     if (m->emb_rows) emb_rows_clear(m->emb_rows);
     double loss = reduce_step_stats(m, sc.loss_sum, g->dp_comm);
     if (g->pp > 1) {

@@ -143,6 +143,7 @@ void trainer_close(Trainer *t) {
     free(r->seg_of);
     if (r->emb_rows.slot) emb_rows_free(&r->emb_rows);
     if (r->use_zero) zero_free(&r->zero);
+    free(r->trained.lo), free(r->trained.hi);
     if (r->model_ready) {
         adamw_free(&r->opt);
         model_free(&r->m);

@@ -242,16 +242,18 @@ static void test_strict_numbers(void) {
 }
 
 /* The model keys are the table's flagged rows: the shape, the routing, the
- * experts, the tokenizer and the block, nothing of the optimizer or the
+ * experts, the tokenizer, the block and what trains (train_only: the
+ * moments a checkpoint holds), nothing else of the optimizer or the
  * layout; only those added later (the experts', the tokenizer's, the
- * block's) may be missing from a checkpoint. */
+ * block's, train_only) may be missing from a checkpoint. */
 static void test_model_keys(void) {
     const char *want[] = {
         "n_layer",   "n_head",          "d_model",        "seq_len",       "vocab_size",
         "capacity",  "route_every",     "router_gate",    "causal_router", "predictor_hidden",
         "n_expert",  "n_noop_expert",   "expert_top_k",   "expert_d_ff",   "capacity_factor",
         "moe_every", "tokenizer",       "tokenizer_hash", "arch",          "n_kv_head",
-        "d_ff",      "ffn_multiple_of", "norm_eps",       "rope_theta",    "tie_embeddings"};
+        "d_ff",      "ffn_multiple_of", "norm_eps",       "rope_theta",    "tie_embeddings",
+        "train_only"};
     const size_t n = sizeof want / sizeof want[0];
     size_t i = 0;
     for (const char *k; (k = config_model_key((int)i)); i++) {
