@@ -19,6 +19,21 @@ static double allreduce_s(double n, int p, double alpha, double beta) {
     return p <= 1 ? 0 : 2.0 * (p - 1) * alpha + 2.0 * (p - 1) / p * n / beta;
 }
 
+/* Matrix weights a token meets in a block (whole, before tp): attention's
+ * q and o (C x C each) and k and v (C x KV hs each, grouped-query
+ * attention's smaller ones); the MLP's two matrices (GPT-2) or three
+ * (llama's gate, up and down); an expert's alike. */
+static double attn_weights(const ModelDims *d) {
+    return 2.0 * d->C * d->C + 2.0 * d->C * d->KV * d->hs;
+}
+static double mlp_weights(const ModelDims *d, int width) {
+    return (d->arch == ARCH_LLAMA ? 3.0 : 2.0) * d->C * width;
+}
+/* The qkv product's weights: what recompute = attention runs again. */
+static double qkv_weights(const ModelDims *d) {
+    return (double)d->C * d->C + 2.0 * d->C * d->KV * d->hs;
+}
+
 /* One stage's figures per micro-batch of B sequences on one rank. */
 typedef struct {
     double flops, tp_bytes;
@@ -40,7 +55,8 @@ static void moe_cost(const ModelDims *d, int B, int T, StageCost *s, int *dense,
     const int moe = model_stage_moe(d, &both), count[2] = {moe - both, both};
     for (int r = 0; r < 2; r++) { /* the unrouted MoE blocks, then the routed ones */
         const double n = r ? (double)B * K : (double)B * T, t = r ? f * T : T, m = count[r];
-        s->flops += m * (n * (6.0 * (4.0 * C * C + k * 2.0 * C * d->Fe) + 12.0 * t * C) / tp +
+        s->flops += m * (n * (6.0 * (attn_weights(d) + k * mlp_weights(d, d->Fe)) + 12.0 * t * C) /
+                             tp +
                          n * 6.0 * C * (d->E + d->Nn));
         if (r) /* the MoD router (and predictor) on every token */
             s->flops +=
@@ -49,7 +65,7 @@ static void moe_cost(const ModelDims *d, int B, int T, StageCost *s, int *dense,
         s->ep_rows += m * n * k;
         if (d->recompute == RECOMPUTE_BLOCK) s->tp_bytes += m * (n + n * k) * C; /* the forward's */
         if (d->recompute == RECOMPUTE_ATTENTION) /* ln1, qkv and the heads again */
-            s->flops += m * n * (6.0 * C * C + 4.0 * t * C) / tp;
+            s->flops += m * n * (2.0 * qkv_weights(d) + 4.0 * t * C) / tp;
     }
     s->moe = moe;
     *dense -= count[0], *routed -= count[1];
@@ -67,8 +83,8 @@ static void recompute_cost(const ModelDims *d, int B, int T, int dense, int rout
         s->tp_bytes += 2 * (dense * N + routed * (double)B * K) * C;
         s->tp_calls += 2 * (dense + routed + s->moe);
     } else if (d->recompute == RECOMPUTE_ATTENTION) {
-        const double rows = dense * N * (6.0 * C * C + 4.0 * T * C);
-        s->flops += (rows + routed * (double)B * K * (6.0 * C * C + 4.0 * K * C)) / d->tp;
+        const double qkv = 2.0 * qkv_weights(d), rows = dense * N * (qkv + 4.0 * T * C);
+        s->flops += (rows + routed * (double)B * K * (qkv + 4.0 * K * C)) / d->tp;
     }
 }
 
@@ -81,8 +97,11 @@ static StageCost stage_cost(const ModelDims *d, int B, int T) {
     if (d->E > 0) moe_cost(d, B, T, &s, &dense, &routed);
     /* this stage's blocks: a routed one on its K tokens of a sequence, and
      * its router (and predictor) on every token */
-    s.flops += dense * (N * (6.0 * 12.0 * C * C + 12.0 * T * C) / tp);
-    s.flops += routed * (N * f * (6.0 * 12.0 * C * C + 12.0 * (f * T) * C) / tp +
+    /* (llama's rotary positions, like the norms, are elementwise: their time
+     * is in the calibrated efficiency, their tables in the memory) */
+    const double block = 6.0 * (attn_weights(d) + mlp_weights(d, d->F));
+    s.flops += dense * (N * (block + 12.0 * T * C) / tp);
+    s.flops += routed * (N * f * (block + 12.0 * (f * T) * C) / tp +
                          N * (6.0 * C + (d->predictor ? 6.0 * (C * d->H + d->H) : 0)));
     s.tp_bytes += 4 * (dense * N + routed * (double)B * K) * C; /* 2 forward, 2 backward */
     s.tp_calls += 4 * (dense + routed + s.moe);
@@ -122,11 +141,12 @@ static double alltoall_s(double n, int p, double alpha, double beta) {
     return p <= 1 ? 0 : (p - 1) * alpha + n / beta;
 }
 
-/* Floats of one expert's four tensors on a rank (each on 16 floats, as the
- * registry lays them out). */
+/* Floats of one expert's tensors on a rank (each on 16 floats, as the
+ * registry lays them out): GPT-2's four, llama's gate|up and down. */
 static double expert_floats(const ModelDims *d) {
     const size_t C = (size_t)d->C, F = (size_t)d->Fel;
 #define PAD16(x) (((x) + 15) & ~(size_t)15)
+    if (d->arch == ARCH_LLAMA) return (double)(PAD16(C * 2 * F) + PAD16(F * C));
     return (double)(PAD16(C * F) + PAD16(F) + PAD16(F * C) + PAD16(C));
 #undef PAD16
 }
@@ -343,8 +363,11 @@ static int layout_row(const Config *cfg, const Cluster *cl, const Whole *w, int 
     if (cfg->n_expert > 0 && (dp % ep != 0 || cfg->n_expert % ep != 0))
         return err_set(err, "plan: ep %d does not divide dp %d and n_expert %d", ep, dp,
                        cfg->n_expert);
-    if (cfg->n_expert > 0 && (cfg->expert_d_ff ? cfg->expert_d_ff : 4 * cfg->d_model) % tp != 0)
+    if (cfg->n_expert > 0 && (cfg->expert_d_ff ? cfg->expert_d_ff : config_d_ff(cfg)) % tp != 0)
         return err_set(err, "plan: tp %d does not split the experts' width", tp);
+    if (config_kv_heads(cfg) % tp != 0 || config_d_ff(cfg) % tp != 0)
+        return err_set(err, "plan: tp %d does not split n_kv_head %d or d_ff %d", tp,
+                       config_kv_heads(cfg), config_d_ff(cfg));
     const int local = cfg->batch_size / dp, micro = cfg->micro_batch ? cfg->micro_batch : local;
     if (local % micro != 0)
         return err_set(err, "plan: dp %d leaves %d sequences, not a multiple of micro_batch %d", dp,
@@ -475,7 +498,9 @@ int plan_candidates(const Config *cfg, const Cluster *cl, PlanRow **rows, Err *e
     for (int rpn = 1; rpn <= cl->cores_per_node; rpn++) {
         if (cl->cores_per_node % rpn != 0 || (long long)cl->nodes * rpn > 1 << 24) continue;
         for (int tp = 1; tp <= rpn && tp <= cfg->n_head; tp++) {
-            if (rpn % tp != 0 || cfg->n_head % tp != 0) continue;
+            if (rpn % tp != 0 || cfg->n_head % tp != 0 || config_kv_heads(cfg) % tp != 0 ||
+                config_d_ff(cfg) % tp != 0)
+                continue;
             /* pp divides the ranks over tp, within n_layer */
             const int npp = divisors((long long)cl->nodes * rpn / tp, cfg->n_layer, pps);
             for (int i = 0; i < npp; i++) {

@@ -10,7 +10,8 @@
 # model's under tp 2 and pp 2 (routed blocks all-reduce their k tokens
 # only), and under tp 2 with recompute = block (each block's forward
 # all-reduces again in its backward); an MoE model's candidates list ep layouts (the config's ep keeps
-# its own), and its bytes under ep 2 and tp 2 are as counted, 2 steps each.
+# its own), and its bytes under ep 2 and tp 2 are as counted, 2 steps each;
+# and a llama MoD model's under tp 2 with recompute = attention.
 # Bad cluster files and layouts are one-line errors. Under
 # AddressSanitizer (its shadow memory, redzones and quarantine grow with
 # every allocation) the memory figures are printed but not held to 15%.
@@ -91,19 +92,22 @@ bytes_as_planned() {
 done
 sed -e 's/^n_layer = 8/n_layer = 4/' -e 's/^d_model = 512/d_model = 64/' -e 's/^vocab_size = 50257/vocab_size = 300/' \
     -e 's/^route_every = 0/route_every = 2\ncapacity = 0.25/' -e 's/^seq_len = 64/seq_len = 32\nmicro_batch = 2/' plan.conf > mod.conf
-for lay in "2 1 none" "1 2 none" "2 1 block"; do
+# (llama.conf: the same on Llama blocks, 2 kv heads of 8, an untied head)
+printf 'arch = llama\nn_kv_head = 2\n' | cat mod.conf - > llama.conf
+for lay in "mod 2 1 none" "mod 1 2 none" "mod 2 1 block" "llama 2 1 attention"; do
     set -- $lay
-    [ $slow = 1 ] || [ "$1 $3" != "2 none" ] || continue # (tp 2 under block)
-    name=mod-$1-$2-$3
-    "$MODTRAIN" plan --config mod.conf --cluster cluster.conf --layout "$1,$2,2" --recompute "$3" > "$name.plan" 2>&1 &&
-        timeout 300 $MPIRUN -np 2 "$MODTRAIN" train --config mod.conf --tp "$1" --pp "$2" --recompute "$3" \
+    [ $slow = 1 ] || [ "$1 $2 $4" != "mod 2 none" ] || continue # (tp 2 under block)
+    conf=$1.conf name=$1-$2-$3-$4
+    shift
+    "$MODTRAIN" plan --config "$conf" --cluster cluster.conf --layout "$1,$2,2" --recompute "$3" > "$name.plan" 2>&1 &&
+        timeout 300 $MPIRUN -np 2 "$MODTRAIN" train --config "$conf" --tp "$1" --pp "$2" --recompute "$3" \
             --run_dir "$name" > "$name.log" 2>&1 || { cat "$name.plan" "$name.log"; fail "$name"; continue; }
     want=$(sed -n 's/^bytes per step of the busiest rank: tp \([0-9]*\), dp \([0-9]*\), pp \([0-9]*\).*/\1 \2 \3/p' "$name.plan")
     rows=$(sed -n "s/.*the embedding's rows at most \([0-9]*\) of it.*/\1/p" "$name.plan")
     got=$(grep '"loss"' "$name/metrics.jsonl" | tail -n 1 |
         sed 's/.*"tp_bytes":\([0-9]*\),"dp_bytes":\([0-9]*\),"pp_bytes":\([0-9]*\).*/\1 \2 \3/')
-    [ -n "$want" ] && bytes_as_planned "$want" "$got" "${rows:-0}" && ok "MoD, tp $1, pp $2, recompute $3: tp, dp, pp bytes per step $got, as planned" ||
-        fail "MoD, tp $1, pp $2, recompute $3: planned '$want', counted '$got'"
+    [ -n "$want" ] && bytes_as_planned "$want" "$got" "${rows:-0}" && ok "$conf MoD, tp $1, pp $2, recompute $3: tp, dp, pp bytes per step $got, as planned" ||
+        fail "$conf MoD, tp $1, pp $2, recompute $3: planned '$want', counted '$got'"
 done
 
 # Mixture-of-Experts: the candidates of an MoE config list ep layouts; the

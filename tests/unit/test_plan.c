@@ -368,6 +368,55 @@ static void test_moe_flops(void) {
     CU_ASSERT_DOUBLE_EQUAL(r.t_compute * rate, r.flops_step, 1e-9 * r.flops_step);
 }
 
+/* A llama model (grouped-query attention, 4 heads over 2 kv heads, SwiGLU
+ * of width 96, an untied head): FLOPs per token are a hand count of its
+ * matrices (q and o C x C, k and v C x 2 hs, gate, up and down C x F, the
+ * head) and model_flops_per_token's; its parameters a hand count of its
+ * tensors, and the plan's memory model_memory's; tp 2 splits what it
+ * should (a kv head each). */
+static void test_llama_plan(void) {
+    Config c = small();
+    c.route_every = 0, c.arch = ARCH_LLAMA, c.n_kv_head = 2, c.d_ff = 96;
+    Cluster cl;
+    cluster_defaults(&cl);
+    cl.cores_per_node = 1;
+    ModelDims d;
+    model_dims_config(&d, &c, 1, 0);
+    const double C = 64, T = 32, F = 96, kv = 2 * 16, V = 1000;
+    const double hand = 6 * V * C + 4 * (6 * (2 * C * C + 2 * C * kv + 3 * C * F) + 12 * T * C);
+    const double fpt = plan_flops_per_token(&c);
+    CU_ASSERT_DOUBLE_EQUAL(fpt, model_flops_per_token(&d, 32, NULL), 1e-9 * fpt);
+    CU_ASSERT_DOUBLE_EQUAL(fpt, hand, 1e-9 * hand);
+    PlanRow r;
+    CU_ASSERT_EQUAL_FATAL(plan_layout(&c, &cl, 1, 1, 1, &r, NULL, NULL), 0);
+    const double rate = cl.gflops_per_core * 1e9 * cl.efficiency;
+    CU_ASSERT_DOUBLE_EQUAL(r.t_compute * rate, r.flops_step, 1e-9 * r.flops_step);
+    /* wte and lm_head, 4 blocks of two norms, qkv (C x (C + 2 kv)), o, gate|up, down; ln_f */
+    const size_t floats = (size_t)(2 * V * C + 4 * (2 * C + C * (C + 2 * kv) + C * C + C * 2 * F + F * C) + C);
+    Model m;
+    model_init(&m, &d, 4, NULL);
+    CU_ASSERT_EQUAL(m.nparams, floats);
+    CU_ASSERT_EQUAL(model_num_params(&m), floats);
+    model_free(&m);
+    ModelMemory mm;
+    model_memory(&d, 4, 1, 1, &mm);
+    CU_ASSERT_EQUAL(r.mem.params, mm.params);
+    CU_ASSERT_EQUAL(r.mem.acts, mm.acts);
+    /* tp 2: half of every split tensor, the norms whole on each rank */
+    Cluster cl2 = cl;
+    cl2.cores_per_node = 2;
+    PlanRow two;
+    CU_ASSERT_EQUAL_FATAL(plan_layout(&c, &cl2, 2, 1, 2, &two, NULL, NULL), 0);
+    const size_t half = (size_t)(V * C + 4 * (2 * C + (C * (C + 2 * kv) + C * C + C * 2 * F + F * C) / 2) + C);
+    CU_ASSERT_EQUAL(two.mem.params, half * sizeof(float));
+    /* a kv head each: tp 4 would split 2 kv heads, no plan */
+    Err e;
+    c.n_head = 4;
+    Cluster cl4 = cl;
+    cl4.cores_per_node = 4;
+    CU_ASSERT_EQUAL(plan_layout(&c, &cl4, 4, 1, 4, &two, NULL, &e), -1);
+}
+
 /* Interleaved 1F1B in the plan: at pp 2 over 4 micro-batches, v = 2 halves
  * the fill and drain (the same blocks a rank, in two chunks), crosses three
  * boundaries a micro-batch on each rank where plain 1F1B crosses one, and
@@ -577,6 +626,7 @@ int main(void) {
         {"--layout: exactly three whole numbers", test_parse_layout},
         {"MoE under ep 2: memory is model_memory's and model_init's", test_moe_memory},
         {"MoE FLOPs: one expert a slot and the router", test_moe_flops},
+        {"llama: FLOPs, parameters and tp by hand", test_llama_plan},
         {"MoE all-to-all bytes and time by hand", test_moe_alltoall},
         {"MoE candidates search ep", test_moe_candidates},
         {"dp_overlap hides the reduction, zero 1 shards the moments", test_dp_overlap_zero},
