@@ -27,6 +27,10 @@
 #   --sizes "CxL ..."     d_model x n_layer grid, heads = d_model / head_dim
 #                         (32x2 64x2 96x3 128x4 160x5 192x6)
 #   --head_dim N          (32)
+#   --arch A              the block, gpt2 or llama (gpt2): llama's RMSNorm,
+#                         rotary positions, SwiGLU of modtrain's default
+#                         width (8/3 d_model up to a multiple of 256, also
+#                         the experts'), no biases, an untied head
 #   --capacity F          MoD capacity (0.125)
 #   --route_every N       MoD: every N-th block routed (2)
 #   --kinds LIST          the kinds of model, comma-separated (dense,mod):
@@ -91,7 +95,7 @@ trap 'exit 75' TERM INT
 
 out=isoflop budgets="1e12 3e12 1e13" sizes="32x2 64x2 96x3 128x4 160x5 192x6" head_dim=32
 capacity=0.125 route_every=2 causal=aux_loss seq_len=256 batch=16 lr=2e-3 min_steps=30
-eval_seqs=256 train="" val="" np=0 launcher="" tp=1 pp=1
+eval_seqs=256 train="" val="" np=0 launcher="" tp=1 pp=1 arch=gpt2
 kinds=dense,mod experts=4 top_k=1 cf=1.25 capped_cf=""
 all_kinds="dense mod moe mode_staged mode_integrated moe_capped"
 extra=()
@@ -327,7 +331,7 @@ while [ $# -gt 0 ]; do
     capacity) capacity=$2 ;; route_every) route_every=$2 ;; causal_router) causal=$2 ;;
     seq_len) seq_len=$2 ;; batch) batch=$2 ;; lr) lr=$2 ;; min_steps) min_steps=$2 ;;
     eval_seqs) eval_seqs=$2 ;; train) train=$2 ;; val) val=$2 ;; np) np=$2 ;;
-    launcher) launcher=$2 ;; tp) tp=$2 ;; pp) pp=$2 ;;
+    launcher) launcher=$2 ;; tp) tp=$2 ;; pp) pp=$2 ;; arch) arch=$2 ;;
     kinds) kinds=$2 ;; experts) experts=$2 ;; expert_top_k) top_k=$2 ;;
     capacity_factor) cf=$2 ;; capped_factor) capped_cf=$2 ;;
     *) die "unknown option '$1' (see jobs/isoflop.sh --help)" ;;
@@ -344,6 +348,7 @@ num() { [[ $2 =~ ^[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?$ ]] &&
     awk -v x="$2" -v max="${3:-1e30}" 'BEGIN { exit !(x + 0 > 0 && x + 0 <= max + 0) }' ||
     die "$1 = '$2' is not a number > 0 and <= ${3:-1e30}"; }
 int "$(as head_dim)" "$head_dim"
+[ "$arch" = gpt2 ] || [ "$arch" = llama ] || die "$(as arch) = '$arch' is not gpt2 or llama"
 for b in $budgets; do num "budget" "$b"; done
 for s in $sizes; do
     [[ $s =~ ^[1-9][0-9]{0,5}x[1-9][0-9]{0,3}$ ]] || die "size '$s' is not D_MODELxN_LAYER (e.g. 128x4)"
@@ -386,11 +391,14 @@ model_keys() {
     echo "--vocab_size 256 --tokenizer byte --d_model $d --n_layer $l --n_head $((d / head_dim))" \
         "--seq_len $seq_len --batch_size $batch --route_every $re --capacity $capacity" \
         "--causal_router $causal --tp $tp --pp $pp"
+    # (gpt2 says nothing of its block: the keys of sweeps from before --arch)
+    [ "$arch" = gpt2 ] || echo "--arch $arch"
     is_moe "$1" || return 0
-    local noop=0 f=$cf
+    local noop=0 f=$cf ff=$((4 * d))
     [ "$1" = mode_integrated ] && noop=$experts
     [ "$1" = moe_capped ] && f=$capped_cf
-    echo "--n_expert $experts --n_noop_expert $noop --expert_top_k $top_k --expert_d_ff $((4 * d))" \
+    [ "$arch" = gpt2 ] || ff=0 # (an expert as wide as llama's MLP: d_ff)
+    echo "--n_expert $experts --n_noop_expert $noop --expert_top_k $top_k --expert_d_ff $ff" \
         "--capacity_factor $f --moe_every 1"
 }
 json() { sed -n "s/.*\"$2\":\\([^,}]*\\).*/\\1/p" "$1" | head -n 1; }

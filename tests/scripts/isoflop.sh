@@ -246,6 +246,19 @@ two=$(awk -F, 'NR > 1 { print $2, $6, $8 }' dp/results.csv)
     fail "mpirun -np 2 spent [$two], one rank [$one]"
 grep -q "launched by mpirun -np 2" dp/sweep.log || fail "dp/sweep.log does not name its launcher"
 
+# --- Llama blocks (--arch llama): dense and MoD runs of one budget, each a
+# llama model that spends the budget at its own FLOPs per token (SwiGLU's
+# three matrices a block), more than GPT-2's of the same size, so fewer steps
+isoflop_quick --out ll --arch llama --budgets 2e10 --sizes 32x2 > ll.log 2>&1 ||
+    { cat ll.log; fail "the llama sweep failed"; }
+gpt=$(awk -F, '$1 == "2e10" && $3 == 32 { print $2 ":" $6 }' s/results.csv | tr '\n' ' ')
+llama=$(awk -F, 'NR > 1 { print $2 ":" $6 }' ll/results.csv | tr '\n' ' ')
+archs=$(for r in ll/runs/*/ckpt; do "$MODTRAIN" ckpt inspect --ckpt "$r" | awk '$1 == "config.arch" { print $2 }'; done | sort -u)
+steps_ok=$(awk -F, 'NR > 1 { n++; if ($6 > 0 && $10 + 0 > 0.99 && $10 + 0 < 1.01) k++ } END { print (n == 2 && k == 2) }' ll/results.csv)
+[ "$archs" = llama ] && [ "$steps_ok" = 1 ] && [ "$llama" != "$gpt" ] &&
+    ok "--arch llama: llama runs spending their budget, steps $llama (GPT-2's: $gpt)" ||
+    fail "--arch llama: archs '$archs', runs $llama (GPT-2's $gpt), $(cat ll/results.csv)"
+
 # --- the routing dump
 ck=s/runs/b5e10_64x2_mod/ckpt
 "$MODTRAIN" eval --ckpt "$ck" --data data/val_000000.bin --seqs 8 --micro_batch 8 --json \
