@@ -197,6 +197,17 @@ void swiglu_backward(float *dgu, const float *dout, const float *gu, int N, int 
 void swiglu_forward_ref(float *out, const float *gu, int N, int F);
 void swiglu_backward_ref(float *dgu, const float *dout, const float *gu, int N, int F);
 
+/* Llama's MLP (the dense one or an expert) on n rows x(n, C): h = x w1
+ * (n, 2F: gate|up), hg = silu(gate) * up (n, F), y = hg w2 (n, C). The
+ * backward from dy adds the weights' gradients into gw1 and gw2 and sets
+ * dx; it makes hg again first when `again` (no one keeps it), and dhg
+ * (n, F) and dh (n, 2F) are scratch. */
+void swiglu_mlp_forward(const float *x, int n, int C, int F, const float *w1, const float *w2,
+                        float *h, float *hg, float *y);
+void swiglu_mlp_backward(const float *x, int n, int C, int F, const float *w1, const float *w2,
+                         float *gw1, float *gw2, const float *h, float *hg, int again,
+                         const float *dy, float *dhg, float *dh, float *dx);
+
 /* Grouped-query attention (KV key and value heads, KV dividing NH; 1:
  * multi-query) on the kernels of NH heads: gqa_expand writes qkv(N,
  * 3*NH*hs) from qkv_g(N, (NH + 2*KV)*hs), laid [q | k | v] a row, giving

@@ -262,3 +262,21 @@ void gqa_reduce(float *dqkv_g, const float *dqkv, int N, int NH, int KV, int hs)
         }
     }
 }
+
+/* ------------------------------------------------------------ SwiGLU MLP */
+
+void swiglu_mlp_forward(const float *x, int n, int C, int F, const float *w1, const float *w2,
+                        float *h, float *hg, float *y) {
+    linear_forward(h, x, w1, NULL, n, C, 2 * F);
+    swiglu_forward(hg, h, n, F);
+    linear_forward(y, hg, w2, NULL, n, F, C);
+}
+
+void swiglu_mlp_backward(const float *x, int n, int C, int F, const float *w1, const float *w2,
+                         float *gw1, float *gw2, const float *h, float *hg, int again,
+                         const float *dy, float *dhg, float *dh, float *dx) {
+    if (again) swiglu_forward(hg, h, n, F);
+    linear_backward_set(dhg, gw2, NULL, dy, hg, w2, n, F, C);
+    swiglu_backward(dh, dhg, h, n, F);
+    linear_backward_set(dx, gw1, NULL, dh, x, w1, n, C, 2 * F);
+}

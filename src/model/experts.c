@@ -186,9 +186,9 @@ static void experts_backward(Model *m, int l, const float *x, const int *eoff, c
         const int n = eoff[e + 1] - eoff[e];
         if (n == 0) continue;
         if (d->arch == ARCH_LLAMA) {
-            swiglu_mlp_backward(m, x + o * C, n, F, p->fcw, p->projw, g->fcw, g->projw,
-                                A->mh + 2 * o * F, A->mhg + o * F, dy + o * C, S->mdhg + o * F,
-                                S->mdh + 2 * o * F, dx + o * C);
+            swiglu_mlp_backward(x + o * C, n, C, F, p->fcw, p->projw, g->fcw, g->projw,
+                                A->mh + 2 * o * F, A->mhg + o * F, d->recompute != RECOMPUTE_BLOCK,
+                                dy + o * C, S->mdhg + o * F, S->mdh + 2 * o * F, dx + o * C);
             continue;
         }
         float *dhg = S->mdhg + o * F, *dh = S->mdh + o * F;

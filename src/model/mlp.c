@@ -15,27 +15,6 @@
 #include "src/kernels/kernels.h"
 #include "src/model/model_impl.h"
 
-/* ----------------------------------------------------------------- SwiGLU */
-
-void swiglu_mlp_forward(const float *x, int n, int C, int F, const float *w1, const float *w2,
-                        float *h, float *hg, float *y) {
-    linear_forward(h, x, w1, NULL, n, C, 2 * F);
-    swiglu_forward(hg, h, n, F);
-    linear_forward(y, hg, w2, NULL, n, F, C);
-}
-
-void swiglu_mlp_backward(const Model *m, const float *x, int n, int F, const float *w1,
-                         const float *w2, float *gw1, float *gw2, const float *h, float *hg,
-                         const float *dy, float *dhg, float *dh, float *dx) {
-    const int C = m->d.C;
-    /* the SwiGLU's output again (no set keeps it), but where the block's
-     * recompute has just made it */
-    if (m->d.recompute != RECOMPUTE_BLOCK) swiglu_forward(hg, h, n, F);
-    linear_backward_set(dhg, gw2, NULL, dy, hg, w2, n, F, C);
-    swiglu_backward(dh, dhg, h, n, F);
-    linear_backward_set(dx, gw1, NULL, dh, x, w1, n, C, 2 * F);
-}
-
 /* ------------------------------------------------------------------ dense */
 
 static void dense_forward(Model *m, int l, const float *u, int N, float *out) {
@@ -64,8 +43,9 @@ static void dense_backward(Model *m, int l, const float *u, int N, const float *
     const int C = d->C;
     const size_t NF = (size_t)N * d->Fl;
     if (d->arch == ARCH_LLAMA) {
-        swiglu_mlp_backward(m, u, N, d->Fl, p->fcw, p->fcprojw, g->fcw, g->fcprojw, A->fch,
-                            A->fch_gelu, dout, S->dfchg, S->dfch, du);
+        swiglu_mlp_backward(u, N, C, d->Fl, p->fcw, p->fcprojw, g->fcw, g->fcprojw, A->fch,
+                            A->fch_gelu, d->recompute != RECOMPUTE_BLOCK, dout, S->dfchg, S->dfch,
+                            du);
         tp_allreduce_sum(du, (size_t)N * C, &m->tp);
         return;
     }

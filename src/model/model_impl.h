@@ -163,16 +163,6 @@ void moe_backward(Model *m, int l, const float *u, int N, const float *dout, flo
                   float aux_scale);
 
 /* mlp.c */
-/* Llama's MLP (the dense one or an expert) on n rows x: h = x w1 (n, 2F:
- * gate|up), hg = silu(gate) * up (n, F), y = hg w2 (n, C); no all-reduce. */
-void swiglu_mlp_forward(const float *x, int n, int C, int F, const float *w1, const float *w2,
-                        float *h, float *hg, float *y);
-/* Its backward from dy: the weights' gradients added into gw1 and gw2, dx
- * (n, C) set; hg is made again (but under recompute = block), dhg (n, F)
- * and dh (n, 2F) are scratch. */
-void swiglu_mlp_backward(const Model *m, const float *x, int n, int F, const float *w1,
-                         const float *w2, float *gw1, float *gw2, const float *h, float *hg,
-                         const float *dy, float *dhg, float *dh, float *dx);
 /* The MLP branch of block l on its N rows u = ln_2(res2): out(N,C),
  * all-reduced over tp and biased. capped: apply the experts' capacity
  * (training and evaluation; decoding does not). */

@@ -131,6 +131,33 @@ static double run_grad_norm(Run *r) {
     return grads_norm(split, replicated, &r->grid);
 }
 
+/* The step's gradients over dp (and the tied embedding's copies over the
+ * end stages): all of them, or under train_only = routers theirs alone. */
+static void run_sync_grads(Run *r) {
+    Model *m = &r->m;
+    const Grid *g = &r->grid;
+    if (r->trained.n) { /* only their gradients matter */
+        for (int k = 0; k < r->trained.n; k++)
+            dp_allreduce_sum(m->grads + r->trained.lo[k], r->trained.hi[k] - r->trained.lo[k],
+                             g->dp_comm);
+        return;
+    }
+    /* the embedding: tied, the end stages' copies; else the first stage's */
+    const ParamInfo *tied = m->d.tied ? model_tied_param(m) : model_embed_param(m);
+    const EmbRows *er = m->emb_rows;
+    const TiedGrad tg = {.offset = tied ? tied->offset : 0,
+                         .numel = tied ? tied->numel : 0,
+                         .head = m->d.tied && model_last_stage(&m->d),
+                         .shared = m->d.tied,
+                         .slot = er ? er->slot : NULL,
+                         .rows = er ? er->rows : NULL,
+                         .Vl = m->d.Vl,
+                         .C = m->d.C};
+    grads_sync(m->grads, m->nparams, m->expert_floats, tied ? &tg : NULL, g,
+               r->overlap ? &r->ov : NULL, r->use_zero ? &r->zero : NULL);
+    if (m->emb_rows) emb_rows_clear(m->emb_rows);
+}
+
 /* One optimizer step: schedule -> sync -> clip -> optimizer. */
 void run_step(Run *r, int step, StepResult *out, Err *err) {
     Model *m = &r->m;
@@ -160,25 +187,7 @@ void run_step(Run *r, int step, StepResult *out, Err *err) {
     /* sync: gradients, then the loss and routing counters */
     fault_phase("gradient all-reduce");
     double t1 = now_s(), tp1 = tp_time_s;
-    /* the embedding: tied, the end stages' copies; else the first stage's */
-    const ParamInfo *tied = m->d.tied ? model_tied_param(m) : model_embed_param(m);
-    const EmbRows *er = m->emb_rows;
-    const TiedGrad tg = {.offset = tied ? tied->offset : 0,
-                         .numel = tied ? tied->numel : 0,
-                         .head = m->d.tied && model_last_stage(&m->d),
-                         .shared = m->d.tied,
-                         .slot = er ? er->slot : NULL,
-                         .rows = er ? er->rows : NULL,
-                         .Vl = m->d.Vl,
-                         .C = m->d.C};
-    if (r->trained.n) /* train_only = routers: only their gradients matter */
-        for (int k = 0; k < r->trained.n; k++)
-            dp_allreduce_sum(m->grads + r->trained.lo[k], r->trained.hi[k] - r->trained.lo[k],
-                             g->dp_comm);
-    else
-        grads_sync(m->grads, m->nparams, m->expert_floats, tied ? &tg : NULL, g,
-                   r->overlap ? &r->ov : NULL, r->use_zero ? &r->zero : NULL);
-    if (m->emb_rows) emb_rows_clear(m->emb_rows);
+    run_sync_grads(r);
     double loss = reduce_step_stats(m, sc.loss_sum, g->dp_comm);
     if (g->pp > 1) {
         loss = reduce_step_stats(m, loss, g->pp_comm);

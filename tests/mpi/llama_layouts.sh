@@ -6,7 +6,8 @@
 # routed blocks) at tp 2 x ep 2 with ZeRO-1 over dp 2, each train what one
 # rank trains; a checkpoint saved under tp 2 loads exactly on one rank;
 # recompute = attention (MoD) and block (MoDE) train bit for bit what
-# recompute = none trains; a run resumed from its step 10 under tp 2 x dp 2
+# recompute = none trains; evaluation and sampling under tp 2 give one
+# rank's loss and text; a run resumed from its step 10 under tp 2 x dp 2
 # ends bit for bit where the uninterrupted run did; and an n_kv_head that
 # tp does not split is one line.
 #   loss per step: |a - b| <= 2e-5 * |b|;  weights and moments: max |a - b| <= 2e-5
@@ -22,6 +23,7 @@
 #          overlap's head segment (lm_head, ln_f without a bias, one bucket)
 #   recompute: rotary positions and the kv heads' expansion again
 #          (attention), the SwiGLU made once (block)
+#   eval and sample under tp 2: the KV cache of a rank's kv heads
 #   resume: the untied head's and the routers' AdamW moments restored
 . "$(dirname "$0")/../scripts/lib.sh"
 prep_fortunes
@@ -67,6 +69,17 @@ for run in mod-1-att mode-1-blk; do
         [ "$(losses "$ref")" = "$(losses "$run")" ] &&
         ok "$run (recompute ${run##*-}) = recompute none, bit for bit" || fail "$run differs from $ref"
 done
+
+# evaluation and sampling under tp 2 give what one rank gives (sampling's
+# KV cache holds each rank's kv heads, rotated at each token's position)
+"$MODTRAIN" eval --ckpt mod-1/ckpt --data data/val_000000.bin --seqs 16 --json > e1.json
+"$MODTRAIN" sample --ckpt mod-1/ckpt --prompt "Q: " --tokens 40 --seed 5 --temperature 0.7 > s1.txt
+$MPIRUN -np 2 "$MODTRAIN" eval --ckpt mod-1/ckpt --data data/val_000000.bin --seqs 16 --json > e2.json
+$MPIRUN -np 2 "$MODTRAIN" sample --ckpt mod-1/ckpt --prompt "Q: " --tokens 40 --seed 5 --temperature 0.7 > s2.txt
+a=$(last_json e1.json loss) b=$(last_json e2.json loss)
+check_ab "$a" "$b" 'a - b < 1e-5 && b - a < 1e-5' && ok "eval of the llama MoD model under tp 2: loss $b as on one rank" ||
+    fail "eval under tp 2: $(cat e2.json), one rank $(cat e1.json)"
+cmp -s s1.txt s2.txt && ok "sampling the llama MoD model under tp 2: the same text" || fail "sampling under tp 2 differs"
 
 # resume: step 10 of the tp 2 x dp 2 run, trained on to 20 under the same layout
 train_ok mod-resumed 4 --tp 2 $mod --resume mod-tp2dp2/ckpt/step-00000010
