@@ -33,15 +33,6 @@ common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val
     --eval_every 10 --log_every 1000 --threads 1 --debug_checks 1 --peak_gflops 50 --resume never"
 mod="--route_every 2 --capacity 0.25"
 mode="$mod --n_expert 4 --expert_top_k 2 --capacity_factor 1 --moe_every 2"
-compare() { # REF NAME WHAT
-    if close_runs "$1" "$2" 2e-5 20; then
-        ok "$3 = one rank: losses within $worst relative, $(tail -n 1 diff.txt | sed 's/ckpt diff: //')"
-    else
-        paste a.txt b.txt
-        cat diff.txt
-        fail "$3 differs from one rank"
-    fi
-}
 reshard() { # RUN WHAT: RUN's step 10 loaded on one rank, saved again, exact
     train_ok "$1-one" 1 $2 --resume "$1/ckpt/step-00000010" --steps 10
     "$MODTRAIN" ckpt diff --a "$1/ckpt/step-00000010" --b "$1-one/ckpt/step-00000010" > diff.txt &&
@@ -51,13 +42,13 @@ reshard() { # RUN WHAT: RUN's step 10 loaded on one rank, saved again, exact
 
 train_ok mod-1 1 $mod
 train_ok mod-tp2dp2 4 --tp 2 $mod
-compare mod-1 mod-tp2dp2 "llama MoD (tp 2, dp 2)"
+same_run mod-1 mod-tp2dp2 "llama MoD (tp 2, dp 2)" 2e-5 20
 reshard mod-tp2dp2 "$mod"
 train_ok mod-pp2v2 2 --pp 2 --virtual_stages 2 $mod
-compare mod-1 mod-pp2v2 "llama MoD (pp 2, virtual stages 2)"
+same_run mod-1 mod-pp2v2 "llama MoD (pp 2, virtual stages 2)" 2e-5 20
 train_ok mode-1 1 $mode
 train_ok mode-tp2ep2z 4 --tp 2 --ep 2 --zero 1 $mode
-compare mode-1 mode-tp2ep2z "llama staged MoDE (tp 2, ep 2, zero 1, dp 2)"
+same_run mode-1 mode-tp2ep2z "llama staged MoDE (tp 2, ep 2, zero 1, dp 2)" 2e-5 20
 reshard mode-tp2ep2z "$mode"
 
 # recompute: what a block keeps changes nothing (one rank, bit for bit)

@@ -26,15 +26,6 @@ common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val
 moe="--n_expert 4 --expert_top_k 2 --capacity_factor 1"
 mode="$moe --route_every 2 --capacity 0.25 --moe_every 2"
 imode="$moe --n_noop_expert 2"
-compare() { # REF NAME WHAT
-    if close_runs "$1" "$2" 2e-5 20; then
-        ok "$3 = $1: losses differ by at most $worst relative (as logged), $(tail -n 1 diff.txt | sed 's/ckpt diff: //')"
-    else
-        paste a.txt b.txt
-        cat diff.txt
-        fail "$3 differs from $1"
-    fi
-}
 
 # MODTRAIN_SKIP_SLOW (the sanitizer pass, after a first pass of all of
 # it): no ep 4 at dp 4; ep 2 x tp 2 for MoE and ep 2 x pp 2 for staged
@@ -50,7 +41,7 @@ for model in moe mode imode; do
         train "$model-ep$ep" 4 --ep $ep $opts
     done
     for ep in $eps; do
-        compare "$model-ep1" "$model-ep$ep" "$model (ep $ep, dp 4)"
+        same_run "$model-ep1" "$model-ep$ep" "$model (ep $ep, dp 4)" 2e-5 20
     done
 done
 # the capacity drops tokens, so the comparison covers dropped rows too
@@ -65,19 +56,19 @@ if [ $slow = 1 ]; then
         eval "opts=\$$model"
         train_ok "$model-ep2-pp2" 4 --ep 2 --pp 2 $opts
         train_ok "$model-ep2-tp2" 4 --ep 2 --tp 2 $opts
-        compare "$model-ep1" "$model-ep2-pp2" "$model (ep 2, pp 2, dp 2)"
-        compare "$model-ep1" "$model-ep2-tp2" "$model (ep 2, tp 2, dp 2)"
+        same_run "$model-ep1" "$model-ep2-pp2" "$model (ep 2, pp 2, dp 2)" 2e-5 20
+        same_run "$model-ep1" "$model-ep2-tp2" "$model (ep 2, tp 2, dp 2)" 2e-5 20
     done
 else
     train_ok moe-ep2-tp2 4 --ep 2 --tp 2 $moe
-    compare moe-ep1 moe-ep2-tp2 "moe (ep 2, tp 2, dp 2)"
+    same_run moe-ep1 moe-ep2-tp2 "moe (ep 2, tp 2, dp 2)" 2e-5 20
     train_ok mode-ep2-pp2 4 --ep 2 --pp 2 $mode
-    compare mode-ep1 mode-ep2-pp2 "mode (ep 2, pp 2, dp 2)"
+    same_run mode-ep1 mode-ep2-pp2 "mode (ep 2, pp 2, dp 2)" 2e-5 20
 fi
 # all four at once: 8 ranks, ep 2 x tp 2 x pp 2, dp 2
 if [ $slow = 1 ]; then
     train_ok moe-ep2-tp2-pp2 8 --ep 2 --tp 2 --pp 2 $moe
-    compare moe-ep1 moe-ep2-tp2-pp2 "moe (ep 2, tp 2, pp 2, dp 2)"
+    same_run moe-ep1 moe-ep2-tp2-pp2 "moe (ep 2, tp 2, pp 2, dp 2)" 2e-5 20
 fi
 
 # recompute = block: every rank of the expert group recomputes the same

@@ -66,8 +66,7 @@ torch_loss() {
     PYTHONPATH="$srcdir/tests/scripts" "$PYTHON" - "$1" data/val_000000.bin "$2" <<'PY'
 import json, sys
 import torch
-import torch.nn.functional as F
-from torch_gpt import GPT, read_safetensors, read_shard
+from torch_gpt import GPT, read_safetensors, read_shard, report_losses, transformers_loss
 folder, shard, eval_file = sys.argv[1:4]
 cfg = json.load(open(folder + "/config.json"))
 weights, _ = read_safetensors(folder + "/model.safetensors")
@@ -79,23 +78,9 @@ y = torch.stack([toks[i * T + 1:i * T + T + 1] for i in range(n)])
 model = GPT(cfg["vocab_size"], T, cfg["n_layer"], cfg["n_head"], cfg["n_embd"])
 model.load(weights)
 with torch.no_grad():
-    got = {"torch_gpt": model(x, y).item()}
-    try:
-        from transformers import GPT2LMHeadModel
-    except ImportError:
-        GPT2LMHeadModel = None
-    if GPT2LMHeadModel is not None:
-        hf = GPT2LMHeadModel.from_pretrained(folder).eval()
-        logits = hf(x).logits
-        got["transformers"] = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item()
-bad = 0
-for who, loss in got.items():
-    rel = abs(loss - ev["loss"]) / abs(ev["loss"])
-    print("%s loss %.6f, modtrain %.6f (relative difference %.2e)" % (who, loss, ev["loss"], rel))
-    bad += rel > 1e-5
-if "transformers" not in got:
-    print("(transformers is not installed: torch_gpt.py alone)")
-sys.exit(1 if bad else 0)
+    got = {"torch_gpt": model(x, y).item(),
+           "transformers": transformers_loss("GPT2LMHeadModel", folder, x, y)}
+sys.exit(1 if report_losses(got, ev["loss"]) else 0)
 PY
 }
 

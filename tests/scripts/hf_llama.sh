@@ -16,28 +16,18 @@
 #   another activation, another head_dim, another model_type) is one line,
 #   exit 2; an --out holding other files is refused untouched.
 . "$(dirname "$0")/lib.sh"
-if ! "$PYTHON" -c "import torch" 2> /dev/null; then
-    echo "SKIP: $PYTHON cannot import torch (apt-get install python3-torch)"
-    exit 77
-fi
+need_torch
 prep_fortunes
 cd "$TMP"
 common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
     --eval_every 0 --log_every 1000 --seq_len 32 --arch llama --n_kv_head 2 --threads 1"
-train_ok() { # RUN [--key value ...]
-    run=$1
-    shift
-    # shellcheck disable=SC2086 # the options
-    "$MODTRAIN" train $common --run_dir "$run" "$@" > "$run.log" 2>&1 || { cat "$run.log"; fail "$run: training failed"; }
-}
-# torch_loss FOLDER EVAL_JSON: the folder's loss on eval's sequences (torch_llama.py
+# llama_loss FOLDER EVAL_JSON: the folder's loss on eval's sequences (torch_llama.py
 # and transformers' LlamaForCausalLM where it is installed) against modtrain's
-torch_loss() {
+llama_loss() {
     PYTHONPATH="$srcdir/tests/scripts" "$PYTHON" - "$1" data/val_000000.bin "$2" <<'PY'
 import json, sys
 import torch
-import torch.nn.functional as F
-from torch_gpt import read_shard
+from torch_gpt import read_shard, report_losses, transformers_loss
 from torch_llama import from_hf
 folder, shard, eval_file = sys.argv[1:4]
 ev = json.load(open(eval_file))
@@ -46,20 +36,9 @@ toks = read_shard(shard)
 x = torch.stack([toks[i * T:i * T + T] for i in range(n)])
 y = torch.stack([toks[i * T + 1:i * T + T + 1] for i in range(n)])
 with torch.no_grad():
-    got = {"torch_llama": from_hf(folder)(x, y).item()}
-    try:
-        from transformers import LlamaForCausalLM
-    except ImportError:
-        LlamaForCausalLM = None
-    if LlamaForCausalLM is not None:
-        logits = LlamaForCausalLM.from_pretrained(folder).eval()(x).logits
-        got["transformers"] = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item()
-bad = 0
-for who, loss in got.items():
-    rel = abs(loss - ev["loss"]) / abs(ev["loss"])
-    print("%s loss %.6f, modtrain %.6f (relative difference %.2e)" % (who, loss, ev["loss"], rel))
-    bad += rel > 1e-5
-sys.exit(1 if bad else 0)
+    got = {"torch_llama": from_hf(folder)(x, y).item(),
+           "transformers": transformers_loss("LlamaForCausalLM", folder, x, y)}
+sys.exit(1 if report_losses(got, ev["loss"]) else 0)
 PY
 }
 eval_json() { "$MODTRAIN" eval --ckpt "$1" --data data/val_000000.bin --seqs 8 --json | tail -n 1 | sed 's/}$/,"seq_len":32}/'; }
@@ -72,7 +51,7 @@ grep -q '"architectures": \["LlamaForCausalLM"\]' dense.hf/config.json &&
     grep -q '"num_key_value_heads": 2' dense.hf/config.json && grep -q '"tie_word_embeddings": false' dense.hf/config.json ||
     fail "config.json: $(cat dense.hf/config.json)"
 eval_json dense/ckpt > dense.json
-torch_loss dense.hf dense.json > loss.txt && ok "exported folder: $(tr '\n' ';' < loss.txt)" ||
+llama_loss dense.hf dense.json > loss.txt && ok "exported folder: $(tr '\n' ';' < loss.txt)" ||
     fail "exported folder's loss: $(cat loss.txt)"
 "$MODTRAIN" ckpt import --in dense.hf --ckpt dense.back > /dev/null &&
     "$MODTRAIN" ckpt diff --a dense.back --b dense/ckpt > diff.txt 2>&1 &&
@@ -92,7 +71,7 @@ PY
 ls torch.hf/model-00002-of-00002.safetensors > /dev/null || fail "PyTorch wrote no shards"
 "$MODTRAIN" ckpt import --in torch.hf --ckpt torch.back > import.out 2>&1 || { cat import.out; fail "import of PyTorch's folder"; }
 eval_json torch.back > torch.json
-torch_loss torch.hf torch.json > loss.txt && ok "PyTorch's BF16 shards, imported: $(tr '\n' ';' < loss.txt)" ||
+llama_loss torch.hf torch.json > loss.txt && ok "PyTorch's BF16 shards, imported: $(tr '\n' ';' < loss.txt)" ||
     fail "PyTorch's folder imported: $(cat loss.txt)"
 # init_from: a run of 0 steps saves the weights it starts from
 train_ok init --steps 0 --init_from torch.hf --n_layer 2 --d_ff 96 --tie_embeddings 1 --rope_theta 500000 \

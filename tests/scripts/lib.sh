@@ -171,6 +171,23 @@ close_runs() {
     [ "$(wc -l < a.txt)" -eq "$4" ] && [ "$(wc -l < b.txt)" -eq "$4" ] && check_ab "$worst" "$3" 'a <= b' &&
         "$MODTRAIN" ckpt diff --a "$1/ckpt" --b "$2/ckpt" --tol "$3" > diff.txt
 }
+# same_run REF NAME WHAT TOL STEPS: ok when close_runs REF NAME TOL STEPS
+# holds (saying how close), else a failure with both runs' losses
+same_run() {
+    if close_runs "$1" "$2" "$4" "$5"; then
+        ok "$3 = $1: losses differ by at most $worst relative (as logged), $(tail -n 1 diff.txt | sed 's/ckpt diff: //')"
+    else
+        paste a.txt b.txt
+        cat diff.txt
+        fail "$3 differs from $1"
+    fi
+}
+# need_torch: skips the test (exit 77) where $PYTHON cannot import torch
+need_torch() {
+    "$PYTHON" -c "import torch" 2> /dev/null && return 0
+    echo "SKIP: $PYTHON cannot import torch (apt-get install python3-torch)"
+    exit 77
+}
 # pp_live_max RUN: the most activations a stage held live, over RUN's steps
 pp_live_max() { grep -o '"pp_live":[0-9]*' "$1/metrics.jsonl" | cut -d: -f2 | sort -n | tail -n 1; }
 # step_dir RUN N: RUN's checkpoint directory of step N

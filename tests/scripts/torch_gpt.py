@@ -150,18 +150,25 @@ class GPT(torch.nn.Module):
             p[h + "predictor.c_proj.bias"] = torch.zeros(1)
         return p
 
+    @staticmethod
+    def meta_args(meta):
+        """The shape and routing a modtrain safetensors export's metadata says:
+        (positional arguments, keyword arguments)."""
+        g = lambda key, default: meta.get(key, default)
+        return ((int(meta["vocab_size"]), int(meta["seq_len"]), int(meta["n_layer"]),
+                 int(meta["n_head"]), int(meta["d_model"])),
+                dict(route_every=int(g("route_every", 0)), capacity=float(g("capacity", 0.125)),
+                     gate=g("router_gate", "raw"), predictor=g("causal_router", "") == "predictor",
+                     H=int(g("predictor_hidden", 64)), n_expert=int(g("n_expert", 0)),
+                     n_noop_expert=int(g("n_noop_expert", 0)), expert_top_k=int(g("expert_top_k", 1)),
+                     expert_d_ff=int(g("expert_d_ff", 0)), capacity_factor=float(g("capacity_factor", 1.25)),
+                     moe_every=int(g("moe_every", 1))))
+
     @classmethod
     def from_meta(cls, meta):
         """A model shaped as a modtrain safetensors export's metadata says."""
-        g = lambda key, default: meta.get(key, default)
-        return cls(int(meta["vocab_size"]), int(meta["seq_len"]), int(meta["n_layer"]),
-                   int(meta["n_head"]), int(meta["d_model"]),
-                   route_every=int(g("route_every", 0)), capacity=float(g("capacity", 0.125)),
-                   gate=g("router_gate", "raw"), predictor=g("causal_router", "") == "predictor",
-                   H=int(g("predictor_hidden", 64)), n_expert=int(g("n_expert", 0)),
-                   n_noop_expert=int(g("n_noop_expert", 0)), expert_top_k=int(g("expert_top_k", 1)),
-                   expert_d_ff=int(g("expert_d_ff", 0)), capacity_factor=float(g("capacity_factor", 1.25)),
-                   moe_every=int(g("moe_every", 1)))
+        args, kw = cls.meta_args(meta)
+        return cls(*args, **kw)
 
     def routed(self, i):
         return self.route_every > 0 and i % self.route_every == self.route_every - 1
@@ -354,6 +361,31 @@ class GPT(torch.nn.Module):
         for key in keys:
             stats[key] = acc[key]
         return total / (B * T)
+
+
+def transformers_loss(arch, folder, x, y):
+    """transformers' loss of a Hugging Face folder (arch: its class name), or
+    None where transformers is not installed."""
+    try:
+        import transformers
+    except ImportError:
+        return None
+    logits = getattr(transformers, arch).from_pretrained(folder).eval()(x).logits
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item()
+
+
+def report_losses(got, ref, tol=1e-5):
+    """Prints each loss of got ({who: loss}) against modtrain's ref; returns how
+    many are further than tol (relative)."""
+    bad = 0
+    for who, loss in got.items():
+        if loss is None:
+            print("(%s is not installed)" % who)
+            continue
+        rel = abs(loss - ref) / abs(ref)
+        print("%s loss %.6f, modtrain %.6f (relative difference %.2e)" % (who, loss, ref, rel))
+        bad += rel > tol
+    return bad
 
 
 # ---- self-test: python3 torch_gpt.py (float64, no modtrain needed) ----

@@ -67,23 +67,16 @@ class Llama(GPT):
     @classmethod
     def from_meta(cls, meta):
         g = lambda key, default: meta.get(key, default)
-        C = int(meta["d_model"])
+        args, kw = cls.meta_args(meta)
+        C = args[4]
         d_ff = int(g("d_ff", 0))
         if d_ff == 0:  # Llama's rule: 8/3 C rounded up to a multiple
             k = int(g("ffn_multiple_of", 256))
             d_ff = (8 * C + 2) // 3
             d_ff = (d_ff + k - 1) // k * k
-        tie = g("tie_embeddings", "auto")
-        return cls(int(meta["vocab_size"]), int(meta["seq_len"]), int(meta["n_layer"]),
-                   int(meta["n_head"]), C, n_kv_head=int(g("n_kv_head", 0)), d_ff=d_ff,
+        return cls(*args, n_kv_head=int(g("n_kv_head", 0)), d_ff=d_ff,
                    norm_eps=float(g("norm_eps", 1e-5)), rope_theta=float(g("rope_theta", 10000)),
-                   tied=tie == "1",
-                   route_every=int(g("route_every", 0)), capacity=float(g("capacity", 0.125)),
-                   gate=g("router_gate", "raw"), predictor=g("causal_router", "") == "predictor",
-                   H=int(g("predictor_hidden", 64)), n_expert=int(g("n_expert", 0)),
-                   n_noop_expert=int(g("n_noop_expert", 0)), expert_top_k=int(g("expert_top_k", 1)),
-                   expert_d_ff=int(g("expert_d_ff", 0)), capacity_factor=float(g("capacity_factor", 1.25)),
-                   moe_every=int(g("moe_every", 1)))
+                   tied=g("tie_embeddings", "auto") == "1", **kw)
 
     def make_params(self):
         V, L, C, NH, KV = self.V, self.L, self.C, self.NH, self.KV

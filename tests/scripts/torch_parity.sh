@@ -17,10 +17,7 @@
 # 4.2e-7, gradients within 3.2e-6 (Llama's within 7.4e-7); a moe aux weight
 # off by 3% gives 5e-2.
 . "$(dirname "$0")/lib.sh"
-if ! "$PYTHON" -c "import torch" 2> /dev/null; then
-    echo "SKIP: $PYTHON cannot import torch (apt-get install python3-torch)"
-    exit 77
-fi
+need_torch
 prep_fortunes
 cd "$TMP"
 MOE_AUX=0.3
