@@ -43,9 +43,7 @@ while [ $# -gt 0 ]; do
     shift 2
 done
 for a in $archs; do case $a in gpt2 | llama) ;; *) die "--archs: '$a' is not gpt2 or llama" ;; esac; done
-for v in "$steps" "$repeat" "$threads" "$T" "$B"; do
-    case $v in '' | *[!0-9]* | 0*) die "'$v' is not a whole number >= 1" ;; esac
-done
+wholes "$steps" "$repeat" "$threads" "$T" "$B"
 [ "$steps" -ge 2 ] || die "--steps $steps: at least 2 (the first is left out)"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/modtrain-bench.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT

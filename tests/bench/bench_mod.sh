@@ -35,9 +35,7 @@ while [ $# -gt 0 ]; do
     esac
     shift 2
 done
-for v in "$steps" "$repeat" "$threads"; do
-    case $v in '' | *[!0-9]* | 0*) die "'$v' is not a whole number >= 1" ;; esac
-done
+wholes "$steps" "$repeat" "$threads"
 [ "$steps" -ge 2 ] || die "--steps $steps: at least 2 (the first is left out)"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/modtrain-bench.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT

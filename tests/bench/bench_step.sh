@@ -35,9 +35,7 @@ while [ $# -gt 0 ]; do
     esac
     shift 2
 done
-for v in "$layers" "$seq_len" "$micro" "$steps" "$repeat" "$threads"; do
-    case $v in '' | *[!0-9]* | 0*) die "'$v' is not a whole number >= 1" ;; esac
-done
+wholes "$layers" "$seq_len" "$micro" "$steps" "$repeat" "$threads"
 [ "$steps" -ge 2 ] || die "--steps $steps: at least 2 (the first is left out)"
 [ -z "$old" ] || [ -x "$old" ] || die "--against $old: not an executable"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/modtrain-bench.XXXXXX")
