@@ -3,8 +3,9 @@
 # - config.json parses, says GPT-2 (model_type, architectures, gelu_new,
 #   eps 1e-5) and its sizes are the checkpoint's (`ckpt inspect`) and those
 #   of the tensors in model.safetensors;
-# - model.safetensors imported back (`ckpt import`) holds the checkpoint's
-#   weights bit for bit (`ckpt diff`);
+# - model.safetensors imported back (`ckpt import`), and the folder itself
+#   (read from its config.json), hold the checkpoint's weights bit for bit
+#   (`ckpt diff`);
 # - the folder read from config.json alone by an independent PyTorch GPT-2
 #   (torch_gpt.py; and by transformers' GPT2LMHeadModel where it is
 #   installed) gives modtrain's eval loss;
@@ -90,6 +91,10 @@ PY
     ok "dense export: $(cat export.out)" || fail "dense export: '$(cat export.out export.err)'"
 check_folder dense.hf dense/ckpt > check.log 2>&1 && ok "dense config.json: $(cat check.log)" ||
     fail "dense config.json: $(cat check.log)"
+"$MODTRAIN" ckpt import --in dense.hf --ckpt dense.folder > /dev/null &&
+    "$MODTRAIN" ckpt diff --a dense.folder --b dense/ckpt > diff.log 2>&1 &&
+    ok "dense folder imported back as a folder (config.json and model.safetensors): $(tail -n 1 diff.log)" ||
+    fail "dense folder imported as a folder: $(cat diff.log)"
 "$MODTRAIN" ckpt import --in dense.hf/model.safetensors --ckpt dense.back > /dev/null
 "$MODTRAIN" ckpt diff --a dense.back --b dense/ckpt > diff.log 2>&1 &&
     ok "dense folder imported back: $(tail -n 1 diff.log)" || fail "dense folder imported back: $(cat diff.log)"

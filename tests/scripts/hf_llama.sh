@@ -7,9 +7,9 @@
 #   (1e-5 relative; and transformers' where it is installed);
 # - the folder imported back (`ckpt import`) is the checkpoint bit for bit;
 # - a random-weight folder PyTorch writes (BF16, two shards and their
-#   index, a tied head, Llama 3's rotary base) loads through `ckpt import`
-#   and through init_from to PyTorch's loss: an export and an import that
-#   shared one transposition bug would fail here;
+#   index, a tied head, Llama 3's rotary base; and F16 in one file) loads
+#   through `ckpt import` and through init_from to PyTorch's loss: an export
+#   and an import that shared one transposition bug would fail here;
 # - a dense folder starts a Mixture-of-Depths run (routers fresh): its
 #   first loss is the one a dense checkpoint gives;
 # - what modtrain cannot build (rope_scaling, attention or MLP biases,
@@ -67,12 +67,18 @@ with torch.no_grad():
     for v in m.p.values():
         v.copy_(torch.randn_like(v) * 0.1 + (1.0 if v.dim() == 1 else 0.0))
 write_hf(m, "torch.hf", dtype="BF16", shards=2)
+write_hf(m, "torch16.hf", dtype="F16")
 PY
 ls torch.hf/model-00002-of-00002.safetensors > /dev/null || fail "PyTorch wrote no shards"
 "$MODTRAIN" ckpt import --in torch.hf --ckpt torch.back > import.out 2>&1 || { cat import.out; fail "import of PyTorch's folder"; }
 eval_json torch.back > torch.json
 llama_loss torch.hf torch.json > loss.txt && ok "PyTorch's BF16 shards, imported: $(tr '\n' ';' < loss.txt)" ||
     fail "PyTorch's folder imported: $(cat loss.txt)"
+# the same weights rounded to F16, in one file
+"$MODTRAIN" ckpt import --in torch16.hf --ckpt torch16.back > import.out 2>&1 || { cat import.out; fail "import of the F16 folder"; }
+eval_json torch16.back > torch16.json
+llama_loss torch16.hf torch16.json > loss.txt && ok "PyTorch's F16 file, imported: $(tr '\n' ';' < loss.txt)" ||
+    fail "PyTorch's F16 folder imported: $(cat loss.txt)"
 # init_from: a run of 0 steps saves the weights it starts from
 train_ok init --steps 0 --init_from torch.hf --n_layer 2 --d_ff 96 --tie_embeddings 1 --rope_theta 500000 \
     --norm_eps 1e-6
