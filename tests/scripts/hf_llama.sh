@@ -86,13 +86,16 @@ train_ok init --steps 0 --init_from torch.hf --n_layer 2 --d_ff 96 --tie_embeddi
     ok "init_from the folder starts from its weights: $(tail -n 1 diff.txt)" || fail "init_from the folder: $(cat diff.txt)"
 
 # --- a dense model starts a Mixture-of-Depths run: the routers fresh, the rest loaded
-for src in dense/ckpt dense.hf; do
+# (from the checkpoint, its folder and its safetensors export alike)
+"$MODTRAIN" ckpt export --ckpt dense/ckpt --out dense.st > /dev/null
+for src in dense/ckpt dense.hf dense.st; do
     name=mod-$(echo "$src" | tr -c 'a-z\n' _)
     train_ok "$name" --steps 1 --init_from "$src" --route_every 2 --log_every 1 --resume never
     losses "$name" > "$name.loss"
 done
-cmp -s mod-dense_ckpt.loss mod-dense_hf.loss && ok "a dense checkpoint and its folder start the same MoD run: $(cat mod-dense_hf.loss)" ||
-    fail "MoD from the dense checkpoint and from its folder differ: $(cat mod-dense_ckpt.loss mod-dense_hf.loss)"
+cmp -s mod-dense_ckpt.loss mod-dense_hf.loss && cmp -s mod-dense_ckpt.loss mod-dense_st.loss &&
+    ok "a dense checkpoint, its folder and its safetensors start the same MoD run: $(cat mod-dense_hf.loss)" ||
+    fail "MoD from the dense checkpoint, folder and safetensors differ: $(cat mod-dense_*.loss)"
 
 # --- what modtrain does not build: one line, exit 2
 "$PYTHON" - <<'PY'

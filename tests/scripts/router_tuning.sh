@@ -17,7 +17,7 @@ cd "$TMP"
 common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val_data data/val_000000.bin \
     --eval_every 0 --log_every 1 --seq_len 32 --arch llama --n_kv_head 2 --threads 1 --resume never"
 train_ok dense --steps 20 --ckpt_every 0
-tune="--init_from dense/ckpt --route_every 2 --train_only routers --steps 10 --ckpt_every 5 --lr 1e-2"
+tune="--init_from dense/ckpt --route_every 2 --train_only routers --steps 10 --ckpt_every 5"
 train_ok rt-1 1 $tune
 train_ok rt-2 2 $tune
 "$MODTRAIN" ckpt export --ckpt dense/ckpt --out dense.st > /dev/null
@@ -41,7 +41,7 @@ moments=$(grep -o '^ *adam_m/[^ ]*' inspect.txt | tr -d ' ' | tr '\n' ' ')
 bytes=$(grep -o '"dp_bytes":[0-9]*' rt-2/metrics.jsonl | cut -d: -f2 | sort -u | tr '\n' ' ')
 [ "$bytes" = "260 " ] && ok "dp reduces the router's 65 floats a step alone: dp_bytes $bytes" || fail "dp_bytes: $bytes"
 same_run rt-1 rt-2 "Router-Tuning at dp 2" 2e-5 10
-train_ok rt-2r 2 --route_every 2 --train_only routers --steps 10 --ckpt_every 5 --lr 1e-2 \
+train_ok rt-2r 2 --route_every 2 --train_only routers --steps 10 --ckpt_every 5 \
     --resume rt-2/ckpt/step-00000005
 cmp -s rt-2/ckpt/step-00000010/data.bin rt-2r/ckpt/step-00000010/data.bin &&
     ok "resumed at step 5 (dp 2): step 10 bit for bit" || fail "the resumed Router-Tuning run drifted"
