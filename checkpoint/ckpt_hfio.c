@@ -228,7 +228,10 @@ int hf_read_config(const char *dir, Config *cfg, Err *err) {
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", dir);
     json_t *j = read_json(path, err);
-    if (!j) return -1;
+    if (!j) {
+        Err why = *err;
+        return err_set(err, "ckpt: %s (a Hugging Face folder's config.json)", why.msg);
+    }
     config_defaults(cfg);
     cfg->route_every = 0; /* a Hugging Face model is dense */
     CfgReader r = {j, path, cfg, err};

@@ -583,6 +583,14 @@ static int import_main(int argc, char **argv) {
     Err err;
     Model m;
     int step = 0, bad;
+    char cj[4200];
+    snprintf(cj, sizeof cj, "%s/config.json", in);
+    if (folder && access(cj, F_OK) != 0) {
+        errorf("ckpt import: '%s' is a directory without config.json (give a safetensors file, "
+               "or a Hugging Face folder: config.json with model.safetensors or its shards)",
+               in);
+        return EXIT_USAGE;
+    }
     if (folder) {
         bad = hf_open(&hf, in, &err);
         if (!bad) {

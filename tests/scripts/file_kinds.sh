@@ -84,7 +84,11 @@ for k in dir fifo dev; do
     skip || expect_kind 2 x "$w" "$MODTRAIN" prep --out p x
     skip || expect_kind 2 x "$w" "$MODTRAIN" prep --out p --tokenizer gpt2 --vocab vocab x
     skip || expect_kind 2 x "$w" "$MODTRAIN" tokenize --vocab vocab x
-    skip || expect_kind 2 x "$w" "$MODTRAIN" ckpt import --in x --ckpt imp
+    if [ $k = dir ]; then # (a folder may be Hugging Face's: one with config.json)
+        skip || expect_error "'x' is a directory without config.json" "$MODTRAIN" ckpt import --in x --ckpt imp
+    else
+        skip || expect_kind 2 x "$w" "$MODTRAIN" ckpt import --in x --ckpt imp
+    fi
     skip || expect_kind 2 x "$w" "$MODTRAIN" plan --config "$srcdir/jobs/tiny.conf" --cluster x
     # outputs: a FIFO (with no reader) would hang, a device takes the bytes
     skip || expect_kind 2 x "$w" "$MODTRAIN" sample --ckpt run/ckpt --prompt the --tokens 2 --ids x
