@@ -324,6 +324,7 @@ int hf_open(HfFolder *h, const char *dir, Err *err) {
     int rc = json_is_object(map) ? 0 : err_set(err, "ckpt: '%s' has no weight_map object", path);
     /* the distinct shards, in the order the map first names them */
     const char *names[HF_MAX_SHARDS];
+    int nn = 0;
     const char *key;
     json_t *v;
     json_object_foreach(map, key, v) {
@@ -335,21 +336,21 @@ int hf_open(HfFolder *h, const char *dir, Err *err) {
             break;
         }
         int k = 0;
-        while (k < h->nf && strcmp(names[k], s) != 0) k++;
-        if (k < h->nf) continue;
-        if (h->nf == HF_MAX_SHARDS) {
+        while (k < nn && strcmp(names[k], s) != 0) k++;
+        if (k < nn) continue;
+        if (nn == HF_MAX_SHARDS) {
             rc = err_set(err, "ckpt: '%s' names more than %d shards", path, HF_MAX_SHARDS);
             break;
         }
-        names[h->nf++] = s;
+        names[nn++] = s;
     }
-    if (!rc) {
-        h->f = xcalloc((size_t)h->nf + 1, sizeof(StFile));
-        for (int k = 0; k < h->nf && !rc; k++) {
+    if (!rc) { /* h->nf counts the shards read: what hf_close frees */
+        h->f = xcalloc((size_t)nn + 1, sizeof(StFile));
+        for (int k = 0; k < nn && !rc; k++) {
             char shard[4600];
             snprintf(shard, sizeof shard, "%s/%s", dir, names[k]);
             rc = st_read(&h->f[k], shard, err);
-            if (rc) h->nf = k; /* the ones read are freed */
+            if (!rc) h->nf++;
         }
     }
     json_object_foreach(map, key, v) { /* every tensor where the index says */
@@ -357,7 +358,7 @@ int hf_open(HfFolder *h, const char *dir, Err *err) {
         const StFile *f = NULL;
         const char *s = json_string_value(v);
         for (int k = 0; k < h->nf && !f; k++)
-            if (strcmp(strrchr(h->f[k].path, '/') + 1, s) == 0) f = &h->f[k];
+            if (strcmp(names[k], s) == 0) f = &h->f[k];
         if (!f || !st_find(f, key))
             rc = err_set(err, "ckpt: '%s' puts tensor '%.100s' in %s, which lacks it", path, key, s);
     }

@@ -14,7 +14,11 @@
 #   first loss is the one a dense checkpoint gives;
 # - what modtrain cannot build (rope_scaling, attention or MLP biases,
 #   another activation, another head_dim, another model_type) is one line,
-#   exit 2; an --out holding other files is refused untouched.
+#   exit 2; so are hostile folders: an index naming a file outside the
+#   folder, or the wrong shard, or no map; a cut index; neither weights
+#   file; a key of the wrong type or out of range; a layer too many; a
+#   tensor too many; a tensor in two shards (nothing imported); an --out
+#   holding other files is refused untouched.
 . "$(dirname "$0")/lib.sh"
 need_torch
 prep_fortunes
@@ -118,6 +122,57 @@ for c in "scaling:rope_scaling is set, but modtrain's rotary positions are unsca
     "mistral:model_type is 'mistral', not one modtrain builds (gpt2, llama)"; do
     expect_error "${c#*:}" "$MODTRAIN" ckpt import --in "${c%%:*}.hf" --ckpt "x-${c%%:*}"
 done
+# hostile folders (PyTorch's sharded one, edited): one line each, nothing imported
+PYTHONPATH="$srcdir/tests/scripts" "$PYTHON" - <<'PY'
+import json, os, shutil
+from torch_gpt import read_safetensors, write_safetensors
+def folder(name, index=None, config=None, shard1=None, drop=()):
+    shutil.copytree("torch.hf", name)
+    ix = json.load(open(name + "/model.safetensors.index.json"))
+    if index:
+        ix = index(ix)
+    if isinstance(ix, str):
+        open(name + "/model.safetensors.index.json", "w").write(ix)
+    else:
+        json.dump(ix, open(name + "/model.safetensors.index.json", "w"))
+    if config:
+        cfg = json.load(open(name + "/config.json"))
+        config(cfg)
+        json.dump(cfg, open(name + "/config.json", "w"))
+    if shard1:
+        f = name + "/model-00001-of-00002.safetensors"
+        t, _ = read_safetensors(f)
+        shard1(t)
+        write_safetensors(f, t, "BF16")
+    for d in drop:
+        os.remove(name + "/" + d)
+other, _ = read_safetensors("torch.hf/model-00002-of-00002.safetensors")
+first = sorted(other)[0]
+def retarget(ix, target):
+    ix["weight_map"][first] = target
+    return ix
+folder("h-escape.hf", index=lambda ix: retarget(ix, "../torch.hf/model-00002-of-00002.safetensors"))
+folder("h-wrong.hf", index=lambda ix: retarget(ix, "model-00001-of-00002.safetensors"))
+folder("h-map.hf", index=lambda ix: {"weight_map": ["x"]})
+folder("h-notjson.hf", index=lambda ix: '{"weight_map": {')
+folder("h-none.hf", drop=("model.safetensors.index.json",))
+folder("h-type.hf", config=lambda c: c.update(num_hidden_layers="2"))
+folder("h-layers.hf", config=lambda c: c.update(num_hidden_layers=3))
+folder("h-huge.hf", config=lambda c: c.update(hidden_size=10**9))
+folder("h-extra.hf", shard1=lambda t: t.update({"model.layers.0.mlp.bias": t["model.norm.weight"] if "model.norm.weight" in t else next(iter(t.values()))}))
+folder("h-twice.hf", shard1=lambda t: t.update({first: other[first]}))
+PY
+for c in "escape:maps to ../torch.hf/model-00002-of-00002.safetensors, not a file of the folder" \
+    "wrong:puts tensor '.*' in model-00001-of-00002.safetensors, which lacks it" \
+    "map:has no weight_map object" "notjson:is not JSON" \
+    "none:holds neither model.safetensors nor a readable index" \
+    "type:num_hidden_layers is not an integer" "layers:lacks tensor 'model.layers.2." \
+    "huge:hidden_size = 1000000000 cannot be modtrain's d_model" \
+    "extra:holds 21 tensors, and the model its config.json describes takes 20" \
+    "twice:appears in two shards"; do
+    expect_error "${c#*:}" "$MODTRAIN" ckpt import --in "h-${c%%:*}.hf" --ckpt "x-${c%%:*}"
+done
+[ -z "$(ls -d x-* 2> /dev/null)" ] && ok "no hostile folder left a checkpoint" || fail "imported: $(ls -d x-*)"
 mkdir other && echo notes > other/README.md
 expect_error "'other' holds 'README.md', which no export writes" "$MODTRAIN" ckpt export --ckpt dense/ckpt --format hf --out other
 [ "$(ls other)" = README.md ] && ok "the refused --out is untouched" || fail "the refused --out changed: $(ls other)"
