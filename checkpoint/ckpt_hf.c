@@ -189,16 +189,11 @@ static int is_mask_buffer(const char *name, int L) {
     return strcmp(dot, ".attn.bias") == 0 || strcmp(dot, ".attn.masked_bias") == 0;
 }
 
-/* A router's or a predictor's tensor. */
-static int is_mod_tensor(const ParamInfo *p) {
-    return strstr(p->name, ".router.") || strstr(p->name, ".predictor.");
-}
-
 int ckpt_check_safetensors(const StFile *f, const ModelDims *d, int fresh_routing, Err *err) {
     ParamInfo *reg;
     int n = model_registry(d, &reg), rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {
-        if (fresh_routing && is_mod_tensor(&reg[i])) continue;
+        if (fresh_routing && param_is_routing(reg[i].name)) continue;
         const StTensor *t = st_find(f, reg[i].name);
         StOut want;
         export_shape(&reg[i], &want);
@@ -231,7 +226,7 @@ int ckpt_load_safetensors(const StFile *f, Model *m, int fresh_routing, Err *err
     if (ckpt_check_safetensors(f, &whole, fresh_routing, err) != 0) return -1;
     for (int i = 0; i < m->nreg; i++) {
         const ParamInfo *p = &m->reg[i];
-        if (fresh_routing && is_mod_tensor(p)) continue; /* as initialised */
+        if (fresh_routing && param_is_routing(p->name)) continue; /* as initialised */
         const StTensor *t = st_find(f, p->name);
         size_t limit = st_numel(t);
         float *dst = m->params + p->offset;

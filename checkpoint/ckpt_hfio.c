@@ -27,8 +27,7 @@
 
 int hf_parts(const ModelDims *d, const ParamInfo *p, HfPart *out) {
     const int cols = p->shape[1];
-    if (strstr(p->name, ".router.") || strstr(p->name, ".predictor.") ||
-        strstr(p->name, ".experts."))
+    if (param_is_routing(p->name) || strstr(p->name, ".experts."))
         return 0; /* Mixture-of-Depths and -Experts: nothing Hugging Face's models have */
     if (d->arch == ARCH_GPT2) {
         out[0] = (HfPart){.c0 = 0, .c1 = cols, .tr = 0};

@@ -161,10 +161,6 @@ void ckpt_run_state_free(CkptRunState *rs) {
     rs->n_data = 0;
 }
 
-static int is_routing(const char *name) {
-    return strstr(name, ".router.") || strstr(name, ".predictor.");
-}
-
 /* ckpt_load, and ckpt_load_weights (opt NULL) under fresh_routing. */
 static int load(const char *stepdir, Model *m, AdamW *opt, int *had_moments, int fresh_routing,
                 Err *err) {
@@ -179,13 +175,13 @@ static int load(const char *stepdir, Model *m, AdamW *opt, int *had_moments, int
     /* padded vocabulary rows are in no chunk: they start at zero (a fresh
      * router and predictor keep their values) */
     for (int i = 0; i < m->nreg; i++)
-        if (!fresh_routing || !is_routing(m->reg[i].name))
+        if (!fresh_routing || !param_is_routing(m->reg[i].name))
             memset(m->params + m->reg[i].offset, 0, m->reg[i].numel * sizeof(float));
     n += model_slices(m, m->params, "param", NULL, slices + n);
     if (fresh_routing) { /* the checkpoint has none: leave their slices out */
         int k = 0;
         for (int i = 0; i < n; i++)
-            if (!is_routing(slices[i].name)) slices[k++] = slices[i];
+            if (!param_is_routing(slices[i].name)) slices[k++] = slices[i];
         n = k;
     }
     if (opt) {

@@ -443,6 +443,9 @@ void model_init_weights(Model *m, uint64_t seed);
 
 /* Global index (row-major in the global shape) of local element i of p. */
 size_t param_global_index(const ParamInfo *p, int tp, int tp_rank, size_t i);
+/* Whether a tensor (by its registry or checkpoint name) is a router's or
+ * a MoD predictor's. */
+int param_is_routing(const char *name);
 /* Registry row by name, or NULL. */
 const ParamInfo *model_find_param(const Model *m, const char *name);
 /* The tied embedding's registry row, or NULL on stages without it (and

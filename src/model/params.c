@@ -185,6 +185,10 @@ const ParamInfo *model_find_param(const Model *m, const char *name) {
     return NULL;
 }
 
+int param_is_routing(const char *name) {
+    return strstr(name, ".router.") || strstr(name, ".predictor.");
+}
+
 const ParamInfo *model_tied_param(const Model *m) {
     for (int i = 0; i < m->nreg; i++)
         if (m->reg[i].tied) return &m->reg[i];

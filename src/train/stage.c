@@ -114,7 +114,7 @@ static void run_routers_setup(Run *r) {
     t->hi = xmalloc(((size_t)m->nreg + 1) * sizeof(size_t));
     for (int i = 0; i < m->nreg; i++) {
         const ParamInfo *p = &m->reg[i];
-        if (!strstr(p->name, ".router.") && !strstr(p->name, ".predictor.")) continue;
+        if (!param_is_routing(p->name)) continue;
         t->lo[t->n] = p->offset, t->hi[t->n] = p->offset + p->numel;
         t->floats += p->numel;
         t->n++;
