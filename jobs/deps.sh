@@ -17,7 +17,8 @@ for opt in "$@"; do
     case $opt in --help | -h) usage; exit 0 ;; esac
 done
 pkgs="build-essential autoconf automake libtool pkg-config libopenmpi-dev openmpi-bin
-      libblis-dev libcunit1-dev zlib1g-dev libzstd-dev zstd libjansson-dev libpcre2-dev fortunes python3 python3-torch gnuplot-nox strace iproute2"
+      libblis-dev libcunit1-dev zlib1g-dev libzstd-dev zstd libjansson-dev libpcre2-dev fortunes python3 python3-torch gnuplot-nox strace iproute2
+      python3-protobuf python3-crc32c man-db lmod"
 for opt in "$@"; do
     case $opt in
     --slurm) pkgs="$pkgs slurm-wlm munge" ;;

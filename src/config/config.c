@@ -162,6 +162,8 @@ static const KeySpec keys[] = {
      "Face folder (GPT-2's or Llama's); a dense model's for a Mixture-of-Depths run, whose "
      "routers start fresh"},
     {"run_dir", K_STR, 0, OFF(run_dir), "runs/default", 0, 0, 0, NULL, "metrics.jsonl goes here"},
+    {"tensorboard", K_INT, 0, OFF(tensorboard), "0", 0, 1, 0, NULL,
+     "1 = also write TensorBoard event files to run_dir/tb (rank 0; flushed at each log line)"},
     {"log_every", K_INT, 0, OFF(log_every), "10", 1, 1 << 30, 0, NULL,
      "progress line every n steps"},
     {"time_limit", K_FLOAT, 0, OFF(time_limit), "0", 0, BIG, 0, NULL,
@@ -497,6 +499,14 @@ static int config_opt(const char *a) {
     return a[8] == '=' ? 2 : 1;
 }
 
+/* A key whose values are 0 and 1, which alone on the command line means 1. */
+static int is_switch(const char *name) {
+    char n[128];
+    norm_key(n, sizeof n, name);
+    const KeySpec *k = find_key(n);
+    return k && k->type == K_INT && k->min == 0 && k->max == 1;
+}
+
 int config_from_args(Config *c, int argc, char **argv, Err *err) {
     /* The file first, so that command-line keys override it wherever they are. */
     for (int i = 0; i < argc; i++) {
@@ -529,10 +539,13 @@ int config_from_args(Config *c, int argc, char **argv, Err *err) {
             val = eq + 1;
         } else {
             snprintf(key, sizeof key, "%s", a + 2);
-            if (i + 1 >= argc) {
+            if (is_switch(key) && (i + 1 >= argc || strncmp(argv[i + 1], "--", 2) == 0)) {
+                val = "1"; /* a 0|1 key alone: --tensorboard */
+            } else if (i + 1 >= argc) {
                 return err_set(err, "--%s: missing value", key);
+            } else {
+                val = argv[++i];
             }
-            val = argv[++i];
         }
         snprintf(where, sizeof where, "--%s", key);
         if (config_set(c, key, val, where, err) != 0) return -1;

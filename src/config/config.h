@@ -97,6 +97,7 @@ typedef struct {
     char init_from[CONFIG_STR]; /* "" or the weights a new run starts from */
     char run_dir[CONFIG_STR];
     int log_every;
+    int tensorboard;   /* 1: run_dir/tb/events.out.tfevents.* */
     double time_limit; /* seconds; save and stop before the run uses more; 0 = none;
                           CONFIG_TIME_LIMIT_AUTO: the SLURM job's end */
     OnNonfinite on_nonfinite;

@@ -26,13 +26,6 @@ static double run_val_loss(Run *r, RouteMode mode, double *part, Err *err) {
     return total;
 }
 
-static void print_parts(FILE *f, const char *key, const double *v, int n) {
-    if (n < 2) return;
-    mprintf(f, ",\"%s\":[", key);
-    for (int d = 0; d < n; d++) mprintf(f, "%s%.6f", d ? "," : "", v[d]);
-    mprintf(f, "]");
-}
-
 /* Validation every eval_every steps and after the last. Returns 0, or -1
  * when a read failed (err set). */
 int run_validate(Run *r, int done, Err *err) {
@@ -47,8 +40,10 @@ int run_validate(Run *r, int done, Err *err) {
     const double vl = run_val_loss(r, ROUTE_TOPK, parts, err);
     if (isnan(vl)) return -1;
     const double acc = r->n_routed ? (double)m->stats.agree / (double)m->stats.decisions : 0;
-    mprintf(r->metrics, "{\"step\":%d,\"val_loss\":%.6f", done, vl);
-    print_parts(r->metrics, "val_loss_parts", parts, np);
+    Record *rec = &r->rec;
+    record_begin(rec, REC_VAL, done);
+    record_num(rec, MF_VAL_LOSS, vl);
+    if (np > 1) record_list(rec, MF_VAL_LOSS_PARTS, parts, np);
     char each[DS_MAX_PARTS * 24] = "";
     for (int d = 0; np > 1 && d < np; d++)
         snprintf(each + strlen(each), sizeof each - strlen(each), "%s%.4f", d ? ", " : " (", parts[d]);
@@ -56,14 +51,16 @@ int run_validate(Run *r, int done, Err *err) {
     if (r->n_routed) {
         const double vc = run_val_loss(r, ROUTE_CAUSAL, causal, err);
         if (isnan(vc)) return -1;
-        mprintf(r->metrics, ",\"val_loss_causal\":%.6f,\"predictor_accuracy\":%.6f", vc, acc);
-        print_parts(r->metrics, "val_loss_causal_parts", causal, np);
+        record_num(rec, MF_VAL_LOSS_CAUSAL, vc);
+        record_num(rec, MF_PREDICTOR_ACCURACY, acc);
+        if (np > 1) record_list(rec, MF_VAL_LOSS_CAUSAL_PARTS, causal, np);
         say_log(r->say, "step %d | val_loss %.4f%s | val_loss_causal %.4f | predictor accuracy %.2f%%\n",
              done, vl, each, vc, 100 * acc);
     } else {
         say_log(r->say, "step %d | val_loss %.4f%s\n", done, vl, each);
     }
-    mprintf(r->metrics, "}\n");
+    run_emit(r);
+    run_flush_tb(r);
     r->last_eval_s = now_s() - t0;
     phases_add(&r->ph, PH_EVAL, now_s() - t0);
     return 0;

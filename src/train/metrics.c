@@ -16,13 +16,11 @@
 #include "src/plan/plan.h"
 #include "src/train/run.h"
 
-/* fprintf to the metrics file, which only rank 0 has open. */
-void mprintf(FILE *f, const char *fmt, ...) {
-    if (!f) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vfprintf(f, fmt, ap);
-    va_end(ap);
+void run_emit(Run *r) {
+    Record *rec = &r->rec;
+    record_end(rec);
+    if (r->metrics) fwrite(rec->json, 1, rec->len, r->metrics);
+    tb_add(r->tb, rec);
 }
 
 /* Rank 0's metrics reach the file system at each step's end. When they
@@ -45,12 +43,26 @@ void run_flush_metrics(Run *r) {
     run_metrics_lost(r, why);
 }
 
+/* As the metrics: a TensorBoard file that cannot be written is one warning,
+ * and the run goes on without it. */
+void run_flush_tb(Run *r) {
+    Err err;
+    if (!r->tb || tb_flush(r->tb, &err) == 0) return;
+    say_error(r->say, "tensorboard: %s; the run goes on without its event file", err.msg);
+    tb_close(r->tb, NULL);
+    r->tb = NULL;
+}
+
 void run_close_metrics(Run *r) {
     char path[CONFIG_STR + 32];
     snprintf(path, sizeof path, "%s/metrics.jsonl", r->cfg.run_dir);
     Err err;
     if (r->metrics && close_output(r->metrics, path, &err) != 0) run_metrics_lost(r, err.msg);
     r->metrics = NULL;
+    if (r->tb && tb_close(r->tb, &err) != 0)
+        say_error(r->say, "tensorboard: %s; its event file may lack the last steps", err.msg);
+    r->tb = NULL;
+    record_free(&r->rec);
 }
 
 /* Rank 0 alone writes the metrics. Returns 0 or -1 with err set (ranks_agree). */
@@ -64,6 +76,12 @@ int run_open_metrics(Run *r, Err *err) {
             rc = err_set(err, "run_dir: cannot create '%s': %s", r->cfg.run_dir, strerror(errno));
         else if (!(r->metrics = open_output(path, 1, &why)))
             rc = err_set(err, "run_dir: %s (metrics.jsonl must be a regular file)", why.msg);
+        snprintf(path, sizeof path, "%s/tb", r->cfg.run_dir);
+        /* the launch's first record is step start + 1: TensorBoard drops
+         * what earlier launches wrote from there on */
+        if (rc == 0 && r->cfg.tensorboard && !(r->tb = tb_open(path, r->start + 1, &why)))
+            rc = err_set(err, "tensorboard: %s (run_dir/tb must be a folder modtrain may write)",
+                         why.msg);
     }
     return ranks_agree(rc, err, r->grid.world);
 }
@@ -224,31 +242,30 @@ double run_step_flops(Run *r) {
  * share of its slots each expert kept (real ones, then no-ops) and the share
  * dropped, and the mean load-balancing loss. Returns the drop rate over
  * every MoE block (0 without experts). */
-static double run_log_moe(const Run *r) {
+static double run_log_moe(Run *r) {
     const ModelDims *d = &r->m.d;
     const RouteStats *st = &r->m.stats;
     if (d->E == 0) return 0;
     const int w = d->E + d->Nn + 2;
+    const int cols = d->E + d->Nn;
     long long dropped = 0, all = 0;
-    mprintf(r->metrics, ",\"expert_load\":[");
-    for (int l = 0, k = 0; l < d->L; l++) {
+    double *load = xmalloc((size_t)d->L * (size_t)cols * sizeof(double));
+    double *drop = xmalloc((size_t)d->L * sizeof(double));
+    int k = 0;
+    for (int l = 0; l < d->L; l++) {
         if (!model_is_moe(d, l)) continue;
         const long long *v = st->moe + (size_t)l * w;
         const double n = v[w - 1] > 0 ? (double)v[w - 1] : 1.0;
-        mprintf(r->metrics, "%s[", k++ ? "," : "");
-        for (int e = 0; e < d->E + d->Nn; e++) mprintf(r->metrics, "%s%.6f", e ? "," : "", v[e] / n);
-        mprintf(r->metrics, "]");
+        for (int e = 0; e < cols; e++) load[(size_t)k * cols + e] = v[e] / n;
+        drop[k++] = v[w - 1] > 0 ? (double)v[w - 2] / (double)v[w - 1] : 0.0;
         dropped += v[w - 2], all += v[w - 1];
     }
-    mprintf(r->metrics, "],\"expert_drop\":[");
-    for (int l = 0, k = 0; l < d->L; l++) {
-        if (!model_is_moe(d, l)) continue;
-        const long long *v = st->moe + (size_t)l * w;
-        mprintf(r->metrics, "%s%.6f", k++ ? "," : "",
-                v[w - 1] > 0 ? (double)v[w - 2] / (double)v[w - 1] : 0.0);
-    }
-    mprintf(r->metrics, "],\"moe_aux\":%.6f",
-            st->moe_forwards ? st->moe_aux_sum / (double)st->moe_forwards : 0.0);
+    record_rows(&r->rec, MF_EXPERT_LOAD, load, k, cols);
+    record_list(&r->rec, MF_EXPERT_DROP, drop, k);
+    record_num(&r->rec, MF_MOE_AUX,
+               st->moe_forwards ? st->moe_aux_sum / (double)st->moe_forwards : 0.0);
+    free(load);
+    free(drop);
     return all > 0 ? (double)dropped / (double)all : 0.0;
 }
 
@@ -259,36 +276,45 @@ void run_log(Run *r, int step, const StepResult *s) {
     const int done = step + 1;
     const double tps = r->step_tokens / s->dt, mfu = s->fpt * tps / (r->job_peak_gflops * 1e9);
     double aux = 0, acc = 0;
-    mprintf(r->metrics, "{\"step\":%d,\"samples\":%lld,\"data_hash\":\"%016" PRIx64
-            "\",\"loss\":%.6f",
-            done, r->rs.samples, s->data_hash, s->loss);
+    Record *rec = &r->rec;
+    record_begin(rec, REC_STEP, done);
+    record_int(rec, MF_SAMPLES, r->rs.samples);
+    record_hex(rec, MF_DATA_HASH, s->data_hash);
+    record_num(rec, MF_LOSS, s->loss);
     if (r->train.n_parts > 1) { /* each dataset's share of the samples so far */
-        mprintf(r->metrics, ",\"data_share\":[");
+        double share[DS_MAX_PARTS];
         for (int d = 0; d < r->train.n_parts; d++)
-            mprintf(r->metrics, "%s%.6f", d ? "," : "",
-                    (double)ds_part_count(&r->train, d, (uint64_t)r->rs.samples) /
-                        (double)r->rs.samples);
-        mprintf(r->metrics, "]");
+            share[d] = (double)ds_part_count(&r->train, d, (uint64_t)r->rs.samples) /
+                       (double)r->rs.samples;
+        record_list(rec, MF_DATA_SHARE, share, r->train.n_parts);
     }
     if (r->n_routed) {
         aux = (r->m.d.predictor ? st->pred_sum : st->aux_sum) / (double)st->decisions;
         acc = (double)st->agree / (double)st->decisions;
-        mprintf(r->metrics, ",\"aux_loss\":%.6f,\"predictor_accuracy\":%.6f", aux, acc);
+        record_num(rec, MF_AUX_LOSS, aux);
+        record_num(rec, MF_PREDICTOR_ACCURACY, acc);
     }
     const double drop = run_log_moe(r);
-    mprintf(r->metrics,
-            ",\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"step_time_ms\":%.3f,"
-            "\"mfu\":%.4f,\"flops_per_token\":%.0f,\"flops_ratio_dense\":%.4f,"
-            "\"tp_bytes\":%llu,\"dp_bytes\":%llu,\"pp_bytes\":%llu,\"ep_bytes\":%llu,"
-            "\"pp_live\":%d,\"pp_bubble\":%.4f",
-            s->lr, s->grad_norm, tps, s->dt * 1e3, mfu, s->fpt, s->fpt / r->dense_fpt, s->tp_bytes,
-            s->dp_bytes, s->pp_bytes, s->ep_bytes, s->live, s->bubble);
+    record_num(rec, MF_LR, s->lr);
+    record_num(rec, MF_GRAD_NORM, s->grad_norm);
+    record_num(rec, MF_TOKENS_PER_S, tps);
+    record_num(rec, MF_STEP_TIME_MS, s->dt * 1e3);
+    record_num(rec, MF_MFU, mfu);
+    record_num(rec, MF_FLOPS_PER_TOKEN, s->fpt);
+    record_num(rec, MF_FLOPS_RATIO_DENSE, s->fpt / r->dense_fpt);
+    record_int(rec, MF_TP_BYTES, (long long)s->tp_bytes);
+    record_int(rec, MF_DP_BYTES, (long long)s->dp_bytes);
+    record_int(rec, MF_PP_BYTES, (long long)s->pp_bytes);
+    record_int(rec, MF_EP_BYTES, (long long)s->ep_bytes);
+    record_int(rec, MF_PP_LIVE, s->live);
+    record_num(rec, MF_PP_BUBBLE, s->bubble);
+    if (r->use_zero) record_int(rec, MF_DP_GATHER_BYTES, (long long)s->dp_gather_bytes);
     /* above 100%: the peak was measured too low (outside load), never clamped */
-    if (r->use_zero) mprintf(r->metrics, ",\"dp_gather_bytes\":%llu", s->dp_gather_bytes);
-    if (mfu > 1) mprintf(r->metrics, ",\"peak_mismeasured\":true");
-    phases_json(&r->ph, r->grid.world, r->metrics);
-    mprintf(r->metrics, "}\n");
+    if (mfu > 1) record_true(rec, MF_PEAK_MISMEASURED);
+    phases_record(&r->ph, r->grid.world, rec);
+    run_emit(r);
     if (done % c->log_every != 0 && done != c->steps && step != r->start) return;
+    run_flush_tb(r);
     char eta[32], mod[160] = "";
     double per = r->steps_timed ? r->time_timed / r->steps_timed : s->dt;
     format_duration(eta, sizeof eta, per * (c->steps - done));

@@ -56,7 +56,7 @@ static void reduce(const double *v, MPI_Comm comm, double *sum, double *lo, doub
     MPI_CHECK(MPI_Reduce(v, hi, NV, MPI_DOUBLE, MPI_MAX, 0, comm));
 }
 
-void phases_json(const Phases *p, MPI_Comm comm, FILE *f) {
+void phases_record(const Phases *p, MPI_Comm comm, Record *rec) {
     double v[NV], sum[NV], lo[NV], hi[NV];
     memcpy(v, p->last, sizeof p->last);
     v[PH_N] = p->last_len;
@@ -64,15 +64,18 @@ void phases_json(const Phases *p, MPI_Comm comm, FILE *f) {
     int n, rank;
     reduce(v, comm, sum, lo, hi, &n);
     MPI_CHECK(MPI_Comm_rank(comm, &rank));
-    if (rank != 0 || !f) return;
-    fprintf(f, ",\"interval_ms\":%.3f,\"phase_ms\":{", sum[PH_N] / n * 1e3);
-    for (int i = 0; i < PH_N; i++)
-        fprintf(f, "%s\"%s\":%.3f", i ? "," : "", names[i], sum[i] / n * 1e3);
-    fprintf(f, "},\"wait_ms\":{");
-    for (int i = 0, k = 0; i < PH_N; i++)
-        if (is_wait(i))
-            fprintf(f, "%s\"%s\":[%.3f,%.3f]", k++ ? "," : "", names[i], lo[i] * 1e3, hi[i] * 1e3);
-    fprintf(f, "},\"gemm_ms\":%.3f", sum[PH_N + 1] / n * 1e3);
+    if (rank != 0) return;
+    double mean[PH_N], wlo[PH_N], whi[PH_N];
+    const char *wait[PH_N];
+    int k = 0;
+    for (int i = 0; i < PH_N; i++) {
+        mean[i] = sum[i] / n * 1e3;
+        if (is_wait(i)) wait[k] = names[i], wlo[k] = lo[i] * 1e3, whi[k++] = hi[i] * 1e3;
+    }
+    record_num(rec, MF_INTERVAL_MS, sum[PH_N] / n * 1e3);
+    record_named(rec, MF_PHASE_MS, names, mean, PH_N);
+    record_ranges(rec, MF_WAIT_MS, wait, wlo, whi, k);
+    record_num(rec, MF_GEMM_MS, sum[PH_N + 1] / n * 1e3);
 }
 
 void phases_summary(const Phases *p, MPI_Comm comm, const Say *say) {

@@ -14,6 +14,7 @@
 #include <mpi.h>
 #include <stdio.h>
 
+#include "src/train/record.h"
 #include "src/train/shared.h"
 
 typedef enum {
@@ -49,13 +50,12 @@ void phases_start(Phases *p);
 void phases_add(Phases *p, Phase ph, double s);
 /* Ends the current interval now (other = its length less the phases). */
 void phases_end_step(Phases *p);
-/* Collective over comm: appends the last interval's phases to a metrics
- * line on rank 0 (mean over ranks in ms, and min and max of the waits):
- * ,"interval_ms":X,"phase_ms":{...},"wait_ms":{"tp_comm":[min,max],...},"gemm_ms":G
- * (G: the time in sgemm calls, inside forward, backward, optimizer and eval)
- * (phases: forward, backward, tp_comm, ep_comm, dp_comm, pp_wait, optimizer,
- * ckpt_stall, eval, data, other) */
-void phases_json(const Phases *p, MPI_Comm comm, FILE *f);
+/* Collective over comm: adds the last interval's phases to rank 0's
+ * metrics record (mean over ranks in ms, and min and max of the waits):
+ * interval_ms, phase_ms (forward, backward, tp_comm, ep_comm, dp_comm,
+ * pp_wait, optimizer, ckpt_stall, eval, data, other), wait_ms and gemm_ms
+ * (the time in sgemm calls, inside forward, backward, optimizer and eval). */
+void phases_record(const Phases *p, MPI_Comm comm, Record *rec);
 /* Collective over comm: the run's table, said by rank 0, with the share
  * of the compute phases (forward, backward, optimizer, eval) spent in
  * sgemm calls. */

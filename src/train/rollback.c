@@ -21,8 +21,10 @@
 TrainStatus run_nonfinite(Run *r, int *step, const StepResult *s, Err *err) {
     const Config *c = &r->cfg;
     const int done = *step + 1;
-    mprintf(r->metrics, "{\"step\":%d,\"nonfinite\":1,\"batch\":%lld}\n", done,
-            (long long)*step + r->rs.batch_offset);
+    record_begin(&r->rec, REC_NONFINITE, done);
+    record_int(&r->rec, MF_NONFINITE, 1);
+    record_int(&r->rec, MF_BATCH, (long long)*step + r->rs.batch_offset);
+    run_emit(r);
     if (c->on_nonfinite == NONFINITE_STOP) {
         err_set(err, "train: loss %g, gradient norm %g at step %d: no update made; stopping with "
                 "exit %d (lower lr, check the data, or set on_nonfinite = rollback)",

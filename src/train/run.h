@@ -21,7 +21,9 @@
 #include "src/model/model.h"
 #include "src/model/optim.h"
 #include "src/train/phases.h"
+#include "src/train/record.h"
 #include "src/train/shared.h"
+#include "src/train/tboard.h"
 #include "src/train/trainer.h"
 
 /* Everything a training run holds. The *_ready flags say what setup reached,
@@ -45,6 +47,8 @@ typedef struct {
     int *inputs, *targets; /* (local_batch, T): this rank's sequences of the step */
     double *frac;          /* (L) share of tokens each block processed */
     FILE *metrics;         /* rank 0 only */
+    TBoard *tb;            /* rank 0's, under tensorboard = 1 */
+    Record rec;            /* the metrics line being built */
     FILE *data_trace;      /* MODTRAIN_DATA_TRACE: every sample this dp rank reads */
     int threads, n_routed, start;
     double peak_gflops, job_peak_gflops, dense_fpt, step_tokens;
@@ -124,8 +128,12 @@ int run_setup_model(Run *r, Err *err);
 int train_peak_gflops(const Config *c, int threads, double *peak, char *how, size_t n, Err *err);
 void run_banner(const Run *r);
 int run_open_metrics(Run *r, Err *err);
-void mprintf(FILE *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Writes r->rec (record_end'ed here) to metrics.jsonl and its scalars to
+ * the TensorBoard file (rank 0; the others' records are dropped). */
+void run_emit(Run *r);
 void run_flush_metrics(Run *r);
+/* The TensorBoard file reaches the file system: at each log line. */
+void run_flush_tb(Run *r);
 void run_close_metrics(Run *r);
 double run_step_flops(Run *r);
 void run_log(Run *r, int step, const StepResult *s);

@@ -33,18 +33,27 @@ static void run_report_save(Run *r, int done, int step, double dt, double stall,
          "after\n",
          r->ckpt_dir, step, dt, how, raw, mb_s, ratio, st->planes_deflated, st->planes,
          r->grid.world_size, r->grid.world_size == 1 ? "" : "s", lo, hi, p0, p1);
-    mprintf(r->metrics,
-            "{\"step\":%d,\"ckpt_step\":%d,\"ckpt_async\":%d,\"ckpt_s\":%.4f,\"ckpt_mb_s\":%.1f,"
-            "\"ckpt_ratio\":%.4f,\"ckpt_share_min_mb\":%.3f,\"ckpt_share_max_mb\":%.3f,"
-            "\"ckpt_rss_before_mb\":%.1f,\"ckpt_rss_after_mb\":%.1f}\n",
-            done, step, async, dt, mb_s, ratio, st->share_min / 1e6, st->share_max / 1e6,
-            rss0 / 1e6, rss1 / 1e6);
+    Record *rec = &r->rec;
+    record_begin(rec, REC_CKPT, done);
+    record_int(rec, MF_CKPT_STEP, step);
+    record_int(rec, MF_CKPT_ASYNC, async);
+    record_num(rec, MF_CKPT_S, dt);
+    record_num(rec, MF_CKPT_MB_S, mb_s);
+    record_num(rec, MF_CKPT_RATIO, ratio);
+    record_num(rec, MF_CKPT_SHARE_MIN_MB, st->share_min / 1e6);
+    record_num(rec, MF_CKPT_SHARE_MAX_MB, st->share_max / 1e6);
+    record_num(rec, MF_CKPT_RSS_BEFORE_MB, rss0 / 1e6);
+    record_num(rec, MF_CKPT_RSS_AFTER_MB, rss1 / 1e6);
+    run_emit(r);
+    run_flush_tb(r);
 }
 
 /* The metrics record of a step boundary that waited for checkpoint work,
  * which the next step's phases count. */
 void run_log_stall(Run *r, int done, double stall) {
-    mprintf(r->metrics, "{\"step\":%d,\"ckpt_stall_ms\":%.3f}\n", done, stall * 1e3);
+    record_begin(&r->rec, REC_STALL, done);
+    record_num(&r->rec, MF_CKPT_STALL_MS, stall * 1e3);
+    run_emit(r);
     phases_add(&r->ph, PH_CKPT, stall);
 }
 

@@ -96,6 +96,15 @@ static void test_file_and_overrides(void) {
     CU_ASSERT_EQUAL(config_from_args(&c, 1, missing, &e), -1);
     char *stray[] = {"steps", "3"};
     CU_ASSERT_EQUAL(config_from_args(&c, 2, stray, &e), -1);
+    /* a 0|1 key alone is 1, before another option or at the end; others need a value */
+    char *alone[] = {"--tensorboard", "--zero"};
+    CU_ASSERT_EQUAL(config_from_args(&c, 2, alone, &e), 0);
+    CU_ASSERT(c.tensorboard == 1 && c.zero == 1);
+    char *given[] = {"--tensorboard", "0"};
+    CU_ASSERT_EQUAL(config_from_args(&c, 2, given, &e), 0);
+    CU_ASSERT_EQUAL(c.tensorboard, 0);
+    char *bare[] = {"--n_layer", "--lr", "0.1"};
+    CU_ASSERT_EQUAL(config_from_args(&c, 3, bare, &e), -1);
     FILE *f = fopen(path, "w");
     fputs("n_layer 3\n", f); /* no '=' */
     fclose(f);
