@@ -20,6 +20,7 @@
 #include "checkpoint/safetensors.h"
 #include "src/cmd/cli.h"
 #include "src/cmd/cmd.h"
+#include "src/cmd/doc.h"
 #include "src/config/config.h"
 #include "src/tokenizer/bpe.h"
 
@@ -639,25 +640,60 @@ static int import_main(int argc, char **argv) {
     return rc;
 }
 
+/* The subcommands: ckpt --help, the dispatch and the reference. */
+static const struct {
+    const char *name, *args, *summary;
+    int (*main)(int argc, char **argv);
+} subs[] = {
+    {"list", "--ckpt DIR", "checkpoints of a ckpt_dir, verified", list_main},
+    {"verify", "--ckpt DIR", "every chunk's CRC32", verify_main},
+    {"inspect", "--ckpt DIR", "config, state, layout, tensors and chunks", inspect_main},
+    {"diff", "--a DIR --b DIR [--tol X]", "compare two checkpoints tensor by tensor", diff_main},
+    {"export", "--ckpt DIR --format safetensors|hf --out FILE|FOLDER",
+     "a safetensors file, or a Hugging Face folder", export_main},
+    {"import", "--in FILE|FOLDER --ckpt DIR [--n_head N]",
+     "a safetensors file or a Hugging Face folder as a checkpoint", import_main},
+};
+#define NSUBS ((int)(sizeof subs / sizeof subs[0]))
+
+static void ckpt_help(void) {
+    static const char usage[] = "modtrain ckpt list|verify|inspect|diff|export|import [options]";
+    if (doc_format == DOC_TEXT) {
+        printf("usage: %s\n", usage);
+        for (int i = 0; i < NSUBS; i++)
+            printf("  %-8s %s\n  %-8s   %s\n", subs[i].name, subs[i].args, "", subs[i].summary);
+        printf("'modtrain ckpt SUBCOMMAND --help' describes each.\n");
+        return;
+    }
+    doc_usage(usage);
+    doc_section("DESCRIPTION");
+    doc_para("Lists, checks, compares, exports and imports checkpoints: a ckpt_dir's "
+             "step-NNNNNNNN folders, each an index and a data file.");
+    if (doc_format == DOC_MAN) doc_section("SUBCOMMANDS");
+    doc_nested = 1;
+    for (int i = 0; i < NSUBS; i++) {
+        char title[64];
+        snprintf(title, sizeof title, "modtrain ckpt %s", subs[i].name);
+        doc_section(title);
+        char help[] = "--help", *argv[] = {help, NULL};
+        subs[i].main(1, argv);
+    }
+    doc_nested = 0;
+}
+
 int ckpt_main(int argc, char **argv) {
     if (argc < 1 || cli_is_help(argv[0])) {
-        printf("usage: modtrain ckpt list|verify|inspect|diff|export|import [options]\n"
-               "  list    --ckpt DIR       checkpoints of a ckpt_dir, verified\n"
-               "  verify  --ckpt DIR       every chunk's CRC32\n"
-               "  inspect --ckpt DIR       config, state, layout, tensors and chunks\n"
-               "  diff    --a DIR --b DIR [--tol X]   compare two checkpoints tensor by tensor\n"
-               "  export  --ckpt DIR --format safetensors --out FILE\n"
-               "          --ckpt DIR --format hf --out FOLDER   (a Hugging Face folder)\n"
-               "  import  --in FILE|FOLDER --ckpt DIR [--n_head N]\n");
-        return argc < 1 ? EXIT_USAGE : EXIT_OK;
+        if (argc < 1) {
+            errorf("ckpt: which subcommand? (expected list, verify, inspect, diff, export or "
+                   "import; see modtrain ckpt --help)");
+            return EXIT_USAGE;
+        }
+        ckpt_help();
+        return EXIT_OK;
     }
     const char *sub = argv[0];
-    if (strcmp(sub, "list") == 0) return list_main(argc - 1, argv + 1);
-    if (strcmp(sub, "verify") == 0) return verify_main(argc - 1, argv + 1);
-    if (strcmp(sub, "inspect") == 0) return inspect_main(argc - 1, argv + 1);
-    if (strcmp(sub, "diff") == 0) return diff_main(argc - 1, argv + 1);
-    if (strcmp(sub, "export") == 0) return export_main(argc - 1, argv + 1);
-    if (strcmp(sub, "import") == 0) return import_main(argc - 1, argv + 1);
+    for (int i = 0; i < NSUBS; i++)
+        if (strcmp(sub, subs[i].name) == 0) return subs[i].main(argc - 1, argv + 1);
     errorf("ckpt: unknown subcommand '%s' (expected list, verify, inspect, diff, export or import)",
            sub);
     return EXIT_USAGE;

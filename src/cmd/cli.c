@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "src/cmd/doc.h"
 #include "src/config/config.h"
 #include "src/base/util.h"
 
@@ -52,26 +53,6 @@ static const char *meta_of(const CliOpt *o) {
     return "";
 }
 
-static void print_help(const char *usage, const char *about, const CliOpt *opts) {
-    printf("usage: %s\n%s\n\noptions (dashes or underscores: --top-k is --top_k; --key=value "
-           "too):\n",
-           usage, about);
-    for (const CliOpt *o = opts; o->name; o++) {
-        char flag[96];
-        snprintf(flag, sizeof flag, "--%s%s%s", o->name, o->type == CLI_FLAG ? "" : " ",
-                 meta_of(o));
-        if (strlen(flag) > 22) printf("  %s\n  %-22s %s\n", flag, "", o->help);
-        else printf("  %-22s %s\n", flag, o->help);
-    }
-}
-
-void cli_typed_name(char *buf, size_t n, const char *arg, const char *name) {
-    const int len = cli_typed_len(arg);
-    if ((size_t)len == strlen(name) + 2 && strncmp(arg + 2, name, (size_t)len - 2) == 0)
-        snprintf(buf, n, "%.*s", len, arg);
-    else snprintf(buf, n, "%.*s (%s)", len, arg, name);
-}
-
 /* "an integer in [0, 4096]", "a number >= 0" */
 static void range_text(const CliOpt *o, char *buf, size_t n) {
     const char *what = o->type == CLI_FLOAT ? "a number" : "an integer";
@@ -80,6 +61,42 @@ static void range_text(const CliOpt *o, char *buf, size_t n) {
         snprintf(buf, n, "%s >= %g", what, o->min);
     else if (o->type == CLI_FLOAT) snprintf(buf, n, "%s in [%g, %g]", what, o->min, o->max);
     else snprintf(buf, n, "%s in [%lld, %lld]", what, (long long)o->min, (long long)o->max);
+}
+
+void cli_print_help(const char *usage, const char *about, const CliOpt *opts) {
+    if (doc_format == DOC_TEXT) {
+        printf("usage: %s\n%s\n\noptions (dashes or underscores: --top-k is --top_k; --key=value "
+               "too):\n",
+               usage, about);
+        for (const CliOpt *o = opts; o->name; o++) {
+            char flag[96];
+            snprintf(flag, sizeof flag, "--%s%s%s", o->name, o->type == CLI_FLAG ? "" : " ",
+                     meta_of(o));
+            if (strlen(flag) > 22) printf("  %s\n  %-22s %s\n", flag, "", o->help);
+            else printf("  %-22s %s\n", flag, o->help);
+        }
+        return;
+    }
+    doc_usage(usage);
+    if (!doc_nested) doc_section("DESCRIPTION");
+    doc_para(about);
+    if (!doc_nested) doc_section("OPTIONS");
+    for (const CliOpt *o = opts; o->name; o++) {
+        char flag[96], range[96];
+        snprintf(flag, sizeof flag, "--%s", o->name);
+        range_text(o, range, sizeof range);
+        const int ranged =
+            o->type != CLI_STR && o->type != CLI_FLAG && (o->min != 0 || o->max != 0);
+        doc_option(flag, o->type == CLI_FLAG ? NULL : meta_of(o), ranged ? range : NULL, o->help);
+    }
+    if (doc_format == DOC_MARKDOWN) putchar('\n');
+}
+
+void cli_typed_name(char *buf, size_t n, const char *arg, const char *name) {
+    const int len = cli_typed_len(arg);
+    if ((size_t)len == strlen(name) + 2 && strncmp(arg + 2, name, (size_t)len - 2) == 0)
+        snprintf(buf, n, "%.*s", len, arg);
+    else snprintf(buf, n, "%.*s (%s)", len, arg, name);
 }
 
 /* Stores val, typed as `arg`, into o. Returns 0, or -1 (printed). */
@@ -147,7 +164,7 @@ int cli_parse(const char *cmd, const char *usage, const char *about, const CliOp
         const char *a = argv[i], *val = NULL;
         char name[64];
         if (cli_is_help(a)) { /* not a value: those are skipped */
-            print_help(usage, about, opts);
+            cli_print_help(usage, about, opts);
             return 0;
         }
         if (!cli_option_name(a, name, sizeof name, &val)) {

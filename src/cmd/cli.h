@@ -30,6 +30,10 @@ typedef struct {
 int cli_parse(const char *cmd, const char *usage, const char *about, const CliOpt *opts, int argc,
               char **argv);
 
+/* Prints a command's help from its table (cli_parse's --help), in
+ * doc_format: text, or Markdown and man for `modtrain reference`. */
+void cli_print_help(const char *usage, const char *about, const CliOpt *opts);
+
 /* Splits an argument "--name" or "--name=value" (dashes or underscores)
  * into name, lower case with underscores and at most n - 1 characters, and *value
  * (what follows '=', or NULL). Returns 1 for such an option, 0 for

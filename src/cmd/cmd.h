@@ -20,9 +20,8 @@
 #include "src/model/optim.h"
 #include "src/train/shared.h"
 
-/* Exit codes. EXIT_FAILURE (1, from <stdlib.h>) is a failure while working:
- * a save that could not be written, a diverged loss, a checkpoint that does
- * not verify. */
+/* Exit codes (what each means: exit_codes in commands.c). EXIT_FAILURE is
+ * 1, from <stdlib.h>. */
 #define EXIT_OK 0       /* done */
 #define EXIT_USAGE 2    /* bad input (config, arguments, data, checkpoint) found before work */
 #define EXIT_REQUEUE 75 /* saved a checkpoint and stopped early: requeue the job */
@@ -45,6 +44,29 @@ int eval_main(int argc, char **argv);   /* eval.c */
 int sample_main(int argc, char **argv); /* sample.c */
 int ckpt_main(int argc, char **argv);   /* ckpt_cmd.c */
 int plan_main(int argc, char **argv);   /* plan.c */
+int reference_main(int argc, char **argv); /* reference.c */
+/* The configuration keys, in doc_format (train.c): train's --help, the
+ * reference's table. */
+void train_print_keys(void);
+
+/* The tables --help, the dispatch, the reference and the man pages come
+ * from: the commands (reference.c), exit codes and variables (commands.c). */
+typedef struct {
+    const char *name;
+    int (*main)(int argc, char **argv);
+    int mpi; /* 0: none; 1: MPI_Init (funneled); 2: MPI_THREAD_MULTIPLE (train) */
+    const char *summary;
+} Command;
+extern const Command commands[]; /* {NULL} ends it */
+typedef struct {
+    int code;
+    const char *meaning;
+} ExitCode;
+extern const ExitCode exit_codes[]; /* {-1} ends it */
+typedef struct {
+    const char *name, *reader, *meaning;
+} EnvVar;
+extern const EnvVar env_vars[]; /* {NULL} ends it */
 
 /* Warns, once from the lowest rank of each node, when the node's ranks of
  * comm run more threads (each `threads`) than the cores their affinity

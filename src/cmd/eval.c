@@ -84,7 +84,8 @@ static int eval_args(EvalArgs *a, int argc, char **argv) {
     }
     int h = cli_parse("eval", "modtrain eval --ckpt DIR --data FILE [--seqs N] [--json]",
                       "Mean next-token loss of a checkpoint over the first --seqs sequences "
-                      "(256) of token shards, the same under every layout and micro-batch; for "
+                      "(256) of token shards, the same under every layout and, but for "
+                      "experts (whose capacity is per micro-batch), every --micro_batch; for "
                       "a Mixture-of-Depths model under top-k and under causal routing.",
                       opts, argc, argv);
     if (h != 1) return h == 0 ? EXIT_OK : EXIT_USAGE;

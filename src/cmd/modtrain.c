@@ -1,6 +1,6 @@
 /*
- * modtrain: the command-line entry point. Subcommands: prep, data,
- * tokenize, train, eval, sample, ckpt, plan; exit codes in src/cmd/cmd.h.
+ * modtrain: the command-line entry point: the commands and exit codes of
+ * src/cmd/commands.c.
  */
 #include <blis.h>
 #include <mpi.h>
@@ -15,17 +15,13 @@
 #include "src/kernels/kernels.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: modtrain <command> [options]\n\n"
-               "commands:\n"
-               "  prep     text, JSON Lines (.gz, .zst) -> token shards (train_000000.bin, ...)\n"
-               "  data     what a dataset spec holds; which sequence each sample reads\n"
-               "  tokenize text -> GPT-2 BPE token ids, and back\n"
-               "  train    train a model (alone or under mpirun/srun)\n"
-               "  eval     loss of a checkpoint on token shards\n"
-               "  sample   generate text from a checkpoint\n"
-               "  ckpt     list | verify | inspect | diff | export | import checkpoints\n"
-               "  plan     memory, traffic and step time of each layout on a cluster\n\n"
-               "'modtrain <command> --help' describes each; 'modtrain --version' the build.\n");
+    fprintf(f, "usage: modtrain <command> [options]\n\ncommands:\n");
+    for (const Command *c = commands; c->name; c++) fprintf(f, "  %-9s %s\n", c->name, c->summary);
+    fprintf(f, "\n'modtrain <command> --help' describes each; 'modtrain --version' the build;\n"
+               "'modtrain reference' all of it (commands, configuration keys, exit codes,\n"
+               "environment, files), as in docs/reference.md and the man pages.\n\nexit codes:\n");
+    for (const ExitCode *e = exit_codes; e->meaning; e++)
+        fprintf(f, "  %3d  %s\n", e->code, e->meaning);
 }
 
 int main(int argc, char **argv) {
@@ -46,30 +42,26 @@ int main(int argc, char **argv) {
                kernels_blis_arch_id(), zlibVersion(), mpiv);
         return EXIT_OK;
     }
-    if (strcmp(cmd, "prep") == 0) return prep_main(argc - 2, argv + 2);
-    if (strcmp(cmd, "tokenize") == 0) return tokenize_main(argc - 2, argv + 2);
-    if (strcmp(cmd, "data") == 0) return data_main(argc - 2, argv + 2);
-    int (*run)(int, char **) = strcmp(cmd, "train") == 0    ? train_main
-                               : strcmp(cmd, "eval") == 0   ? eval_main
-                               : strcmp(cmd, "sample") == 0 ? sample_main
-                               : strcmp(cmd, "ckpt") == 0   ? ckpt_main
-                               : strcmp(cmd, "plan") == 0   ? plan_main
-                                                            : NULL;
+    const Command *run = NULL;
+    for (const Command *c = commands; c->name && !run; c++)
+        if (strcmp(cmd, c->name) == 0) run = c;
     if (!run) {
-        errorf("unknown command '%s' (expected prep, data, tokenize, train, eval, sample, ckpt or plan)",
+        errorf("unknown command '%s' (expected prep, data, tokenize, train, eval, sample, ckpt, "
+               "plan or reference)",
                cmd);
         return EXIT_USAGE;
     }
+    if (!run->mpi) return run->main(argc - 2, argv + 2);
     /* MPI is called from the main thread, also inside OpenMP regions (a
      * checkpoint's writes while the other threads pack the next round);
      * training's asynchronous saves call it from a thread of their own too */
-    if (run == train_main) train_install_signals();
+    if (run->mpi == 2) train_install_signals();
     mpi_env_defaults();
     int provided = MPI_THREAD_SINGLE;
-    MPI_Init_thread(&argc, &argv, run == train_main ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED,
+    MPI_Init_thread(&argc, &argv, run->mpi == 2 ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED,
                     &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &util_rank);
-    int rc = run(argc - 2, argv + 2);
+    int rc = run->main(argc - 2, argv + 2);
     MPI_Finalize();
     return rc;
 }

@@ -15,6 +15,7 @@
 #include "mpi/pipeline.h"
 #include "src/cmd/cli.h"
 #include "src/cmd/cmd.h"
+#include "src/cmd/doc.h"
 #include "src/data/dataset.h"
 #include "src/data/data.h"
 #include "src/kernels/kernels.h"
@@ -26,31 +27,53 @@ typedef struct {
 } PlanArgs;
 
 static void plan_help(void) {
-    printf("usage: modtrain plan --config FILE [--cluster FILE] [--layout "
-           "TP,PP,RANKS_PER_NODE]\n"
-           "                     [--top N] [--key value ...]\n"
-           "       modtrain plan --config FILE --flops [--key value ...]\n"
-           "       modtrain plan --calibrate --out FILE   (under mpirun -np 2 to measure "
-           "MPI)\n"
-           "Prints, for each layout of the config on the cluster: memory per rank, FLOPs\n"
-           "and bytes per step, the estimated step time and tokens/s, checkpoint size and\n"
-           "save time; the best first, layouts that do not fit marked. --flops prints\n"
-           "the model's parameters and training FLOPs per token and per step as JSON.\n"
-           "The model is --config FILE's, or the model keys given (--n_layer N, ...);\n"
-           "other --key value pairs override the file as for train (modtrain train --help).\n\n"
-           "options (dashes or underscores: --key-name is --key_name; --key=value too):\n"
-           "  --config FILE        the model and run, as train reads it\n"
-           "  --cluster FILE       the cluster (below); without it, the defaults below\n"
-           "  --layout TP,PP,RPN   only this layout, with its memory, bytes and time in parts\n"
-           "  --top N              layouts shown (20)\n"
-           "  --flops              the model's parameters and FLOPs as JSON\n"
-           "  --calibrate          measure this machine into --out FILE\n"
-           "  --out FILE           the cluster file --calibrate writes\n\n"
-           "cluster file: key = value lines, # comments; each key, with its default:\n");
+    const CliOpt opts[] = {
+        /* help only: plan's loop also takes train's keys */
+        {"config", CLI_STR, NULL, "the model and run, as train reads it", "FILE"},
+        {"cluster", CLI_STR, NULL, "the cluster (below); without it, the defaults below", "FILE"},
+        {"layout", CLI_STR, NULL, "only this layout, with its memory, bytes and time in parts",
+         "TP,PP,RPN"},
+        {"top", CLI_INT, NULL, "layouts shown (20)"},
+        {"flops", CLI_FLAG, NULL, "the model's parameters and FLOPs as JSON"},
+        {"calibrate", CLI_FLAG, NULL, "measure this machine into --out FILE"},
+        {"out", CLI_STR, NULL, "the cluster file --calibrate writes", "FILE"},
+        {NULL},
+    };
+    cli_print_help(
+        "modtrain plan --config FILE [--cluster FILE] [--layout TP,PP,RANKS_PER_NODE]\n"
+        "                     [--top N] [--key value ...]\n"
+        "       modtrain plan --config FILE --flops [--key value ...]\n"
+        "       modtrain plan --calibrate --out FILE   (under mpirun -np 2 to measure MPI)",
+        "Prints, for each layout of the config on the cluster: memory per rank, FLOPs\n"
+        "and bytes per step, the estimated step time and tokens/s, checkpoint size and\n"
+        "save time; the best first, layouts that do not fit marked. --flops prints\n"
+        "the model's parameters and training FLOPs per token and per step as JSON.\n"
+        "The model is --config FILE's, or the model keys given (--n_layer N, ...);\n"
+        "other --key value pairs override the file as for train (modtrain train --help).",
+        opts);
+    static const char about[] = "key = value lines, # comments; each key, with its default:";
+    if (doc_format == DOC_TEXT) printf("\ncluster file: %s\n", about);
+    else {
+        doc_section("CLUSTER FILE");
+        doc_para(about);
+    }
     Cluster cl;
     cluster_defaults(&cl);
     char line[160];
-    for (int i = 0; cluster_describe(&cl, i, line, sizeof line); i++) printf("  %s\n", line);
+    for (int i = 0; cluster_describe(&cl, i, line, sizeof line); i++) {
+        if (doc_format == DOC_TEXT) {
+            printf("  %s\n", line);
+            continue;
+        }
+        /* "key   = default  # help" */
+        char key[64] = "", def[64] = "";
+        const char *eq = strstr(line, " = "), *hash = strstr(line, "  # ");
+        if (!eq || !hash || hash < eq) continue;
+        snprintf(key, sizeof key, "%.*s", (int)strcspn(line, " "), line);
+        snprintf(def, sizeof def, "default %.*s", (int)(hash - eq - 3), eq + 3);
+        doc_option(key, NULL, def, hash + 4);
+    }
+    if (doc_format == DOC_MARKDOWN) putchar('\n');
 }
 
 /* Value of option arg (typed as arg, or with `=value` in it), from argv[*i

@@ -35,57 +35,65 @@ static void note(void *ctx, const char *line) {
 }
 
 static void usage(void) {
-    char cap[32];
+    char cap[32], mem[400];
     format_bytes(cap, sizeof cap, prep_doc_cap(PREP_MEM_DEFAULT));
-    printf("usage: modtrain prep --out DIR [--val_fraction F] [--tokenizer NAME --vocab PATH]\n"
-           "                    [--doc_sep LINE | --jsonl KEY] [--threads N] [--mem SIZE]\n"
-           "                    [--shard_tokens N] [--force] FILE...\n"
-           "Tokenises documents into llm.c shards DIR/train_000000.bin, ... and\n"
-           "DIR/val_000000.bin, ..., streaming: the memory stays under --mem whatever the\n"
-           "input's size.\n\n"
-           "inputs (FILE...):\n"
-           "  text files; - for standard input (read as it comes: text, or JSON Lines);\n"
-           "  FILE.gz (gzip) and FILE.zst (zstd) are decompressed as they are read. Each\n"
-           "  text file is one document, or with --doc_sep its pieces; with --jsonl each\n"
-           "  line of each file is one. A document never spans two files.\n\n"
-           "options (dashes or underscores: --doc-sep is --doc_sep; --key=value too):\n"
-           "  --out DIR            the shard set's folder; written as DIR.prep-tmp.HOST.PID\n"
-           "                       beside it and renamed to DIR when complete (a stale one of\n"
-           "                       a killed prep on this host is removed). An existing DIR\n"
-           "                       must be empty or hold a shard set (train*.bin, val*.bin)\n"
-           "                       alone\n"
-           "  --force              replace the shard set already in DIR, whole\n"
-           "  --val_fraction F     the fraction of documents for val, in\n"
-           "                       [0, 1): document d (from 0, over all inputs) goes to val\n"
-           "                       when floor((d+1)*F) > floor(d*F), every 1/F-th one, whole\n"
-           "                       (0.1; 0: no val shards)\n"
-           "  --tokenizer byte     byte-level tokens, vocab_size 256 (the default)\n"
-           "  --tokenizer gpt2     GPT-2's byte-level BPE from --vocab DIR (encoder.json,\n"
-           "                       vocab.bpe), <|endoftext|> before each document\n"
-           "  --tokenizer ENCODING a tiktoken encoding (r50k_base, cl100k_base, o200k_base,\n"
-           "                       llama3) from --vocab FILE, its rank file\n"
-           "                       (jobs/get_tokenizers.sh); <|endoftext|> (llama3:\n"
-           "                       <|begin_of_text|>) before each document; uint32 shards\n"
-           "                       past 65,536 tokens\n"
-           "  --tokenizer hf       a Hugging Face tokenizer.json of a byte-level BPE model\n"
-           "                       (GPT-2's, Llama 3's) from --vocab FILE; before each\n"
-           "                       document its template's token, else <|endoftext|> or\n"
-           "                       <|begin_of_text|>\n"
-           "  --doc_sep LINE       text: documents are the pieces between lines equal to LINE\n"
-           "                       (--doc_sep %% for fortune files); empty pieces are dropped\n"
-           "  --jsonl KEY          JSON Lines: each line an object whose string under KEY is a\n"
-           "                       document (--jsonl text for FineWeb, OpenWebText)\n"
-           "  --threads N          threads that tokenise (gpt2) and parse JSON Lines (0: all\n"
-           "                       cores; the same shards on any count)\n"
-           "  --mem SIZE           the memory bound, bytes or with K, M, G, T (512M); a\n"
-           "                       document or JSON Lines line longer than a sixteenth of it\n"
-           "                       (%s at 512M) is refused, as is a JSON line\n"
-           "                       whose parse would take over about 3/8 of it (gpt2: 1/8)\n"
-           "  --shard_tokens N     tokens a shard, in [2, 2^31-2]\n"
-           "                       (100000000); the last of a split holds the rest, a rest of\n"
-           "                       one token joining the shard before it\n"
-           "Progress goes to stderr every 2 s; the summary line to stdout.\n",
-           cap);
+    snprintf(mem, sizeof mem,
+             "the memory bound, bytes or with K, M, G, T (512M); a document or JSON Lines line "
+             "longer than a sixteenth of it (%s at 512M) is refused, as is a JSON line whose "
+             "parse would take over about 3/8 of it (gpt2: 1/8)",
+             cap);
+    /* help only: prep's own loop parses, as FILE... may follow the options */
+    const CliOpt opts[] = {
+        {"out", CLI_STR, NULL,
+         "the shard set's folder; written as DIR.prep-tmp.HOST.PID beside it and renamed to DIR "
+         "when complete (a stale one of a killed prep on this host is removed). An existing DIR "
+         "must be empty or hold a shard set (train*.bin, val*.bin) alone",
+         "DIR"},
+        {"force", CLI_FLAG, NULL, "replace the shard set already in DIR, whole"},
+        {"val_fraction", CLI_FLOAT, NULL,
+         "the fraction of documents for val, in [0, 1) (0.1; 0: no val shards): document d "
+         "(from 0, over all inputs) goes to val when floor((d+1)*F) > floor(d*F), every 1/F-th "
+         "one, whole",
+         "F"},
+        {"tokenizer", CLI_STR, NULL,
+         "byte (the default: byte-level tokens, vocab_size 256); gpt2 (GPT-2's byte-level BPE "
+         "from --vocab DIR: encoder.json, vocab.bpe; <|endoftext|> before each document); a "
+         "tiktoken encoding, r50k_base, cl100k_base, o200k_base or llama3, from --vocab FILE, "
+         "its rank file (jobs/get_tokenizers.sh; <|endoftext|>, llama3: <|begin_of_text|>, "
+         "before each document; uint32 shards past 65,536 tokens); hf (a Hugging Face "
+         "tokenizer.json of a byte-level BPE model, GPT-2's or Llama 3's, from --vocab FILE; "
+         "before each document its template's token, else <|endoftext|> or <|begin_of_text|>)",
+         "NAME"},
+        {"vocab", CLI_STR, NULL, "the tokenizer's files: a folder (gpt2) or a file", "PATH"},
+        {"doc_sep", CLI_STR, NULL,
+         "text: documents are the pieces between lines equal to LINE (--doc_sep % for fortune "
+         "files); empty pieces are dropped",
+         "LINE"},
+        {"jsonl", CLI_STR, NULL,
+         "JSON Lines: each line an object whose string under KEY is a document (--jsonl text "
+         "for FineWeb, OpenWebText)",
+         "KEY"},
+        {"threads", CLI_INT, NULL,
+         "threads that tokenise (gpt2) and parse JSON Lines (0: all cores; the same shards on "
+         "any count)"},
+        {"mem", CLI_STR, NULL, mem, "SIZE"},
+        {"shard_tokens", CLI_I64, NULL,
+         "tokens a shard, in [2, 2^31-2] (100000000); the last of a split holds the rest, a "
+         "rest of one token joining the shard before it"},
+        {NULL},
+    };
+    cli_print_help(
+        "modtrain prep --out DIR [--val_fraction F] [--tokenizer NAME --vocab PATH]\n"
+        "                    [--doc_sep LINE | --jsonl KEY] [--threads N] [--mem SIZE]\n"
+        "                    [--shard_tokens N] [--force] FILE...",
+        "Tokenises documents into llm.c shards DIR/train_000000.bin, ... and\n"
+        "DIR/val_000000.bin, ..., streaming: the memory stays under --mem whatever the\n"
+        "input's size. Progress goes to stderr every 2 s; the summary line to stdout.\n\n"
+        "Inputs (FILE...): text files; - for standard input (read as it comes: text, or\n"
+        "JSON Lines); FILE.gz (gzip) and FILE.zst (zstd) are decompressed as they are\n"
+        "read. Each text file is one document, or with --doc_sep its pieces; with\n"
+        "--jsonl each line of each file is one. A document never spans two files.",
+        opts);
 }
 
 /* The options that take a value, beside the PrepOptions they fill. */

@@ -95,22 +95,31 @@ int tokenize_main(int argc, char **argv) {
     int decode = 0, hash = 0;
     for (int i = 0; i < argc; i++) {
         if (cli_is_help(argv[i])) {
-            printf("usage: modtrain tokenize --vocab PATH [--encoding NAME] [--decode | --hash] "
-                   "[FILE]\n"
-                   "Prints the byte-level BPE token ids of FILE (or standard input), one a line;\n"
-                   "with --decode, reads ids (one a line, or any whitespace between) and\n"
-                   "writes their bytes. Text that looks like a special token is text.\n\n"
-                   "options:\n"
-                   "  --vocab PATH      GPT-2's files: a folder of encoder.json and vocab.bpe\n"
-                   "                    (jobs/get_gpt2_vocab.sh DIR); a tiktoken rank file; or\n"
-                   "                    a Hugging Face tokenizer.json (a name ending .json)\n"
-                   "  --encoding NAME   a rank file's encoding, which gives its pattern and\n"
-                   "                    special tokens: %s (default: the\n"
-                   "                    file's name, NAME.tiktoken); hf: a tokenizer.json\n"
-                   "  --decode          ids to text\n"
-                   "  --hash            print the vocabulary's size and hash (config's "
-                   "tokenizer_hash)\n",
-                   bpe_encoding_names());
+            char enc[512];
+            snprintf(enc, sizeof enc,
+                     "a rank file's encoding, which gives its pattern and special tokens: %s "
+                     "(default: the file's name, NAME.tiktoken); hf: a tokenizer.json",
+                     bpe_encoding_names());
+            const CliOpt opts[] = {
+                /* help only: a FILE may stand among the options */
+                {"vocab", CLI_STR, NULL,
+                 "GPT-2's files: a folder of encoder.json and vocab.bpe (jobs/get_gpt2_vocab.sh "
+                 "DIR); a tiktoken rank file; or a Hugging Face tokenizer.json (a name ending "
+                 ".json)",
+                 "PATH"},
+                {"encoding", CLI_STR, NULL, enc, "NAME"},
+                {"decode", CLI_FLAG, NULL, "ids to text"},
+                {"hash", CLI_FLAG, NULL,
+                 "print the vocabulary's size and hash (config's tokenizer_hash)"},
+                {NULL},
+            };
+            cli_print_help(
+                "modtrain tokenize --vocab PATH [--encoding NAME] [--decode | --hash] "
+                "[FILE]",
+                "Prints the byte-level BPE token ids of FILE (or standard input), one a\n"
+                "line; with --decode, reads ids (one a line, or any whitespace between)\n"
+                "and writes their bytes. Text that looks like a special token is text.",
+                opts);
             return EXIT_OK;
         }
         char name[32];

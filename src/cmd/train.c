@@ -14,6 +14,7 @@
 
 #include "src/cmd/cli.h"
 #include "src/cmd/cmd.h"
+#include "src/cmd/doc.h"
 #include "src/config/config.h"
 #include "src/train/trainer.h"
 
@@ -101,32 +102,79 @@ static int exit_code(TrainStatus st) {
     return EXIT_FAILURE;
 }
 
-/* The config keys (name, value, default, help) for --help. */
-static void print_config_keys(void) {
-    printf("Config keys: --key VALUE on the command line (or --key=VALUE; dashes or\n"
-           "underscores: --micro-batch is --micro_batch), key = VALUE in a --config file.\n"
-           "N is an integer, X a number, a|b one of the values listed; (the default).\n");
+static const char train_about[] =
+    "Trains a model; run alone or under mpirun/srun. Every configuration key is an option:\n"
+    "--key VALUE on the command line (or --key=VALUE; dashes or underscores: --micro-batch is\n"
+    "--micro_batch), key = VALUE in a --config file; the command line wins. A 0|1 key alone\n"
+    "(--tensorboard) is 1.\n\n"
+    "dp is not a key: it is what the world leaves after tp x pp (dp = ranks / (tp x pp));\n"
+    "batch_size splits over the dp ranks, each in micro-batches of micro_batch.";
+
+void train_print_keys(void) {
     const char *name, *def, *help;
-    for (int i = 0; config_describe(i, &name, &def, &help); i++) {
-        char flag[96], meta[64], d[64];
-        config_describe_value(i, meta, sizeof meta);
-        snprintf(flag, sizeof flag, "--%s %s", name, meta);
-        snprintf(d, sizeof d, "(%s)", def[0] ? def : "\"\"");
-        if (strlen(flag) > 30) printf("  %s\n  %-30s %-12s %s\n", flag, "", d, help);
-        else printf("  %-30s %-12s %s\n", flag, d, help);
+    char meta[96], range[96], d[160];
+    if (doc_format == DOC_MARKDOWN) {
+        static const char *const head[] = {"key", "values", "default", "model", "meaning"};
+        doc_table(5, head);
     }
-    printf("dp is not a key: it is what the world leaves after tp x pp (dp = ranks / (tp x pp));\n"
-           "batch_size splits over the dp ranks, each in micro-batches of micro_batch.\n");
+    for (int i = 0; config_describe(i, &name, &def, &help); i++) {
+        config_describe_value(i, meta, sizeof meta);
+        config_describe_range(i, range, sizeof range);
+        char flag[200], what[1024];
+        const int model = config_key_is_model(i);
+        snprintf(what, sizeof what, "%s%s", help, model ? " (a model key)" : "");
+        switch (doc_format) {
+        case DOC_TEXT:
+            snprintf(flag, sizeof flag, "--%s %s", name, meta);
+            snprintf(d, sizeof d, "(%s)", def[0] ? def : "\"\"");
+            if (strlen(flag) > 30) printf("  %s\n  %-30s %-12s %s\n", flag, "", d, help);
+            else printf("  %-30s %-12s %s\n", flag, d, help);
+            break;
+        case DOC_MARKDOWN: {
+            char key[128], dv[128];
+            snprintf(key, sizeof key, "`%s`", name);
+            snprintf(dv, sizeof dv, "`%s`", def[0] ? def : "\"\"");
+            const char *const row[] = {key, range, dv, model ? "yes" : "", help};
+            doc_row(row);
+            break;
+        }
+        case DOC_MAN:
+            snprintf(flag, sizeof flag, "--%s", name);
+            if (strncmp(range, "one of ", 7) == 0) /* the value's name lists them */
+                snprintf(d, sizeof d, "default %s", def[0] ? def : "\"\"");
+            else snprintf(d, sizeof d, "default %s; %s", def[0] ? def : "\"\"", range);
+            doc_option(flag, meta, d, what);
+            break;
+        }
+    }
+    if (doc_format == DOC_MARKDOWN) doc_table_end();
+}
+
+static void train_help(void) {
+    static const char usage[] = "modtrain train [--config FILE] [--key value ...]";
+    if (doc_format == DOC_TEXT) {
+        printf("usage: %s\n%s\n\nConfig keys (N is an integer, X a number, a|b one of the values "
+               "listed; (the default)):\n",
+               usage, train_about);
+        train_print_keys();
+        return;
+    }
+    doc_usage(usage);
+    doc_section("DESCRIPTION");
+    doc_para(train_about);
+    if (doc_format == DOC_MARKDOWN) {
+        doc_para("Its options are the [configuration keys](#configuration-keys).");
+        return;
+    }
+    doc_section("OPTIONS");
+    doc_option("--config", "FILE", NULL, "key = VALUE lines; # starts a comment");
+    train_print_keys();
 }
 
 int train_main(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
         if (cli_is_help(argv[i])) {
-            if (util_rank == 0) {
-                printf("usage: modtrain train [--config FILE] [--key value ...]\n"
-                       "Trains a model; run alone or under mpirun/srun.\n\n");
-                print_config_keys();
-            }
+            if (util_rank == 0) train_help();
             return EXIT_OK;
         }
     const TrainerOpts opts = {.start_s = cmd_start_s,

@@ -601,6 +601,29 @@ static const char *str_meta(const char *name) {
     return "S";
 }
 
+int config_describe_range(int i, char *buf, size_t n) {
+    if (i < 0 || (size_t)i >= NKEYS) return 0;
+    const KeySpec *k = &keys[i];
+    switch (k->type) {
+    case K_INT:
+    case K_I64:
+        if (k->max >= BIG) snprintf(buf, n, "an integer >= %.0f", k->min);
+        else snprintf(buf, n, "an integer in [%.0f, %.0f]", k->min, k->max);
+        break;
+    case K_FLOAT:
+        if (k->max >= BIG) snprintf(buf, n, "a number %s %g", k->min_open ? ">" : ">=", k->min);
+        else snprintf(buf, n, "a number in %c%g, %g]", k->min_open ? '(' : '[', k->min, k->max);
+        break;
+    case K_STR:
+        snprintf(buf, n, "%s", str_meta(k->name)[0] == 'S' ? "a string" : str_meta(k->name));
+        break;
+    case K_ENUM: snprintf(buf, n, "one of %s", k->choices); break;
+    }
+    return 1;
+}
+
+int config_key_is_model(int i) { return i >= 0 && (size_t)i < NKEYS && keys[i].model != 0; }
+
 int config_describe_value(int i, char *buf, size_t n) {
     if (i < 0 || (size_t)i >= NKEYS) return 0;
     const KeySpec *k = &keys[i];

@@ -146,6 +146,11 @@ int config_describe(int i, const char **name, const char **def, const char **hel
 /* What row i's value is, for --help: N, X, the choices of an enumeration
  * (raw|sigmoid), or a name (SPEC, DIR). 1, or 0 past the last row. */
 int config_describe_value(int i, char *buf, size_t n);
+/* The values row i takes, in words ("an integer in [1, 4096]", "a number in
+ * (0, 1]", "one of raw|sigmoid"), and whether it is a model key (recorded
+ * in checkpoints). 1, or 0 past the last row. */
+int config_describe_range(int i, char *buf, size_t n);
+int config_key_is_model(int i);
 
 /* The i-th of the model keys (those that must match between a checkpoint
  * and a run: the shape, the routing, the tokenizer), or NULL past the last. */

@@ -1,0 +1,76 @@
+/*
+ * commands: the exit codes and the environment variables modtrain and its
+ * scripts read, for `modtrain --help`, docs/reference.md and the man pages
+ * (the commands' table is reference.c's, which asks each for its --help).
+ */
+#include <stddef.h>
+
+#include "src/cmd/cmd.h"
+
+const ExitCode exit_codes[] = {
+    {EXIT_OK, "done"},
+    {EXIT_FAILURE,
+     "a failure while working: a save that could not be written, a checkpoint that does not "
+     "verify, a rank that died"},
+    {EXIT_USAGE,
+     "bad input found before any work: the configuration, the arguments, the data, a "
+     "checkpoint or an output path (one line says what and what would be right)"},
+    {EXIT_DIVERGED,
+     "the loss was not finite and on_nonfinite = stop, or rollbacks gave up: do not requeue"},
+    {EXIT_REQUEUE,
+     "a checkpoint was saved and the run stopped early (SIGTERM, SIGUSR1, SIGINT, time_limit): "
+     "requeue the job, it resumes"},
+    {EXIT_WATCHDOG, "a rank made no progress for watchdog_s seconds"},
+    {-1, NULL},
+};
+
+const EnvVar env_vars[] = {
+    {"OMP_NUM_THREADS", "modtrain",
+     "threads of each process (its first level when it lists nested ones); unset: the node's "
+     "cores shared among its ranks, within each process's affinity mask"},
+    {"BLIS_ARCH_TYPE", "modtrain",
+     "BLIS's kernels (a numeric id); unset: modtrain picks skx on AVX-512, haswell on AVX2 "
+     "(config blis_arch names one)"},
+    {"SLURM_JOB_ID", "modtrain, jobs/train.sbatch",
+     "the SLURM job: time_limit = auto asks squeue or scontrol for its end; the sbatch "
+     "script's checkpoints and logs name it"},
+    {"SLURM_JOB_END_TIME", "modtrain", "the job's end, seconds since 1970 (time_limit = auto)"},
+    {"OMPI_MCA_coll_libnbc_ireduce_algorithm", "modtrain (set when unset)",
+     "2 (binomial) for ZeRO's overlapped reduce-scatter; a user's own setting wins"},
+    {"OMPI_MCA_sharedfp", "modtrain (set when unset)",
+     "^sm, so that a rank killed during a save leaves no machine-wide semaphore taken"},
+    {"MODTRAIN_MAX_STEPS", "modtrain", "caps steps at N, as --steps N would"},
+    {"MODTRAIN_PEAK_GFLOPS", "modtrain",
+     "the sgemm peak MFU is measured against, for runs that give neither peak_gflops nor "
+     "calibration"},
+    {"MODTRAIN_DATA_TRACE", "modtrain",
+     "FILE: each dp rank appends to FILE.RANK a JSON line for every sample it reads"},
+    {"MODTRAIN_FAULT", "modtrain",
+     "test hooks: at:POINT[:STEP[:ACTION[:RANK[:NTH]]]] ends the process or fails a call at a "
+     "named fault point; rank-exit:R:STEP, hang:R:STEP, nan-batch:B, nan-from:B"},
+    {"MODTRAIN_FAULT_AT", "modtrain", "a fault point (as MODTRAIN_FAULT's at:) beside another hook"},
+    {"MODTRAIN_FAULT_TRACE", "modtrain", "FILE: every fault point reached, a line each"},
+    {"MODTRAIN", "jobs/*.sh, jobs/train.sbatch",
+     "the modtrain binary the scripts run (else ./modtrain, the tree's, or the PATH's)"},
+    {"MODTRAIN_LAUNCH", "jobs/train.sbatch", "auto (the default), srun or mpirun"},
+    {"MODTRAIN_SRUN_MPI", "jobs/train.sbatch", "srun's --mpi plugin (pmix, pmi2)"},
+    {"MODTRAIN_MPIRUN_ARGS", "jobs/train.sbatch, jobs/isoflop.sh", "more mpirun options"},
+    {"MODTRAIN_MAX_RESTARTS", "jobs/train.sbatch", "requeues at most this many times (10)"},
+    {"MODTRAIN_REQUIRE_REFERENCE", "jobs/test.sh",
+     "1 (the default there): a test whose reference cannot be had (npm, PyTorch) fails "
+     "instead of skipping"},
+    {"SLURM_SUBMIT_DIR", "jobs/train.sbatch",
+     "where the job was submitted: a relative script path is found from it"},
+    {"SLURM_NTASKS", "jobs/train.sbatch", "ranks mpirun starts"},
+    {"SLURM_CPUS_PER_TASK", "jobs/train.sbatch",
+     "threads of each rank: the script exports it as OMP_NUM_THREADS (1 when unset)"},
+    {"SLURM_RESTART_COUNT", "jobs/train.sbatch", "the requeues so far"},
+    {"FORTUNES_DIR", "jobs/prep_fortunes.sh, jobs/isoflop.sh",
+     "the fortunes text (/usr/share/games/fortunes)"},
+    {"ISOFLOP_NO_BIBLE", "jobs/isoflop.sh",
+     "set: the default corpus is the fortunes alone, without the King James Bible"},
+    {"PYTHON", "jobs/plot_run.sh", "the Python 3 that reads metrics.jsonl (python3)"},
+    {"TMPDIR", "jobs/plot_run.sh, jobs/get_gpt2_vocab.sh, jobs/get_tokenizers.sh",
+     "where their scratch folders go (/tmp)"},
+    {NULL, NULL, NULL},
+};
