@@ -4,7 +4,7 @@
  * It stays hand-written rather than jansson (which src/tokenizer/bpe_load.c
  * uses for encoder.json) because it keeps only fixed-size records: a tree of a
  * hostile 100 MiB header takes jansson 1.7 GiB (tiny tensor entries) to
- * 7.7 GiB (empty objects), against the 256 MiB README promises.
+ * 7.7 GiB (empty objects), against the 256 MiB docs/reliability.md promises.
  */
 #include "checkpoint/safetensors.h"
 

@@ -27,7 +27,7 @@ static const char PATTERN[] =
  * objects ("[[],{},...]"). An encoder.json has no nesting, so any '[', or a
  * '{' after the first, outside a string is refused before jansson builds
  * anything: the tree and the token map stay within about 20 times the
- * file (README: Hostile input). Returns the offset of the first such byte, or n. */
+ * file (docs/reliability.md). Returns the offset of the first such byte, or n. */
 static size_t nesting_at(const uint8_t *s, size_t n) {
     int in_string = 0, objects = 0;
     for (size_t i = 0; i < n; i++) {
@@ -215,7 +215,7 @@ static int ends_with(const char *s, const char *tail) {
 /* A vocabulary file's bytes, bounded before they are read: vocab.bpe at
  * most 64 MiB, encoder.json at most 8 MiB (GPT-2's is 1 MB), since jansson's
  * tree of it and the token map take up to about 20 times the file: an 8 MiB
- * file of short tokens peaks at 171 MiB (README: Hostile input). */
+ * file of short tokens peaks at 171 MiB (docs/reliability.md). */
 static char *read_vocab_file(const char *dir, const char *name, unsigned mib, size_t *len,
                              Err *err) {
     char path[4096];

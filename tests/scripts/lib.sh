@@ -14,7 +14,7 @@ trap 'rm -rf "$TMP"' EXIT
 # must not meet in /tmp (once in CI a singleton's MPI_Init failed so)
 mkdir "$TMP/.mpi"
 export OMPI_MCA_orte_tmpdir_base="$TMP/.mpi"
-# The suite starts thousands of processes, so each starts lighter (README's
+# The suite starts thousands of processes, so each starts lighter (the docs'
 # commands keep the defaults: readme_commands.sh): a plain process without
 # Open MPI's daemon (0.15 s and a core's share each), and the ranks with
 # ob1, the messaging layer Open MPI picks here anyway, named rather than
@@ -26,7 +26,7 @@ PYTHON=${PYTHON:-/usr/bin/python3}
 MPIRUN="mpirun --allow-run-as-root --oversubscribe --mca btl self,vader"
 failures=0
 # slow = 0 under MODTRAIN_SKIP_SLOW (CI's passes after the first): tests
-# trim their longest matrices by it (README's Tests section lists how)
+# trim their longest matrices by it (docs/development.md's Tests lists how)
 slow=1
 [ -z "${MODTRAIN_SKIP_SLOW:-}" ] || slow=0
 
