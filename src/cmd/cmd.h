@@ -27,6 +27,7 @@
 #define EXIT_REQUEUE 75 /* saved a checkpoint and stopped early: requeue the job */
 #define EXIT_DIVERGED 65 /* the loss was not finite (and rollbacks gave up): do not requeue */
 #define EXIT_WATCHDOG 124 /* a rank made no progress for watchdog_s seconds */
+#define EXIT_INTERRUPTED 130 /* a second Ctrl-C: ended at once, nothing saved */
 
 /* When the process started (now_s's clock): time_limit counts from it. */
 extern double cmd_start_s;

@@ -8,19 +8,27 @@
 #include "src/cmd/cmd.h"
 
 const ExitCode exit_codes[] = {
-    {EXIT_OK, "done"},
+    {EXIT_OK, "done; a run relaunched after it reached steps also exits 0, without training or "
+              "writing"},
     {EXIT_FAILURE,
-     "a failure while working: a save that could not be written, a checkpoint that does not "
-     "verify, a rank that died"},
+     "a failure while working (a final save that could not be written, an output file that "
+     "stopped taking writes), or a check's negative answer: ckpt verify found a bad chunk, ckpt "
+     "list a bad checkpoint, ckpt diff a difference above --tol"},
     {EXIT_USAGE,
-     "bad input found before any work: the configuration, the arguments, the data, a "
-     "checkpoint or an output path (one line says what and what would be right)"},
+     "bad input: a config, an argument, a layout, data, a checkpoint or an output path that is "
+     "missing, unreadable or wrong, in one line saying what and what would be right; nearly "
+     "always found before any work, with nothing created (a shard cut short while a run reads "
+     "it is found mid-run, on every rank together)"},
     {EXIT_DIVERGED,
-     "the loss was not finite and on_nonfinite = stop, or rollbacks gave up: do not requeue"},
+     "train: the loss or a gradient was not finite with on_nonfinite = stop, or rollbacks gave "
+     "up; the job scripts do not requeue it"},
     {EXIT_REQUEUE,
-     "a checkpoint was saved and the run stopped early (SIGTERM, SIGUSR1, SIGINT, time_limit): "
-     "requeue the job, it resumes"},
-    {EXIT_WATCHDOG, "a rank made no progress for watchdog_s seconds"},
+     "train: a checkpoint was saved and the run stopped early (SIGTERM, SIGUSR1, a first "
+     "Ctrl-C, time_limit), or it stopped during setup with nothing to lose: requeue the job "
+     "(jobs/train.sbatch requeues on 75 alone), it resumes"},
+    {EXIT_WATCHDOG, "train: a rank made no progress for watchdog_s seconds; it names its rank "
+                    "and phase"},
+    {EXIT_INTERRUPTED, "train: a second Ctrl-C ended it at once, nothing saved"},
     {-1, NULL},
 };
 

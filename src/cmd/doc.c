@@ -32,6 +32,26 @@ void doc_put(const char *s, int in_table) {
     }
 }
 
+void doc_wrap(FILE *f, const char *text, int first_done, int indent, int width) {
+    int col = first_done;
+    const char *p = text;
+    while (*p) {
+        const size_t n = strcspn(p, " ");
+        if (col > indent && col + 1 + (int)n > width) {
+            fprintf(f, "\n%*s", indent, "");
+            col = indent;
+        } else if (col > indent || (col == indent && p != text && col > first_done)) {
+            fputc(' ', f);
+            col++;
+        }
+        fprintf(f, "%.*s", (int)n, p);
+        col += (int)n;
+        p += n;
+        while (*p == ' ') p++;
+    }
+    fputc('\n', f);
+}
+
 void doc_section(const char *title) {
     if (doc_format == DOC_MAN) {
         fputs(doc_nested ? ".SS " : ".SH ", stdout);

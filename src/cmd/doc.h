@@ -7,6 +7,8 @@
 #ifndef MODTRAIN_DOC_H
 #define MODTRAIN_DOC_H
 
+#include <stdio.h>
+
 typedef enum { DOC_TEXT = 0, DOC_MARKDOWN = 1, DOC_MAN = 2 } DocFormat;
 
 /* The format of what follows (DOC_TEXT unless `modtrain reference` runs),
@@ -31,6 +33,9 @@ void doc_option(const char *flag, const char *meta, const char *note, const char
 void doc_table(int n, const char *const *head);
 void doc_row(const char *const *cells);
 void doc_table_end(void);
+/* text filled to lines of at most width columns, each after indent spaces
+ * (the first after first_done columns already printed), to f. */
+void doc_wrap(FILE *f, const char *text, int first_done, int indent, int width);
 /* text escaped for the format: man's backslashes, dashes and leading
  * dots; Markdown table cells' bars (in_table). */
 void doc_put(const char *text, int in_table);

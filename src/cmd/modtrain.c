@@ -12,6 +12,7 @@
 #include "mpi/check.h"
 #include "src/cmd/cli.h"
 #include "src/cmd/cmd.h"
+#include "src/cmd/doc.h"
 #include "src/kernels/kernels.h"
 
 static void usage(FILE *f) {
@@ -20,8 +21,10 @@ static void usage(FILE *f) {
     fprintf(f, "\n'modtrain <command> --help' describes each; 'modtrain --version' the build;\n"
                "'modtrain reference' all of it (commands, configuration keys, exit codes,\n"
                "environment, files), as in docs/reference.md and the man pages.\n\nexit codes:\n");
-    for (const ExitCode *e = exit_codes; e->meaning; e++)
-        fprintf(f, "  %3d  %s\n", e->code, e->meaning);
+    for (const ExitCode *e = exit_codes; e->meaning; e++) {
+        fprintf(f, "  %3d  ", e->code);
+        doc_wrap(f, e->meaning, 7, 7, 79);
+    }
 }
 
 int main(int argc, char **argv) {

@@ -30,7 +30,7 @@ static void on_stop_signal(int sig) {
         static const char msg[] = "modtrain: second SIGINT: exiting now, nothing saved\n";
         if (write(STDERR_FILENO, msg, sizeof msg - 1) < 0) { /* nothing to do */
         }
-        _exit(130);
+        _exit(EXIT_INTERRUPTED);
     }
     int none = 0;
     atomic_compare_exchange_strong(&stop_signal, &none, sig);

@@ -1,26 +1,28 @@
 #!/bin/bash
-# Runs every command README.md shows, as written, in README's order, on the
+# Runs every command the guide shows (README.md, then each page of docs/ in
+# the order README's map gives them), as written, in order, on the
 # shipped configs: a line of an indented code block is a command when its
 # first word is a program (./modtrain, modtrain SUBCOMMAND, mpirun, sbatch,
 # jobs/..., make, ...) or a shell assignment; lines ending in '\' continue.
 # Lines of program output never start so. Each command runs with bash from
-# one scratch folder holding ./modtrain, jobs/ and the inputs README's
+# one scratch folder holding ./modtrain, jobs/ and the inputs the pages'
 # examples name (made from the fortunes text), so later commands read what
-# earlier ones wrote. Training is shortened by MODTRAIN_MAX_STEPS, and
+# earlier ones wrote: each page states that starting state in a line
+# "Starting state: ...", which every page with commands must have. Training is shortened by MODTRAIN_MAX_STEPS, and
 # mpirun may oversubscribe the cores; nothing else differs from a user's
-# shell. A command fails the test when it exits otherwise than README says,
+# shell. A command fails the test when it exits otherwise than its page says,
 # unless SKIP below lists it with its reason.
 . "$(dirname "$0")/lib.sh"
-# The sanitizer pass (MODTRAIN_SKIP_SLOW) leaves README's commands to the
+# The sanitizer pass (MODTRAIN_SKIP_SLOW) leaves the guide's commands to the
 # first pass: they run what the other tests run, on larger inputs.
 [ $slow = 1 ] || { echo "SKIP: MODTRAIN_SKIP_SLOW is set"; exit 77; }
 [ -d "${FORTUNES_DIR:-/usr/share/games/fortunes}" ] ||
     { echo "SKIP: the fortunes package is not installed (apt-get install fortunes)"; exit 77; }
 fortunes=${FORTUNES_DIR:-/usr/share/games/fortunes}
 
-# A command README shows that this test does not run: a prefix of the
+# A command the guide shows that this test does not run: a prefix of the
 # command, a tab, the reason.
-SKIP="jobs/quickstart.sh	installs packages and builds the tree it lives in; README's Typical session below runs its steps
+SKIP="jobs/quickstart.sh	installs packages and builds the tree it lives in; README's tour runs its steps
 jobs/test.sh	runs this suite (CI runs it)
 jobs/deps.sh	installs Debian packages as root (jobs/test.sh and CI run it)
 ./autogen.sh	builds the tree; this suite runs in the build
@@ -31,8 +33,9 @@ jobs/isoflop.sh --kinds dense,mod,moe	six kinds of model at three budgets take a
 mpirun -np 8 --hostfile HOSTFILE	a cluster's command: two nodes of 64 cores and their hostfile
 sbatch jobs/train.sbatch	needs a SLURM cluster: tests/slurm/launch.sh and preempt.sh submit it to a real one
 jobs/chain.sh	needs a SLURM cluster: tests/slurm/preempt.sh chains jobs on a real one
-make fuzz	minutes of libFuzzer; CI runs make fuzz"
-# A command README shows ending otherwise than with 0: a prefix, a tab,
+make fuzz	minutes of libFuzzer; CI runs make fuzz
+./modtrain reference > docs/reference.md	rewrites the source tree's reference; tests/scripts/reference.sh checks it is what this prints"
+# A command the guide shows ending otherwise than with 0: a prefix, a tab,
 # the exit codes it may give (the SIGUSR1 stop, which runs uncapped: 0
 # only on a machine that trains its 200 steps in under 8 s).
 EXPECT="timeout --preserve-status -s USR1	75 0"
@@ -49,7 +52,7 @@ cp "$MODTRAIN" "$W/modtrain"
 ln -s ../modtrain "$W/bin/modtrain"
 : > "$W/.session"
 
-# The inputs README's examples name: text files, JSON Lines (gzip) of
+# The inputs the examples name: text files, JSON Lines (gzip) of
 # documents, a folder of books.
 texts=$(ls "$fortunes" | grep -v -E '\.(dat|u8)$' | head -n 12)
 for f in $texts; do [ -f "$fortunes/$f" ] && cp "$fortunes/$f" "$W/my-texts/$f.txt"; done
@@ -71,8 +74,19 @@ for name, part in (("corpus.jsonl.gz", docs[::3]), ("corpus/web.jsonl.gz", docs[
             f.write(json.dumps({"text": d}) + "\n")
 PY
 
-# README's commands, one a line, with their README line numbers
-"$PYTHON" - "$srcdir/README.md" > "$TMP/commands" <<'PY'
+# The pages in the order of README's map (the links of its Documentation
+# section; the generated reference and the architecture notes hold no
+# commands), and every page of docs/ must be among them.
+pages=$(cd "$srcdir" && { echo README.md; sed -n '/^## Documentation/,$p' README.md | grep -o '](docs/[a-z_]*\.md)' |
+    sed 's/^](\(.*\))$/\1/' | grep -v -x -e docs/reference.md -e docs/architecture.md | awk '!seen[$0]++'; })
+for f in "$srcdir"/docs/*.md; do
+    case " $(echo $pages) docs/reference.md docs/architecture.md " in
+    *" docs/$(basename "$f") "*) ;;
+    *) fail "docs/$(basename "$f") is not in README's map of the docs" ;;
+    esac
+done
+# the guide's commands, one a line, with their pages and line numbers
+(cd "$srcdir" && "$PYTHON" - $pages) > "$TMP/commands" <<'PY'
 import re, sys
 programs = {"mpirun", "sbatch", "srun", "make", "apt-get", "echo", "printf", "time",
             "timeout", "export", "cat", "tc"}
@@ -92,23 +106,34 @@ def is_command(line):
     if w == "modtrain":
         return len(words) > 1 and words[1] in subcommands
     return w in programs
-lines = open(sys.argv[1], encoding="utf-8").read().split("\n")
-prev_blank, in_block, i = True, False, 0
-while i < len(lines):
-    line = lines[i]
-    code = line.startswith("    ") and (in_block or prev_blank)
-    in_block = code
-    prev_blank = line.strip() == ""
-    if code and is_command(line.strip()):
-        start, cmd = i + 1, line.strip()
-        while cmd.endswith("\\") and i + 1 < len(lines):
-            i += 1
-            cmd = cmd[:-1] + " " + lines[i].strip()
-        print("%d\t%s" % (start, cmd))
-    i += 1
+for page in sys.argv[1:]:
+    lines = open(page, encoding="utf-8").read().split("\n")
+    has_commands = False
+    prev_blank, in_block, i = True, False, 0
+    while i < len(lines):
+        line = lines[i]
+        code = line.startswith("    ") and (in_block or prev_blank)
+        in_block = code
+        prev_blank = line.strip() == ""
+        if code and is_command(line.strip()):
+            start, cmd = i + 1, line.strip()
+            while cmd.endswith("\\") and i + 1 < len(lines):
+                i += 1
+                cmd = cmd[:-1] + " " + lines[i].strip()
+            print("%s:%d\t%s" % (page, start, cmd))
+            has_commands = True
+        i += 1
+    if has_commands and not any(l.startswith("Starting state: ") for l in lines):
+        print("%s:0\tMISSING-STARTING-STATE" % page)
 PY
+grep "	MISSING-STARTING-STATE$" "$TMP/commands" | cut -d: -f1 | while read -r page; do
+    echo "FAIL: $page shows commands but no line 'Starting state: ...' saying what they need" >&2
+done | tee "$TMP/nostate"
+[ -s "$TMP/nostate" ] && fail "pages without their starting state"
+sed -i '/	MISSING-STARTING-STATE$/d' "$TMP/commands"
 n=$(wc -l < "$TMP/commands")
-[ "$n" -ge 30 ] && ok "README shows $n commands" || fail "found only $n commands in README.md"
+[ "$n" -ge 60 ] && ok "the guide shows $n commands on $(echo $pages | wc -w) pages" ||
+    fail "found only $n commands in README.md and docs/"
 
 # whether a command line is only an assignment (NAME=VALUE)
 is_assignment() { printf '%s\n' "$1" | grep -q -E '^[A-Za-z_][A-Za-z0-9_]*=[^ ]*$'; }
@@ -126,7 +151,7 @@ ran=0 skipped=0
 while IFS="	" read -r at cmd; do
     reason=$(lookup "$SKIP" "$cmd")
     if [ -n "$reason" ]; then
-        echo "skip README.md:$at: $cmd ($reason)"
+        echo "skip $at: $cmd ($reason)"
         skipped=$((skipped + 1))
         continue
     fi
@@ -138,24 +163,24 @@ while IFS="	" read -r at cmd; do
     done <<< "$UNCAPPED"
     t0=$(date +%s)
     set +e
-    # one shell session: the assignments README makes hold for what follows
+    # one shell session: the assignments a page makes hold for what follows
     (cd "$W" && env $cap bash -c ". ./.session; $cmd") < /dev/null > "$TMP/out" 2>&1
     rc=$?
     set -e
     case $cmd in *=*) is_assignment "$cmd" && printf 'export %s\n' "$cmd" >> "$W/.session" ;; esac
     ran=$((ran + 1))
     case " $codes " in
-    *" $rc "*) ok "README.md:$at: $cmd (exit $rc, $(($(date +%s) - t0)) s)" ;;
+    *" $rc "*) ok "$at: $cmd (exit $rc, $(($(date +%s) - t0)) s)" ;;
     *)
         tail -n 20 "$TMP/out" | sed 's/^/    /'
-        fail "README.md:$at: $cmd exited $rc (README shows it ending with $codes)"
+        fail "$at: $cmd exited $rc (its page shows it ending with $codes)"
         ;;
     esac
 done < "$TMP/commands"
 echo "$ran commands run, $skipped skipped with their reasons"
-# every skip reason still names a command README shows
+# every skip reason still names a command the guide shows
 printf '%s\n' "$SKIP" | while IFS="	" read -r prefix _; do
     cut -f2 "$TMP/commands" | grep -q -F -- "$prefix" || echo "stale skip: $prefix"
 done > "$TMP/stale"
-[ -s "$TMP/stale" ] && fail "skip entries for commands README no longer shows: $(cat "$TMP/stale")"
+[ -s "$TMP/stale" ] && fail "skip entries for commands the guide no longer shows: $(cat "$TMP/stale")"
 finish
