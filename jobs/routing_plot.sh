@@ -14,6 +14,7 @@
 #                column), the share of its slots each expert and no-op kept
 #                and the share dropped
 # usage: jobs/routing_plot.sh ROUTING_FILE PREFIX [--seq N] [--positions N] [--min_count N]
+#   ROUTING_FILE may be gzip-compressed (a name ending .gz)
 #   --seq N         the sequence the heatmap shows (0)
 #   --positions N   its first N positions (the model's seq_len, from the
 #                   file's first line)
@@ -46,6 +47,12 @@ while [ $# -gt 0 ]; do
     shift 2
 done
 [ -f "$in" ] || die "'$in' does not exist (write it with modtrain eval --routing FILE)"
+if [[ $in == *.gz ]]; then # a routing file kept compressed (docs/isoflop/routing.tsv.gz)
+    plain=$(mktemp "${TMPDIR:-/tmp}/routing.XXXXXX")
+    trap 'rm -f "$plain"' EXIT
+    gzip -dc "$in" > "$plain" 2> /dev/null || die "'$in' is not a gzip file"
+    in=$plain
+fi
 head -n 1 "$in" | grep -q '^# modtrain routing:' ||
     die "'$in' is not a routing file (its first line should start '# modtrain routing:')"
 # an MoE model's file has a tenth column, each choice's expert (see eval --routing)

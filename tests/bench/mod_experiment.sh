@@ -7,9 +7,57 @@
 # both loss curves into mod_vs_dense.png (gnuplot).
 # usage: tests/bench/mod_experiment.sh [STEPS] [OUT_DIR] [--key value ...]
 #   (the keys are passed to both training runs, e.g. --causal_router predictor)
+#        tests/bench/mod_experiment.sh --plot OUT_DIR
+#   (only the picture, drawn again from OUT_DIR/{dense,mod}/metrics.jsonl)
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
+
+# The picture: each run's training loss (every step's line) and validation
+# loss, read by field name wherever the line holds it.
+plot() {
+    out=$1
+    command -v gnuplot > /dev/null || { echo "plot: no gnuplot, no picture"; return 0; }
+    for k in dense mod; do
+        for f in loss val_loss; do
+            awk -v f="$f" '
+                function val(k,   r) { if (!match($0, "\"" k "\":[^,}]*")) return ""; r = substr($0, RSTART, RLENGTH)
+                                     sub(/^[^:]*:/, "", r); return r }
+                { v = val(f); if (v != "") print val("step"), v }' "$out/$k/metrics.jsonl" > "$out/$k.$f.dat"
+        done
+    done
+    # the y range: from the lowest loss to the highest validation loss or
+    # the 98th percentile of the training losses after the first tenth of
+    # the steps (the first steps' loss, and a spike, would flatten the rest)
+    last=$(cat "$out"/dense.loss.dat "$out"/mod.loss.dat | awk '$1 > m { m = $1 } END { print m + 0 }')
+    top=$(cat "$out"/dense.loss.dat "$out"/mod.loss.dat | awk -v s="$last" '$1 > s / 10 { print $2 }' |
+        sort -g | awk '{ v[NR] = $1 } END { print (NR ? v[int(NR * 0.98) > 0 ? int(NR * 0.98) : 1] : 0) }')
+    yr=$(awk -v top="$top" '
+        { if (lo == "" || $2 < lo) lo = $2 }
+        FILENAME ~ /val_loss/ && $2 > top { top = $2 }
+        END { pad = (top - lo) * 0.05; printf "%g:%g", lo - pad, top + pad }' \
+        "$out"/dense.loss.dat "$out"/mod.loss.dat "$out"/dense.val_loss.dat "$out"/mod.val_loss.dat)
+    gnuplot <<GP
+set terminal png size 900,560
+set output "$out/mod_vs_dense.png"
+set title "dense vs Mixture-of-Depths (12.5% capacity, every other block): loss"
+set xlabel "step"
+set ylabel "loss (nats/byte)"
+set yrange [$yr]
+set grid
+plot "$out/dense.loss.dat" using 1:2 with lines lc rgb "#8888ff" title "dense train", \
+     "$out/mod.loss.dat" using 1:2 with lines lc rgb "#ff8888" title "MoD train", \
+     "$out/dense.val_loss.dat" using 1:2 with linespoints lw 2 lc rgb "#0000cc" title "dense val", \
+     "$out/mod.val_loss.dat" using 1:2 with linespoints lw 2 lc rgb "#cc0000" title "MoD val (top-k)"
+GP
+    echo "plot: $out/mod_vs_dense.png"
+}
+if [ "${1:-}" = --plot ]; then
+    [ $# = 2 ] || { echo "usage: tests/bench/mod_experiment.sh --plot OUT_DIR" >&2; exit 2; }
+    plot "$2"
+    exit 0
+fi
+
 steps=${1:-400}
 out=${2:-mod_experiment}
 [ $# -ge 2 ] && shift 2 || shift $#
@@ -54,23 +102,4 @@ row "sampling tokens/s" "$(sps "$out/dense.sample.log")" "$(sps "$out/mod.sample
 awk -v l="$(js "$out/mod.eval.json" loss)" -v c="$(js "$out/mod.eval.json" loss_causal)" \
     'BEGIN { printf "loss_causal / loss - 1: %+.3f%%\n", 100 * (c / l - 1) }'
 
-if command -v gnuplot > /dev/null; then
-    for k in dense mod; do
-        grep '"loss"' "$out/$k/metrics.jsonl" | sed -e 's/{"step":\([0-9]*\),"loss":\([^,]*\).*/\1 \2/' > "$out/$k.train.dat"
-        grep '"val_loss"' "$out/$k/metrics.jsonl" | sed -e 's/{"step":\([0-9]*\),"val_loss":\([^,}]*\).*/\1 \2/' > "$out/$k.val.dat"
-    done
-    gnuplot <<GP
-set terminal png size 900,560
-set output "$out/mod_vs_dense.png"
-set title "dense vs Mixture-of-Depths (12.5% capacity, every other block): loss"
-set xlabel "step"
-set ylabel "loss (nats/byte)"
-set yrange [*:4]
-set grid
-plot "$out/dense.train.dat" using 1:2 with lines lc rgb "#8888ff" title "dense train", \
-     "$out/mod.train.dat" using 1:2 with lines lc rgb "#ff8888" title "MoD train", \
-     "$out/dense.val.dat" using 1:2 with linespoints lw 2 lc rgb "#0000cc" title "dense val", \
-     "$out/mod.val.dat" using 1:2 with linespoints lw 2 lc rgb "#cc0000" title "MoD val (top-k)"
-GP
-    echo "plot: $out/mod_vs_dense.png"
-fi
+plot "$out"
