@@ -8,7 +8,9 @@ export MODTRAIN_PEAK_GFLOPS=${MODTRAIN_PEAK_GFLOPS-100} # no run measures unless
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} # idle threads sleep (see Makefile.am)
 export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1} # waiting ranks yield
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/modtrain-test.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
+# nodes_up N RATE sets NODES; the emulated hosts go with the test
+NODES=""
+trap '[ -z "$NODES" ] || "$srcdir/tests/tools/nodes.sh" down "$NODES" > /dev/null 2>&1; rm -rf "$TMP"' EXIT
 # Open MPI's session folders in the test's own scratch: a plain process
 # (a singleton) names its folder by a 16-bit hash, and tests side by side
 # must not meet in /tmp (once in CI a singleton's MPI_Init failed so)
@@ -121,7 +123,7 @@ expect_train_error() {
     shift 2
     set +e
     # shellcheck disable=SC2086 # the options
-    timeout 120 $MPIRUN -np "$np" "$MODTRAIN" train $common --run_dir bad "$@" > bad.log 2>&1
+    timeout -k 10 120 $MPIRUN -np "$np" "$MODTRAIN" train $common --run_dir bad "$@" > bad.log 2>&1
     rc=$?
     set -e
     n=$(grep -c "^modtrain: " bad.log)
@@ -142,7 +144,7 @@ train() {
     esac
     set +e
     # shellcheck disable=SC2086 # the launcher and the options
-    timeout "${TRAIN_TIMEOUT:-300}" $launch "$MODTRAIN" train $common --run_dir "$run" "$@" > "$run.log" 2>&1
+    timeout -k 10 "${TRAIN_TIMEOUT:-300}" $launch "$MODTRAIN" train $common --run_dir "$run" "$@" > "$run.log" 2>&1
     rc=$?
     set -e
 }
@@ -235,6 +237,21 @@ same_ckpt() {
         [ "$(grep -av '^kv state.run_id \|^kv state.parent_step \|^end ' "$1/index")" = \
             "$(grep -av '^kv state.run_id \|^kv state.parent_step \|^end ' "$2/index")" ]
 }
+
+# nodes_up N RATE: N emulated hosts node1..nodeN (tests/tools/nodes.sh),
+# their links throttled to RATE (none: not), removed when the test ends;
+# skips the test (77) where they cannot be made. `on_nodes [mpirun options]
+# PROGRAM ...` runs mpirun on node1 over them.
+nodes_up() {
+    NODES=$TMP/nodes
+    set +e
+    "$srcdir/tests/tools/nodes.sh" up "$NODES" "$1" --rate "$2" > "$TMP/nodes.out" 2>&1
+    rc=$?
+    set -e
+    [ "$rc" = 77 ] && { grep SKIP "$TMP/nodes.out"; NODES=""; exit 77; }
+    [ "$rc" = 0 ] || { cat "$TMP/nodes.out"; fail "emulated hosts: nodes.sh up failed"; finish; }
+}
+on_nodes() { timeout -k 10 "${TRAIN_TIMEOUT:-300}" "$srcdir/tests/tools/nodes.sh" mpirun "$NODES" "$@"; }
 
 finish() {
     if [ "$failures" -ne 0 ]; then

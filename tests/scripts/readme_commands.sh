@@ -31,6 +31,7 @@ jobs/isoflop.sh --out isoflop	the default sweep takes about 30 minutes; the --qu
 jobs/isoflop.sh --out iso2	a sweep of minutes on a corpus of the reader's own; the --quick sweep runs
 jobs/isoflop.sh --kinds dense,mod,moe	six kinds of model at three budgets take about 110 minutes; the --quick sweep of every kind runs in tests/scripts/isoflop.sh
 mpirun -np 8 --hostfile HOSTFILE	a cluster's command: two nodes of 64 cores and their hostfile
+tests/tools/nodes.sh	makes network namespaces and a bridge as root; tests/mpi/nodes.sh runs these steps
 sbatch jobs/train.sbatch	needs a SLURM cluster: tests/slurm/launch.sh and preempt.sh submit it to a real one
 jobs/chain.sh	needs a SLURM cluster: tests/slurm/preempt.sh chains jobs on a real one
 make fuzz	minutes of libFuzzer; CI runs make fuzz

@@ -1,7 +1,8 @@
 # A real single-node SLURM cluster for the tests: munged, slurmctld and slurmd
 # with a generated slurm.conf under $1, all as root (MpiDefault from
-# $SLURM_MPI_DEFAULT, SLURM's default none when unset). Sourced; defines
-# slurm_test_skip, cluster_up DIR, cluster_down, job_state JOB and wait_done
+# $SLURM_MPI_DEFAULT, SLURM's default none when unset), or one of several
+# emulated hosts. Sourced; defines slurm_test_skip, cluster_up DIR,
+# cluster_up_nodes DIR N [RATE], cluster_down, job_state JOB and wait_done
 # JOB. Exports SLURM_CONF.
 
 # Exits 77 (skip) where a SLURM test cannot run: MODTRAIN_SKIP_SLOW set (CI
@@ -16,17 +17,10 @@ slurm_test_skip() {
     [ "$(id -u)" -eq 0 ] || { echo "SKIP: the test cluster runs as root"; exit 77; }
 }
 
-cluster_up() {
-    SLURM_DIR=$1
-    # one test cluster at a time on this machine (make -j runs tests side by
-    # side; they share the ports and munged): held until the test exits
-    exec 9> "${TMPDIR:-/tmp}/modtrain-slurm-test.lock"
-    flock -w 900 9 || return 1
-    mkdir -p "$SLURM_DIR/state" "$SLURM_DIR/spool" "$SLURM_DIR/munge"
-    node=$(hostname -s)
-    cat > "$SLURM_DIR/slurm.conf" <<CONF
+# The lines of slurm.conf every test cluster shares.
+common_conf() {
+    cat <<CONF
 ClusterName=modtraintest
-SlurmctldHost=$node
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -35,11 +29,8 @@ AuthType=auth/munge
 # under 10 s
 AuthInfo=cred_expire=10
 StateSaveLocation=$SLURM_DIR/state
-SlurmdSpoolDir=$SLURM_DIR/spool
 SlurmctldPidFile=$SLURM_DIR/slurmctld.pid
-SlurmdPidFile=$SLURM_DIR/slurmd.pid
 SlurmctldLogFile=$SLURM_DIR/slurmctld.log
-SlurmdLogFile=$SLURM_DIR/slurmd.log
 SlurmctldPort=${SLURMCTLD_PORT:-6817}
 SlurmdPort=${SLURMD_PORT:-6818}
 ProctrackType=proctrack/linuxproc
@@ -53,24 +44,88 @@ MpiDefault=${SLURM_MPI_DEFAULT:-none}
 ReturnToService=2
 JobRequeue=1
 KillWait=30
-NodeName=$node CPUs=2 State=UNKNOWN
-PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 CONF
-    export SLURM_CONF="$SLURM_DIR/slurm.conf"
+}
+
+# one test cluster at a time on this machine (make -j runs tests side by
+# side; they share the ports and munged): held until the test exits
+cluster_lock() {
+    exec 9> "${TMPDIR:-/tmp}/modtrain-slurm-test.lock"
+    flock -w 900 9
+}
+
+start_munge() {
     STARTED_MUNGE=0
     if ! pgrep -x munged > /dev/null; then
         munged --force --socket="/run/munge/munge.socket.2" 2> "$SLURM_DIR/munged.log" 9>&- ||
             { mkdir -p /run/munge && chown munge:munge /run/munge 2> /dev/null; munged --force 9>&-; } || return 1
         STARTED_MUNGE=1
     fi
-    slurmctld -f "$SLURM_CONF" 9>&- || return 1 # the daemons do not hold the lock
-    slurmd -f "$SLURM_CONF" -N "$node" 9>&- || return 1
+}
+
+# until sinfo shows N idle nodes (the slurmds registered)
+wait_idle() {
     i=0
-    while ! sinfo -h -o %t 2> /dev/null | grep -q idle; do
+    while [ "$(sinfo -h -N -o %t 2> /dev/null | grep -c idle)" -lt "$1" ]; do
         sleep 0.5
         i=$((i + 1))
         [ $i -lt 120 ] || { cat "$SLURM_DIR"/*.log; return 1; }
     done
+}
+
+cluster_up() {
+    SLURM_DIR=$1
+    cluster_lock || return 1
+    mkdir -p "$SLURM_DIR/state" "$SLURM_DIR/spool" "$SLURM_DIR/munge"
+    node=$(hostname -s)
+    { common_conf; cat <<CONF; } > "$SLURM_DIR/slurm.conf"
+SlurmctldHost=$node
+SlurmdSpoolDir=$SLURM_DIR/spool
+SlurmdPidFile=$SLURM_DIR/slurmd.pid
+SlurmdLogFile=$SLURM_DIR/slurmd.log
+NodeName=$node CPUs=2 State=UNKNOWN
+PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+CONF
+    export SLURM_CONF="$SLURM_DIR/slurm.conf"
+    start_munge || return 1
+    slurmctld -f "$SLURM_CONF" 9>&- || return 1 # the daemons do not hold the lock
+    slurmd -f "$SLURM_CONF" -N "$node" 9>&- || return 1
+    wait_idle 1
+}
+
+# cluster_up_nodes DIR N [RATE]: a cluster of N emulated hosts
+# (tests/tools/nodes.sh, their links throttled to RATE), node1..nodeN of
+# one CPU each: slurmctld here, on the hosts' bridge (198.18.S.254), and a
+# slurmd on each host, in its namespaces under its name, with its own
+# spool, pid and log files. Returns 77 where the hosts cannot be made.
+cluster_up_nodes() {
+    SLURM_DIR=$1
+    cluster_lock || return 1
+    mkdir -p "$SLURM_DIR/state"
+    NODES=$SLURM_DIR/hosts
+    "$srcdir/tests/tools/nodes.sh" up "$NODES" "$2" --rate "${3:-none}" --gateway > "$SLURM_DIR/up.log" 2>&1 ||
+        { rc=$?; cat "$SLURM_DIR/up.log"; NODES=""; return $rc; }
+    S=$(sed -n 's/^S=//p' "$NODES/nodes.env")
+    { common_conf; cat <<CONF; } > "$SLURM_DIR/slurm.conf"
+SlurmctldHost=$(hostname -s)(198.18.$S.254)
+SlurmdSpoolDir=$SLURM_DIR/spool
+SlurmdPidFile=$SLURM_DIR/slurmd.%n.pid
+SlurmdLogFile=$SLURM_DIR/slurmd.%n.log
+NodeName=node[1-$2] NodeAddr=198.18.$S.[1-$2] CPUs=1 State=UNKNOWN
+PartitionName=debug Nodes=node[1-$2] Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+CONF
+    # the PMIx plugin's client folders too (it names them alike on every host)
+    echo "PMIxCliTmpDirBase=$SLURM_DIR/spool" > "$SLURM_DIR/mpi.conf"
+    export SLURM_CONF="$SLURM_DIR/slurm.conf"
+    start_munge || return 1
+    slurmctld -f "$SLURM_CONF" 9>&- || return 1
+    # each host's own spool at the one path (the PMIx plugin reaches another
+    # host's step daemon by the spool's path, so %n in it would not do)
+    for i in $(seq 1 "$2"); do
+        MODTRAIN_NODES_PRIVATE=$SLURM_DIR/spool "$srcdir/tests/tools/nodes.sh" run "$NODES" "node$i" \
+            slurmd -f "$SLURM_CONF" -N "node$i" 9>&- || return 1
+    done
+    wait_idle "$2"
 }
 
 cluster_down() {
@@ -86,7 +141,9 @@ cluster_down() {
         sleep 0.2
         i=$((i + 1))
         [ $i -lt 150 ] || { pkill -9 -f "^slurm(ctld|d) -f $SLURM_CONF"; break; }
-    done
+    done    # the emulated hosts, with whatever of a job is left on them
+    [ -z "${NODES:-}" ] || "$srcdir/tests/tools/nodes.sh" down "$NODES" > /dev/null 2>&1 || true
+    NODES=""
 }
 
 job_state() { scontrol show job "$1" 2> /dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
