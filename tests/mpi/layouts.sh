@@ -134,7 +134,7 @@ expect_train_error 2 "cannot open 'nope.bin'" --tp 1 --train_data nope.bin
 
 # a rank that dies mid-run ends the job with a clear message and a non-zero exit
 set +e
-MODTRAIN_FAULT=rank-exit:1:3 timeout 120 $MPIRUN -np 4 "$MODTRAIN" train $common --tp 2 --run_dir dies > dies.log 2>&1
+MODTRAIN_FAULT=rank-exit:1:3 timeout -k 10 120 $MPIRUN -np 4 "$MODTRAIN" train $common --tp 2 --run_dir dies > dies.log 2>&1
 rc=$?
 set -e
 [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && grep -q "rank 1 exits at step 3" dies.log &&

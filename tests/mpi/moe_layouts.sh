@@ -132,7 +132,7 @@ done
 # about as long as the four steps before the kill, and a loaded host can leave
 # it uncommitted when rank 3 dies (ckpt_async.sh kills saves in flight)
 set +e
-MODTRAIN_FAULT=rank-exit:3:14 timeout 300 $MPIRUN -np 4 "$MODTRAIN" train $common --ep 2 $moe \
+MODTRAIN_FAULT=rank-exit:3:14 timeout -k 10 300 $MPIRUN -np 4 "$MODTRAIN" train $common --ep 2 $moe \
     --ckpt_async 0 --run_dir killed > killed.1.log 2>&1
 rc=$?
 set -e
@@ -149,7 +149,7 @@ grep -q "resume: loaded killed/ckpt/step-00000010" killed.log &&
     { tail -n 5 killed-first.log killed.log; cat diff.txt; fail "ep 2: the resumed run differs from the uninterrupted one"; }
 # killed while writing the step-10 checkpoint (staged MoDE): resumed from step 5
 set +e
-MODTRAIN_FAULT=save-kill:write:10 timeout 300 $MPIRUN -np 4 "$MODTRAIN" train $common --ep 2 $mode \
+MODTRAIN_FAULT=save-kill:write:10 timeout -k 10 300 $MPIRUN -np 4 "$MODTRAIN" train $common --ep 2 $mode \
     --ckpt_every 5 --run_dir savekill > savekill-first.log 2>&1
 rc=$?
 set -e

@@ -90,9 +90,9 @@ lays="2-2 4-4 4-2"
 [ $slow = 1 ] || lays=2-2
 for lay in $lays; do
     np=${lay%-*} pp=${lay#*-}
-    timeout 120 $MPIRUN -np $np "$MODTRAIN" eval --ckpt mod-base/ckpt --data data/val_000000.bin --seqs 32 \
+    timeout -k 10 120 $MPIRUN -np $np "$MODTRAIN" eval --ckpt mod-base/ckpt --data data/val_000000.bin --seqs 32 \
         --json --pp $pp > ep.json
-    timeout 120 $MPIRUN -np $np "$MODTRAIN" sample --ckpt mod-base/ckpt --prompt "Q: " --tokens 60 \
+    timeout -k 10 120 $MPIRUN -np $np "$MODTRAIN" sample --ckpt mod-base/ckpt --prompt "Q: " --tokens 60 \
         --seed 5 --temperature 0.7 --pp $pp > sp.txt
     a=$(last_json e1.json loss) b=$(last_json ep.json loss)
     c=$(last_json e1.json loss_causal) d=$(last_json ep.json loss_causal)

@@ -50,7 +50,7 @@ check_plan() { # NAME TP PP RANKS
     name=$1 tp=$2 pp=$3 n=$4
     "$MODTRAIN" plan --config plan.conf --cluster cluster.conf --layout "$tp,$pp,$n" > "$name.plan" 2>&1 ||
         { cat "$name.plan"; return 1; }
-    timeout 300 $MPIRUN -np "$n" sh -c "exec '$PEAKRSS' '$name.rss.'\$OMPI_COMM_WORLD_RANK '$MODTRAIN' train \
+    timeout -k 10 300 $MPIRUN -np "$n" sh -c "exec '$PEAKRSS' '$name.rss.'\$OMPI_COMM_WORLD_RANK '$MODTRAIN' train \
         --config plan.conf --tp $tp --pp $pp --run_dir $name" > "$name.log" 2>&1 ||
         { cat "$name.log"; return 1; }
     "$PYTHON" - "$name" "$tp" "$n" "$asan" <<'PY'
@@ -100,7 +100,7 @@ for lay in "mod 2 1 none" "mod 1 2 none" "mod 2 1 block" "llama 2 1 attention"; 
     conf=$1.conf name=$1-$2-$3-$4
     shift
     "$MODTRAIN" plan --config "$conf" --cluster cluster.conf --layout "$1,$2,2" --recompute "$3" > "$name.plan" 2>&1 &&
-        timeout 300 $MPIRUN -np 2 "$MODTRAIN" train --config "$conf" --tp "$1" --pp "$2" --recompute "$3" \
+        timeout -k 10 300 $MPIRUN -np 2 "$MODTRAIN" train --config "$conf" --tp "$1" --pp "$2" --recompute "$3" \
             --run_dir "$name" > "$name.log" 2>&1 || { cat "$name.plan" "$name.log"; fail "$name"; continue; }
     want=$(sed -n 's/^bytes per step of the busiest rank: tp \([0-9]*\), dp \([0-9]*\), pp \([0-9]*\).*/\1 \2 \3/p' "$name.plan")
     rows=$(sed -n "s/.*the embedding's rows at most \([0-9]*\) of it.*/\1/p" "$name.plan")
@@ -132,7 +132,7 @@ for lay in "moe-ep2 1 1 2 --ep 2" "moe-tp2 2 1 2 --ep 1" "moe-tp2-block 2 1 2 --
     name=$1 tp=$2 pp=$3 n=$4
     shift 4
     "$MODTRAIN" plan --config moe.conf --cluster cluster.conf --layout "$tp,$pp,$n" "$@" > "$name.plan" 2>&1 &&
-        timeout 300 $MPIRUN -np "$n" sh -c "exec '$PEAKRSS' '$name.rss.'\$OMPI_COMM_WORLD_RANK '$MODTRAIN' train \
+        timeout -k 10 300 $MPIRUN -np "$n" sh -c "exec '$PEAKRSS' '$name.rss.'\$OMPI_COMM_WORLD_RANK '$MODTRAIN' train \
             --config moe.conf --tp $tp --pp $pp $* --run_dir $name" > "$name.log" 2>&1 ||
         { cat "$name.plan" "$name.log"; fail "$name"; continue; }
     want=$(sed -n 's/^bytes per step of the busiest rank: tp \([0-9]*\), dp \([0-9]*\), pp \([0-9]*\).*/\1 \2 \3/p' "$name.plan")

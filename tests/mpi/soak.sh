@@ -213,7 +213,7 @@ print(last)
 PY
 )
     set +e
-    timeout 60 sh -c "while kill -0 $pid 2> /dev/null; do sleep 0.05; done"
+    timeout -k 10 60 sh -c "while kill -0 $pid 2> /dev/null; do sleep 0.05; done"
     hung=$?
     # no rank outlives its job (as a scheduler ends what a job started): the
     # ranks of this launch alone (its run_dir is under this test's $TMP)

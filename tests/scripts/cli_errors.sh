@@ -27,7 +27,7 @@ expect_error "d_model = 130 is not divisible by n_head = 4" "$MODTRAIN" train $T
 expect_error "batch_size = 8 is not divisible by micro_batch = 3" "$MODTRAIN" train $T --micro_batch 3
 expect_error "route_every = 9 routes no block of n_layer = 4" "$MODTRAIN" train $T --route_every 9
 [ $slow = 0 ] || expect_error "cannot open 'nope.bin'" "$MODTRAIN" train $T --train_data nope.bin
-expect_error "config: '/dev/zero' is a character device, not a file" timeout 60 "$MODTRAIN" train --config /dev/zero
+expect_error "config: '/dev/zero' is a character device, not a file" timeout -k 10 60 "$MODTRAIN" train --config /dev/zero
 [ $slow = 0 ] || expect_error "config: '.' is a directory" "$MODTRAIN" train --config .
 expect_error "blis_arch = 'skylake' is not a BLIS configuration (expected one of auto, " "$MODTRAIN" train $T --blis_arch skylake
 [ $slow = 0 ] || expect_error "gemm = 'mkl' is not one of own/blis" "$MODTRAIN" train $T --gemm mkl

@@ -50,9 +50,9 @@ launch() {
     shift 2
     set +e
     if [ "$np" -eq 1 ]; then
-        timeout 120 "$MODTRAIN" train $common "$@" > "$log" 2>&1
+        timeout -k 10 120 "$MODTRAIN" train $common "$@" > "$log" 2>&1
     else
-        timeout 120 $MPIRUN -np "$np" "$MODTRAIN" train $common "$@" > "$log" 2>&1
+        timeout -k 10 120 $MPIRUN -np "$np" "$MODTRAIN" train $common "$@" > "$log" 2>&1
     fi
     rc=$?
     set -e

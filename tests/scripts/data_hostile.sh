@@ -189,7 +189,7 @@ else
     cat live-run.out live-run.err
     fail "a shard truncated while training: exit $rc"
 fi
-cut_live live-dp2 timeout 300 mpirun --allow-run-as-root --oversubscribe --mca btl self,vader -np 2
+cut_live live-dp2 timeout -k 10 300 mpirun --allow-run-as-root --oversubscribe --mca btl self,vader -np 2
 # mpirun adds its own lines about the exit; modtrain's are one
 if [ "$rc" -eq 2 ] && [ "$(grep -c '^modtrain:' live-dp2.err)" -eq 1 ] &&
     grep -q "^modtrain: data: 'live/train_0.bin' ends at byte [0-9]*, inside the sequence at token" live-dp2.err; then

@@ -23,7 +23,7 @@ expect_kind() {
     code=$1 path=$2 kind=$3
     shift 3
     set +e
-    timeout 10 "$@" > out.txt 2> err.txt < /dev/null
+    timeout -k 10 10 "$@" > out.txt 2> err.txt < /dev/null
     rc=$?
     set -e
     lines=$(wc -l < err.txt)

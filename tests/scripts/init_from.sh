@@ -31,7 +31,7 @@ ft() { # NAME NP INIT_FROM [--key value ...]
     name=$1 np=$2 from=$3
     shift 3
     # shellcheck disable=SC2086 # the options
-    timeout 300 $MPIRUN -np "$np" "$MODTRAIN" train $common --train_data ft.bin --steps 1 \
+    timeout -k 10 300 $MPIRUN -np "$np" "$MODTRAIN" train $common --train_data ft.bin --steps 1 \
         --init_from "$from" --run_dir "$name" "$@" > "$name.log" 2>&1 || { cat "$name.log"; fail "$name: train"; }
 }
 ft a 1 src/ckpt

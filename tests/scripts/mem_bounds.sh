@@ -66,7 +66,7 @@ if ldd "$MODTRAIN" | grep -q libasan; then
     echo "skip: sample under ulimit -v (AddressSanitizer build)"
 else
     set +e
-    (ulimit -v 4194304 && exec timeout 5 "$MODTRAIN" sample --ckpt small \
+    (ulimit -v 4194304 && exec timeout -k 10 5 "$MODTRAIN" sample --ckpt small \
         --tokens 1073741824 --threads 1) > s.txt 2> se.txt
     rc=$?
     set -e

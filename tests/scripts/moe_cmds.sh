@@ -92,7 +92,7 @@ pd=$(grep -m 1 '^modtrain [0-9]' dense.log | sed 's/.*| \([0-9.]*M\) parameters.
 # ---- 4: eval --routing (a FIFO named for the table: one line, no hang)
 mkfifo fifo.tsv
 rc=0
-timeout 10 "$MODTRAIN" eval --ckpt mod/ckpt --data data/val_000000.bin --seqs 8 --routing fifo.tsv \
+timeout -k 10 10 "$MODTRAIN" eval --ckpt mod/ckpt --data data/val_000000.bin --seqs 8 --routing fifo.tsv \
     > fifo.out 2> fifo.err || rc=$?
 [ "$rc" -eq 2 ] && [ "$(wc -l < fifo.err)" -eq 1 ] && grep -q "'fifo.tsv' is a FIFO, not a file" fifo.err &&
     ok "eval --routing into a FIFO: $(cat fifo.err)" || fail "eval --routing into a FIFO: exit $rc, $(cat fifo.err)"

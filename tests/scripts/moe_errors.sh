@@ -23,7 +23,7 @@ expect_mpi_error() {
     np=$1 pattern=$2
     shift 2
     set +e
-    timeout 120 $MPIRUN -np "$np" "$MODTRAIN" "$@" > out.txt 2> err.txt
+    timeout -k 10 120 $MPIRUN -np "$np" "$MODTRAIN" "$@" > out.txt 2> err.txt
     rc=$?
     set -e
     grep '^modtrain: ' err.txt | grep -v '^modtrain: warning: ' > lines.txt || true

@@ -99,7 +99,7 @@ train A2 --steps 2
 cp -r "$(step_dir A 4)" X
 nan=299 steps=400
 [ $slow = 1 ] || nan=149 steps=200
-MODTRAIN_FAULT=nan-batch:$nan timeout 120 "$MODTRAIN" train $common --run_dir G --steps $steps \
+MODTRAIN_FAULT=nan-batch:$nan timeout -k 10 120 "$MODTRAIN" train $common --run_dir G --steps $steps \
     --ckpt_every 1000 --resume X --on_nonfinite rollback > G.log 2>&1 &
 pid=$!
 n=0

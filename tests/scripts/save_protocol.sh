@@ -122,7 +122,7 @@ before=$(ls -l --time-style=+%s.%N "$(step_dir ref 8)/data.bin")
 rc1=0 logs=ref2.log
 [ $slow = 0 ] || { train ref --steps 8 --ckpt_every 4; rc1=$rc logs="ref.log ref2.log"; }
 set +e
-timeout 120 $MPIRUN -np 2 "$MODTRAIN" train $common --run_dir ref --steps 8 > ref2.log 2>&1
+timeout -k 10 120 $MPIRUN -np 2 "$MODTRAIN" train $common --run_dir ref --steps 8 > ref2.log 2>&1
 rc2=$?
 set -e
 [ "$rc1" -eq 0 ] && [ "$rc2" -eq 0 ] && grep -q "nothing to train or save" $logs &&
@@ -219,7 +219,7 @@ MODTRAIN_FAULT=nan-from:5 train nan2 --steps 8 --ckpt_every 4 --ckpt_async 0 \
 
 # watchdog: rank 1 hangs at step 3; the job ends with 124, naming rank and phase
 set +e
-MODTRAIN_FAULT=hang:1:3 timeout 120 $MPIRUN -np 2 "$MODTRAIN" train $common --run_dir dog \
+MODTRAIN_FAULT=hang:1:3 timeout -k 10 120 $MPIRUN -np 2 "$MODTRAIN" train $common --run_dir dog \
     $long --watchdog_s 3 > dog.log 2>&1
 rc=$?
 set -e
@@ -229,7 +229,7 @@ set -e
 
 # a pipeline micro-batch too large for one MPI message
 set +e
-timeout 120 $MPIRUN -np 2 "$MODTRAIN" train $common --pp 2 --n_layer 2 --seq_len 1048576 \
+timeout -k 10 120 $MPIRUN -np 2 "$MODTRAIN" train $common --pp 2 --n_layer 2 --seq_len 1048576 \
     --d_model 4096 --n_head 4 --batch_size 1 --micro_batch 1 --run_dir big > big.log 2>&1
 rc=$?
 set -e

@@ -20,9 +20,9 @@ common="--config $srcdir/jobs/tiny.conf --train_data data/train_000000.bin --val
 ev() { "$MODTRAIN" eval --ckpt src/ckpt --data data/val_000000.bin --seqs 40 --json --threads 1 "$@" |
     sed -e 's/.*"loss":\([^,]*\).*/\1/'; }
 l16=$(ev --micro_batch 16) l8=$(ev --micro_batch 8) l3=$(ev --micro_batch 3)
-pp2=$(timeout 120 $MPIRUN -np 2 "$MODTRAIN" eval --ckpt src/ckpt --data data/val_000000.bin --seqs 40 \
+pp2=$(timeout -k 10 120 $MPIRUN -np 2 "$MODTRAIN" eval --ckpt src/ckpt --data data/val_000000.bin --seqs 40 \
     --micro_batch 8 --pp 2 --json --threads 1 | sed -e 's/.*"loss":\([^,]*\).*/\1/')
-tp2=$(timeout 120 $MPIRUN -np 2 "$MODTRAIN" eval --ckpt src/ckpt --data data/val_000000.bin --seqs 40 \
+tp2=$(timeout -k 10 120 $MPIRUN -np 2 "$MODTRAIN" eval --ckpt src/ckpt --data data/val_000000.bin --seqs 40 \
     --micro_batch 5 --json --threads 1 | sed -e 's/.*"loss":\([^,]*\).*/\1/')
 [ -n "$l16" ] && [ "$l16" = "$l8" ] && [ "$l8" = "$l3" ] && [ "$l8" = "$pp2" ] &&
     ok "eval --seqs 40: $l16 at micro_batch 16, 8 and 3 and through pp 2" ||
