@@ -129,6 +129,11 @@ CONF
 }
 
 cluster_down() {
+    if [ -z "${SLURM_CONF:-}" ]; then # no cluster came up: only the hosts may be left
+        [ -z "${NODES:-}" ] || "$srcdir/tests/tools/nodes.sh" down "$NODES" > /dev/null 2>&1 || true
+        NODES=""
+        return 0
+    fi
     scancel --full --quiet -u root 2> /dev/null || true
     # this cluster's daemons (by their config, should a pid file be missing),
     # then munged if this test started it; each gone before the next test

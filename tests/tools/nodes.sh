@@ -54,14 +54,15 @@ node_index() {
     echo "${BASH_REMATCH[1]}"
 }
 
-# A subnet of its own: the first free S in 1..254 whose lock this process
-# takes (mkdir is atomic); a lock whose owner died is taken over, after
-# clearing what that owner left.
+# A subnet of its own: the first free S in 1..254 whose lock this set takes
+# (mkdir is atomic), owned by the process that asked for the set (`up`'s
+# parent: a test, a user's shell), which outlives `up`; a lock whose owner
+# died is taken over, after clearing what that owner left.
 take_subnet() {
     mkdir -p "$LOCKS"
     for s in $(seq 1 254); do
         if mkdir "$LOCKS/$s" 2> /dev/null; then
-            echo "$$" > "$LOCKS/$s/pid"
+            echo "$PPID" > "$LOCKS/$s/pid"
             echo "$s"
             return 0
         fi
@@ -70,7 +71,7 @@ take_subnet() {
             "$self" down "$(cat "$LOCKS/$s/dir")" > /dev/null 2>&1 || true
             rm -rf "$LOCKS/$s"
             mkdir "$LOCKS/$s" 2> /dev/null || continue
-            echo "$$" > "$LOCKS/$s/pid"
+            echo "$PPID" > "$LOCKS/$s/pid"
             echo "$s"
             return 0
         fi
