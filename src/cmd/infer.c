@@ -35,7 +35,7 @@ int infer_open(Infer *in, const char *cmd, const char *ckpt, int pp, int threads
         return -1;
     }
     Err err;
-    if (grid_init(&in->grid, world / pp, pp, &err) != 0) {
+    if (grid_init(&in->grid, world / pp, pp, NULL, &err) != 0) {
         if (rank == 0) err_print(&err);
         return -1;
     }

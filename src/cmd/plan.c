@@ -166,12 +166,21 @@ static void print_row(const PlanRow *r, int moe) {
         snprintf(ep, sizeof ep, " %3d", r->ep);
         snprintf(epmb, sizeof epmb, " %9.1f", r->ep_bytes / 1e6);
     }
+    /* the groups that span nodes under the grid's order: "dp 2/2,pp 4/4" */
+    char across[96] = "";
+    const int size[3] = {r->tp, r->dp, r->pp};
+    const char *name[3] = {"tp", "dp", "pp"};
+    for (int a = 0; a < 3; a++)
+        if (r->crossing[a])
+            snprintf(across + strlen(across), sizeof across - strlen(across), "%s%s %d/%d",
+                     across[0] ? "," : "", name[a], r->crossing[a],
+                     r->tp * r->dp * r->pp / size[a]);
     printf("%3d %3d %4d%s %4d %4d %11s %-4s %9.1f %9.1f %9.1f %9.1f%s %9.3f %6.1f%% %11.0f %8.2f "
-           "%7.1f\n",
+           "%7.1f  %-8s %s\n",
            r->tp, r->pp, r->dp, ep, r->ranks_per_node, r->threads, mem, r->fits ? "yes" : "NO",
            r->flops_step / 1e12, r->tp_bytes / 1e6, r->dp_bytes / 1e6, r->pp_bytes / 1e6, epmb,
            r->t_step, 100 * r->t_bubble / r->t_step, r->tokens_per_s, r->ckpt_bytes / 1e9,
-           r->ckpt_s);
+           r->ckpt_s, config_order_name(r->order), across[0] ? across : "-");
 }
 
 /* The one layout's exact figures (the tests compare them). */
@@ -226,9 +235,10 @@ static int plan_print(const Config *c, const Cluster *cl, const PlanArgs *a) {
            c->n_layer, c->d_model, c->n_head, c->seq_len, c->vocab_size, experts, c->batch_size,
            cl->nodes, cl->nodes == 1 ? "" : "s", cl->cores_per_node, cl->mem_per_node_gib,
            cl->gflops_per_core, 100 * cl->efficiency);
-    printf("%3s %3s %4s%s %4s %4s %11s %-4s %9s %9s %9s %9s%s %9s %7s %11s %8s %7s\n", "tp", "pp",
-           "dp", moe ? "  ep" : "", "rpn", "thr", "mem/rank", "fits", "TFLOP", "tp MB", "dp MB",
-           "pp MB", moe ? "     ep MB" : "", "step s", "bubble", "tokens/s", "ckpt GB", "save s");
+    printf("%3s %3s %4s%s %4s %4s %11s %-4s %9s %9s %9s %9s%s %9s %7s %11s %8s %7s  %-8s %s\n",
+           "tp", "pp", "dp", moe ? "  ep" : "", "rpn", "thr", "mem/rank", "fits", "TFLOP", "tp MB",
+           "dp MB", "pp MB", moe ? "     ep MB" : "", "step s", "bubble", "tokens/s", "ckpt GB",
+           "save s", "order", "across nodes");
     for (int i = 0; i < n && i < a->top; i++) print_row(&rows[i], moe);
     if (n > a->top) printf("(%d more; --top N shows more)\n", n - a->top);
     if (stage) print_parts(&one, stage, a->pp, moe);

@@ -128,6 +128,13 @@ static const KeySpec keys[] = {
     {"ep", K_INT, 0, OFF(ep), "1", 1, 4096, 0, NULL,
      "expert-parallel ranks: each MoE block's experts spread over ep data-parallel ranks"},
     {"schedule", K_ENUM, 0, OFF(schedule), "1f1b", 0, 0, 0, "1f1b|gpipe", "pipeline schedule"},
+    {"rank_order", K_ENUM, 0, OFF(rank_order), "auto", 0, 0, 0,
+     "auto|tp-dp-pp|tp-pp-dp|dp-tp-pp|dp-pp-tp|pp-tp-dp|pp-dp-tp",
+     "how the grid lays its axes over the ranks, node by node, innermost first: auto = "
+     "tp-dp-pp, or tp-pp-dp when ranks span nodes and plan predicts dp outermost faster"},
+    {"cluster", K_STR, 0, OFF(cluster), "", 0, 0, 0, NULL,
+     "a cluster file (modtrain plan's) whose links rank_order = auto weighs over several "
+     "nodes; empty = plan's defaults"},
     {"virtual_stages", K_INT, 0, OFF(virtual_stages), "1", 1, CONFIG_MAX_VIRTUAL_STAGES, 0, NULL,
      "chunks of blocks each pipeline rank holds (interleaved 1F1B, as Megatron's): rank s "
      "holds virtual stages s, s + pp, ...; the bubble shrinks by this factor"},
@@ -198,6 +205,13 @@ const char *config_model_key(int i) {
     for (size_t k = 0; k < NKEYS; k++)
         if (keys[k].model && i-- == 0) return keys[k].name;
     return NULL;
+}
+
+static const char *const order_names[] = {"tp-dp-pp", "tp-dp-pp", "tp-pp-dp", "dp-tp-pp",
+                                          "dp-pp-tp", "pp-tp-dp", "pp-dp-tp"};
+
+const char *config_order_name(RankOrder order) {
+    return order_names[order >= 0 && order <= ORDER_PP_DP_TP ? order : 0];
 }
 
 int config_kv_heads(const Config *c) { return c->n_kv_head ? c->n_kv_head : c->n_head; }

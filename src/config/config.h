@@ -29,6 +29,18 @@ typedef enum { TIE_AUTO = 0, TIE_NO = 1, TIE_YES = 2 } TieEmbeddings;
 typedef enum { TRAIN_ALL = 0, TRAIN_ROUTERS = 1 } TrainOnly;
 typedef enum { CAUSAL_AUX_LOSS = 0, CAUSAL_PREDICTOR = 1 } CausalRouter;
 typedef enum { SCHED_1F1B = 0, SCHED_GPIPE = 1 } Schedule;
+/* How the grid lays tp, dp and pp over the ranks, innermost first (ranks
+ * counted node by node). AUTO: tp-dp-pp, or tp-pp-dp across nodes when
+ * plan predicts dp outermost faster. */
+typedef enum {
+    ORDER_AUTO = 0,
+    ORDER_TP_DP_PP = 1,
+    ORDER_TP_PP_DP = 2,
+    ORDER_DP_TP_PP = 3,
+    ORDER_DP_PP_TP = 4,
+    ORDER_PP_TP_DP = 5,
+    ORDER_PP_DP_TP = 6
+} RankOrder;
 /* What a block keeps of its forward for its backward; the rest the backward
  * runs again (ordered: each keeps less than the one before). */
 typedef enum { RECOMPUTE_NONE = 0, RECOMPUTE_ATTENTION = 1, RECOMPUTE_BLOCK = 2 } Recompute;
@@ -84,6 +96,8 @@ typedef struct {
     /* parallel layout */
     int tp, pp, ep;
     Schedule schedule;
+    RankOrder rank_order;
+    char cluster[CONFIG_STR]; /* plan's cluster file, for rank_order = auto */
     int virtual_stages; /* interleaved 1F1B: chunks of blocks per pipeline rank */
     int dp_overlap;
     int zero; /* ZeRO-1: the optimizer's state sharded over dp */
@@ -179,6 +193,8 @@ int config_tokenizer_eos(Tokenizer t);
  * ffn_multiple_of), whether the head is the embedding (tie_embeddings). */
 int config_kv_heads(const Config *c);
 int config_d_ff(const Config *c);
+/* An order's name, its axes innermost first ("tp-dp-pp" for AUTO). */
+const char *config_order_name(RankOrder order);
 int config_tied(const Config *c);
 /* A model key's value as two models are compared (a checkpoint's and a
  * run's): config_get's, but n_kv_head, d_ff and tie_embeddings resolved as

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "mpi/dp.h"
+#include "mpi/grid.h"
 #include "mpi/pipeline.h"
 #include "src/data/dataset.h"
 
@@ -123,17 +124,54 @@ static void link(const Cluster *cl, int spans, double *alpha, double *beta) {
     *beta = (spans ? cl->net_bw_gbs : cl->shm_bw_gbs) * 1e9;
 }
 
-/* Whether the pipeline's neighbours sit on different nodes: a stage is
- * tp x dp consecutive ranks. */
-static int pp_spans(const Cluster *cl, const PlanRow *r) {
-    return cl->nodes > 1 && r->tp * r->dp >= r->ranks_per_node &&
-           r->tp * r->pp * r->dp > r->ranks_per_node;
+/* An axis's size, and the ranks between neighbours of its groups (the
+ * product of the axes inside it in the row's order). */
+static int axis_size(const PlanRow *r, int a) {
+    return a == AXIS_TP ? r->tp : a == AXIS_DP ? r->dp : r->pp;
+}
+static int axis_inner(const PlanRow *r, int a) {
+    int axes[3], inner = 1;
+    grid_parse_order(config_order_name(r->order), axes);
+    for (int i = 0; i < 3 && axes[i] != a; i++) inner *= axis_size(r, axes[i]);
+    return inner;
 }
 
-/* Whether an ep group (tp x ep consecutive ranks) spans nodes, as dp's
- * tp x dp do. */
+/* Whether a group of n ranks, inner apart in the node-by-node count (the
+ * grid's), spans nodes: any of them does when the groups' extent is more
+ * than a node, or does not tile one. */
+static int group_spans(const Cluster *cl, const PlanRow *r, int inner, int n) {
+    const long long extent = (long long)inner * n;
+    return cl->nodes > 1 && n > 1 &&
+           (extent > r->ranks_per_node || r->ranks_per_node % extent != 0);
+}
+static int spans(const Cluster *cl, const PlanRow *r, int a) {
+    return group_spans(cl, r, axis_inner(r, a), axis_size(r, a));
+}
+
+/* Whether an ep group (ep consecutive dp ranks) spans nodes. */
 static int ep_spans(const Cluster *cl, const PlanRow *r) {
-    return cl->nodes > 1 && r->tp * r->ep > r->ranks_per_node;
+    return group_spans(cl, r, axis_inner(r, AXIS_DP), r->ep);
+}
+
+/* How many of axis a's groups span nodes, as the grid lays them: a group's
+ * first rank is where a's coordinate is 0. The pattern repeats every
+ * lcm(ranks per node, the group's extent) ranks; past 2^16 of them, all or
+ * none as spans() says. */
+static int crossing(const Cluster *cl, const PlanRow *r, int a) {
+    const long long inner = axis_inner(r, a), n = axis_size(r, a), extent = inner * n;
+    const long long world = (long long)cl->nodes * r->ranks_per_node, rpn = r->ranks_per_node;
+    if (!spans(cl, r, a)) return 0;
+    long long g = extent, h = rpn;
+    while (h) {
+        const long long t = g % h;
+        g = h, h = t;
+    }
+    const long long period = extent / g * rpn;
+    if (period > 1 << 16) return (int)(world / n);
+    long long k = 0;
+    for (long long base = 0; base < period; base++)
+        k += base % extent < inner && base / rpn != (base + inner * (n - 1)) / rpn;
+    return (int)(k * (world / period));
 }
 
 /* An all-to-all over p ranks sending n bytes to the others: p - 1 messages. */
@@ -161,8 +199,8 @@ typedef struct {
 static MicroTime stage_time(const Cluster *cl, PlanRow *r, const ModelDims *d, int T, int s,
                             double act) {
     double ta, tb, pa, pb, ea, eb;
-    link(cl, r->tp > r->ranks_per_node, &ta, &tb);
-    link(cl, pp_spans(cl, r), &pa, &pb);
+    link(cl, spans(cl, r, AXIS_TP), &ta, &tb);
+    link(cl, spans(cl, r, AXIS_PP), &pa, &pb);
     const StageCost sc = stage_cost(d, r->micro, T);
     const double rate = r->threads * cl->gflops_per_core * 1e9 * cl->efficiency;
     MicroTime t = {sc.flops / rate, 0, 0, 0, 0};
@@ -340,18 +378,9 @@ static double dp_time(double n, int p, double alpha, double beta) {
            (p > 1 ? (buckets > 1 ? buckets - 1 : 0) * 2.0 * (p - 1) * alpha : 0);
 }
 
-static int layout_row(const Config *cfg, const Cluster *cl, const Whole *w, int tp, int pp,
-                      int ep, int ranks_per_node, PlanRow *row, size_t *stage_bytes, Err *err) {
-    memset(row, 0, sizeof *row);
-    const long long world = (long long)cl->nodes * ranks_per_node;
-    if (world > 1 << 24)
-        return err_set(err, "plan: %lld ranks are more than modtrain plans", world);
-    if (ranks_per_node < 1 || cl->cores_per_node % ranks_per_node != 0)
-        return err_set(err, "plan: %d ranks per node do not share %d cores evenly", ranks_per_node,
-                       cl->cores_per_node);
-    if (tp < 1 || pp < 1 || world % ((long long)tp * pp) != 0)
-        return err_set(err, "plan: tp %d x pp %d does not divide %lld ranks", tp, pp, world);
-    const int dp = (int)(world / ((long long)tp * pp));
+/* Whether tp, pp, dp and ep split the model and the batch. Returns 0, or
+ * -1 with err saying what does not. */
+static int layout_splits(const Config *cfg, int tp, int pp, int dp, int ep, Err *err) {
     const int vs = pp > 1 ? cfg->virtual_stages : 1;
     if (cfg->n_head % tp != 0 || (long long)pp * vs > cfg->n_layer)
         return err_set(err,
@@ -379,6 +408,25 @@ static int layout_row(const Config *cfg, const Cluster *cl, const Whole *w, int 
                        "plan: virtual_stages %d needs the %d micro-batches of a dp rank to be a "
                        "multiple of pp %d",
                        vs, local / micro, pp);
+    return 0;
+}
+
+static int layout_order(const Config *cfg, const Cluster *cl, const Whole *w, int tp, int pp,
+                        int ep, int ranks_per_node, RankOrder order, PlanRow *row,
+                        size_t *stage_bytes, Err *err) {
+    memset(row, 0, sizeof *row);
+    const long long world = (long long)cl->nodes * ranks_per_node;
+    if (world > 1 << 24)
+        return err_set(err, "plan: %lld ranks are more than modtrain plans", world);
+    if (ranks_per_node < 1 || cl->cores_per_node % ranks_per_node != 0)
+        return err_set(err, "plan: %d ranks per node do not share %d cores evenly", ranks_per_node,
+                       cl->cores_per_node);
+    if (tp < 1 || pp < 1 || world % ((long long)tp * pp) != 0)
+        return err_set(err, "plan: tp %d x pp %d does not divide %lld ranks", tp, pp, world);
+    const int dp = (int)(world / ((long long)tp * pp));
+    if (layout_splits(cfg, tp, pp, dp, ep, err) != 0) return -1;
+    const int vs = pp > 1 ? cfg->virtual_stages : 1;
+    const int local = cfg->batch_size / dp, micro = cfg->micro_batch ? cfg->micro_batch : local;
     *row = (PlanRow){.tp = tp,
                      .pp = pp,
                      .vs = vs,
@@ -387,7 +435,9 @@ static int layout_row(const Config *cfg, const Cluster *cl, const Whole *w, int 
                      .ranks_per_node = ranks_per_node,
                      .threads = cl->cores_per_node / ranks_per_node,
                      .micro = micro,
-                     .n_micro = local / micro};
+                     .n_micro = local / micro,
+                     .order = order};
+    for (int a = 0; a < 3; a++) row->crossing[a] = crossing(cl, row, a);
     MicroTime mt;
     if (plan_stages(cfg, cl, row, &mt, stage_bytes) != 0)
         return err_set(err, "plan: pp %d does not split n_layer %d", pp, cfg->n_layer);
@@ -396,7 +446,7 @@ static int layout_row(const Config *cfg, const Cluster *cl, const Whole *w, int 
     row->fits = (double)row->rank_bytes * ranks_per_node <= cl->mem_per_node_gib * 1073741824.0;
     row->flops_step = w->flops_per_token * (double)cfg->batch_size * cfg->seq_len;
     double a, b;
-    link(cl, cl->nodes > 1 && tp * dp > ranks_per_node, &a, &b);
+    link(cl, spans(cl, row, AXIS_DP), &a, &b);
     const int m = row->n_micro;
     row->t_compute = mt.compute * m, row->t_tp = mt.tp * m, row->t_pp = mt.pp * m;
     row->t_ep = mt.ep * m;
@@ -410,7 +460,7 @@ static int layout_row(const Config *cfg, const Cluster *cl, const Whole *w, int 
     if (pp > 1) { /* the tied embedding's gradient, between the first and last stage */
         ModelDims d;
         model_dims_config(&d, cfg, tp, 0);
-        link(cl, pp_spans(cl, row), &a, &b);
+        link(cl, spans(cl, row, AXIS_PP), &a, &b);
         row->t_dp += allreduce_s((double)d.Vl * d.C * sizeof(float), 2, a, b);
     }
     /* what the backward hides: with dp_overlap, the blocks' buckets reduce
@@ -420,7 +470,7 @@ static int layout_row(const Config *cfg, const Cluster *cl, const Whole *w, int 
     const int zero = cfg->zero && dp > 1;
     row->t_dp_all = row->t_dp;
     if (cfg->dp_overlap && dp > 1) {
-        link(cl, cl->nodes > 1 && tp * dp > ranks_per_node, &a, &b);
+        link(cl, spans(cl, row, AXIS_DP), &a, &b);
         const double want = cfg->dp_bucket_mb > 0 ? cfg->dp_bucket_mb * 1048576.0
                                                    : row->dp_bytes * pp / cfg->n_layer; /* a block */
         const double bucket = want < row->dp_bytes ? want : row->dp_bytes;
@@ -438,6 +488,26 @@ static int layout_row(const Config *cfg, const Cluster *cl, const Whole *w, int 
     const double raw = w->state_bytes;
     row->ckpt_bytes = raw / 1.2;
     row->ckpt_s = raw / world / (cl->pack_mbs * 1e6) + row->ckpt_bytes / (cl->fs_bw_gbs * 1e9);
+    return 0;
+}
+
+/* The layout under cfg's rank_order; auto: tp-dp-pp, or tp-pp-dp where
+ * that is faster (dp and pp both above 1, over nodes), as the grid
+ * chooses. */
+static int layout_row(const Config *cfg, const Cluster *cl, const Whole *w, int tp, int pp, int ep,
+                      int ranks_per_node, PlanRow *row, size_t *stage_bytes, Err *err) {
+    const RankOrder order = cfg->rank_order == ORDER_AUTO ? ORDER_TP_DP_PP : cfg->rank_order;
+    if (layout_order(cfg, cl, w, tp, pp, ep, ranks_per_node, order, row, stage_bytes, err) != 0)
+        return -1;
+    if (cfg->rank_order != ORDER_AUTO || cl->nodes == 1 || row->dp == 1 || pp == 1) return 0;
+    PlanRow other;
+    size_t *other_bytes = stage_bytes ? xmalloc((size_t)pp * sizeof *other_bytes) : NULL;
+    layout_order(cfg, cl, w, tp, pp, ep, ranks_per_node, ORDER_TP_PP_DP, &other, other_bytes, NULL);
+    if (other.t_step < row->t_step) {
+        *row = other;
+        if (stage_bytes) memcpy(stage_bytes, other_bytes, (size_t)pp * sizeof *other_bytes);
+    }
+    free(other_bytes);
     return 0;
 }
 
@@ -497,9 +567,11 @@ int plan_candidates(const Config *cfg, const Cluster *cl, PlanRow **rows, Err *e
     int *eps = xmalloc(((size_t)cfg->n_expert + 1) * sizeof *eps);
     for (int rpn = 1; rpn <= cl->cores_per_node; rpn++) {
         if (cl->cores_per_node % rpn != 0 || (long long)cl->nodes * rpn > 1 << 24) continue;
-        for (int tp = 1; tp <= rpn && tp <= cfg->n_head; tp++) {
-            if (rpn % tp != 0 || cfg->n_head % tp != 0 || config_kv_heads(cfg) % tp != 0 ||
-                config_d_ff(cfg) % tp != 0)
+        /* tp within a node (dividing its ranks), or across whole nodes */
+        const long long world = (long long)cl->nodes * rpn;
+        for (int tp = 1; tp <= world && tp <= cfg->n_head; tp++) {
+            if ((rpn % tp != 0 && (tp % rpn != 0 || world % tp != 0)) || cfg->n_head % tp != 0 ||
+                config_kv_heads(cfg) % tp != 0 || config_d_ff(cfg) % tp != 0)
                 continue;
             /* pp divides the ranks over tp, within n_layer */
             const int npp = divisors((long long)cl->nodes * rpn / tp, cfg->n_layer, pps);

@@ -66,6 +66,8 @@ typedef struct {
     double t_dp_all;
     double tokens_per_s;
     double ckpt_bytes, ckpt_s; /* stored size (at the measured ratio 1.2) and save time */
+    RankOrder order;           /* the grid's (cfg's, or what auto picks) */
+    int crossing[3];           /* per axis (AXIS_TP, ...): its groups that span nodes */
 } PlanRow;
 
 /* Model FLOPs per token of a training step (forward and backward), as train
@@ -88,7 +90,8 @@ int plan_layout(const Config *cfg, const Cluster *cl, int tp, int pp, int ranks_
  * fields, each a whole number in [1, 2^20] parsed strictly (an empty field
  * is refused, not skipped). Returns 0, or -1 with the outputs unspecified. */
 int plan_parse_layout(const char *v, int *tp, int *pp, int *rpn);
-/* Every layout that can run on the cluster's nodes (tp within a node; an
+/* Every layout that can run on the cluster's nodes (tp within a node or
+ * across whole nodes, under cfg's rank_order; an
  * MoE config's ep each divisor of dp that divides n_expert, or only cfg's
  * ep when it is above 1), fitting ones first, each group by tokens/s, best first. Returns the count
  * (*rows malloc'd) or -1 with err set. */

@@ -13,6 +13,7 @@
 
 #include "mpi/check.h"
 #include "src/kernels/kernels.h"
+#include "src/plan/plan.h"
 #include "src/train/run.h"
 
 /* Whether the layout fits the world and the batch; err says what would fit
@@ -65,6 +66,65 @@ static int layout_check(const Config *c, const Grid *g, Err *err) {
     return 0;
 }
 
+/* The grid's order: the config's; under auto, tp-dp-pp on one node, and
+ * across nodes what plan predicts faster for them (its cluster file's
+ * links, or its defaults'). Collective. Returns 0 or -1 with err set. */
+static int grid_order(const Config *c, RankOrder *order, Err *err) {
+    *order = c->rank_order == ORDER_AUTO ? ORDER_TP_DP_PP : c->rank_order;
+    if (c->rank_order != ORDER_AUTO) return 0;
+    int nodes, rpn, world;
+    grid_nodes(&nodes, &rpn);
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+    const int dp = world / (c->tp * c->pp);
+    if (nodes == 1 || rpn == 0 || world % (c->tp * c->pp) != 0 || dp == 1 || c->pp == 1)
+        return 0; /* no choice: the one axis across nodes is the outermost */
+    Cluster cl;
+    cluster_defaults(&cl);
+    if (c->cluster[0] && cluster_load(&cl, c->cluster, err) != 0) return -1;
+    cl.nodes = nodes;
+    cl.cores_per_node = rpn * (c->threads ? c->threads : default_threads(rpn));
+    Config pc = *c;
+    if (!pc.vocab_size) pc.vocab_size = 50257; /* the data's is not read yet */
+    PlanRow row;
+    if (plan_layout(&pc, &cl, c->tp, c->pp, rpn, &row, NULL, NULL) == 0) *order = row.order;
+    return 0;
+}
+
+/* Over several nodes, rank 0 says how the grid lies on them, and warns
+ * when tp groups span nodes (every block's all-reduces on the network),
+ * naming a layout that keeps them on one. */
+static void grid_report(const Run *r) {
+    const Grid *g = &r->grid;
+    if (g->nodes == 1 || g->world_rank != 0) return;
+    say_log(r->say,
+            "grid: %d ranks on %d nodes, rank_order %s: groups that span nodes: tp %d of %d, "
+            "dp %d of %d, pp %d of %d\n",
+            g->world_size, g->nodes, config_order_name(r->cfg.rank_order), g->crossing[AXIS_TP],
+            g->groups[AXIS_TP], g->crossing[AXIS_DP], g->groups[AXIS_DP], g->crossing[AXIS_PP],
+            g->groups[AXIS_PP]);
+    if (!g->crossing[AXIS_TP]) return;
+    char better[160];
+    const int rpn = g->world_size / g->nodes;
+    if (g->axes[0] != AXIS_TP && rpn % g->tp == 0) { /* the other two keep their order */
+        const char *name[3] = {"tp", "dp", "pp"}, *rest[2];
+        for (int i = 0, k = 0; i < 3; i++)
+            if (g->axes[i] != AXIS_TP) rest[k++] = name[g->axes[i]];
+        snprintf(better, sizeof better, "rank_order = tp-%s-%s keeps every tp group on one node",
+                 rest[0], rest[1]);
+    } else {
+        int t = 1;
+        for (int k = 1; k <= g->tp; k++)
+            if (g->tp % k == 0 && rpn % k == 0) t = k;
+        snprintf(better, sizeof better,
+                 "tp = %d (dp %d) keeps every tp group within a node's %d ranks", t,
+                 g->dp * g->tp / t, rpn);
+    }
+    say_error(r->say,
+              "layout: %d of the %d tp groups span nodes, so every block's tp all-reduces cross "
+              "the network: %s",
+              g->crossing[AXIS_TP], g->groups[AXIS_TP], better);
+}
+
 /* MODTRAIN_MAX_STEPS=N caps `steps` at N, as `--steps N` would (the
  * README-commands test shortens the examples that train long with it).
  * Returns 0, or -1 with err set when N is not a positive integer. */
@@ -91,11 +151,20 @@ int run_setup_layout(Run *r, int argc, char **argv, Err *err) {
     if (rc == 0) rc = apply_steps_cap(r, &r->cfg, err);
     if (rc == 0) rc = kernels_check_arch(r->cfg.blis_arch, err);
     if (ranks_agree(rc, err, MPI_COMM_WORLD) != 0) return -1;
-    rc = grid_init(&r->grid, r->cfg.tp, r->cfg.pp, err);
+    RankOrder order;
+    int axes[3];
+    /* BLIS takes its kernels at its first call, which plan may make */
+    kernels_init(1, r->cfg.blis_arch);
+    rc = grid_order(&r->cfg, &order, err);
+    if (ranks_agree(rc, err, MPI_COMM_WORLD) != 0) return -1;
+    grid_parse_order(config_order_name(order), axes);
+    rc = grid_init(&r->grid, r->cfg.tp, r->cfg.pp, axes, err);
     r->grid_ready = rc == 0;
+    if (rc == 0) r->cfg.rank_order = order;
     if (rc == 0) rc = layout_check(&r->cfg, &r->grid, err);
     if (rc == 0) rc = grid_init_ep(&r->grid, r->cfg.ep, r->cfg.n_expert, err);
     if (ranks_agree(rc, err, MPI_COMM_WORLD) != 0) return -1;
+    grid_report(r);
     const Config *c = &r->cfg;
     if (c->ckpt_dir[0]) snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%s", c->ckpt_dir);
     else snprintf(r->ckpt_dir, sizeof r->ckpt_dir, "%s/ckpt", c->run_dir);

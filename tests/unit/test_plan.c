@@ -12,7 +12,9 @@
  * reduction and zero 1's moments and all-gather follow their rules; and the
  * planner's work does not grow with the layers per layout (a node of 55440
  * cores and 4096 blocks: 16247 layouts, planned without building a
- * registry for each stage).
+ * registry for each stage). The groups plan counts as spanning nodes are
+ * those of the grid's placement, enumerated rank by rank, in every order
+ * (test_crossing).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +22,7 @@
 #include <unistd.h>
 
 #include "mpi/dp.h"
+#include "mpi/grid.h"
 #include "mpi/pipeline.h"
 #include "src/kernels/kernels.h"
 #include "src/plan/plan.h"
@@ -612,6 +615,65 @@ static void test_parse_layout(void) {
         CU_ASSERT_EQUAL(plan_parse_layout(bad[i], &tp, &pp, &rpn), -1);
 }
 
+/* Rank by rank, as the grid places them: the slot's coordinates in the
+ * order, and for each axis the groups whose members sit on more than one
+ * node (a group: the ranks equal in the other two coordinates). */
+static void naive_crossing(int nodes, int rpn, const int size[3], const int axes[3], int out[3]) {
+    const int world = nodes * rpn;
+    int coord[64][3];
+    for (int slot = 0; slot < world; slot++)
+        for (int i = 0, stride = 1; i < 3; stride *= size[axes[i]], i++)
+            coord[slot][axes[i]] = slot / stride % size[axes[i]];
+    for (int a = 0; a < 3; a++) {
+        out[a] = 0;
+        for (int first = 0; first < world; first++) {
+            if (coord[first][a] != 0) continue; /* a group, by its first member */
+            int crosses = 0;
+            for (int r = 0; r < world; r++) {
+                int same = 1;
+                for (int b = 0; b < 3; b++) same &= b == a || coord[r][b] == coord[first][b];
+                crosses |= same && r / rpn != first / rpn;
+            }
+            out[a] += crosses;
+        }
+    }
+}
+
+static void test_crossing(void) {
+    Config c = small();
+    c.n_layer = 12, c.n_head = 12, c.d_model = 96, c.d_ff = 96 * 4, c.batch_size = 48;
+    c.micro_batch = 0;
+    int compared = 0, spanning = 0;
+    for (int nodes = 2; nodes <= 4; nodes++)
+        for (int rpn = 1; rpn <= 6; rpn++)
+            for (int tp = 1; tp <= nodes * rpn; tp++)
+                for (int pp = 1; pp <= nodes * rpn / tp; pp++)
+                    for (int order = ORDER_TP_DP_PP; order <= ORDER_PP_DP_TP; order++) {
+                        Cluster cl;
+                        cluster_defaults(&cl);
+                        cl.nodes = nodes, cl.cores_per_node = rpn;
+                        c.rank_order = (RankOrder)order;
+                        PlanRow r;
+                        if (plan_layout(&c, &cl, tp, pp, rpn, &r, NULL, NULL) != 0) continue;
+                        int axes[3], want[3];
+                        const int size[3] = {r.tp, r.dp, r.pp};
+                        CU_ASSERT_EQUAL_FATAL(grid_parse_order(config_order_name(r.order), axes),
+                                              0);
+                        naive_crossing(nodes, rpn, size, axes, want);
+                        for (int a = 0; a < 3; a++) {
+                            CU_ASSERT_EQUAL(r.crossing[a], want[a]);
+                            spanning += want[a] > 0;
+                        }
+                        compared++;
+                    }
+    CU_ASSERT(compared > 300 && spanning > 300);
+    int axes[3];
+    const char *bad[] = {"tp-dp", "tp-tp-pp", "tp-dp-pp-", "TP-DP-PP", "tp_dp_pp", "", "tp-dp-px"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CU_ASSERT_EQUAL(grid_parse_order(bad[i], axes), -1);
+    CU_ASSERT(grid_parse_order("pp-tp-dp", axes) == 0 && axes[0] == AXIS_PP && axes[2] == AXIS_DP);
+}
+
 int main(void) {
     CU_TestInfo tests[] = {
         {"a pipeline conserves the FLOPs", test_pipeline_conserves_flops},
@@ -630,6 +692,7 @@ int main(void) {
         {"MoE all-to-all bytes and time by hand", test_moe_alltoall},
         {"MoE candidates search ep", test_moe_candidates},
         {"dp_overlap hides the reduction, zero 1 shards the moments", test_dp_overlap_zero},
+        {"groups across nodes are the grid's, in every order", test_crossing},
         CU_TEST_INFO_NULL};
     return run_suite("plan", tests);
 }
