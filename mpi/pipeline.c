@@ -1,7 +1,13 @@
 /*
- * pipeline: schedules. Receives block; sends are non-blocking from buffers
- * that stay untouched until they complete (a slot's output until the slot is
- * reused, gradients in a buffer per slot), so no order of stages deadlocks.
+ * pipeline: schedules. Sends are non-blocking from buffers that stay
+ * untouched until they complete (a slot's output until the slot is reused,
+ * gradients in a buffer per slot); each direction's next receive is posted
+ * as soon as the one before it is taken, into a buffer of its own (as
+ * Megatron-LM posts a step's receives with its sends), so the message lands
+ * while the rank computes. Matching is by tag, one per message, so no order
+ * of stages deadlocks. Where the stages' links are slow (pump), a thread
+ * drives MPI's progress while the rank computes: Open MPI's TCP transport
+ * moves bytes only inside MPI calls.
  */
 #include "mpi/pipeline.h"
 
@@ -11,6 +17,7 @@
 
 #include "src/base/util.h"
 #include "mpi/check.h"
+#include "mpi/progress.h"
 
 double pp_wait_s = 0;
 unsigned long long pp_bytes = 0;
@@ -86,6 +93,13 @@ long long pp_tags(int n_micro, int v) { return 2LL * (v < 1 ? 1 : v) * n_micro; 
 typedef struct {
     const PpStage *st;
     MPI_Comm comm;
+    const PpOp *ops;
+    int nops;
+    /* each direction's next receive: its op (nops: none left), request and
+     * buffer (0: activations into a forward, 1: gradients into a backward) */
+    int next[2];
+    MPI_Request rreq[2];
+    float *rbuf[2];
     int stage, stages, v, m, live, max_live, sets;
     int *set_of;           /* (v * m) the set of chunk c's micro-batch mb in flight */
     char *busy;            /* (sets) */
@@ -105,7 +119,38 @@ static int tag_of(const PpRun *r, int t, int mb, int bwd) {
     return mb + r->m * (2 * (t / r->stages) + bwd);
 }
 
-static void do_forward(PpRun *r, int c, int mb) {
+/* The virtual stage of op i, and whether it receives: a forward from the
+ * stage before (all but the first), a backward from the one after (all
+ * but the last). */
+static int op_stage(const PpRun *r, int i) { return r->ops[i].chunk * r->stages + r->stage; }
+static int op_receives(const PpRun *r, int i, int bwd) {
+    const int t = op_stage(r, i);
+    return r->ops[i].fwd != bwd && (bwd ? t < r->stages * r->v - 1 : t > 0);
+}
+
+/* Posts direction bwd's receive for the first op from `from` that takes
+ * one. */
+static void post_next(PpRun *r, int bwd, int from) {
+    int i = from;
+    while (i < r->nops && !op_receives(r, i, bwd)) i++;
+    r->next[bwd] = i;
+    if (i == r->nops) return;
+    const int peer = (r->stage + (bwd ? 1 : r->stages - 1)) % r->stages;
+    MPI_CHECK(MPI_Irecv(r->rbuf[bwd], (int)r->st->count, MPI_FLOAT, peer,
+                        tag_of(r, op_stage(r, i), r->ops[i].mb, bwd), r->comm, &r->rreq[bwd]));
+}
+
+/* Op i's message (posted ahead) into dst, and the next one posted. */
+static void take(PpRun *r, int i, int bwd, float *dst) {
+    assert(r->next[bwd] == i);
+    const double t0 = now_s();
+    MPI_CHECK(MPI_Wait(&r->rreq[bwd], MPI_STATUS_IGNORE));
+    pp_wait_s += now_s() - t0;
+    memcpy(dst, r->rbuf[bwd], r->st->count * sizeof(float));
+    post_next(r, bwd, i + 1);
+}
+
+static void do_forward(PpRun *r, int i, int c, int mb) {
     const PpStage *st = r->st;
     const int t = c * r->stages + r->stage;
     int slot = 0;
@@ -114,13 +159,7 @@ static void do_forward(PpRun *r, int c, int mb) {
     r->busy[slot] = 1;
     r->set_of[c * r->m + mb] = slot;
     wait_req(&r->fwd_req[slot]); /* its previous output has left */
-    if (t > 0) {
-        double t0 = now_s();
-        MPI_CHECK(MPI_Recv(st->input(st->ctx, slot), (int)st->count, MPI_FLOAT,
-                           (r->stage + r->stages - 1) % r->stages, tag_of(r, t, mb, 0), r->comm,
-                           MPI_STATUS_IGNORE));
-        pp_wait_s += now_s() - t0;
-    }
+    if (t > 0) take(r, i, 0, st->input(st->ctx, slot));
     st->forward(st->ctx, c, mb, slot);
     if (++r->live > r->max_live) r->max_live = r->live;
     if (t < r->stages * r->v - 1) {
@@ -131,16 +170,10 @@ static void do_forward(PpRun *r, int c, int mb) {
     }
 }
 
-static void do_backward(PpRun *r, int c, int mb) {
+static void do_backward(PpRun *r, int i, int c, int mb) {
     const PpStage *st = r->st;
     const int slot = r->set_of[c * r->m + mb], t = c * r->stages + r->stage;
-    if (t < r->stages * r->v - 1) {
-        double t0 = now_s();
-        MPI_CHECK(MPI_Recv(st->grad_out(st->ctx), (int)st->count, MPI_FLOAT,
-                           (r->stage + 1) % r->stages, tag_of(r, t, mb, 1), r->comm,
-                           MPI_STATUS_IGNORE));
-        pp_wait_s += now_s() - t0;
-    }
+    if (t < r->stages * r->v - 1) take(r, i, 1, st->grad_out(st->ctx));
     st->backward(st->ctx, mb, slot);
     r->busy[slot] = 0;
     r->live--;
@@ -172,10 +205,21 @@ void pp_run(PpSchedule s, int m, MPI_Comm comm, const PpStage *st, int *max_live
     }
     PpOp *ops = xmalloc(2 * (size_t)m * r.v * sizeof(PpOp));
     const int n = pp_order(s, m, r.v, r.stage, r.stages, ops);
-    for (int i = 0; i < n; i++) {
-        if (ops[i].fwd) do_forward(&r, ops[i].chunk, ops[i].mb);
-        else do_backward(&r, ops[i].chunk, ops[i].mb);
+    r.ops = ops, r.nops = n;
+    Pump pump = {.running = 0};
+    if (st->pump && r.stages > 1) pump_start(&pump, comm);
+    for (int d = 0; d < 2; d++) {
+        r.rreq[d] = MPI_REQUEST_NULL;
+        r.rbuf[d] = r.stages > 1 ? xmalloc(st->count * sizeof(float)) : NULL;
+        if (r.stages > 1) post_next(&r, d, 0);
+        else r.next[d] = n;
     }
+    for (int i = 0; i < n; i++) {
+        if (ops[i].fwd) do_forward(&r, i, ops[i].chunk, ops[i].mb);
+        else do_backward(&r, i, ops[i].chunk, ops[i].mb);
+    }
+    pump_stop(&pump);
+    free(r.rbuf[0]), free(r.rbuf[1]);
     for (int k = 0; k < sets; k++) {
         wait_req(&r.fwd_req[k]);
         wait_req(&r.bwd_req[k]);

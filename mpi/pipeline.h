@@ -58,6 +58,7 @@ typedef struct {
     float *(*grad_in)(void *ctx);
     size_t count; /* floats in one activation message */
     int chunks;   /* v: chunks of blocks this rank holds (0 is taken as 1) */
+    int pump;     /* 1: a thread drives MPI's progress during the step (slow links) */
 } PpStage;
 
 /* Message tags of the transfers outside a training step's schedule (whose

@@ -3,6 +3,7 @@
  */
 #include "mpi/zero.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,6 +12,7 @@
 #include "src/base/util.h"
 
 unsigned long long dp_gather_bytes = 0;
+double dp_gather_wait_s = 0;
 
 /* The counts of a reduce-scatter of piece [lo, hi) over p ranks. */
 static void zero_counts(size_t lo, size_t hi, int p, int *counts) {
@@ -73,6 +75,8 @@ void zero_init(Zero *z, size_t n, size_t shared, const size_t *cut, int ncut, MP
 }
 
 void zero_free(Zero *z) {
+    zero_gather_wait(z, SIZE_MAX);
+    free(z->greq), free(z->gcounts), free(z->gdispls);
     free(z->lo), free(z->hi), free(z->grp);
     free(z->shard.lo), free(z->shard.hi);
     memset(z, 0, sizeof *z);
@@ -102,21 +106,42 @@ void zero_reduce_scatter(const Zero *z, float *buf, const size_t *skip_lo,
     free(counts);
 }
 
-void zero_gather(const Zero *z, float *buf) {
+void zero_gather_start(Zero *z, float *buf) {
+    zero_gather_wait(z, SIZE_MAX); /* one gather in flight at a time */
     const int most = z->size[0] > z->size[1] ? z->size[0] : z->size[1];
-    int *counts = xmalloc((size_t)most * sizeof(int)), *displs = xmalloc((size_t)most * sizeof(int));
+    if (!z->greq) {
+        z->greq = xmalloc(((size_t)z->npiece + 1) * sizeof(MPI_Request));
+        z->gcounts = xmalloc(((size_t)z->npiece * most + 1) * sizeof(int));
+        z->gdispls = xmalloc(((size_t)z->npiece * most + 1) * sizeof(int));
+    }
     for (int k = 0; k < z->npiece; k++) {
         const int g = z->grp[k], p = z->size[g];
+        int *counts = z->gcounts + (size_t)k * most, *displs = z->gdispls + (size_t)k * most;
+        z->greq[k] = MPI_REQUEST_NULL;
         if (p == 1) continue;
         for (int r = 0; r < p; r++) {
             size_t a, b;
             zero_part(z->lo[k], z->hi[k], p, r, &a, &b);
             counts[r] = (int)(b - a), displs[r] = (int)(a - z->lo[k]);
         }
-        MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf + z->lo[k], counts,
-                                 displs, MPI_FLOAT, z->comm[g]));
+        MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf + z->lo[k], counts,
+                                  displs, MPI_FLOAT, z->comm[g], &z->greq[k]));
         dp_gather_bytes += (unsigned long long)(z->hi[k] - z->lo[k]) * sizeof(float);
     }
-    free(counts);
-    free(displs);
+    z->gnext = 0;
+    if (z->pump) pump_start(&z->pumping, z->comm[0]);
+}
+
+void zero_gather_wait(Zero *z, size_t upto) {
+    if (!z->greq || z->gnext >= z->npiece) return;
+    const double t0 = now_s();
+    for (; z->gnext < z->npiece && z->lo[z->gnext] < upto; z->gnext++)
+        MPI_CHECK(MPI_Wait(&z->greq[z->gnext], MPI_STATUS_IGNORE));
+    dp_gather_wait_s += now_s() - t0;
+    if (z->gnext == z->npiece) pump_stop(&z->pumping);
+}
+
+void zero_gather(Zero *z, float *buf) {
+    zero_gather_start(z, buf);
+    zero_gather_wait(z, SIZE_MAX);
 }

@@ -17,6 +17,8 @@
 #include <mpi.h>
 #include <stddef.h>
 
+#include "mpi/progress.h"
+
 /* A rank's share of the flat parameter buffer under ZeRO-1: ranges
  * [lo[i], hi[i]) of it, ascending and disjoint (AdamW's moments hold them
  * back to back: src/model/optim.h). */
@@ -36,6 +38,14 @@ typedef struct {
     MPI_Comm comm[2];
     int size[2], rank[2];
     ZeroShard shard; /* this rank's non-empty parts, ascending */
+    /* the all-gather in flight (zero_gather_start): each piece's request
+     * (MPI_REQUEST_NULL where done or not needed), its counts and
+     * displacements, the first piece not yet waited for, and the pump
+     * that moves them on while the rank computes (where pump is set) */
+    MPI_Request *greq;
+    int *gcounts, *gdispls; /* (npiece x the larger group) */
+    int gnext, pump;
+    Pump pumping;
 } Zero;
 
 /* Cuts [0, n) into pieces: [0, shared) over dp, [shared, n) over edp
@@ -53,7 +63,18 @@ void zero_reduce_scatter(const Zero *z, float *buf, const size_t *skip_lo,
                          const size_t *skip_hi, int nskip);
 /* Gathers every rank's parts of buf (the updated parameters), piece by
  * piece. Collective over both groups. */
-void zero_gather(const Zero *z, float *buf);
+void zero_gather(Zero *z, float *buf);
+/* The same, begun: every piece's non-blocking all-gather is posted, in
+ * order (collective over both groups), and the parameters are whole once
+ * zero_gather_wait has waited for their pieces: the next step's forward
+ * waits for each block's as it reaches the block. */
+void zero_gather_start(Zero *z, float *buf);
+/* Waits for the pieces that begin below `upto` (SIZE_MAX: all of them; a
+ * no-op where nothing is in flight). Local. */
+void zero_gather_wait(Zero *z, size_t upto);
+/* Seconds spent in zero_gather_wait since start: what of the all-gather a
+ * step did not hide. */
+extern double dp_gather_wait_s;
 
 /* Parameters gathered since start (bytes; dp_bytes counts the gradients
  * reduce-scattered). */

@@ -91,11 +91,15 @@ float model_forward(Model *m, const int *inputs, const int *targets, int B, int 
     for (int b = 0; b <= B; b++) m->s.off_dense[b] = b * T;
     /* later stages: the caller put the previous stage's output in S->enc */
     const int embeds = model_set_embeds(m), c0 = d->c0[S->chunk], c1 = d->c1[S->chunk];
-    if (embeds) embed_stage_input(m, B, T);
+    if (embeds) {
+        if (m->block_needs) m->block_needs(m->block_done_ctx, -1);
+        embed_stage_input(m, B, T);
+    }
 
     const float *x = S->enc;
     int routed = 0, moe = 0;
     for (int l = c0; l < c1; l++) {
+        if (m->block_needs) m->block_needs(m->block_done_ctx, l);
         if (block_forward(m, l, x, S->acts[l].res3, B, T) != 0) return NAN;
         routed += model_is_routed(d, l);
         moe += model_is_moe(d, l);
@@ -114,6 +118,7 @@ float model_forward(Model *m, const int *inputs, const int *targets, int B, int 
      * model_backward weighs each block's load-balancing loss */
     if (model_moe_blocks(d) > 0) S->moe_aux /= (float)model_moe_blocks(d);
     if (!model_set_heads(m)) return 0.f; /* the output is model_stage_output() */
+    if (m->block_needs) m->block_needs(m->block_done_ctx, d->L);
     head_forward(m, x, N);
     if (m->ref_logits) return head_reference_forward(m, N, targets != NULL);
     if (!targets) return 0.f; /* the logits are model_logits()'s to make */

@@ -383,6 +383,11 @@ typedef struct {
      * overlapped gradient reduction) */
     void (*block_done)(void *ctx, int l);
     void *block_done_ctx;
+    /* called before a forward reads block l's parameters, with -1 before
+     * the embedding's and d.L before the head's, when set (training's
+     * all-gather of ZeRO-1's parameters, in flight from the step before);
+     * its context is block_done_ctx */
+    void (*block_needs)(void *ctx, int l);
     /* when set, the embedding's backward adds its rows here, not into
      * G.wte (training at dp > 1: see EmbRows) */
     EmbRows *emb_rows;

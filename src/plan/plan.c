@@ -299,7 +299,8 @@ static int plan_stages(const Config *cfg, const Cluster *cl, PlanRow *r, MicroTi
         mm.data = data_mem;
         mm.total = sat_add(mm.total, mm.data);
         model_memory_threads(&mm, &d, r->threads);
-        const size_t comm = r->pp > 1 ? (size_t)slots * (size_t)act : 0;
+        /* the sets' inputs, and a receive posted ahead each way */
+        const size_t comm = r->pp > 1 ? (size_t)(slots + 2) * (size_t)act : 0;
         if (stage_bytes)
             stage_bytes[s] =
                 sat_add(sat_add(mm.total, comm), (size_t)(cl->baseline_mib * 1048576.0));

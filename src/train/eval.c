@@ -34,6 +34,7 @@ int run_validate(Run *r, int done, Err *err) {
         return 0;
     const double t0 = now_s();
     fault_phase("validation");
+    run_params_settle(r);
     Model *m = &r->m;
     double parts[DS_MAX_PARTS], causal[DS_MAX_PARTS];
     const int np = r->val.n_parts;

@@ -21,6 +21,7 @@
 TrainStatus run_nonfinite(Run *r, int *step, const StepResult *s, Err *err) {
     const Config *c = &r->cfg;
     const int done = *step + 1;
+    run_params_settle(r);
     record_begin(&r->rec, REC_NONFINITE, done);
     record_int(&r->rec, MF_NONFINITE, 1);
     record_int(&r->rec, MF_BATCH, (long long)*step + r->rs.batch_offset);

@@ -83,6 +83,10 @@ typedef struct {
     EmbRows emb_rows;       /* dp > 1 on the first stage: the embedding's rows apart */
     Zero zero;              /* zero 1 at dp > 1 (use_zero): ZeRO-1's pieces and shard */
     int use_zero;
+    /* zero 1: the end of the parameters the forward reads before and in
+     * each block (index l + 1; 0: the embedding, L + 1: the head: all),
+     * which it waits for of the all-gather in flight */
+    size_t *zero_need;
     /* train_only = routers: the trained tensors' ranges (n 0: everything
      * trains), AdamW's moments theirs alone */
     ZeroShard trained;
@@ -112,6 +116,13 @@ typedef struct {
 static inline int run_err_rank0(const Run *r, Err *err) {
     if (err && r->grid.world_rank != 0) err->msg[0] = '\0';
     return -1;
+}
+
+/* Waits for ZeRO-1's all-gather in flight, if any: the parameters are
+ * whole once it returns. Anything that reads them between steps (a save,
+ * an evaluation, a rollback) calls it first. */
+static inline void run_params_settle(Run *r) {
+    if (r->use_zero) zero_gather_wait(&r->zero, SIZE_MAX);
 }
 
 /* setup.c: the config, the grid, the data; the checks of a resumed run. */

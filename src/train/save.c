@@ -70,6 +70,7 @@ int run_save(Run *r, int step, Err *err) {
     const size_t rss0 = peak_rss();
     CkStats st;
     fault_phase("checkpoint");
+    run_params_settle(r);
     r->rs.parent_step = r->last_step;
     const int rc = ckpt_save(r->ckpt_dir, &r->m, &r->opt, &r->cfg, step, &r->rs, r->grid.world,
                              r->grid.dp, r->grid.dp_rank, &st, err);
@@ -107,6 +108,7 @@ int run_finish_async(Run *r, int done, int block, double *stall) {
  * still in flight, if any, finishes), or made now. */
 void run_periodic_save(Run *r, int done, double *stall) {
     Err err;
+    run_params_settle(r);
     if (!r->async) {
         if (run_save(r, done, &err) != 0 && err.msg[0]) say_error(r->say, "%s", err.msg);
         return;

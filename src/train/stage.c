@@ -82,6 +82,13 @@ static void run_overlap_setup(Run *r) {
     }
 }
 
+/* Before the forward reads block l's parameters (-1: the embedding's, L:
+ * the head's): their pieces of the all-gather in flight. */
+static void zero_needs(void *ctx, int l) {
+    Run *r = ctx;
+    zero_gather_wait(&r->zero, r->zero_need[l + 1]);
+}
+
 /* zero 1: ZeRO-1's pieces, cut where the overlap's buckets and the
  * embedding's range begin and end (so that a bucket in flight is whole
  * pieces, the embedding's rows reduced apart are too, and both stages'
@@ -103,6 +110,22 @@ static void run_zero_setup(Run *r) {
     free(cut);
     if (r->overlap) dp_overlap_set_zero(&r->ov, g->dp, g->dp_rank);
     r->use_zero = 1;
+    /* what each block needs: the parameters up to the end of its last
+     * tensor (its experts lie past every block's shared ones), and what
+     * came before it; the head, everything */
+    const int L = m->d.L;
+    r->zero_need = xcalloc((size_t)L + 2, sizeof(size_t));
+    for (int k = 0; k < m->nreg; k++) {
+        const ParamInfo *p = &m->reg[k];
+        const int at = p->layer < 0 ? 0 : p->layer >= L ? L + 1 : p->layer + 1;
+        if (param_end(p) > r->zero_need[at]) r->zero_need[at] = param_end(p);
+    }
+    for (int i = 1; i <= L; i++)
+        if (r->zero_need[i - 1] > r->zero_need[i]) r->zero_need[i] = r->zero_need[i - 1];
+    r->zero_need[L + 1] = SIZE_MAX;
+    r->zero.pump = g->crossing[AXIS_DP] > 0;
+    r->m.block_needs = zero_needs;
+    r->m.block_done_ctx = r;
 }
 
 /* train_only = routers: the ranges of the routers' and predictors'

@@ -40,7 +40,7 @@ static void step_forward(void *p, int chunk, int mb, int slot) {
     StepCtx *c = p;
     Run *r = c->r;
     const int T = r->T;
-    const double t0 = now_s(), tp0 = tp_time_s + ep_time_s;
+    const double t0 = now_s(), tp0 = tp_time_s + ep_time_s, ag0 = dp_gather_wait_s;
     const size_t at = (size_t)mb * r->micro * T;
     model_use_chunk(&r->m, slot, chunk);
     fault_phase("forward");
@@ -50,7 +50,10 @@ static void step_forward(void *p, int chunk, int mb, int slot) {
     c->loss_sum +=
         model_forward(&r->m, r->inputs + at, r->targets + at, r->micro, T) * (double)r->micro * T;
     check_model_fault(&r->m);
-    phases_add(&r->ph, PH_FORWARD, now_s() - t0 - (tp_time_s + ep_time_s - tp0));
+    /* the wait for ZeRO-1's all-gather (what it did not hide) is dp's */
+    const double ag = dp_gather_wait_s - ag0;
+    phases_add(&r->ph, PH_FORWARD, now_s() - t0 - (tp_time_s + ep_time_s - tp0) - ag);
+    phases_add(&r->ph, PH_DP, ag);
 }
 
 static void step_backward(void *p, int mb, int slot) {
@@ -181,8 +184,10 @@ void run_step(Run *r, int step, StepResult *out, Err *err) {
                   .grad_out = step_grad,
                   .grad_in = step_grad,
                   .count = (size_t)r->micro * r->T * m->d.C,
-                  .chunks = m->d.nchunk};
+                  .chunks = m->d.nchunk,
+                  .pump = g->crossing[AXIS_PP] > 0};
     pp_run(r->sched, r->n_micro, g->pp > 1 ? g->pp_comm : MPI_COMM_NULL, &st, &out->live);
+    run_params_settle(r); /* what the forwards did not read is whole too */
     if (r->opts.after_backward) r->opts.after_backward(r->opts.ctx, g->world_rank, step + 1);
     /* sync: gradients, then the loss and routing counters */
     fault_phase("gradient all-reduce");
@@ -213,9 +218,10 @@ void run_step(Run *r, int step, StepResult *out, Err *err) {
     adamw_step(&r->opt, m, out->lr, c->beta1, c->beta2, c->adam_eps, c->weight_decay, step + 1,
                scale);
     phases_add(&r->ph, PH_OPTIMIZER, now_s() - t1 - (tp_time_s - tp1));
-    if (r->use_zero) { /* every rank's updated parts, to every rank */
+    if (r->use_zero) { /* every rank's updated parts, to every rank: in flight
+                        * until the next forward needs them (zero_needs) */
         t1 = now_s();
-        zero_gather(&r->zero, m->params);
+        zero_gather_start(&r->zero, m->params);
         phases_add(&r->ph, PH_DP, now_s() - t1);
     }
     phases_add(&r->ph, PH_TP, tp_time_s - tp_s0);

@@ -141,6 +141,7 @@ void trainer_close(Trainer *t) {
     free(r->frac);
     if (r->overlap) dp_overlap_free(&r->ov);
     free(r->seg_of);
+    free(r->zero_need);
     if (r->emb_rows.slot) emb_rows_free(&r->emb_rows);
     if (r->use_zero) zero_free(&r->zero);
     free(r->trained.lo), free(r->trained.hi);

@@ -1,18 +1,18 @@
 #!/bin/bash
-# Data parallelism through a real, throttled network on one machine (no
-# pass or fail; root). Open MPI's TCP transport over the loopback
-# (--mca btl tcp,self --mca btl_tcp_if_include lo: it leaves the loopback
-# out unless told), throttled by the kernel's tbf queueing discipline
-# (tc qdisc ... tbf rate R burst 256kb latency 100ms), against shared
-# memory (btl self,vader). Each run trains two ranks of one thread (dp 2,
-# or pp 2) for --steps steps; per shape, link and variant it prints the
-# mean over steps 2.. of the step time, the dp_comm and pp_wait phases, the
-# pipeline's bubble (pp_wait over the step, averaged over the stages) beside
-# the ideal (p - 1) / (v m + p - 1), the data-parallel bytes
-# modtrain counts a step, and the bytes the qdisc sent over the whole run
-# divided by the steps (start-up's traffic included), which prove the
-# traffic went through the throttled link. The pml is ob1, so that the btl
-# settings hold (another pml would bypass them).
+# Parallelism through a real, throttled network on one machine (no pass or
+# fail; root): two emulated hosts (tests/tools/nodes.sh: a network
+# namespace and a hostname each, Open MPI's TCP between them on links a tbf
+# qdisc throttles to the rate: tc qdisc ... tbf rate R burst 256kb latency
+# 100ms), against shared memory on one host (btl self,vader). Each run
+# trains a rank on each host, pinned to a core of its own (two nodes of one
+# core), of one thread (dp 2, or pp 2) for --steps steps; per shape, link
+# and variant it prints the mean over steps 2.. of the step time, the
+# dp_comm and pp_wait phases, the pipeline's bubble (pp_wait over the step,
+# averaged over the stages) beside the ideal (p - 1) / (v m + p - 1), the
+# data-parallel bytes modtrain counts a step, and the bytes the hosts'
+# qdiscs sent over the whole run divided by the steps (start-up's traffic
+# included), which prove the traffic went through the throttled links. The
+# pml is ob1, so that the btl settings hold (another pml would bypass them).
 #   shapes:   d256  d_model 256, 4 layers, T 256, micro-batch 8 (V 256)
 #             gpt2  GPT-2 small (V 50257, d_model 768, 12 layers), T 256, micro-batch 4
 #   links:    shm, or a tbf rate (10gbit, 1gbit, 500mbit, ...)
@@ -26,12 +26,16 @@
 #             GPT-2's head (V x C) costs 5.5 of its blocks, so its pipelines
 #             balance the ranks by stage_layers: 9 blocks against 3 and the
 #             head (v 1: 9,3; v 2: 5,2,4,1); d256's head is small: balanced
+#             tpin     tp 2 x dp 2, two ranks a host (oversubscribed: two
+#                      ranks a core), the grid's order: tp within a host,
+#                      dp across
+#             tpx      the same with rank_order dp-tp-pp: tp across the
+#                      hosts, dp within
 # Beside them: the backward's time a step (what an overlap can hide behind),
-# and each rank's peak RSS (/usr/bin/time), the larger of the two.
-# The qdisc is removed on every exit path, and one left by a killed run is
-# removed at the start.
+# and each rank's peak RSS (/usr/bin/time), the largest.
+# The hosts are removed on every exit path.
 # usage: tests/bench/bench_network.sh [--shapes "d256 gpt2"] [--links "shm 10gbit 1gbit"]
-#            [--variants "after overlap zero1 pp2v1 pp2v2"] [--bucket_mb MB] [--steps N]
+#            [--variants "after overlap zero1 pp2v1 pp2v2 tpin tpx"] [--bucket_mb MB] [--steps N]
 #   --bucket_mb: the overlap's dp_bucket_mb (default: train's, 25)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -59,15 +63,15 @@ for l in $links; do
     case $l in shm | [1-9]*[0-9]gbit | [1-9]*[0-9]mbit | [1-9]gbit | [1-9]mbit) ;;
     *) die "--links: '$l' is neither shm nor a rate like 10gbit or 500mbit" ;; esac
 done
-[ "$(id -u)" = 0 ] || die "needs root: it throttles the loopback with tc"
+[ "$(id -u)" = 0 ] || die "needs root: it makes hosts (network namespaces) and throttles their links"
 [ -x /usr/bin/time ] || die "/usr/bin/time is missing (apt-get install time)"
 command -v tc > /dev/null || die "tc is missing (apt-get install iproute2)"
 command -v mpirun > /dev/null || die "mpirun is missing (apt-get install openmpi-bin)"
 
-unthrottle() { tc qdisc del dev lo root 2> /dev/null || true; }
-unthrottle # one a killed run left behind
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/modtrain-bench.XXXXXX")
-trap 'unthrottle; rm -rf "$tmp"' EXIT
+NODES=$top/tests/tools/nodes.sh
+down() { [ ! -f "$tmp/nodes/nodes.env" ] || "$NODES" down "$tmp/nodes" > /dev/null 2>&1 || true; }
+trap 'down; rm -rf "$tmp"' EXIT
 trap 'exit 130' INT TERM # through the EXIT trap
 
 shape() { # NAME: sets model, pp_micro (a pipeline's micro-batch: 8 a step) and
@@ -92,39 +96,41 @@ variant() { # NAME: sets keys, and ideal (the bubble's, or -)
         lay=pp_layers${1#pp2v}
         [ -z "${!lay}" ] || keys="$keys --stage_layers ${!lay}"
         ideal=$(awk -v v="${1#pp2v}" 'BEGIN { printf "%.1f", 100 / (8 * v + 1) }') ;;
-    *) die "unknown variant '$1' (after, overlap, zero1, pp2v1 or pp2v2)" ;;
+    tpin) keys="--tp 2 --rank_order auto" ;;
+    tpx) keys="--tp 2 --rank_order dp-tp-pp" ;;
+    *) die "unknown variant '$1' (after, overlap, zero1, pp2v1, pp2v2, tpin or tpx)" ;;
     esac
+    per=1 # ranks a host
+    case $1 in tp*) per=2 ;; esac
 }
 for v in $variants; do variant "$v"; done
 "$PYTHON" "$top/tests/scripts/make_shards.py" text "$tmp/train.bin" \
     $(( (steps + 1) * 16 * 256 + 1 )) --vocab 256 --tokenizer 1
 
-sent() { tc -s qdisc show dev lo | awk '/Sent/ { print $2; exit }'; }
-# one LINK: trains dp 2 with the variant's keys and prints step_ms dp_comm_ms
-# dp_MB qdisc_MB
+sent() { echo $(($("$NODES" bytes "$tmp/nodes" node1) + $("$NODES" bytes "$tmp/nodes" node2))); }
+# one LINK: trains the variant (per ranks on each of two hosts, or all on
+# this one under shm) and prints step_ms dp_comm_ms pp_wait bubble backward
+# dp_MB qdisc_MB rss_MiB
 one() {
-    local link=$1 mca sent0=0 sent1=0
+    local link=$1 sent0=0 sent1=0 launch
     if [ "$link" = shm ]; then
-        mca="--mca pml ob1 --mca btl self,vader"
-        unthrottle
+        launch="mpirun --allow-run-as-root --oversubscribe --bind-to none -np $((2 * per)) --mca pml ob1 --mca btl self,vader"
     else
-        mca="--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo"
-        tc qdisc replace dev lo root tbf rate "$link" burst 256kb latency 100ms
+        launch="$NODES mpirun $tmp/nodes --oversubscribe --bind-to none --host node1:$per,node2:$per"
         sent0=$(sent)
     fi
     rm -rf "$tmp/run"
-    # shellcheck disable=SC2086 # the transport's and the model's keys
     rm -f "$tmp"/rss.*
-    # each rank under /usr/bin/time, its peak RSS into rss.RANK
-    mpirun --allow-run-as-root --oversubscribe -np 2 $mca sh -c \
-        '/usr/bin/time -f %M -o "$0.$OMPI_COMM_WORLD_RANK" "$@"' "$tmp/rss" \
-        "$MODTRAIN" train $model $keys --route_every 0 \
+    # each rank pinned to a core (rank mod cores), under /usr/bin/time, its
+    # peak RSS into rss.RANK
+    # shellcheck disable=SC2086 # the launcher's, the transport's and the model's keys
+    $launch sh -c 'taskset -c $((OMPI_COMM_WORLD_RANK % $(nproc))) /usr/bin/time -f %M -o "$0.$OMPI_COMM_WORLD_RANK" "$@"' \
+        "$tmp/rss" "$MODTRAIN" train $model $keys --route_every 0 \
         --steps "$steps" --threads 1 --train_data "$tmp/train.bin" --val_data "" \
         --run_dir "$tmp/run" --resume never --ckpt_every 0 --log_every 1 > "$tmp/log" 2>&1 ||
         { cat "$tmp/log" >&2; die "train over $link failed"; }
     rss=$(cat "$tmp"/rss.* | sort -n | tail -n 1)
     [ "$link" = shm ] || sent1=$(sent)
-    unthrottle
     awk -v q=$((sent1 - sent0)) -v steps="$steps" -v rss="$rss" '
         function val(k,   i, r) { i = index($0, "\"" k "\":"); if (!i) return 0
                                   r = substr($0, i + length(k) + 3); sub(/[,}].*/, "", r); return r }
@@ -136,7 +142,8 @@ one() {
         "$tmp/run/metrics.jsonl"
 }
 
-echo "dp 2 or pp 2 (two ranks of one thread), means over steps 2..$steps; bubble and ideal in %"
+echo "dp 2 or pp 2 (a rank of one thread on each of two hosts; tpin, tpx: two a host), means over"
+echo "steps 2..$steps; bubble and ideal in %"
 echo "of the step; MB a step (zero1: the gradients reduce-scattered plus the parameters"
 echo "gathered); peak RSS of the larger rank"
 printf "%-6s %-8s %-8s %10s %10s %9s %7s %6s %10s %8s %9s %8s\n" shape link variant "step ms" \
@@ -144,6 +151,9 @@ printf "%-6s %-8s %-8s %10s %10s %9s %7s %6s %10s %8s %9s %8s\n" shape link vari
 for s in $shapes; do
     shape "$s"
     for l in $links; do
+        down
+        [ "$l" = shm ] || "$NODES" up "$tmp/nodes" 2 --rate "$l" > /dev/null ||
+            die "could not make two hosts (tests/tools/nodes.sh up) at $l"
         for v in $variants; do
             variant "$v"
             out=$(one "$l") # its exit status ends the benchmark here

@@ -17,7 +17,8 @@
 # targets must come through untouched.
 #
 # Cases: 1 rank synchronous and asynchronous, tp 2 x dp 2 synchronous and
-# asynchronous, and a run whose loss turns NaN on one batch and rolls back
+# asynchronous (over two emulated hosts where tests/tools/nodes.sh can make
+# them: a rank dies on one host, the job ends on both), and a run whose loss turns NaN on one batch and rolls back
 # (a re-save of the checkpoint's step: its replacement's points). `make
 # check` runs a subset (kill at every point of the step-4 save and EIO at
 # every point of it for 1 rank synchronous; ENOSPC and EDQUOT at the
@@ -51,6 +52,8 @@ launch() {
     set +e
     if [ "$np" -eq 1 ]; then
         timeout -k 10 120 "$MODTRAIN" train $common "$@" > "$log" 2>&1
+    elif [ -n "$NODES" ]; then # two ranks on each of two emulated hosts
+        TRAIN_TIMEOUT=120 on_nodes --host node1:2,node2:2 "$MODTRAIN" train $common "$@" > "$log" 2>&1
     else
         timeout -k 10 120 $MPIRUN -np "$np" "$MODTRAIN" train $common "$@" > "$log" 2>&1
     fi
@@ -255,8 +258,19 @@ for p in $points; do rollone "$p" kill; done
 rollone commit.rename EIO
 fi
 
-# tp 2 x dp 2: rank 3 dies in the collective write, rank 0 in the commit
+# tp 2 x dp 2: rank 3 dies in the collective write, rank 0 in the commit;
+# over two emulated hosts (tests/tools/nodes.sh), ranks 2 and 3 on node2,
+# where they can be made, else on this one
 if part tp2dp2; then
+set +e
+"$srcdir/tests/tools/nodes.sh" up "$TMP/nodes" 2 > nodes.out 2>&1
+nrc=$?
+set -e
+case $nrc in
+0) NODES=$TMP/nodes && echo "tp 2 x dp 2 over two emulated hosts, two ranks each" ;;
+77) echo "tp 2 x dp 2 on this host: $(grep SKIP nodes.out)" ;;
+*) cat nodes.out && fail "emulated hosts: nodes.sh up failed" ;;
+esac
 reference tp2dp2-sync 4 --tp 2 --ckpt_async 0
 [ $slow = 0 ] || reference tp2dp2-async 4 --tp 2 # only the slow cases use it
 if [ -n "$full" ]; then

@@ -3,8 +3,10 @@
 # links of 20 Mbit/s), a slurmd on each in its own namespaces under its
 # name, slurmctld beside them on their bridge. jobs/train.sbatch with -N 2
 # (a rank a node):
-#  - under srun, as the script chooses it, its final checkpoint bitwise
-#    equal to the same run under mpirun on one host;
+#  - under srun, as the script chooses it on a stock SLURM (MpiDefault=none:
+#    srun --mpi=pmix), its final checkpoint bitwise equal to the same run
+#    under mpirun on one host; its time_limit = auto reads the job's end
+#    (--time=10) from squeue on node1 and every rank keeps it;
 #  - under mpirun inside the allocation (MODTRAIN_LAUNCH=mpirun), the same;
 #  - warned with SIGUSR1: it saves and requeues, node1 is drained meanwhile,
 #    and it resumes on node2 and node3 to finish bitwise equal;
@@ -50,11 +52,19 @@ sbatch_nodes() { sbatch --parsable --ntasks-per-node=1 --cpus-per-task=1 --outpu
 
 # srun, then mpirun, across two hosts
 for launch in auto mpirun; do
-    job=$(MODTRAIN_LAUNCH=$launch sbatch_nodes -N 2 "$srcdir/jobs/train.sbatch" run.conf --run_dir "$TMP/$launch")
+    job=$(MODTRAIN_LAUNCH=$launch sbatch_nodes -N 2 --time=10 "$srcdir/jobs/train.sbatch" run.conf \
+        --run_dir "$TMP/$launch" --time_limit auto)
     wait_done "$job" || fail "$launch: job $job never finished"
     [ "$(job_state "$job")" = COMPLETED ] && same 2 "$TMP/$launch" &&
         ok "-N 2, $(sed -n 's/.*: launching with \([a-z]*\).*/\1/p' "$TMP/$job.out" | head -n 1) on $(scontrol show job "$job" | sed -n 's/^ *NodeList=\([^ ]*\).*/\1/p'): bitwise the one-host run" ||
         { cat "$TMP/$job.out"; fail "-N 2 under $launch"; }
+    [ "$launch" = auto ] || continue
+    grep -q "launching with srun --kill-on-bad-exit=1 --mpi=pmix (srun --mpi=list offers pmix; MpiDefault=none)" "$TMP/$job.out" ||
+        { grep "launching" "$TMP/$job.out"; fail "a stock SLURM's job did not choose srun --mpi=pmix"; }
+    # squeue gives the end to the second: 600 s and a fraction from the start prints as 601
+    t=$(sed -n 's/^train: time_limit = auto: job [0-9]* ends at .* (squeue): \([0-9]*\) s from the start.*/\1/p' "$TMP/$job.out")
+    [ -n "$t" ] && [ "$t" -gt 500 ] && [ "$t" -le 601 ] && ok "time_limit = auto over two hosts under --time=10: $t s, from squeue" ||
+        fail "time_limit = auto over two hosts under --time=10 gave '$t' s: $(grep time_limit "$TMP/$job.out")"
 done
 
 # SIGUSR1, requeued onto other nodes

@@ -1,7 +1,8 @@
 #!/bin/sh
 # SLURM for real: a single-node cluster (munged, slurmctld, slurmd) runs
-# jobs/train.sbatch. A job warned with SIGUSR1 (scancel --signal=USR1
-# --batch) saves, requeues itself and finishes; a rank killed with kill -9
+# jobs/train.sbatch (a job warned with SIGUSR1, which saves, requeues
+# itself and finishes, is tests/slurm/nodes.sh's, over two hosts). A rank
+# killed with kill -9
 # fails the job without damaging what was committed, and a resubmission
 # resumes from the last checkpoint; time_limit stops a job with a checkpoint
 # and a chained job (--dependency=afterany) completes the run. Every final
@@ -41,19 +42,7 @@ $MPIRUN -np 2 "$MODTRAIN" train --config run.conf --run_dir "$TMP/ref" --resume 
 submit() { sbatch --parsable --ntasks=2 --cpus-per-task=1 --output="$TMP/%j.out" "$@"; }
 same_as_ref() { cmp -s "$TMP/ref/ckpt/step-00000150/data.bin" "$1/ckpt/step-00000150/data.bin"; }
 
-# 1. preemption warning: SIGUSR1 to the batch script, save, requeue, finish
-job=$(submit "$srcdir/jobs/train.sbatch" run.conf --run_dir "$TMP/pre")
-wait_steps "$TMP/pre" 20 || { cat "$TMP/$job.out"; fail "job $job did not start training"; finish; }
-scancel --signal=USR1 --batch "$job"
-wait_done "$job" || { cat "$TMP/$job.out"; fail "job $job never finished"; }
-restarts=$(scontrol show job "$job" 2> /dev/null | sed -n 's/.*Restarts=\([0-9]*\).*/\1/p')
-cat "$TMP/$job.out" | grep -E "stopping|requeue|restart|checkpoint: .*in all" || true
-grep -q "stopping at step" "$TMP/$job.out" && grep -q "requeueing" "$TMP/$job.out" &&
-    [ "$(job_state "$job")" = COMPLETED ] && same_as_ref "$TMP/pre" &&
-    ok "SIGUSR1: the job saved, requeued itself (restarts: ${restarts:-?}) and finished bitwise equal to the uninterrupted run" ||
-    { cat "$TMP/$job.out"; fail "preemption by SIGUSR1"; }
-
-# 2. a rank killed with kill -9: the job fails, the committed checkpoints
+# a rank killed with kill -9: the job fails, the committed checkpoints
 # stay intact, and a resubmission resumes from the newest
 job=$(MODTRAIN_MAX_RESTARTS=0 submit "$srcdir/jobs/train.sbatch" run.conf --run_dir "$TMP/kill")
 wait_steps "$TMP/kill" 35 || { cat "$TMP/$job.out"; fail "job $job did not start"; finish; }
@@ -70,7 +59,7 @@ grep -q "resume: loaded" "$TMP/$job.out" && [ "$(job_state "$job")" = COMPLETED 
     ok "the resubmitted job resumed ($(sed -n 's/.*resume: loaded .*(step \([0-9]*\)).*/step \1/p' "$TMP/$job.out")) and finished bitwise equal" ||
     { cat "$TMP/$job.out"; fail "resubmission after kill -9"; }
 
-# 3. time_limit: the first job stops itself with a checkpoint (no requeue
+# time_limit: the first job stops itself with a checkpoint (no requeue
 # allowed), a chained job (afterany) completes the run
 first=$(MODTRAIN_MAX_RESTARTS=0 submit "$srcdir/jobs/train.sbatch" run.conf --run_dir "$TMP/limit" --time_limit 1.5)
 second=$(submit --dependency=afterany:"$first" "$srcdir/jobs/train.sbatch" run.conf --run_dir "$TMP/limit")
