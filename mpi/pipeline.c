@@ -207,7 +207,7 @@ void pp_run(PpSchedule s, int m, MPI_Comm comm, const PpStage *st, int *max_live
     const int n = pp_order(s, m, r.v, r.stage, r.stages, ops);
     r.ops = ops, r.nops = n;
     Pump pump = {.running = 0};
-    if (st->pump && r.stages > 1) pump_start(&pump, comm);
+    if (st->pump && r.stages > 1) pump_start(&pump, pump_probe, &comm);
     for (int d = 0; d < 2; d++) {
         r.rreq[d] = MPI_REQUEST_NULL;
         r.rbuf[d] = r.stages > 1 ? xmalloc(st->count * sizeof(float)) : NULL;

@@ -3,6 +3,7 @@
  */
 #include "mpi/zero.h"
 
+#include <assert.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,7 +107,45 @@ void zero_reduce_scatter(const Zero *z, float *buf, const size_t *skip_lo,
     free(counts);
 }
 
-void zero_gather_start(Zero *z, float *buf) {
+/* Posts piece k's all-gather (a group of one has none). */
+static void gather_post(Zero *z, int k) {
+    const int g = z->grp[k], p = z->size[g];
+    const int most = z->size[0] > z->size[1] ? z->size[0] : z->size[1];
+    int *counts = z->gcounts + (size_t)k * most, *displs = z->gdispls + (size_t)k * most;
+    z->greq[k] = MPI_REQUEST_NULL;
+    if (p == 1) return;
+    for (int r = 0; r < p; r++) {
+        size_t a, b;
+        zero_part(z->lo[k], z->hi[k], p, r, &a, &b);
+        counts[r] = (int)(b - a), displs[r] = (int)(a - z->lo[k]);
+    }
+    MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, z->gbuf + z->lo[k], counts,
+                              displs, MPI_FLOAT, z->comm[g], &z->greq[k]));
+    dp_gather_bytes += (unsigned long long)(z->hi[k] - z->lo[k]) * sizeof(float);
+}
+
+/* Keeps ZERO_INFLIGHT pieces in flight: posts the next while fewer of
+ * those posted are unfinished. */
+static void gather_top_up(Zero *z) {
+    int open = 0;
+    for (int k = z->gnext; k < z->gposted; k++) open += z->greq[k] != MPI_REQUEST_NULL;
+    for (; z->gposted < z->gready && open < ZERO_INFLIGHT; z->gposted++, open++)
+        gather_post(z, z->gposted);
+}
+
+/* The pump's turn: tests the pieces in flight (a finished one's request
+ * becomes MPI_REQUEST_NULL) and posts the next. */
+static void gather_tick(void *ctx) {
+    Zero *z = ctx;
+    for (int k = z->gnext; k < z->gposted; k++) {
+        int done = 0;
+        if (z->greq[k] != MPI_REQUEST_NULL)
+            MPI_CHECK(MPI_Test(&z->greq[k], &done, MPI_STATUS_IGNORE));
+    }
+    gather_top_up(z);
+}
+
+void zero_gather_begin(Zero *z, float *buf) {
     zero_gather_wait(z, SIZE_MAX); /* one gather in flight at a time */
     const int most = z->size[0] > z->size[1] ? z->size[0] : z->size[1];
     if (!z->greq) {
@@ -114,29 +153,36 @@ void zero_gather_start(Zero *z, float *buf) {
         z->gcounts = xmalloc(((size_t)z->npiece * most + 1) * sizeof(int));
         z->gdispls = xmalloc(((size_t)z->npiece * most + 1) * sizeof(int));
     }
-    for (int k = 0; k < z->npiece; k++) {
-        const int g = z->grp[k], p = z->size[g];
-        int *counts = z->gcounts + (size_t)k * most, *displs = z->gdispls + (size_t)k * most;
-        z->greq[k] = MPI_REQUEST_NULL;
-        if (p == 1) continue;
-        for (int r = 0; r < p; r++) {
-            size_t a, b;
-            zero_part(z->lo[k], z->hi[k], p, r, &a, &b);
-            counts[r] = (int)(b - a), displs[r] = (int)(a - z->lo[k]);
-        }
-        MPI_CHECK(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf + z->lo[k], counts,
-                                  displs, MPI_FLOAT, z->comm[g], &z->greq[k]));
-        dp_gather_bytes += (unsigned long long)(z->hi[k] - z->lo[k]) * sizeof(float);
-    }
-    z->gnext = 0;
-    if (z->pump) pump_start(&z->pumping, z->comm[0]);
+    z->gbuf = buf;
+    z->gnext = z->gposted = z->gready = 0;
+    for (int k = 0; k < z->npiece; k++) z->greq[k] = MPI_REQUEST_NULL;
+    if (z->pump && z->npiece > 0) pump_start(&z->pumping, gather_tick, z);
+}
+
+void zero_gather_ready(Zero *z, size_t hi) {
+    if (!z->greq) return;
+    pump_lock(&z->pumping);
+    while (z->gready < z->npiece && z->lo[z->gready] < hi) z->gready++;
+    gather_top_up(z);
+    pump_unlock(&z->pumping);
+}
+
+void zero_gather_start(Zero *z, float *buf) {
+    zero_gather_begin(z, buf);
+    zero_gather_ready(z, SIZE_MAX);
 }
 
 void zero_gather_wait(Zero *z, size_t upto) {
     if (!z->greq || z->gnext >= z->npiece) return;
     const double t0 = now_s();
-    for (; z->gnext < z->npiece && z->lo[z->gnext] < upto; z->gnext++)
+    pump_lock(&z->pumping);
+    for (; z->gnext < z->npiece && z->lo[z->gnext] < upto; z->gnext++) {
+        gather_top_up(z);
+        assert(z->gnext < z->gposted); /* waited for only once ready (the update done) */
         MPI_CHECK(MPI_Wait(&z->greq[z->gnext], MPI_STATUS_IGNORE));
+    }
+    gather_top_up(z); /* the next ones move while the rank computes */
+    pump_unlock(&z->pumping);
     dp_gather_wait_s += now_s() - t0;
     if (z->gnext == z->npiece) pump_stop(&z->pumping);
 }

@@ -19,6 +19,9 @@
 
 #include "mpi/progress.h"
 
+/* Pieces of the all-gather in flight at once. */
+#define ZERO_INFLIGHT 2
+
 /* A rank's share of the flat parameter buffer under ZeRO-1: ranges
  * [lo[i], hi[i]) of it, ascending and disjoint (AdamW's moments hold them
  * back to back: src/model/optim.h). */
@@ -44,7 +47,8 @@ typedef struct {
      * that moves them on while the rank computes (where pump is set) */
     MPI_Request *greq;
     int *gcounts, *gdispls; /* (npiece x the larger group) */
-    int gnext, pump;
+    float *gbuf;
+    int gnext, gposted, gready, pump;
     Pump pumping;
 } Zero;
 
@@ -64,11 +68,20 @@ void zero_reduce_scatter(const Zero *z, float *buf, const size_t *skip_lo,
 /* Gathers every rank's parts of buf (the updated parameters), piece by
  * piece. Collective over both groups. */
 void zero_gather(Zero *z, float *buf);
-/* The same, begun: every piece's non-blocking all-gather is posted, in
- * order (collective over both groups), and the parameters are whole once
- * zero_gather_wait has waited for their pieces: the next step's forward
- * waits for each block's as it reaches the block. */
+/* The same, begun: the pieces' non-blocking all-gathers are posted in
+ * order (collective over both groups), ZERO_INFLIGHT ahead of the first
+ * not yet waited for (so that a blocking collective meanwhile, whose
+ * messages queue behind theirs on a link, waits for few), and the
+ * parameters are whole once zero_gather_wait has waited for their pieces:
+ * the next step's forward waits for each block's as it reaches the
+ * block, each wait posting the next. */
 void zero_gather_start(Zero *z, float *buf);
+/* Begun before the update: nothing is posted until zero_gather_ready says
+ * this rank's parts below `hi` are updated (the pieces they lie in, and
+ * those before, may go); zero_gather_ready(z, SIZE_MAX) once the update is
+ * done. zero_gather_start is the two at once. */
+void zero_gather_begin(Zero *z, float *buf);
+void zero_gather_ready(Zero *z, size_t hi);
 /* Waits for the pieces that begin below `upto` (SIZE_MAX: all of them; a
  * no-op where nothing is in flight). Local. */
 void zero_gather_wait(Zero *z, size_t upto);

@@ -85,6 +85,7 @@ static void adamw_step_shard(AdamW *o, Model *model, float lr, float b1, float b
             }
         }
         at += hi - lo;
+        if (o->range_done) o->range_done(o->range_ctx, hi);
     }
     model->grads_zeroed = 0; /* the other ranks' ranges were not consumed */
 }

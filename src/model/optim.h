@@ -19,6 +19,10 @@ typedef struct {
     float *m, *v;
     size_t n;
     const ZeroShard *shard; /* NULL: the whole buffer */
+    /* with a shard, when set: called after each of its ranges is updated,
+     * with the range's end (ZeRO-1 gathers a piece once its part is) */
+    void (*range_done)(void *ctx, size_t hi);
+    void *range_ctx;
 } AdamW;
 
 void adamw_init(AdamW *o, const Model *model);

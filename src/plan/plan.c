@@ -470,14 +470,28 @@ static int layout_order(const Config *cfg, const Cluster *cl, const Whole *w, in
      * traffic) follows the optimizer */
     const int zero = cfg->zero && dp > 1;
     row->t_dp_all = row->t_dp;
+    /* zero 1's all-gather (half the traffic) stays in flight into the next
+     * step's first forward (a third of a micro-batch's compute), which
+     * waits at once for the embedding's pieces (on the first stage): at
+     * least their share of it shows */
+    const double gather = zero ? row->t_dp / 2 : 0;
+    double gather_shown = 0;
+    if (zero) {
+        ModelDims d;
+        model_dims_config(&d, cfg, tp, 0);
+        const double table = (double)d.Vl * d.C * sizeof(float);
+        const double first = gather * (table < row->dp_bytes ? table / row->dp_bytes : 1);
+        gather_shown = gather - mt.compute / 3 > first ? gather - mt.compute / 3 : first;
+        row->t_dp -= gather - gather_shown;
+    }
     if (cfg->dp_overlap && dp > 1) {
         link(cl, spans(cl, row, AXIS_DP), &a, &b);
         const double want = cfg->dp_bucket_mb > 0 ? cfg->dp_bucket_mb * 1048576.0
                                                    : row->dp_bytes * pp / cfg->n_layer; /* a block */
         const double bucket = want < row->dp_bytes ? want : row->dp_bytes;
         const double tail = dp_time(bucket, dp, a, b), window = 2.0 / 3.0 * mt.compute;
-        const double reduce = zero ? row->t_dp / 2 : row->t_dp;
-        row->t_dp = (reduce - window > tail ? reduce - window : tail) + (zero ? row->t_dp / 2 : 0);
+        const double reduce = row->t_dp_all - gather;
+        row->t_dp = (reduce - window > tail ? reduce - window : tail) + gather_shown;
     }
     const double nparams = (double)row->mem.params / sizeof(float);
     row->t_optimizer = nparams * 28.0 / (cl->mem_bw_gbs * 1e9 / ranks_per_node) / (zero ? dp : 1);

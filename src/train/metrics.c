@@ -308,7 +308,10 @@ void run_log(Run *r, int step, const StepResult *s) {
     record_int(rec, MF_EP_BYTES, (long long)s->ep_bytes);
     record_int(rec, MF_PP_LIVE, s->live);
     record_num(rec, MF_PP_BUBBLE, s->bubble);
-    if (r->use_zero) record_int(rec, MF_DP_GATHER_BYTES, (long long)s->dp_gather_bytes);
+    if (r->use_zero) {
+        record_int(rec, MF_DP_GATHER_BYTES, (long long)s->dp_gather_bytes);
+        record_num(rec, MF_DP_GATHER_WAIT_MS, s->gather_wait_s * 1e3);
+    }
     /* above 100%: the peak was measured too low (outside load), never clamped */
     if (mfu > 1) record_true(rec, MF_PEAK_MISMEASURED);
     phases_record(&r->ph, r->grid.world, rec);

@@ -65,6 +65,9 @@ const MetricInfo metric_fields[MF_N] = {
                       "the share of the step the stages waited on their neighbours, averaged"},
     [MF_DP_GATHER_BYTES] = {"dp_gather_bytes", MT_INT, STEP, NULL, 0, "zero = 1",
                             "bytes of parameters rank 0 all-gathered"},
+    [MF_DP_GATHER_WAIT_MS] = {"dp_gather_wait_ms", MT_NUM, STEP, "%.3f", 1, "zero = 1",
+                              "milliseconds rank 0's forwards waited for the all-gather left in "
+                              "flight by the step before: what of it they did not hide"},
     [MF_PEAK_MISMEASURED] = {"peak_mismeasured", MT_TRUE, STEP, NULL, 0, "mfu > 1",
                              "the sgemm peak was measured too low (something else held the "
                              "cores)"},
@@ -92,8 +95,7 @@ const MetricInfo metric_fields[MF_N] = {
                   "the global batch index of that step (a rollback skips it)"},
     [MF_CKPT_STEP] = {"ckpt_step", MT_INT, CKPT, NULL, 0, "",
                       "the step the checkpoint holds (step: the step it was seen committed at)"},
-    [MF_CKPT_ASYNC] = {"ckpt_async", MT_INT, CKPT, NULL, 0, "",
-                       "1: written in the background"},
+    [MF_CKPT_ASYNC] = {"ckpt_async", MT_INT, CKPT, NULL, 0, "", "1: written in the background"},
     [MF_CKPT_S] = {"ckpt_s", MT_NUM, CKPT, "%.4f", 1, "",
                    "seconds from the start of the save to the commit"},
     [MF_CKPT_MB_S] = {"ckpt_mb_s", MT_NUM, CKPT, "%.1f", 1, "", "MB of state per second"},

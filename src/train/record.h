@@ -54,6 +54,7 @@ typedef enum {
     MF_PP_LIVE,
     MF_PP_BUBBLE,
     MF_DP_GATHER_BYTES,
+    MF_DP_GATHER_WAIT_MS,
     MF_PEAK_MISMEASURED,
     MF_INTERVAL_MS,
     MF_PHASE_MS,

@@ -106,6 +106,7 @@ typedef struct {
     double loss, grad_norm, lr, dt, bubble, fpt;
     unsigned long long tp_bytes, dp_bytes, pp_bytes, ep_bytes;
     unsigned long long dp_gather_bytes; /* zero 1: the parameters all-gathered */
+    double gather_wait_s; /* zero 1: the forwards' wait for the last step's all-gather */
     int live;
     int nonfinite;  /* the loss or gradient was not finite: no update made */
     int data_error; /* a read failed (err set): no step made */

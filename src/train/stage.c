@@ -89,6 +89,9 @@ static void zero_needs(void *ctx, int l) {
     zero_gather_wait(&r->zero, r->zero_need[l + 1]);
 }
 
+/* AdamW updated this rank's parts below hi: their pieces may be gathered. */
+static void zero_range_done(void *ctx, size_t hi) { zero_gather_ready(ctx, hi); }
+
 /* zero 1: ZeRO-1's pieces, cut where the overlap's buckets and the
  * embedding's range begin and end (so that a bucket in flight is whole
  * pieces, the embedding's rows reduced apart are too, and both stages'
@@ -112,12 +115,18 @@ static void run_zero_setup(Run *r) {
     r->use_zero = 1;
     /* what each block needs: the parameters up to the end of its last
      * tensor (its experts lie past every block's shared ones), and what
-     * came before it; the head, everything */
+     * came before it; the embedding, its tensors (those of no block that lie
+     * before the first block's); the head, everything */
     const int L = m->d.L;
+    size_t first = SIZE_MAX;
+    for (int k = 0; k < m->nreg; k++)
+        if (m->reg[k].layer >= 0 && m->reg[k].offset < first) first = m->reg[k].offset;
     r->zero_need = xcalloc((size_t)L + 2, sizeof(size_t));
     for (int k = 0; k < m->nreg; k++) {
         const ParamInfo *p = &m->reg[k];
-        const int at = p->layer < 0 ? 0 : p->layer >= L ? L + 1 : p->layer + 1;
+        const int at = p->layer >= L || (p->layer < 0 && p->offset > first) ? L + 1
+                       : p->layer < 0                                       ? 0
+                                                                            : p->layer + 1;
         if (param_end(p) > r->zero_need[at]) r->zero_need[at] = param_end(p);
     }
     for (int i = 1; i <= L; i++)
@@ -204,6 +213,10 @@ int run_setup_model(Run *r, Err *err) {
                      r->use_zero    ? &r->zero.shard
                      : routers_only ? &r->trained
                                     : NULL);
+    if (r->use_zero) { /* a piece's all-gather starts once its part is updated */
+        r->opt.range_done = zero_range_done;
+        r->opt.range_ctx = &r->zero;
+    }
     if (r->use_zero || routers_only) { /* the moments as allocated: this rank's shard */
         const size_t real = 2 * r->opt.n * sizeof(float);
         r->mem.total = r->mem.total - r->mem.moments + real;

@@ -165,7 +165,8 @@ static void run_sync_grads(Run *r) {
 void run_step(Run *r, int step, StepResult *out, Err *err) {
     Model *m = &r->m;
     const Grid *g = &r->grid;
-    const double t0 = now_s(), wait0 = pp_wait_s, tp_s0 = tp_time_s, ep_s0 = ep_time_s;
+    const double t0 = now_s(), wait0 = pp_wait_s, tp_s0 = tp_time_s, ep_s0 = ep_time_s,
+                 gw0 = dp_gather_wait_s;
     const unsigned long long tp0 = tp_bytes, dp0 = dp_bytes, pp0 = pp_bytes, ep0 = ep_bytes,
                              ag0 = dp_gather_bytes;
     if (run_read_batch(r, &out->data_hash, err) != 0) {
@@ -188,6 +189,7 @@ void run_step(Run *r, int step, StepResult *out, Err *err) {
                   .pump = g->crossing[AXIS_PP] > 0};
     pp_run(r->sched, r->n_micro, g->pp > 1 ? g->pp_comm : MPI_COMM_NULL, &st, &out->live);
     run_params_settle(r); /* what the forwards did not read is whole too */
+    out->gather_wait_s = dp_gather_wait_s - gw0;
     if (r->opts.after_backward) r->opts.after_backward(r->opts.ctx, g->world_rank, step + 1);
     /* sync: gradients, then the loss and routing counters */
     fault_phase("gradient all-reduce");
@@ -215,13 +217,14 @@ void run_step(Run *r, int step, StepResult *out, Err *err) {
                       : 1.f;
     /* optimizer */
     out->lr = lr_at(c, step);
+    if (r->use_zero) zero_gather_begin(&r->zero, m->params); /* each piece as it is updated */
     adamw_step(&r->opt, m, out->lr, c->beta1, c->beta2, c->adam_eps, c->weight_decay, step + 1,
                scale);
     phases_add(&r->ph, PH_OPTIMIZER, now_s() - t1 - (tp_time_s - tp1));
     if (r->use_zero) { /* every rank's updated parts, to every rank: in flight
                         * until the next forward needs them (zero_needs) */
         t1 = now_s();
-        zero_gather_start(&r->zero, m->params);
+        zero_gather_ready(&r->zero, SIZE_MAX);
         phases_add(&r->ph, PH_DP, now_s() - t1);
     }
     phases_add(&r->ph, PH_TP, tp_time_s - tp_s0);

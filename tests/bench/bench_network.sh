@@ -31,7 +31,12 @@
 #                      dp across
 #             tpx      the same with rank_order dp-tp-pp: tp across the
 #                      hosts, dp within
-# Beside them: the backward's time a step (what an overlap can hide behind),
+# "between" is the time from the end of one step's update to the start of
+# the next step (interval_ms less step_time_ms: the metrics line, the data,
+# and under zero1 what the all-gather in flight delays in them);
+# zero1's "ag wait" is the part of dp_comm its forwards waited for the
+# all-gather the step before left in flight (dp_gather_wait_ms). Beside
+# them: the backward's time a step (what an overlap can hide behind),
 # and each rank's peak RSS (/usr/bin/time), the largest.
 # The hosts are removed on every exit path.
 # usage: tests/bench/bench_network.sh [--shapes "d256 gpt2"] [--links "shm 10gbit 1gbit"]
@@ -136,9 +141,10 @@ one() {
                                   r = substr($0, i + length(k) + 3); sub(/[,}].*/, "", r); return r }
         /"loss"/ && val("step") + 0 > 1 { n++; t += val("step_time_ms"); c += val("dp_comm")
                                           w += val("pp_wait"); bb += val("pp_bubble")
-                                          bw += val("backward"); b += val("dp_bytes") + val("dp_gather_bytes") }
-        END { printf "%.1f %.1f %.1f %.1f %.1f %.1f %.1f %.0f\n", t / n, c / n, w / n, 100 * bb / n, bw / n,
-                     b / n / 1e6, q / steps / 1e6, rss / 1024 }' \
+                                          bw += val("backward"); b += val("dp_bytes") + val("dp_gather_bytes")
+                                          ag += val("dp_gather_wait_ms"); iv += val("interval_ms") }
+        END { printf "%.1f %.1f %.1f %.1f %.1f %.1f %.1f %.0f %.1f %.1f\n", t / n, c / n, w / n, 100 * bb / n, bw / n,
+                     b / n / 1e6, q / steps / 1e6, rss / 1024, ag / n, (iv - t) / n }' \
         "$tmp/run/metrics.jsonl"
 }
 
@@ -146,8 +152,8 @@ echo "dp 2 or pp 2 (a rank of one thread on each of two hosts; tpin, tpx: two a 
 echo "steps 2..$steps; bubble and ideal in %"
 echo "of the step; MB a step (zero1: the gradients reduce-scattered plus the parameters"
 echo "gathered); peak RSS of the larger rank"
-printf "%-6s %-8s %-8s %10s %10s %9s %7s %6s %10s %8s %9s %8s\n" shape link variant "step ms" \
-    "dp_comm ms" "pp_wait" bubble ideal backward "dp MB" "qdisc MB" "RSS MiB"
+printf "%-6s %-8s %-8s %10s %8s %10s %9s %9s %7s %6s %10s %8s %9s %8s\n" shape link variant "step ms" \
+    "between" "dp_comm ms" "ag wait" "pp_wait" bubble ideal backward "dp MB" "qdisc MB" "RSS MiB"
 for s in $shapes; do
     shape "$s"
     for l in $links; do
@@ -157,10 +163,11 @@ for s in $shapes; do
         for v in $variants; do
             variant "$v"
             out=$(one "$l") # its exit status ends the benchmark here
-            read -r st dc pw bu bw db qb rs <<< "$out"
+            read -r st dc pw bu bw db qb rs ag gap <<< "$out"
             [ "$l" = shm ] && qb=-
-            printf "%-6s %-8s %-8s %10s %10s %9s %7s %6s %10s %8s %9s %8s\n" "$s" "$l" "$v" "$st" "$dc" \
-                "$pw" "$bu" "$ideal" "$bw" "$db" "$qb" "$rs"
+            [ "$v" = zero1 ] || ag=-
+            printf "%-6s %-8s %-8s %10s %8s %10s %9s %9s %7s %6s %10s %8s %9s %8s\n" "$s" "$l" "$v" "$st" "$gap" \
+                "$dc" "$ag" "$pw" "$bu" "$ideal" "$bw" "$db" "$qb" "$rs"
         done
     done
 done

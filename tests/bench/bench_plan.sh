@@ -10,17 +10,17 @@
 # the cores; the oversubscribed layouts (4 ranks on 2 cores) are reported
 # apart.
 #
-# --network LINKS (root): instead, data parallelism through a network, as
-# tests/bench/bench_network.sh makes one (Open MPI's TCP over the loopback,
-# throttled by tc's tbf to each rate of LINKS, e.g. "10gbit 1gbit"; shm is
-# shared memory). The plan is told of 2 nodes of one core and one rank
-# each, with the link `plan --calibrate` measures over that same transport
-# as the network (half its bandwidth: both ranks send through the one
-# loopback queue at once, where each node of a cluster has a link of its
-# own); dp 2 of the same model runs with dp_overlap 0, with
-# dp_overlap 1 and with zero 1, then pp 2 plain and interleaved
-# (virtual_stages 2), and the plan's step time is printed beside each (the
-# goal: within 25%). The qdisc is removed on every exit path.
+# --network LINKS (root): instead, every layout of two emulated hosts of a
+# core each (tests/tools/nodes.sh: Open MPI's TCP between them, each
+# host's link throttled by tc's tbf to each rate of LINKS, e.g. "10gbit
+# 1gbit"; shm is both ranks on this host, over shared memory), a rank a
+# host pinned to a core of its own. The plan is told of 2 nodes of one core
+# and one rank each, with the link `plan --calibrate` measures between the
+# two hosts as the network; dp 2 of the same model runs with dp_overlap 0,
+# with dp_overlap 1 and with zero 1, then pp 2 plain and interleaved
+# (virtual_stages 2), then tp 2 (across the hosts), and the plan's step
+# time is printed beside each (the goal: within 25%). The hosts are removed
+# on every exit path.
 # usage: tests/bench/bench_plan.sh [STEPS] [--network LINKS]
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
@@ -42,16 +42,16 @@ for l in $links; do
     *) echo "bench_plan: --network: '$l' is neither shm nor a rate like 10gbit" >&2; exit 2 ;; esac
 done
 if [ -n "$links" ]; then
-    [ "$(id -u)" = 0 ] || { echo "bench_plan: --network needs root: it throttles the loopback" >&2; exit 2; }
+    [ "$(id -u)" = 0 ] || { echo "bench_plan: --network needs root: it makes hosts (network namespaces)" >&2; exit 2; }
     command -v tc > /dev/null || { echo "bench_plan: tc is missing (apt-get install iproute2)" >&2; exit 2; }
 fi
 MODTRAIN=${MODTRAIN:-$top/modtrain}
 MPIRUN=${MPIRUN:-mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl self,vader}
 cores=$(nproc)
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/modtrain-bench.XXXXXX")
-unthrottle() { [ -z "$links" ] || tc qdisc del dev lo root 2> /dev/null || true; }
-unthrottle # one a killed run left behind
-trap 'unthrottle; rm -rf "$tmp"' EXIT
+NODES=$top/tests/tools/nodes.sh
+down() { [ ! -f "$tmp/nodes/nodes.env" ] || "$NODES" down "$tmp/nodes" > /dev/null 2>&1 || true; }
+trap 'down; rm -rf "$tmp"' EXIT
 trap 'exit 130' INT TERM # through the EXIT trap
 MODTRAIN=$MODTRAIN "$top/jobs/prep_fortunes.sh" "$tmp/data" > /dev/null
 cd "$tmp"
@@ -76,7 +76,7 @@ vocab_size = 50257
 route_every = 0
 batch_size = 8
 micro_batch = 2
-train_data = data/train_000000.bin
+train_data = $tmp/data/train_000000.bin
 val_data = ""
 ckpt_every = 0
 log_every = 1000
@@ -88,28 +88,25 @@ if [ -n "$links" ]; then
         "plan t_dp" "dp_comm ms"
     worst=0
     for l in $links; do
+        down
         if [ "$l" = shm ]; then
-            mca="--mca pml ob1 --mca btl self,vader"
-            tc qdisc del dev lo root 2> /dev/null || true
+            launch="mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 --mca pml ob1 --mca btl self,vader"
         else
-            mca="--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo"
-            tc qdisc replace dev lo root tbf rate "$l" burst 256kb latency 100ms
+            "$NODES" up "$tmp/nodes" 2 --rate "$l" > /dev/null || { echo "bench_plan: no hosts at $l" >&2; exit 1; }
+            launch="$NODES mpirun $tmp/nodes --oversubscribe --bind-to none --host node1:1,node2:1"
         fi
-        # shellcheck disable=SC2086 # the transport's keys
-        mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 $mca "$MODTRAIN" plan --calibrate \
-            --out net.conf > /dev/null
+        # a rank a core: rank r on core r
+        pinned() { $launch sh -c 'taskset -c $((OMPI_COMM_WORLD_RANK % $(nproc))) "$@"' sh "$@"; }
+        pinned "$MODTRAIN" plan --calibrate --out net.conf > /dev/null
         lat=$(sed -n 's/^shm_latency_us *= *\([0-9.e+-]*\).*/\1/p' net.conf)
-        # the loopback is one queue both ranks send through at once (a
-        # node's link carries only its own rank's half): half of what the
-        # ping-pong, one direction at a time, measures
-        bw=$(sed -n 's/^shm_bw_gbs *= *\([0-9.e+-]*\).*/\1/p' net.conf | awk '{ print $1 / 2 }')
+        bw=$(sed -n 's/^shm_bw_gbs *= *\([0-9.e+-]*\).*/\1/p' net.conf)
         sed -e "s/^nodes *=.*/nodes = 2/" -e "s/^cores_per_node *=.*/cores_per_node = 1/" \
             -e "s/^net_latency_us *=.*/net_latency_us = $lat/" -e "s/^net_bw_gbs *=.*/net_bw_gbs = $bw/" \
             cluster.conf > c-net.conf
         for v in "--dp_overlap 0" "--dp_overlap 1" "--dp_overlap 1 --zero 1" "--pp 2" \
-            "--pp 2 --virtual_stages 2"; do
+            "--pp 2 --virtual_stages 2" "--tp 2"; do
             lay=1,1,1
-            case $v in --pp*) lay=1,2,1 ;; esac
+            case $v in --pp*) lay=1,2,1 ;; --tp*) lay=2,1,1 ;; esac
             # shellcheck disable=SC2086 # the variant's keys
             plan=$("$MODTRAIN" plan --config model.conf $v --cluster c-net.conf --layout "$lay" 2>&1) ||
                 { echo "($l, $v: $plan)"; continue; }
@@ -117,8 +114,8 @@ if [ -n "$links" ]; then
             tdp=$(echo "$plan" | sed -n 's/^step .* dp \([0-9.]*\),.*/\1/p' | awk '{ printf "%.1f", $1 * 1000 }')
             run="n-$l-$(echo "$v" | tr -d ' -')"
             # shellcheck disable=SC2086 # the transport's and the variant's keys
-            mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 $mca "$MODTRAIN" train \
-                --config model.conf $v --steps "$steps" --threads 1 --run_dir "$run" > "$run.log" 2>&1 ||
+            pinned "$MODTRAIN" train \
+                --config "$tmp/model.conf" $v --steps "$steps" --threads 1 --run_dir "$tmp/$run" > "$run.log" 2>&1 ||
                 { cat "$run.log"; exit 1; }
             got=$(mean_ms "$run")
             dc=$(grep '"loss"' "$run/metrics.jsonl" | awk -F'"dp_comm":' 'NR > 1 { split($2, a, ","); t += a[1]; n++ }
@@ -128,7 +125,7 @@ if [ -n "$links" ]; then
             worst=$(awk -v e="$e" -v w="$worst" 'BEGIN { a = e < 0 ? -e : e + 0; print (a > w + 0 ? a : w) }')
         done
     done
-    unthrottle
+    down
     echo "worst |error|: $worst% (goal 25%)"
     exit 0
 fi
