@@ -34,6 +34,22 @@ void mpi_env_defaults(void) {
      * on shared memory (3.75 against 3.0 s); binomial sends a part at once.
      * Open MPI reads it at MPI_Init; a user's own setting wins. */
     setenv("OMPI_MCA_coll_libnbc_ireduce_algorithm", "2", 0);
+    /* dp_overlap's non-blocking all-reduce is in place, which libnbc
+     * (like any reduction on fewer than 4 ranks) does by a binomial tree:
+     * the whole buffer to one rank, then the whole result back, twice the
+     * bytes a link carries each way and each way in turn. Across two
+     * emulated hosts that doubled GPT-2-size reductions (3688 against 1834
+     * ms a step at 1 Gbit/s). Reduce-scatter then all-gather (Rabenseifner;
+     * libnbc's ring where the count is under the ranks) is what the
+     * blocking all-reduce does for large messages. With two ranks the sums
+     * are the same single additions, so the bits are too. */
+    setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", 0);
+    /* Open MPI's TCP transport carries one connection between two ranks
+     * by default, and a link loaded both ways at once (every all-reduce,
+     * the pipeline's two directions) then moved half of what it carries
+     * one way: 60 against 120 MB/s each way over a 1 Gbit/s link where
+     * plain TCP moves 117 both ways at once. Two connections move both. */
+    setenv("OMPI_MCA_btl_tcp_links", "2", 0);
     /* Every MPI_File_open (a checkpoint's data.bin) also opens a shared
      * file pointer, which modtrain never uses. On one node Open MPI's
      * default for it (sharedfp sm) guards it with a POSIX semaphore named

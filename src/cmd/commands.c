@@ -45,6 +45,12 @@ const EnvVar env_vars[] = {
     {"SLURM_JOB_END_TIME", "modtrain", "the job's end, seconds since 1970 (time_limit = auto)"},
     {"OMPI_MCA_coll_libnbc_ireduce_algorithm", "modtrain (set when unset)",
      "2 (binomial) for ZeRO's overlapped reduce-scatter; a user's own setting wins"},
+    {"OMPI_MCA_coll_libnbc_iallreduce_algorithm", "modtrain (set when unset)",
+     "3 (reduce-scatter, then all-gather) for dp_overlap's all-reduce, where libnbc's "
+     "binomial tree would send each way twice the bytes, in turn"},
+    {"OMPI_MCA_btl_tcp_links", "modtrain (set when unset)",
+     "2 TCP connections between two ranks on different nodes, so that a link carries both "
+     "ways at once"},
     {"OMPI_MCA_sharedfp", "modtrain (set when unset)",
      "^sm, so that a rank killed during a save leaves no machine-wide semaphore taken"},
     {"MODTRAIN_MAX_STEPS", "modtrain", "caps steps at N, as --steps N would"},
@@ -56,7 +62,8 @@ const EnvVar env_vars[] = {
     {"MODTRAIN_FAULT", "modtrain",
      "test hooks: at:POINT[:STEP[:ACTION[:RANK[:NTH]]]] ends the process or fails a call at a "
      "named fault point; rank-exit:R:STEP, hang:R:STEP, nan-batch:B, nan-from:B"},
-    {"MODTRAIN_FAULT_AT", "modtrain", "a fault point (as MODTRAIN_FAULT's at:) beside another hook"},
+    {"MODTRAIN_FAULT_AT", "modtrain",
+     "a fault point (as MODTRAIN_FAULT's at:) beside another hook"},
     {"MODTRAIN_FAULT_TRACE", "modtrain", "FILE: every fault point reached, a line each"},
     {"MODTRAIN", "jobs/*.sh, jobs/train.sbatch",
      "the modtrain binary the scripts run (else ./modtrain, the tree's, or the PATH's)"},
