@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "mpi/check.h"
@@ -37,6 +38,36 @@ void dp_allreduce_sum_d(double *buf, int n, MPI_Comm comm) {
     MPI_CHECK(MPI_Comm_size(comm, &size));
     if (size == 1) return;
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, n, MPI_DOUBLE, MPI_SUM, comm));
+}
+
+/* CPU seconds the calling thread has used. */
+static double thread_cpu_s(void) {
+    struct rusage u;
+    if (getrusage(RUSAGE_THREAD, &u) != 0) return 0;
+    return (double)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
+double dp_allreduce_cpu_share(MPI_Comm comm, size_t n, int reps) {
+    float *buf = xcalloc(n ? n : 1, sizeof(float));
+    double wall = 0, cpu = 0;
+    for (int r = 0; r < reps; r++) {
+        MPI_CHECK(MPI_Barrier(comm));
+        const double t = now_s(), c = thread_cpu_s();
+        MPI_Request q;
+        MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, comm, &q));
+        for (int done = 0;;) {
+            MPI_CHECK(MPI_Test(&q, &done, MPI_STATUS_IGNORE));
+            if (done) break;
+            const struct timespec nap = {0, 50 * 1000};
+            nanosleep(&nap, NULL);
+        }
+        cpu += thread_cpu_s() - c, wall += now_s() - t;
+    }
+    double share = wall > 0 ? (cpu < wall ? cpu / wall : 1) : 0;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &share, 1, MPI_DOUBLE, MPI_MAX, comm));
+    free(buf);
+    return share;
 }
 
 void dp_allreduce_sum_outside(float *buf, size_t n, const size_t *lo, const size_t *hi, int k,

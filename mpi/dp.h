@@ -18,6 +18,12 @@ void dp_allreduce_sum(float *buf, size_t n, MPI_Comm comm);
 /* The same for doubles (loss sums, routing counters), unbucketed. */
 void dp_allreduce_sum_d(double *buf, int n, MPI_Comm comm);
 
+/* The share of a non-blocking in-place sum of n floats over comm's time
+ * (reps of them) that the calling thread is busy driving it, tested every
+ * 50 us and asleep between, on the busiest rank: what compute on its
+ * core cannot hide. */
+double dp_allreduce_cpu_share(MPI_Comm comm, size_t n, int reps);
+
 /* Collectives an overlap keeps in flight at once: each holds a temporary
  * of its chunk in the non-blocking collectives (libnbc), so at most
  * DP_INFLIGHT x DP_BUCKET floats beside the gradients. */

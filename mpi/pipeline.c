@@ -234,6 +234,25 @@ void pp_run(PpSchedule s, int m, MPI_Comm comm, const PpStage *st, int *max_live
     if (max_live) *max_live = r.max_live;
 }
 
+double pp_exchange(MPI_Comm comm, int bytes, int reps) {
+    int rank, size;
+    MPI_CHECK(MPI_Comm_rank(comm, &rank));
+    MPI_CHECK(MPI_Comm_size(comm, &size));
+    if (size < 2 || rank > 1) return 0;
+    char *out = xcalloc((size_t)bytes + 1, 1), *in = xcalloc((size_t)bytes + 1, 1);
+    const int peer = 1 - rank;
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        const double t0 = now_s();
+        MPI_CHECK(MPI_Sendrecv(out, bytes, MPI_BYTE, peer, 1, in, bytes, MPI_BYTE, peer, 1, comm,
+                               MPI_STATUS_IGNORE));
+        const double t = now_s() - t0;
+        if (t < best) best = t;
+    }
+    free(out), free(in);
+    return best;
+}
+
 double pp_pingpong(MPI_Comm comm, int bytes, int reps) {
     int rank, size;
     MPI_CHECK(MPI_Comm_rank(comm, &rank));

@@ -95,5 +95,9 @@ extern unsigned long long pp_bytes;
  * fewer than 2). For `modtrain plan --calibrate`: the link a pipeline's
  * sends and every collective ride on. */
 double pp_pingpong(MPI_Comm comm, int bytes, int reps);
+/* Ranks 0 and 1 of comm each send the other `bytes` at once, `reps`
+ * times; returns the best time in seconds on both (0 elsewhere): a link
+ * loaded both ways, as 1F1B's two directions and an all-reduce load it. */
+double pp_exchange(MPI_Comm comm, int bytes, int reps);
 
 #endif

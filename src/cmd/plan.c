@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "mpi/check.h"
+#include "mpi/dp.h"
 #include "mpi/pipeline.h"
 #include "src/cmd/cli.h"
 #include "src/cmd/cmd.h"
@@ -286,14 +287,21 @@ static double measure_mem_bw(void) {
     return best;
 }
 
-/* MPI between two ranks of this node: latency from 8-byte messages,
- * bandwidth from 8 MiB ones (the best of several), on rank 0. */
-static void measure_shm(double *lat_us, double *bw_gbs) {
+/* MPI between two ranks (of one node): latency from an 8-byte ping-pong;
+ * bandwidth from 8 MiB each way at once, as a ring all-reduce and 1F1B's
+ * two directions load a link (a one-way ping-pong's overstated it where
+ * a link did not carry both ways at once, or the transport's own work
+ * took the cores); and the share of an all-reduce's time that keeps its
+ * ranks' cores busy. Each the best of several. */
+static void measure_shm(double *lat_us, double *bw_gbs, double *cpu_share) {
     const int big = 8 << 20;
     const double small = pp_pingpong(MPI_COMM_WORLD, 8, 1000);
-    const double large = pp_pingpong(MPI_COMM_WORLD, big, 10);
+    const double large = pp_exchange(MPI_COMM_WORLD, big, 10);
     if (small > 0) *lat_us = small * 1e6;
     if (large > 0) *bw_gbs = big / large / 1e9;
+    int p = 1;
+    MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &p));
+    if (p > 1) *cpu_share = dp_allreduce_cpu_share(MPI_COMM_WORLD, DP_BUCKET, 5);
 }
 
 static int plan_calibrate(const PlanArgs *a) {
@@ -317,17 +325,18 @@ static int plan_calibrate(const PlanArgs *a) {
     cl.mem_per_node_gib = (double)machine_memory() / 1073741824.0;
     kernels_init(cl.cores_per_node, "auto");
     if (rank == 0) cl.mem_bw_gbs = measure_mem_bw();
-    measure_shm(&cl.shm_latency_us, &cl.shm_bw_gbs);
+    measure_shm(&cl.shm_latency_us, &cl.shm_bw_gbs, &cl.shm_cpu_share);
     cl.baseline_mib = (double)baseline / 1048576.0;
     Err err;
     int rc = rank == 0 ? cluster_write(&cl, a->out, &err) : 0;
     if (cmd_agree(rc, &err, MPI_COMM_WORLD) != 0) return EXIT_FAILURE;
     if (rank == 0)
         printf("plan: wrote %s: %d cores, %.1f GiB, sgemm %.1f GFLOP/s a core, memory %.1f GB/s, "
-               "MPI on a node %.2f us and %.2f GB/s%s; the network, file system and efficiency "
+               "MPI on a node %.2f us and %.2f GB/s, all-reduces %.0f%% on the cores%s; the "
+               "network, file system and efficiency "
                "are stated defaults to edit\n",
                a->out, cl.cores_per_node, cl.mem_per_node_gib, cl.gflops_per_core, cl.mem_bw_gbs,
-               cl.shm_latency_us, cl.shm_bw_gbs,
+               cl.shm_latency_us, cl.shm_bw_gbs, 100 * cl.shm_cpu_share,
                size < 2 ? " (defaults: run under mpirun -np 2 to measure)" : "");
     return EXIT_OK;
 }

@@ -20,6 +20,10 @@ typedef struct {
     double mem_bw_gbs;                 /* one node's memory bandwidth */
     double shm_bw_gbs, shm_latency_us; /* MPI between ranks of a node */
     double net_bw_gbs, net_latency_us; /* MPI between nodes */
+    /* the share of an all-reduce's time its own rank's core is busy moving
+     * the bytes (copies, the transport): what overlapping it with compute
+     * on that core cannot hide */
+    double shm_cpu_share, net_cpu_share;
     double fs_bw_gbs;                  /* the checkpoint file system */
     double pack_mbs;                   /* checkpoint packing, MB/s of state per rank */
     double baseline_mib;               /* a rank's RSS before the model: MPI, BLIS, runtime */

@@ -124,6 +124,15 @@ static void link(const Cluster *cl, int spans, double *alpha, double *beta) {
     *beta = (spans ? cl->net_bw_gbs : cl->shm_bw_gbs) * 1e9;
 }
 
+/* What of a collective of s seconds overlapping compute stays seen: what
+ * outlasts the compute's window, and at least the share of it that keeps
+ * the rank's cores busy (every core computes), which the compute then
+ * waits for. */
+static double unhidden(double s, double window, double cpu_share) {
+    const double out = s - window, busy = s * cpu_share;
+    return out > busy ? out : busy;
+}
+
 /* An axis's size, and the ranks between neighbours of its groups (the
  * product of the axes inside it in the row's order). */
 static int axis_size(const PlanRow *r, int a) {
@@ -475,13 +484,15 @@ static int layout_order(const Config *cfg, const Cluster *cl, const Whole *w, in
      * waits at once for the embedding's pieces (on the first stage): at
      * least their share of it shows */
     const double gather = zero ? row->t_dp / 2 : 0;
+    const double share = spans(cl, row, AXIS_DP) ? cl->net_cpu_share : cl->shm_cpu_share;
     double gather_shown = 0;
     if (zero) {
         ModelDims d;
         model_dims_config(&d, cfg, tp, 0);
         const double table = (double)d.Vl * d.C * sizeof(float);
         const double first = gather * (table < row->dp_bytes ? table / row->dp_bytes : 1);
-        gather_shown = gather - mt.compute / 3 > first ? gather - mt.compute / 3 : first;
+        gather_shown = unhidden(gather, mt.compute / 3, share);
+        gather_shown = gather_shown > first ? gather_shown : first;
         row->t_dp -= gather - gather_shown;
     }
     if (cfg->dp_overlap && dp > 1) {
@@ -491,7 +502,8 @@ static int layout_order(const Config *cfg, const Cluster *cl, const Whole *w, in
         const double bucket = want < row->dp_bytes ? want : row->dp_bytes;
         const double tail = dp_time(bucket, dp, a, b), window = 2.0 / 3.0 * mt.compute;
         const double reduce = row->t_dp_all - gather;
-        row->t_dp = (reduce - window > tail ? reduce - window : tail) + gather_shown;
+        const double shown = unhidden(reduce, window, share);
+        row->t_dp = (shown > tail ? shown : tail) + gather_shown;
     }
     const double nparams = (double)row->mem.params / sizeof(float);
     row->t_optimizer = nparams * 28.0 / (cl->mem_bw_gbs * 1e9 / ranks_per_node) / (zero ? dp : 1);

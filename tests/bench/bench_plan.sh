@@ -100,8 +100,10 @@ if [ -n "$links" ]; then
         pinned "$MODTRAIN" plan --calibrate --out net.conf > /dev/null
         lat=$(sed -n 's/^shm_latency_us *= *\([0-9.e+-]*\).*/\1/p' net.conf)
         bw=$(sed -n 's/^shm_bw_gbs *= *\([0-9.e+-]*\).*/\1/p' net.conf)
+        cpu=$(sed -n 's/^shm_cpu_share *= *\([0-9.e+-]*\).*/\1/p' net.conf)
         sed -e "s/^nodes *=.*/nodes = 2/" -e "s/^cores_per_node *=.*/cores_per_node = 1/" \
             -e "s/^net_latency_us *=.*/net_latency_us = $lat/" -e "s/^net_bw_gbs *=.*/net_bw_gbs = $bw/" \
+            -e "s/^net_cpu_share *=.*/net_cpu_share = $cpu/" \
             cluster.conf > c-net.conf
         for v in "--dp_overlap 0" "--dp_overlap 1" "--dp_overlap 1 --zero 1" "--pp 2" \
             "--pp 2 --virtual_stages 2" "--tp 2"; do

@@ -534,14 +534,16 @@ static void test_recompute(void) {
 
 /* dp's reduction: dp_overlap 0 waits for all of it; dp_overlap 1 hides up
  * to the last micro-batch's backward (two thirds of its compute), never
- * the last bucket; zero 1 holds a dp rank's share of the moments, updates
- * its share, and waits for the all-gather (half the traffic) besides. */
+ * the last bucket, nor the share of it that keeps the cores busy; zero 1
+ * holds a dp rank's share of the moments, updates its share, and waits
+ * for the all-gather (half the traffic) besides. */
 static void test_dp_overlap_zero(void) {
     Config c = small();
     c.batch_size = 16, c.micro_batch = 4;
     Cluster cl;
     cluster_defaults(&cl);
     cl.cores_per_node = 4;
+    cl.shm_cpu_share = 0; /* a transport that moves the bytes by itself */
     PlanRow after, over, zero;
     c.dp_overlap = 0;
     CU_ASSERT_EQUAL_FATAL(plan_layout(&c, &cl, 1, 1, 4, &after, NULL, NULL), 0);
@@ -557,6 +559,15 @@ static void test_dp_overlap_zero(void) {
     CU_ASSERT(over.t_dp > 0 && over.t_dp >= after.t_dp - window - 1e-12);
     CU_ASSERT(over.t_dp < after.t_dp);
     CU_ASSERT_DOUBLE_EQUAL(over.t_step, after.t_step - (after.t_dp - over.t_dp), 1e-12);
+    /* the cores busy with it: that share stays seen, all of it at 1 */
+    PlanRow busy;
+    cl.shm_cpu_share = 0.9;
+    CU_ASSERT_EQUAL_FATAL(plan_layout(&c, &cl, 1, 1, 4, &busy, NULL, NULL), 0);
+    CU_ASSERT_DOUBLE_EQUAL(busy.t_dp, 0.9 * after.t_dp, 1e-12 * after.t_dp);
+    cl.shm_cpu_share = 1;
+    CU_ASSERT_EQUAL_FATAL(plan_layout(&c, &cl, 1, 1, 4, &busy, NULL, NULL), 0);
+    CU_ASSERT_DOUBLE_EQUAL(busy.t_dp, after.t_dp, 1e-12 * after.t_dp);
+    cl.shm_cpu_share = 0;
     c.zero = 1;
     CU_ASSERT_EQUAL_FATAL(plan_layout(&c, &cl, 1, 1, 4, &zero, NULL, NULL), 0);
     CU_ASSERT_EQUAL(zero.mem.moments, over.mem.moments / 4);
