@@ -22,7 +22,7 @@ typedef struct {
     int stop, running;
 } Pump;
 
-/* Starts a thread that runs tick(ctx) every 50 us under the pump's lock,
+/* Starts a thread that runs tick(ctx) every millisecond under the pump's lock,
  * where MPI gives MPI_THREAD_MULTIPLE; else none runs. */
 void pump_start(Pump *u, PumpTick tick, void *ctx);
 /* Stops and joins it (a pump not running: nothing). */
