@@ -48,8 +48,11 @@ void mpi_env_defaults(void) {
      * by default, and a link loaded both ways at once (every all-reduce,
      * the pipeline's two directions) then moved half of what it carries
      * one way: 60 against 120 MB/s each way over a 1 Gbit/s link where
-     * plain TCP moves 117 both ways at once. Two connections move both. */
-    setenv("OMPI_MCA_btl_tcp_links", "2", 0);
+     * plain TCP moves 117 both ways at once. With two connections a run
+     * moved both in half the runs and half in the others, whole runs at a
+     * time (a pipeline's tied embedding, 103 MB summed: 950 or 1780 ms
+     * a step, 3 runs of 6 slow); with four, 14 runs of 14 moved both. */
+    setenv("OMPI_MCA_btl_tcp_links", "4", 0);
     /* Every MPI_File_open (a checkpoint's data.bin) also opens a shared
      * file pointer, which modtrain never uses. On one node Open MPI's
      * default for it (sharedfp sm) guards it with a POSIX semaphore named

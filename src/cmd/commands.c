@@ -49,7 +49,7 @@ const EnvVar env_vars[] = {
      "3 (reduce-scatter, then all-gather) for dp_overlap's all-reduce, where libnbc's "
      "binomial tree would send each way twice the bytes, in turn"},
     {"OMPI_MCA_btl_tcp_links", "modtrain (set when unset)",
-     "2 TCP connections between two ranks on different nodes, so that a link carries both "
+     "4 TCP connections between two ranks on different nodes, so that a link carries both "
      "ways at once"},
     {"OMPI_MCA_sharedfp", "modtrain (set when unset)",
      "^sm, so that a rank killed during a save leaves no machine-wide semaphore taken"},
