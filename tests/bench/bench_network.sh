@@ -2,8 +2,8 @@
 # Parallelism through a real, throttled network on one machine (no pass or
 # fail; root): two emulated hosts (tests/tools/nodes.sh: a network
 # namespace and a hostname each, Open MPI's TCP between them on links a tbf
-# qdisc throttles to the rate: tc qdisc ... tbf rate R burst 256kb latency
-# 100ms), against shared memory on one host (btl self,vader). Each run
+# qdisc throttles to the rate: tc qdisc ... tbf rate R, a bucket of 250
+# us of it), against shared memory on one host (btl self,vader). Each run
 # trains a rank on each host, pinned to a core of its own (two nodes of one
 # core), of one thread (dp 2, or pp 2) for --steps steps; per shape, link
 # and variant it prints the mean over steps 2.. of the step time, the
