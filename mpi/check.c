@@ -51,7 +51,10 @@ void mpi_env_defaults(void) {
      * plain TCP moves 117 both ways at once. With two connections a run
      * moved both in half the runs and half in the others, whole runs at a
      * time (a pipeline's tied embedding, 103 MB summed: 950 or 1780 ms
-     * a step, 3 runs of 6 slow); with four, 14 runs of 14 moved both. */
+     * a step, 3 runs of 6 slow); with four, 14 runs of 14 moved both.
+     * A connection that carries both ways moves half each way, and the
+     * rank that sends on a link first opens it: where one rank opened
+     * them all, the runs stayed at half (docs/performance.md). */
     setenv("OMPI_MCA_btl_tcp_links", "4", 0);
     /* Every MPI_File_open (a checkpoint's data.bin) also opens a shared
      * file pointer, which modtrain never uses. On one node Open MPI's
