@@ -52,9 +52,12 @@ void mpi_env_defaults(void) {
      * moved both in half the runs and half in the others, whole runs at a
      * time (a pipeline's tied embedding, 103 MB summed: 950 or 1780 ms
      * a step, 3 runs of 6 slow); with four, 14 runs of 14 moved both.
-     * A connection that carries both ways moves half each way, and the
-     * rank that sends on a link first opens it: where one rank opened
-     * them all, the runs stayed at half (docs/performance.md). */
+     * The cause is ob1's "put" over TCP: the receiver asks for each
+     * slice and the sender writes it whole, and a request queues behind
+     * its own rank's slice on the connection the two directions share,
+     * so they take turns. Without put (btl_tcp_flags) both ways moved at
+     * the link's rate in a plain exchange, but the pipeline stepped half
+     * as slow again, and with four links a run hung (docs/performance.md). */
     setenv("OMPI_MCA_btl_tcp_links", "4", 0);
     /* Every MPI_File_open (a checkpoint's data.bin) also opens a shared
      * file pointer, which modtrain never uses. On one node Open MPI's
