@@ -6,8 +6,12 @@
 # ranks (as a scheduler sends it), SIGUSR1 to mpirun (a run that trains 5
 # steps past a signal is then killed, as a scheduler's KillWait would).
 # A kill waits for a save to begin, for a few more steps, or a moment
-# after the launch. Each is followed by a
-# relaunch with resume = auto:
+# after the launch; a rank's SIGKILL also waits for the run's first fault
+# point, past MPI_Init (Open MPI 4.1.4's mpirun, with PMIx 4.2.2, deadlocks
+# in its own finalize, every rank gone, when a rank dies inside its PMIx
+# handshake: 8 launches of 100 killed in their first 0.1 s, none of 120
+# killed after the first fault point). Each is followed by a relaunch with
+# resume = auto:
 # - at one layout (dp 2), the final checkpoint equals an uninterrupted
 #   run's byte for byte (same_ckpt);
 # - moving between layouts (1 rank, dp 2, tp 2, pp 2, tp 2 x dp 2) at each
@@ -189,6 +193,9 @@ def send(procs, sig):
             os.kill(p, sig)
         except ProcessLookupError:
             pass
+if kind == 1:  # past MPI_Init (the header says why)
+    while alive(pid) and not last_line() and time.monotonic() - t0 < 30:
+        time.sleep(0.002)
 kids = ranks()
 last = last_line()
 if kind == 0:
