@@ -5,6 +5,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 void mpi_check_fail(int rc, const char *call, const char *file, int line) {
     char msg[MPI_MAX_ERROR_STRING];
@@ -44,20 +45,14 @@ void mpi_env_defaults(void) {
      * blocking all-reduce does for large messages. With two ranks the sums
      * are the same single additions, so the bits are too. */
     setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", 0);
-    /* Open MPI's TCP transport carries one connection between two ranks
-     * by default, and a link loaded both ways at once (every all-reduce,
-     * the pipeline's two directions) then moved half of what it carries
-     * one way: 60 against 120 MB/s each way over a 1 Gbit/s link where
-     * plain TCP moves 117 both ways at once. With two connections a run
-     * moved both in half the runs and half in the others, whole runs at a
-     * time (a pipeline's tied embedding, 103 MB summed: 950 or 1780 ms
-     * a step, 3 runs of 6 slow); with four, 14 runs of 14 moved both.
-     * The cause is ob1's "put" over TCP: the receiver asks for each
-     * slice and the sender writes it whole, and a request queues behind
-     * its own rank's slice on the connection the two directions share,
-     * so they take turns. Without put (btl_tcp_flags) both ways moved at
-     * the link's rate in a plain exchange, but the pipeline stepped half
-     * as slow again, and with four links a run hung (docs/performance.md). */
+    /* Open MPI's TCP transport carries a link loaded both ways at once
+     * (every all-reduce, the pipeline's two directions) at the link's rate
+     * each way only where each direction has a connection of its own: on
+     * one, ob1's "put" makes them take turns (a request queues behind its
+     * own rank's slice), 60 against 120 MB/s each way at 1 Gbit/s. Two
+     * connections open only where both ranks start one before either
+     * takes the other's, and an incoming one then needs a closed endpoint
+     * to land on: more than one link (mpi_connect_peers). */
     setenv("OMPI_MCA_btl_tcp_links", "4", 0);
     /* Every MPI_File_open (a checkpoint's data.bin) also opens a shared
      * file pointer, which modtrain never uses. On one node Open MPI's
@@ -69,4 +64,24 @@ void mpi_env_defaults(void) {
      * span nodes, locks a file in the save's own .tmp folder instead, which
      * a killed process's lock does not outlive. */
     setenv("OMPI_MCA_sharedfp", "^sm", 0);
+}
+
+void mpi_connect_peers(void) {
+    int rank = 0, size = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size < 2 || size > MPI_CONNECT_MAX_RANKS) return;
+    /* Every send is posted before anything progresses: a rank's own
+     * connection to each peer is then opening (Open MPI connects inside
+     * the send) before it takes in the peer's, which lands on another
+     * endpoint (btl_tcp_links > 1) instead of being shared both ways. */
+    char one = 1, got[MPI_CONNECT_MAX_RANKS];
+    MPI_Request req[2 * MPI_CONNECT_MAX_RANKS];
+    int n = 0;
+    memset(got, 0, sizeof got);
+    for (int p = 0; p < size; p++)
+        if (p != rank) MPI_CHECK(MPI_Isend(&one, 1, MPI_CHAR, p, 0, MPI_COMM_WORLD, &req[n++]));
+    for (int p = 0; p < size; p++)
+        if (p != rank) MPI_CHECK(MPI_Irecv(&got[p], 1, MPI_CHAR, p, 0, MPI_COMM_WORLD, &req[n++]));
+    MPI_CHECK(MPI_Waitall(n, req, MPI_STATUSES_IGNORE));
 }

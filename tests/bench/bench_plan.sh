@@ -61,7 +61,7 @@ mean_ms() { # RUN_DIR: mean step_time_ms over steps 2..
         END { printf "%.1f", t / n }'
 }
 "$MODTRAIN" train --n_layer 6 --d_model 384 --n_head 6 --seq_len 64 --vocab_size 50257 --batch_size 8 \
-    --micro_batch 2 --route_every 0 \
+    --micro_batch 2 --route_every 0 --calibration cluster.conf \
     --steps "$steps" --train_data data/train_000000.bin --val_data "" --ckpt_every 0 --run_dir cal \
     --resume never --log_every 1000 > cal.log
 eff=$(grep '"loss"' cal/metrics.jsonl | awk -F'"mfu":' 'NR > 1 { split($2, a, ","); s += a[1]; n++ } END { printf "%.3f", s / n }')
