@@ -49,8 +49,9 @@ const EnvVar env_vars[] = {
      "3 (reduce-scatter, then all-gather) for dp_overlap's all-reduce, where libnbc's "
      "binomial tree would send each way twice the bytes, in turn"},
     {"OMPI_MCA_btl_tcp_links", "modtrain (set when unset)",
-     "4 TCP connections between two ranks on different nodes, so that a link carries both "
-     "ways at once"},
+     "4 TCP endpoints between two ranks on different nodes: with the connections every rank "
+     "opens to every other at start (jobs of up to 64 ranks), each direction gets one of its "
+     "own and a link carries both ways at once"},
     {"OMPI_MCA_sharedfp", "modtrain (set when unset)",
      "^sm, so that a rank killed during a save leaves no machine-wide semaphore taken"},
     {"MODTRAIN_MAX_STEPS", "modtrain", "caps steps at N, as --steps N would"},

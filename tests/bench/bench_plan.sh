@@ -2,7 +2,9 @@
 # `modtrain plan`'s step time against measured ones. Calibration: `plan
 # --calibrate` (2 ranks) measures this machine, and a short run of another
 # model (d_model 384, 6 layers, GPT-2's vocabulary, 1 rank x all cores)
-# gives the efficiency (its MFU). Checked: a model whose state
+# gives the efficiency (its MFU against the calibrated sgemm rate, the one
+# the plan multiplies: a core's rate measured alone can be a fifth higher
+# than with every core busy). Checked: a model whose state
 # dominates the baseline (d_model 512, 8 layers, vocabulary 50257) under
 # every layout of 1, 2 and 4 ranks (pp > 1 also interleaved, virtual_stages
 # 2); for each, the plan's step time beside
