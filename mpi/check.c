@@ -5,7 +5,6 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 void mpi_check_fail(int rc, const char *call, const char *file, int line) {
     char msg[MPI_MAX_ERROR_STRING];
@@ -52,7 +51,7 @@ void mpi_env_defaults(void) {
      * own rank's slice), 60 against 120 MB/s each way at 1 Gbit/s. Two
      * connections open only where both ranks start one before either
      * takes the other's, and an incoming one then needs a closed endpoint
-     * to land on: more than one link (mpi_connect_peers). */
+     * to land on: more than one link (pp_connect_peers). */
     setenv("OMPI_MCA_btl_tcp_links", "4", 0);
     /* Every MPI_File_open (a checkpoint's data.bin) also opens a shared
      * file pointer, which modtrain never uses. On one node Open MPI's
@@ -64,24 +63,4 @@ void mpi_env_defaults(void) {
      * span nodes, locks a file in the save's own .tmp folder instead, which
      * a killed process's lock does not outlive. */
     setenv("OMPI_MCA_sharedfp", "^sm", 0);
-}
-
-void mpi_connect_peers(void) {
-    int rank = 0, size = 1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (size < 2 || size > MPI_CONNECT_MAX_RANKS) return;
-    /* Every send is posted before anything progresses: a rank's own
-     * connection to each peer is then opening (Open MPI connects inside
-     * the send) before it takes in the peer's, which lands on another
-     * endpoint (btl_tcp_links > 1) instead of being shared both ways. */
-    char one = 1, got[MPI_CONNECT_MAX_RANKS];
-    MPI_Request req[2 * MPI_CONNECT_MAX_RANKS];
-    int n = 0;
-    memset(got, 0, sizeof got);
-    for (int p = 0; p < size; p++)
-        if (p != rank) MPI_CHECK(MPI_Isend(&one, 1, MPI_CHAR, p, 0, MPI_COMM_WORLD, &req[n++]));
-    for (int p = 0; p < size; p++)
-        if (p != rank) MPI_CHECK(MPI_Irecv(&got[p], 1, MPI_CHAR, p, 0, MPI_COMM_WORLD, &req[n++]));
-    MPI_CHECK(MPI_Waitall(n, req, MPI_STATUSES_IGNORE));
 }

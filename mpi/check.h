@@ -28,15 +28,4 @@ void mpi_abort_job(const char *msg) __attribute__((noreturn));
  * it: called before MPI_Init, which reads them. */
 void mpi_env_defaults(void);
 
-/* Jobs of at most this many ranks open every pair's connections at start */
-#define MPI_CONNECT_MAX_RANKS 64
-
-/* Right after MPI_Init, before any other message: a byte from every rank
- * to every other, all sends posted before any receive, so that between
- * two nodes each direction gets a TCP connection of its own (two ranks
- * whose first message went one way shared one, at half the link's rate
- * each way: mpi_env_defaults). Collective over MPI_COMM_WORLD; nothing
- * for jobs of one rank or of more than MPI_CONNECT_MAX_RANKS. */
-void mpi_connect_peers(void);
-
 #endif

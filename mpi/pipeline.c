@@ -272,3 +272,23 @@ double pp_pingpong(MPI_Comm comm, int bytes, int reps) {
     free(buf);
     return best;
 }
+
+void pp_connect_peers(void) {
+    int rank = 0, size = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size < 2 || size > PP_CONNECT_MAX_RANKS) return;
+    /* Every send is posted before anything progresses: a rank's own
+     * connection to each peer is then opening (Open MPI connects inside
+     * the send) before it takes in the peer's, which lands on another
+     * endpoint (btl_tcp_links > 1) instead of being shared both ways. */
+    char one = 1, got[PP_CONNECT_MAX_RANKS];
+    MPI_Request req[2 * PP_CONNECT_MAX_RANKS];
+    int n = 0;
+    memset(got, 0, sizeof got);
+    for (int p = 0; p < size; p++)
+        if (p != rank) MPI_CHECK(MPI_Isend(&one, 1, MPI_CHAR, p, 0, MPI_COMM_WORLD, &req[n++]));
+    for (int p = 0; p < size; p++)
+        if (p != rank) MPI_CHECK(MPI_Irecv(&got[p], 1, MPI_CHAR, p, 0, MPI_COMM_WORLD, &req[n++]));
+    MPI_CHECK(MPI_Waitall(n, req, MPI_STATUSES_IGNORE));
+}

@@ -100,4 +100,15 @@ double pp_pingpong(MPI_Comm comm, int bytes, int reps);
  * loaded both ways, as 1F1B's two directions and an all-reduce load it. */
 double pp_exchange(MPI_Comm comm, int bytes, int reps);
 
+/* Jobs of at most this many ranks open every pair's connections at start */
+#define PP_CONNECT_MAX_RANKS 64
+
+/* Right after MPI_Init, before any other message: a byte from every rank
+ * to every other, all sends posted before any receive, so that between
+ * two nodes each direction gets a TCP connection of its own (two ranks
+ * whose first message went one way shared one, at half the link's rate
+ * each way: mpi_env_defaults). Collective over MPI_COMM_WORLD; nothing
+ * for jobs of one rank or of more than PP_CONNECT_MAX_RANKS. */
+void pp_connect_peers(void);
+
 #endif

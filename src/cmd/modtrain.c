@@ -10,6 +10,7 @@
 #include <zlib.h>
 
 #include "mpi/check.h"
+#include "mpi/pipeline.h"
 #include "src/cmd/cli.h"
 #include "src/cmd/cmd.h"
 #include "src/cmd/doc.h"
@@ -64,7 +65,7 @@ int main(int argc, char **argv) {
     MPI_Init_thread(&argc, &argv, run->mpi == 2 ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED,
                     &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &util_rank);
-    mpi_connect_peers();
+    pp_connect_peers();
     int rc = run->main(argc - 2, argv + 2);
     MPI_Finalize();
     return rc;
