@@ -14,6 +14,7 @@
 #include <assert.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "src/base/util.h"
 #include "mpi/check.h"
@@ -278,10 +279,21 @@ void pp_connect_peers(void) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (size < 2 || size > PP_CONNECT_MAX_RANKS) return;
+    /* all on one node (as Open MPI's mpirun says): shared memory only */
+    long long local = 0;
+    const char *env = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (env && parse_i64(env, 1, PP_CONNECT_MAX_RANKS, &local) == 0 && local == size) return;
     /* Every send is posted before anything progresses: a rank's own
      * connection to each peer is then opening (Open MPI connects inside
      * the send) before it takes in the peer's, which lands on another
-     * endpoint (btl_tcp_links > 1) instead of being shared both ways. */
+     * endpoint (btl_tcp_links > 1) instead of being shared both ways.
+     * MPI_Init's last wait progresses too, and its ranks leave it up to
+     * milliseconds apart (the node of mpirun first): 50 ms first, so that
+     * every peer has left it before a connection reaches it (without:
+     * 3 launches of 5 over two hosts of two ranks gave every pair a
+     * connection from each end; with: 6 of 6). */
+    const struct timespec settle = {0, 50 * 1000 * 1000};
+    nanosleep(&settle, NULL);
     char one = 1, got[PP_CONNECT_MAX_RANKS];
     MPI_Request req[2 * PP_CONNECT_MAX_RANKS];
     int n = 0;

@@ -107,8 +107,10 @@ double pp_exchange(MPI_Comm comm, int bytes, int reps);
  * to every other, all sends posted before any receive, so that between
  * two nodes each direction gets a TCP connection of its own (two ranks
  * whose first message went one way shared one, at half the link's rate
- * each way: mpi_env_defaults). Collective over MPI_COMM_WORLD; nothing
- * for jobs of one rank or of more than PP_CONNECT_MAX_RANKS. */
+ * each way: mpi_env_defaults). Collective over MPI_COMM_WORLD; it waits
+ * 50 ms first, for every rank to leave MPI_Init. Nothing for jobs of one
+ * rank, of one node (OMPI_COMM_WORLD_LOCAL_SIZE) or of more than
+ * PP_CONNECT_MAX_RANKS. */
 void pp_connect_peers(void);
 
 #endif
