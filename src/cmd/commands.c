@@ -52,6 +52,9 @@ const EnvVar env_vars[] = {
      "4 TCP endpoints between two ranks on different nodes: with the connections every rank "
      "opens to every other at start (jobs of up to 64 ranks), each direction gets one of its "
      "own and a link carries both ways at once"},
+    {"OMPI_COMM_WORLD_LOCAL_SIZE", "modtrain (Open MPI's mpirun sets it)",
+     "the ranks on this node: where it is every rank, the start's exchange that opens each "
+     "pair's connections from both ends is skipped"},
     {"OMPI_MCA_sharedfp", "modtrain (set when unset)",
      "^sm, so that a rank killed during a save leaves no machine-wide semaphore taken"},
     {"MODTRAIN_MAX_STEPS", "modtrain", "caps steps at N, as --steps N would"},
