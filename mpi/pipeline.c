@@ -291,13 +291,12 @@ void pp_connect_peers(void) {
      * milliseconds apart (the node of mpirun first): 50 ms first, so that
      * every peer has left it before a connection reaches it (without:
      * 3 launches of 5 over two hosts of two ranks gave every pair a
-     * connection from each end; with: 6 of 6). */
+     * connection from each end; with: 11 of 11). */
     const struct timespec settle = {0, 50 * 1000 * 1000};
     nanosleep(&settle, NULL);
-    char one = 1, got[PP_CONNECT_MAX_RANKS];
+    char one = 1, got[PP_CONNECT_MAX_RANKS] = {0};
     MPI_Request req[2 * PP_CONNECT_MAX_RANKS];
     int n = 0;
-    memset(got, 0, sizeof got);
     for (int p = 0; p < size; p++)
         if (p != rank) MPI_CHECK(MPI_Isend(&one, 1, MPI_CHAR, p, 0, MPI_COMM_WORLD, &req[n++]));
     for (int p = 0; p < size; p++)
