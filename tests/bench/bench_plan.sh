@@ -87,10 +87,10 @@ done
 for p in $pids; do wait "$p"; done
 # shellcheck disable=SC2086 # the runs' folders
 eff_one=$(mean_mfu $dirs)
-with_eff() { # THREADS FILE: the cluster file with the efficiency of THREADS a rank
+with_eff() { # THREADS: the cluster file on stdin with the efficiency of THREADS a rank
     e=$eff_all
     [ "$1" -gt 1 ] || e=$eff_one
-    sed "s/^efficiency *=.*/efficiency = $e/" "$2"
+    sed "s/^efficiency *=.*/efficiency = $e/"
 }
 echo "calibration: $(sed -n 's/^\(gflops_per_core\|mem_bw_gbs\|shm_bw_gbs\|shm_latency_us\) *= *\([0-9.]*\).*/\1 \2/p' cluster.conf | tr '\n' ' ')efficiency $eff_all ($cores threads), $eff_one (a thread a core)"
 cat > model.conf <<CONF
@@ -130,8 +130,7 @@ if [ -n "$links" ]; then
         sed -e "s/^nodes *=.*/nodes = 2/" -e "s/^cores_per_node *=.*/cores_per_node = 1/" \
             -e "s/^net_latency_us *=.*/net_latency_us = $lat/" -e "s/^net_bw_gbs *=.*/net_bw_gbs = $bw/" \
             -e "s/^net_cpu_share *=.*/net_cpu_share = $cpu/" \
-            cluster.conf > c-net0.conf
-        with_eff 1 c-net0.conf > c-net.conf
+            cluster.conf | with_eff 1 > c-net.conf
         for v in "--dp_overlap 0" "--dp_overlap 1" "--dp_overlap 1 --zero 1" "--pp 2" \
             "--pp 2 --virtual_stages 2" "--tp 2"; do
             lay=1,1,1
@@ -173,8 +172,8 @@ for n in 1 2 4; do
             over=$([ $((n * thr)) -gt "$cores" ] && echo oversubscribed || echo "")
             # all ranks on this node; oversubscribed, the plan is told of a
             # core a rank (what oversubscription pretends)
-            sed "s/^cores_per_node *=.*/cores_per_node = $((n * thr))/" cluster.conf > c-$n-0.conf
-            with_eff "$thr" c-$n-0.conf > c-$n.conf
+            sed "s/^cores_per_node *=.*/cores_per_node = $((n * thr))/" cluster.conf |
+                with_eff "$thr" > c-$n.conf
             plan=$("$MODTRAIN" plan --config model.conf --virtual_stages "$v" --cluster c-$n.conf \
                 --layout "$tp,$pp,$n" 2>&1) || { echo "($n ranks, tp $tp, pp $pp, v $v: $plan)"; continue; }
             est=$(echo "$plan" | sed -n 's/^step \([0-9.]*\) s:.*/\1/p' | awk '{ printf "%.1f", $1 * 1000 }')
